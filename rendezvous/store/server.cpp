@@ -1,0 +1,563 @@
+#include "rendezvous/store/server.h"
+
+#include <spdlog/spdlog.h>
+#include <sys/resource.h>
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <charconv>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "rendezvous/store/auth.h"
+#include "rendezvous/store/store.h"
+
+namespace trun::rendezvous {
+namespace {
+
+namespace asio = boost::asio;
+using asio::ip::tcp;
+using wire::Op;
+
+constexpr size_t kReadChunk = 64 * 1024;
+// While a connection is blocked in a wait it keeps reading (to see CANCEL_WAIT and disconnects),
+// but stops once this much unprocessed input has piled up.
+constexpr size_t kMaxBufferedWhileBlocked = 1 << 20;
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kValidate: return "VALIDATE";
+    case Op::kSet: return "SET";
+    case Op::kCompareSet: return "COMPARE_SET";
+    case Op::kGet: return "GET";
+    case Op::kAdd: return "ADD";
+    case Op::kCheck: return "CHECK";
+    case Op::kWait: return "WAIT";
+    case Op::kNumKeys: return "GETNUMKEYS";
+    case Op::kWatchKey: return "WATCH_KEY";
+    case Op::kDeleteKey: return "DELETE_KEY";
+    case Op::kAppend: return "APPEND";
+    case Op::kMultiGet: return "MULTI_GET";
+    case Op::kMultiSet: return "MULTI_SET";
+    case Op::kCancelWait: return "CANCEL_WAIT";
+    case Op::kPing: return "PING";
+    case Op::kQueuePush: return "QUEUE_PUSH";
+    case Op::kQueuePop: return "QUEUE_POP";
+    case Op::kQueueLen: return "QUEUE_LEN";
+    case Op::kAuthHello: return "AUTH_HELLO";
+    case Op::kAuthProof: return "AUTH_PROOF";
+    case Op::kWaitKeys: return "WAIT_TIMEOUT";
+    case Op::kGetWait: return "GET_TIMEOUT";
+  }
+  return "?";
+}
+
+class ServerImpl;
+
+class Connection : public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(ServerImpl* server, tcp::socket socket, uint64_t id);
+  void start();
+  void close(const std::string& why);
+  // Called by the server when a key this connection waits for has appeared.
+  void on_key_ready(uint64_t wait_id);
+
+  uint64_t id() const { return id_; }
+  bool closed() const { return closed_; }
+
+ private:
+  friend class ServerImpl;
+  void read();
+  void on_read(const boost::system::error_code& ec, size_t n);
+  // Decodes and executes buffered requests until one blocks or the buffer runs dry.
+  void process();
+  // Executes one request. Returns false when it blocked (the connection now waits for keys).
+  bool execute(wire::Request& request);
+  void flush();
+  void block_on(std::vector<std::string> missing, wire::Request request, int64_t timeout_ms);
+  void finish_wait(uint8_t timed_out_code);
+  void clear_wait();
+
+  ServerImpl* server_;
+  tcp::socket socket_;
+  uint64_t id_;
+  std::string peer_;
+  std::array<char, kReadChunk> chunk_;
+  std::string in_;
+  std::string out_;
+  std::string writing_;
+  bool reading_ = false;
+  bool writing_now_ = false;
+  bool closed_ = false;
+  bool processing_ = false;
+  wire::Dialect dialect_ = wire::Dialect::kUnknown;
+  bool authenticated_ = false;
+  std::string challenge_;
+  // Blocked-wait state: the request to re-run once its keys exist.
+  bool blocked_ = false;
+  uint64_t wait_id_ = 0;
+  size_t wait_remaining_ = 0;
+  std::vector<std::string> wait_keys_;
+  wire::Request blocked_request_;
+  asio::steady_timer wait_timer_;
+};
+
+class ServerImpl : public StoreServer {
+ public:
+  explicit ServerImpl(const StoreServerOptions& options)
+      : options_(options), acceptor_(io_), signals_guard_(asio::make_work_guard(io_)) {}
+
+  ~ServerImpl() override { stop(); }
+
+  void listen() {
+    tcp::resolver resolver(io_);
+    boost::system::error_code ec;
+    auto results = resolver.resolve(options_.host, std::to_string(options_.port),
+                                    tcp::resolver::passive, ec);
+    if (ec || results.empty()) {
+      throw StoreError("store server: cannot resolve bind address '" + options_.host +
+                       "': " + ec.message());
+    }
+    tcp::endpoint endpoint = results.begin()->endpoint();
+    acceptor_.open(endpoint.protocol(), ec);
+    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
+    if (!ec && endpoint.protocol() == tcp::v6()) {
+      acceptor_.set_option(asio::ip::v6_only(false), ec);  // dual-stack where allowed
+      ec.clear();
+    }
+    if (!ec) acceptor_.bind(endpoint, ec);
+    if (!ec) acceptor_.listen(options_.backlog, ec);
+    if (ec) {
+      throw StoreError("store server: cannot listen on " + options_.host + ":" +
+                       std::to_string(options_.port) + ": " + ec.message());
+    }
+    port_ = acceptor_.local_endpoint().port();
+    raise_fd_limit();
+    accept();
+    thread_ = std::thread([this] { run(); });
+  }
+
+  uint16_t port() const override { return port_; }
+  std::string host() const override { return options_.host; }
+  size_t num_connections() const override { return num_connections_.load(); }
+
+  void stop() override {
+    if (stopped_.exchange(true)) return;
+    asio::post(io_, [this] {
+      boost::system::error_code ec;
+      acceptor_.close(ec);
+      auto conns = connections_;
+      for (auto& [id, c] : conns) c->close("server stopping");
+      signals_guard_.reset();
+    });
+    if (thread_.joinable()) thread_.join();
+  }
+
+  const StoreServerOptions& options() const { return options_; }
+
+  // --- the data, touched only on the event-loop thread ---
+  std::unordered_map<std::string, std::string> data_;
+  std::unordered_map<std::string, std::vector<std::pair<std::weak_ptr<Connection>, uint64_t>>>
+      waiters_;
+  uint64_t next_wait_id_ = 1;
+
+  void notify(const std::string& key) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    auto list = std::move(it->second);
+    waiters_.erase(it);
+    for (auto& [weak, wait_id] : list) {
+      if (auto c = weak.lock()) c->on_key_ready(wait_id);
+    }
+  }
+
+  void remove_waiter(const std::string& key, const Connection* conn) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    auto& list = it->second;
+    list.erase(std::remove_if(list.begin(), list.end(),
+                              [conn](const auto& w) {
+                                auto c = w.first.lock();
+                                return !c || c.get() == conn;
+                              }),
+               list.end());
+    if (list.empty()) waiters_.erase(it);
+  }
+
+  void forget(uint64_t id) {
+    if (connections_.erase(id)) num_connections_.fetch_sub(1);
+  }
+
+  asio::io_context& io() { return io_; }
+
+ private:
+  void run() {
+    for (;;) {
+      try {
+        io_.run();
+        return;
+      } catch (const std::exception& e) {
+        // A handler must never throw; if one does, log it and keep serving the others.
+        spdlog::error("store server: unexpected error in event loop: {}", e.what());
+      }
+    }
+  }
+
+  void accept() {
+    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
+      if (ec) {
+        // EMFILE and friends: log, back off briefly, keep accepting.
+        spdlog::warn("store server: accept failed: {}", ec.message());
+        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(10));
+        timer->async_wait([this, timer](const boost::system::error_code&) { accept(); });
+        return;
+      }
+      auto conn = std::make_shared<Connection>(this, std::move(socket), next_conn_id_++);
+      connections_.emplace(conn->id(), conn);
+      num_connections_.fetch_add(1);
+      conn->start();
+      accept();
+    });
+  }
+
+  static void raise_fd_limit() {
+    rlimit rl{};
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+      rl.rlim_cur = rl.rlim_max;
+      setrlimit(RLIMIT_NOFILE, &rl);
+    }
+  }
+
+  StoreServerOptions options_;
+  asio::io_context io_{1};
+  tcp::acceptor acceptor_;
+  asio::executor_work_guard<asio::io_context::executor_type> signals_guard_;
+  std::unordered_map<uint64_t, std::shared_ptr<Connection>> connections_;
+  std::atomic<size_t> num_connections_{0};
+  uint64_t next_conn_id_ = 1;
+  uint16_t port_ = 0;
+  std::atomic<bool> stopped_{false};
+  std::thread thread_;
+};
+
+Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
+    : server_(server), socket_(std::move(socket)), id_(id), wait_timer_(server->io()) {
+  boost::system::error_code ec;
+  socket_.set_option(tcp::no_delay(true), ec);
+  socket_.set_option(asio::socket_base::keep_alive(true), ec);
+  auto ep = socket_.remote_endpoint(ec);
+  peer_ = ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
+  authenticated_ = server_->options().token.empty();
+}
+
+void Connection::start() { read(); }
+
+void Connection::read() {
+  if (closed_ || reading_) return;
+  // Back-pressure: stop reading from a client that does not read its responses, or that piles up
+  // requests behind a blocked wait.
+  if (out_.size() + writing_.size() > server_->options().max_pending_output) return;
+  if (blocked_ && in_.size() > kMaxBufferedWhileBlocked) return;
+  reading_ = true;
+  socket_.async_read_some(asio::buffer(chunk_),
+                          [self = shared_from_this()](const boost::system::error_code& ec,
+                                                      size_t n) { self->on_read(ec, n); });
+}
+
+void Connection::on_read(const boost::system::error_code& ec, size_t n) {
+  reading_ = false;
+  if (closed_) return;
+  if (ec) {
+    if (ec == asio::error::eof || ec == asio::error::connection_reset) {
+      close("");
+    } else {
+      close("read failed: " + ec.message());
+    }
+    return;
+  }
+  in_.append(chunk_.data(), n);
+  process();
+  read();
+}
+
+void Connection::process() {
+  if (processing_) return;  // re-entered from finish_wait inside execute
+  processing_ = true;
+  size_t offset = 0;
+  while (!closed_) {
+    std::string_view pending(in_.data() + offset, in_.size() - offset);
+    if (pending.empty()) break;
+    if (dialect_ == wire::Dialect::kUnknown) {
+      dialect_ = wire::detect_dialect(pending);
+      if (dialect_ == wire::Dialect::kUnknown) break;
+    }
+    wire::Request request;
+    auto result = wire::decode(pending, dialect_, server_->options().limits, &request);
+    if (result.status == wire::Status::kNeedMore) break;
+    if (result.status == wire::Status::kMalformed) {
+      close("malformed request: " + result.error);
+      break;
+    }
+    if (blocked_ && request.op != Op::kCancelWait) break;  // served once the wait ends
+    offset += result.consumed;
+    if (!execute(request)) break;
+  }
+  in_.erase(0, offset);
+  processing_ = false;
+  flush();
+}
+
+bool Connection::execute(wire::Request& r) {
+  auto& data = server_->data_;
+  wire::Encoder enc(&out_);
+
+  if (!authenticated_ && r.op != Op::kValidate && r.op != Op::kAuthHello &&
+      r.op != Op::kAuthProof) {
+    spdlog::warn("store server: rejected {}: {} before authenticating (a token is required)",
+                 peer_, op_name(r.op));
+    close("");
+    return false;
+  }
+
+  switch (r.op) {
+    case Op::kValidate:
+      if (static_cast<uint32_t>(r.number) != wire::kValidationMagic) {
+        close("bad validation magic");
+        return false;
+      }
+      return true;
+    case Op::kAuthHello:
+      challenge_ = auth::make_challenge();
+      enc.bytes(challenge_);
+      return true;
+    case Op::kAuthProof: {
+      bool ok = !challenge_.empty() &&
+                auth::constant_time_equal(
+                    r.values[0], auth::hmac_sha256(server_->options().token, challenge_));
+      challenge_.clear();
+      if (!ok) {
+        spdlog::warn("store server: rejected {}: wrong token", peer_);
+        enc.u8(0);
+        flush();
+        close("");
+        return false;
+      }
+      authenticated_ = true;
+      enc.u8(1);
+      return true;
+    }
+    case Op::kSet:
+      data[r.keys[0]] = std::move(r.values[0]);
+      server_->notify(r.keys[0]);
+      return true;
+    case Op::kAppend: {
+      auto& v = data[r.keys[0]];
+      if (v.size() + r.values[0].size() > server_->options().limits.max_value_bytes) {
+        close("append would grow '" + r.keys[0] + "' past the value size limit");
+        return false;
+      }
+      v.append(r.values[0]);
+      server_->notify(r.keys[0]);
+      return true;
+    }
+    case Op::kMultiSet:
+      for (size_t i = 0; i < r.keys.size(); ++i) {
+        data[r.keys[i]] = std::move(r.values[i]);
+        server_->notify(r.keys[i]);
+      }
+      return true;
+    case Op::kCompareSet: {
+      auto it = data.find(r.keys[0]);
+      const std::string& expected = r.values[0];
+      std::string& desired = r.values[1];
+      if (it == data.end()) {
+        if (expected.empty()) {
+          data[r.keys[0]] = desired;
+          enc.bytes(desired);
+          server_->notify(r.keys[0]);
+        } else {
+          enc.bytes(expected);
+        }
+      } else if (it->second == expected) {
+        it->second = desired;
+        enc.bytes(desired);
+        server_->notify(r.keys[0]);
+      } else {
+        enc.bytes(it->second);
+      }
+      return true;
+    }
+    case Op::kAdd: {
+      auto it = data.find(r.keys[0]);
+      int64_t value = 0;
+      if (it != data.end()) {
+        const std::string& s = it->second;
+        auto [p, err] = std::from_chars(s.data(), s.data() + s.size(), value);
+        if (err != std::errc() || p != s.data() + s.size()) {
+          close("ADD on key '" + r.keys[0] + "' whose value is not an integer");
+          return false;
+        }
+      }
+      value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(r.number));
+      data[r.keys[0]] = std::to_string(value);
+      enc.i64(value);
+      server_->notify(r.keys[0]);
+      return true;
+    }
+    case Op::kCheck: {
+      bool all = true;
+      for (auto& k : r.keys) all = all && data.count(k);
+      enc.u8(all ? wire::kCheckReady : wire::kCheckNotReady);
+      return true;
+    }
+    case Op::kNumKeys:
+      enc.i64(static_cast<int64_t>(data.size()));
+      return true;
+    case Op::kDeleteKey:
+      enc.i64(static_cast<int64_t>(data.erase(r.keys[0])));
+      return true;
+    case Op::kPing:
+      enc.u32(static_cast<uint32_t>(r.number));
+      return true;
+    case Op::kCancelWait:
+      if (blocked_) clear_wait();
+      enc.u8(wire::kWaitCanceled);
+      return true;
+    case Op::kWatchKey:
+      // 1.13's callback socket; PyTorch itself never uses watches in its launcher. Accepted and
+      // never answered.
+      spdlog::debug("store server: {} asked to watch '{}' (unsupported, ignored)", peer_,
+                    r.keys[0]);
+      return true;
+    case Op::kQueuePush:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+      close(std::string("unsupported query ") + op_name(r.op));
+      return false;
+    case Op::kWait:
+    case Op::kWaitKeys:
+    case Op::kGet:
+    case Op::kGetWait:
+    case Op::kMultiGet: {
+      std::vector<std::string> missing;
+      std::unordered_set<std::string_view> seen;
+      for (auto& k : r.keys) {
+        if (!data.count(k) && seen.insert(k).second) missing.push_back(k);
+      }
+      if (!missing.empty()) {
+        int64_t timeout_ms = (r.op == Op::kWaitKeys || r.op == Op::kGetWait) ? r.number : -1;
+        if (timeout_ms == 0) {
+          enc.u8(wire::kWaitTimedOut);
+          return true;
+        }
+        block_on(std::move(missing), std::move(r), timeout_ms);
+        return false;
+      }
+      switch (r.op) {
+        case Op::kWait:
+        case Op::kWaitKeys:
+          enc.u8(wire::kWaitStop);
+          break;
+        case Op::kGetWait:
+          enc.u8(wire::kWaitStop);
+          enc.bytes(data[r.keys[0]]);
+          break;
+        case Op::kGet:
+          enc.bytes(data[r.keys[0]]);
+          break;
+        default:  // kMultiGet
+          for (auto& k : r.keys) enc.bytes(data[k]);
+      }
+      return true;
+    }
+  }
+  return true;
+}
+
+void Connection::block_on(std::vector<std::string> missing, wire::Request request,
+                          int64_t timeout_ms) {
+  blocked_ = true;
+  wait_id_ = server_->next_wait_id_++;
+  wait_remaining_ = missing.size();
+  wait_keys_ = std::move(missing);
+  blocked_request_ = std::move(request);
+  for (auto& k : wait_keys_) server_->waiters_[k].emplace_back(weak_from_this(), wait_id_);
+  if (timeout_ms > 0) {
+    wait_timer_.expires_after(std::chrono::milliseconds(timeout_ms));
+    wait_timer_.async_wait(
+        [self = shared_from_this(), id = wait_id_](const boost::system::error_code& ec) {
+          if (ec || self->closed_ || !self->blocked_ || self->wait_id_ != id) return;
+          self->finish_wait(wire::kWaitTimedOut);
+        });
+  }
+}
+
+void Connection::on_key_ready(uint64_t wait_id) {
+  if (closed_ || !blocked_ || wait_id != wait_id_) return;
+  if (--wait_remaining_ > 0) return;
+  finish_wait(0);
+}
+
+void Connection::finish_wait(uint8_t timed_out_code) {
+  wire::Request request = std::move(blocked_request_);
+  clear_wait();
+  if (timed_out_code) {
+    wire::Encoder(&out_).u8(timed_out_code);
+  } else {
+    // Every key exists now (or one was deleted again, in which case this blocks anew).
+    execute(request);
+  }
+  process();  // serve what queued up behind the wait
+  read();
+}
+
+void Connection::clear_wait() {
+  for (auto& k : wait_keys_) server_->remove_waiter(k, this);
+  wait_keys_.clear();
+  blocked_ = false;
+  wait_remaining_ = 0;
+  boost::system::error_code ec;
+  wait_timer_.cancel(ec);
+}
+
+void Connection::flush() {
+  if (closed_ || writing_now_ || out_.empty()) return;
+  writing_now_ = true;
+  writing_.swap(out_);
+  out_.clear();
+  asio::async_write(socket_, asio::buffer(writing_),
+                    [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
+                      self->writing_now_ = false;
+                      self->writing_.clear();
+                      if (self->closed_) return;
+                      if (ec) {
+                        self->close("write failed: " + ec.message());
+                        return;
+                      }
+                      self->flush();
+                      self->read();  // may have paused for back-pressure
+                    });
+}
+
+void Connection::close(const std::string& why) {
+  if (closed_) return;
+  closed_ = true;
+  if (!why.empty()) spdlog::warn("store server: closing connection from {}: {}", peer_, why);
+  if (blocked_) clear_wait();
+  boost::system::error_code ec;
+  socket_.shutdown(tcp::socket::shutdown_both, ec);
+  socket_.close(ec);
+  server_->forget(id_);
+}
+
+}  // namespace
+
+std::unique_ptr<StoreServer> StoreServer::start(const StoreServerOptions& options) {
+  auto server = std::make_unique<ServerImpl>(options);
+  server->listen();
+  return server;
+}
+
+}  // namespace trun::rendezvous

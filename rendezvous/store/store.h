@@ -1,0 +1,76 @@
+#pragma once
+// Store: the key-value contract that trun's rendezvous, agents and workers share, with c10d's
+// semantics. Implementations: TcpStore (client of StoreServer, tcp_store.h), PrefixStore (a
+// namespaced view, prefix_store.h) and InMemoryStore (unit tests only, in_memory_store.h).
+//
+// Values are byte strings. Counters written by add() are decimal strings, as in c10d.
+//
+// Blocking: get, wait and multi_get block until their keys exist, at most `timeout()` (or the
+// timeout passed in); every other call is one round trip, bounded by the same timeout.
+//
+// Errors: StoreTimeoutError when a deadline passes (recoverable: retry or give up); StoreError
+// for everything else (connection lost, refused, rejected by the server), its message naming the
+// endpoint and the operation. Implementations are safe to call from several threads: calls are
+// serialized per object.
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace trun::rendezvous {
+
+class StoreError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+class StoreTimeoutError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
+class Store {
+ public:
+  using Duration = std::chrono::milliseconds;
+  static constexpr Duration kDefaultTimeout = std::chrono::seconds(300);  // c10d's default
+
+  virtual ~Store() = default;
+
+  virtual void set(const std::string& key, std::string_view value) = 0;
+  // Blocks until `key` exists, then returns its value.
+  virtual std::string get(const std::string& key) = 0;
+  // Adds `delta` to the integer at `key` (0 when missing) and returns the new value.
+  virtual int64_t add(const std::string& key, int64_t delta) = 0;
+  // c10d's compare_set: if the key holds `expected` (or is missing and `expected` is empty) it is
+  // set to `desired` and `desired` is returned; a missing key with a non-empty `expected` returns
+  // `expected`; otherwise the current value is returned and nothing changes.
+  virtual std::string compare_set(const std::string& key, std::string_view expected,
+                                  std::string_view desired) = 0;
+  // True when every key exists. Never blocks on the keys.
+  virtual bool check(const std::vector<std::string>& keys) = 0;
+  // Blocks until every key exists; StoreTimeoutError after `timeout`.
+  virtual void wait(const std::vector<std::string>& keys, Duration timeout) = 0;
+  void wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+  // Number of keys in the whole store (a PrefixStore does not narrow it, as in c10d).
+  virtual int64_t num_keys() = 0;
+  // True when the key existed.
+  virtual bool delete_key(const std::string& key) = 0;
+  // Blocks until every key exists, then returns their values in order.
+  virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys) = 0;
+  virtual void multi_set(const std::vector<std::string>& keys,
+                         const std::vector<std::string>& values) = 0;
+  // Appends to the value at `key`, creating it when missing.
+  virtual void append(const std::string& key, std::string_view value) = 0;
+
+  Duration timeout() const { return timeout_; }
+  void set_timeout(Duration timeout) { timeout_ = timeout; }
+
+ protected:
+  Duration timeout_ = kDefaultTimeout;
+};
+
+}  // namespace trun::rendezvous

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package that trun's build, tests and benchmarks need.
+# Idempotent: when everything is already installed it only runs dpkg-query (well under a second).
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config clang clang-format libclang-rt-14-dev
+  libboost-dev libboost-filesystem-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev
+  python3 python3-torch
+  etcd-server etcd-client
+  iproute2 util-linux procps hyperfine
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages already installed"
+  exit 0
+fi
+
+echo "setup: installing ${missing[*]}"
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
