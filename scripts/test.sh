@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# The README's test command: installs what is needed, builds (plain and ASan+UBSan), fuzzes the
+# store's decoder briefly, and runs the whole suite with CTest in both builds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+
+JOBS=$(nproc)
+# Many tests start several processes; run fewer at once than there are cores' worth of work.
+TEST_JOBS=${TRUN_TEST_JOBS:-2}
+
+echo "== build (RelWithDebInfo) =="
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build build -j "$JOBS"
+
+echo "== build (ASan+UBSan) =="
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTRUN_SANITIZE=address,undefined \
+  -DTRUN_BUILD_BENCH=OFF >/dev/null
+cmake --build build-asan -j "$JOBS"
+
+echo "== fuzz (bounded) =="
+bash scripts/fuzz.sh 20
+
+echo "== tests (ASan+UBSan) =="
+ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j "$TEST_JOBS" -LE no_sanitize --timeout 900
+
+echo "== tests =="
+ctest --test-dir build --output-on-failure -j "$TEST_JOBS" --timeout 900
