@@ -1,0 +1,48 @@
+#pragma once
+// The agent's decisions as pure functions: what happens after an event, given the state.
+// The executor (elastic_agent.cpp) performs them. Header-only; no side effects.
+
+namespace trun::agent {
+
+// Exit codes of trun itself (docs/exit-codes.md).
+constexpr int kExitSuccess = 0;
+constexpr int kExitWorkersFailed = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitAgentError = 3;
+constexpr int kExitSignalBase = 128;
+
+enum class GroupPhase { kRunning, kStopping };
+
+// Why a worker group stopped.
+enum class GroupOutcome { kSucceeded, kFailed, kSignaled };
+
+// What the agent does when one worker exits while the group is running.
+enum class ExitAction { kKeepRunning, kStopGroupFailed, kGroupSucceeded };
+
+inline ExitAction on_worker_exit(GroupPhase phase, int exitcode, int workers_still_running) {
+  if (phase != GroupPhase::kRunning) return ExitAction::kKeepRunning;  // we asked it to stop
+  if (exitcode != 0) return ExitAction::kStopGroupFailed;
+  return workers_still_running == 0 ? ExitAction::kGroupSucceeded : ExitAction::kKeepRunning;
+}
+
+struct AfterStop {
+  bool restart = false;
+  int exit_code = kExitSuccess;  // when not restarting
+};
+
+// After the whole group is gone: restart it, or finish with trun's exit code.
+inline AfterStop decide_after_stop(GroupOutcome outcome, int signal, int restart_count,
+                                   int max_restarts) {
+  switch (outcome) {
+    case GroupOutcome::kSignaled:
+      return {false, kExitSignalBase + signal};
+    case GroupOutcome::kSucceeded:
+      return {false, kExitSuccess};
+    case GroupOutcome::kFailed:
+      if (restart_count < max_restarts) return {true, 0};
+      return {false, kExitWorkersFailed};
+  }
+  return {false, kExitAgentError};
+}
+
+}  // namespace trun::agent

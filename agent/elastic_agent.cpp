@@ -1,0 +1,566 @@
+#include "agent/elastic_agent.h"
+
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <random>
+#include <unordered_map>
+
+#include "agent/decisions.h"
+#include "agent/event_loop.h"
+#include "agent/failure_report.h"
+#include "agent/log_mux.h"
+#include "agent/process_supervisor.h"
+#include "rendezvous/handler.h"
+#include "rendezvous/static_rendezvous.h"
+
+extern char** environ;
+
+namespace trun::agent {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+// After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
+constexpr auto kAfterKillGrace = std::chrono::seconds(30);
+
+std::string generate_run_id() {
+  std::random_device rd;
+  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                      static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
+  uint64_t a = gen(), b = gen();
+  // UUID version 4 layout, as torchrun's uuid.uuid4().
+  a = (a & ~0xF000ull) | 0x4000ull;
+  b = (b & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull;
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(a >> 32),
+                static_cast<unsigned>((a >> 16) & 0xFFFF), static_cast<unsigned>(a & 0xFFFF),
+                static_cast<unsigned>(b >> 48),
+                static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFull));
+  return buf;
+}
+
+std::string host_name() {
+  char buf[256] = {0};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
+  return buf;
+}
+
+struct Worker {
+  int local_rank = 0;
+  int rank = 0;
+  int role_rank = 0;
+  pid_t pid = -1;
+  bool running = false;     // started and not yet reaped
+  bool group_live = false;  // its process group may still have members
+  int exitcode = 0;
+  std::string error_file;
+};
+
+struct Ranks {
+  std::vector<int> global;  // by local rank
+  std::vector<int> role;
+  int world_size = 0;
+  int role_world_size = 0;
+};
+
+// torchelastic's rank assignment: ranks are handed out in group-rank order; role ranks among the
+// agents of the same role. Single node: no store traffic.
+Ranks assign_ranks(const rendezvous::RendezvousInfo& info, const std::string& role, int nproc,
+                   std::chrono::milliseconds timeout) {
+  struct Info {
+    int group_rank;
+    std::string role;
+    int nproc;
+  };
+  std::vector<Info> infos;
+  if (info.group_world_size == 1 || !info.store) {
+    infos.push_back({info.group_rank, role, nproc});
+  } else {
+    auto& store = *info.store;
+    store.set("role_info/" + std::to_string(info.group_rank), role + "\n" + std::to_string(nproc));
+    std::vector<std::string> keys;
+    for (int r = 0; r < info.group_world_size; ++r) keys.push_back("role_info/" + std::to_string(r));
+    store.wait(keys, timeout);
+    auto values = store.multi_get(keys);
+    for (int r = 0; r < info.group_world_size; ++r) {
+      auto nl = values[r].find('\n');
+      if (nl == std::string::npos) {
+        throw rendezvous::RendezvousError("malformed role info from node " + std::to_string(r));
+      }
+      infos.push_back({r, values[r].substr(0, nl), std::stoi(values[r].substr(nl + 1))});
+    }
+  }
+  Ranks out;
+  int offset = 0, role_offset = 0;
+  for (const auto& i : infos) {
+    out.world_size += i.nproc;
+    if (i.role == role) out.role_world_size += i.nproc;
+    if (i.group_rank < info.group_rank) {
+      offset += i.nproc;
+      if (i.role == role) role_offset += i.nproc;
+    }
+  }
+  for (int l = 0; l < nproc; ++l) {
+    out.global.push_back(offset + l);
+    out.role.push_back(role_offset + l);
+  }
+  return out;
+}
+
+class Agent {
+ public:
+  explicit Agent(const LaunchConfig& c) : cfg_(c) {}
+  ~Agent() { cleanup(); }
+
+  int run();
+
+ private:
+  void setup_signals();
+  void start_workers();
+  GroupOutcome supervise();
+  void on_signalfd();
+  void on_children();
+  void on_agent_signal(int sig);
+  void begin_stop(int sig);
+  void kill_all();
+  void update_groups();
+  bool all_groups_gone() const;
+  int running_count() const;
+  StreamMode stream_mode(int local_rank, int stream) const;
+  std::vector<std::string> worker_env(const Worker& w) const;
+  void exit_barrier();
+  void cleanup();
+
+  const LaunchConfig& cfg_;
+  EventLoop loop_;
+  int sigfd_ = -1;
+  std::unique_ptr<ProcessSupervisor> sup_;
+  std::unique_ptr<rendezvous::RendezvousHandler> rdzv_;
+  rendezvous::RendezvousInfo info_;
+  Ranks ranks_;
+  std::string run_id_;
+  std::string base_dir_;  // DIR/<run id>, or a temporary directory
+  bool temp_base_ = false;
+  std::map<std::string, std::string> base_env_;
+  std::string hostname_;
+
+  int restart_count_ = 0;
+  std::vector<Worker> workers_;
+  std::unordered_map<pid_t, size_t> by_pid_;
+  std::unique_ptr<LogMux> logs_;
+  GroupPhase phase_ = GroupPhase::kRunning;
+  std::optional<GroupOutcome> outcome_;
+  std::optional<Clock::time_point> kill_at_;
+  bool killed_ = false;
+  Clock::time_point killed_at_;
+  int received_signal_ = 0;
+  uint64_t failure_seq_ = 0;
+  std::vector<WorkerFailure> failures_;  // of the current attempt
+};
+
+void Agent::setup_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  for (int s : cfg_.signals_to_handle) sigaddset(&set, s);
+  if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) {
+    throw std::system_error(errno, std::generic_category(), "pthread_sigmask");
+  }
+  sigfd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+  if (sigfd_ < 0) throw std::system_error(errno, std::generic_category(), "signalfd");
+  // Writes to a closed console or to the guardian must fail with EPIPE, not kill trun. Workers
+  // get SIGPIPE back (process_supervisor.cpp).
+  signal(SIGPIPE, SIG_IGN);
+  loop_.add(sigfd_, EPOLLIN, [this](uint32_t) { on_signalfd(); });
+}
+
+int Agent::run() {
+  try {
+    setup_signals();
+    if (!ProcessSupervisor::become_subreaper()) {
+      spdlog::warn("cannot become a child subreaper: {}", std::strerror(errno));
+    }
+    sup_ = std::make_unique<ProcessSupervisor>();
+  } catch (const std::exception& e) {
+    spdlog::error("cannot set up process supervision: {}", e.what());
+    return kExitAgentError;
+  }
+  hostname_ = host_name();
+
+  run_id_ = cfg_.standalone ? generate_run_id() : cfg_.run_id;
+  rendezvous::StaticRendezvousOptions ro;
+  ro.run_id = run_id_;
+  ro.host = cfg_.standalone ? "127.0.0.1" : cfg_.master_addr;
+  ro.port = cfg_.standalone ? 0 : static_cast<uint16_t>(cfg_.master_port);
+  ro.rank = cfg_.node_rank;
+  ro.world_size = cfg_.max_nodes;
+  if (auto it = cfg_.rdzv_conf.find("timeout"); it != cfg_.rdzv_conf.end()) {
+    ro.timeout = std::chrono::seconds(std::atoi(it->second.c_str()));
+  }
+  try {
+    rdzv_ = rendezvous::create_static_rendezvous(ro);
+    info_ = rdzv_->next_rendezvous();
+    ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, ro.timeout);
+  } catch (const std::exception& e) {
+    spdlog::error("rendezvous failed: {}", e.what());
+    return kExitAgentError;
+  }
+  spdlog::info("rendezvous done: backend={} run_id={} store={}:{} group_rank={} "
+               "group_world_size={} world_size={}",
+               cfg_.standalone ? "standalone" : rdzv_->backend(), run_id_, info_.master_addr,
+               info_.master_port, info_.group_rank, info_.group_world_size, ranks_.world_size);
+
+  // Log and error-file directory.
+  try {
+    if (cfg_.log_dir.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/trun-XXXXXX";
+      std::vector<char> buf(tmpl.begin(), tmpl.end());
+      buf.push_back('\0');
+      if (mkdtemp(buf.data()) == nullptr) {
+        throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
+      }
+      base_dir_ = buf.data();
+      temp_base_ = true;
+    } else {
+      base_dir_ = cfg_.log_dir + "/" + run_id_;
+      fs::create_directories(base_dir_);
+    }
+  } catch (const std::exception& e) {
+    spdlog::error("cannot create the log directory: {}", e.what());
+    return kExitAgentError;
+  }
+
+  for (char** e = environ; *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq) base_env_[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
+  }
+  if (!base_env_.count("OMP_NUM_THREADS") && cfg_.nproc_per_node > 1) {
+    spdlog::warn("setting OMP_NUM_THREADS=1 for each worker (it is unset and there are {} "
+                 "workers); set it yourself to tune performance",
+                 cfg_.nproc_per_node);
+    base_env_["OMP_NUM_THREADS"] = "1";
+  }
+  for (const char* k : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
+    if (!base_env_.count(k)) base_env_[k] = "1";
+  }
+
+  int exit_code = kExitAgentError;
+  for (;;) {
+    GroupOutcome outcome;
+    try {
+      start_workers();
+      outcome = supervise();
+    } catch (const std::exception& e) {
+      spdlog::error("agent error: {}", e.what());
+      if (!workers_.empty()) {
+        kill_all();
+        for (int i = 0; i < 100 && running_count() > 0; ++i) {
+          loop_.run_once(Clock::now() + std::chrono::milliseconds(100));
+        }
+      }
+      return kExitAgentError;
+    }
+    AfterStop next =
+        decide_after_stop(outcome, received_signal_, restart_count_, cfg_.max_restarts);
+    if (next.restart) {
+      for (const auto& f : failures_) {
+        spdlog::warn("worker group failed (attempt {}): rank {} (local_rank {}) exited with {}",
+                     restart_count_, f.rank, f.local_rank,
+                     f.exitcode < 0 ? signal_name(-f.exitcode) : std::to_string(f.exitcode));
+      }
+      ++restart_count_;
+      spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_,
+                   cfg_.max_restarts);
+      continue;
+    }
+    exit_code = next.exit_code;
+    if (outcome == GroupOutcome::kFailed && !failures_.empty()) {
+      std::string summary = format_summary(cfg_.entrypoint_name, failures_, hostname_);
+      std::fputs(summary.c_str(), stderr);
+      std::fflush(stderr);
+      const auto& root = failures_[root_cause_index(failures_)];
+      if (const char* ef = std::getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef) {
+        if (!write_root_cause(ef, root)) {
+          spdlog::error("cannot write the root cause to TORCHELASTIC_ERROR_FILE={}", ef);
+        }
+      }
+    } else if (outcome == GroupOutcome::kSignaled) {
+      spdlog::warn("stopped the workers after {}; exiting with {}", signal_name(received_signal_),
+                   exit_code);
+    } else if (outcome == GroupOutcome::kSucceeded) {
+      try {
+        exit_barrier();
+      } catch (const std::exception& e) {
+        spdlog::warn("exit barrier: {}", e.what());
+      }
+    }
+    break;
+  }
+  return exit_code;
+}
+
+StreamMode Agent::stream_mode(int local_rank, int stream) const {
+  bool redirect = (cfg_.redirects.for_rank(local_rank) & stream) != 0;
+  bool tee = (cfg_.tee.for_rank(local_rank) & stream) != 0;
+  bool hidden = cfg_.local_ranks_filter && !cfg_.local_ranks_filter->count(local_rank);
+  if (tee && !hidden) return StreamMode::kTee;
+  if (tee || redirect) return StreamMode::kFile;
+  return hidden ? StreamMode::kDiscard : StreamMode::kInherit;
+}
+
+std::vector<std::string> Agent::worker_env(const Worker& w) const {
+  std::map<std::string, std::string> env = base_env_;
+  env["LOCAL_RANK"] = std::to_string(w.local_rank);
+  env["RANK"] = std::to_string(w.rank);
+  env["GROUP_RANK"] = std::to_string(info_.group_rank);
+  env["ROLE_RANK"] = std::to_string(w.role_rank);
+  env["ROLE_NAME"] = cfg_.role;
+  env["LOCAL_WORLD_SIZE"] = std::to_string(cfg_.nproc_per_node);
+  env["WORLD_SIZE"] = std::to_string(ranks_.world_size);
+  env["GROUP_WORLD_SIZE"] = std::to_string(info_.group_world_size);
+  env["ROLE_WORLD_SIZE"] = std::to_string(ranks_.role_world_size);
+  env["MASTER_ADDR"] = info_.master_addr;
+  env["MASTER_PORT"] = std::to_string(info_.master_port);
+  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count_);
+  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(cfg_.max_restarts);
+  env["TORCHELASTIC_RUN_ID"] = run_id_;
+  env["TORCHELASTIC_USE_AGENT_STORE"] = info_.use_agent_store ? "True" : "False";
+  env["TORCHELASTIC_ERROR_FILE"] = w.error_file;
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+void Agent::start_workers() {
+  phase_ = GroupPhase::kRunning;
+  outcome_.reset();
+  kill_at_.reset();
+  killed_ = false;
+  failures_.clear();
+  by_pid_.clear();
+  workers_.assign(static_cast<size_t>(cfg_.nproc_per_node), Worker{});
+  logs_.reset();
+  logs_ = std::make_unique<LogMux>(loop_);
+
+  const std::string attempt_dir = base_dir_ + "/attempt_" + std::to_string(restart_count_);
+  std::error_code ec;
+  if (fs::exists(attempt_dir, ec)) {
+    spdlog::warn("replacing the logs of an earlier run in {}", attempt_dir);
+    fs::remove_all(attempt_dir, ec);
+  }
+  std::vector<SpawnRequest> requests(workers_.size());
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    w.local_rank = static_cast<int>(i);
+    w.rank = ranks_.global[i];
+    w.role_rank = ranks_.role[i];
+    const std::string dir = attempt_dir + "/" + std::to_string(i);
+    fs::create_directories(dir);
+    w.error_file = dir + "/error.json";
+    SpawnRequest& req = requests[i];
+    req.argv = cfg_.entrypoint;
+    req.env = worker_env(w);
+    const std::string prefix =
+        line_prefix(cfg_.log_line_prefix_template, cfg_.role, w.rank, w.local_rank);
+    req.stdout_fd = logs_->prepare(stream_mode(w.local_rank, kStdOut), STDOUT_FILENO,
+                                   dir + "/stdout.log", prefix);
+    req.stderr_fd = logs_->prepare(stream_mode(w.local_rank, kStdErr), STDERR_FILENO,
+                                   dir + "/stderr.log", prefix);
+  }
+  auto results = sup_->spawn(requests);
+  logs_->close_child_ends();
+  bool spawn_failed = false;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    Worker& w = workers_[i];
+    if (results[i].pid > 0) {
+      w.pid = results[i].pid;
+      w.running = true;
+      w.group_live = true;
+      by_pid_[w.pid] = i;
+    } else {
+      w.exitcode = results[i].error == ENOENT ? 127 : 126;
+      WorkerFailure f = read_failure(w.local_rank, w.rank, -1, w.exitcode, "", failure_seq_++);
+      f.message = "cannot start worker: " + results[i].error_message;
+      failures_.push_back(std::move(f));
+      spawn_failed = true;
+    }
+  }
+  spdlog::info("attempt {}: started {} workers", restart_count_, by_pid_.size());
+  if (spawn_failed) {
+    outcome_ = GroupOutcome::kFailed;
+    begin_stop(SIGTERM);
+  }
+}
+
+int Agent::running_count() const {
+  int n = 0;
+  for (const auto& w : workers_) n += w.running ? 1 : 0;
+  return n;
+}
+
+bool Agent::all_groups_gone() const {
+  for (const auto& w : workers_) {
+    if (w.group_live) return false;
+  }
+  return true;
+}
+
+GroupOutcome Agent::supervise() {
+  for (;;) {
+    if (phase_ == GroupPhase::kRunning && running_count() == 0) {
+      // Every worker exited 0 (a failure would have started the stop). Leftover processes in
+      // their groups (background grandchildren) are stopped like workers.
+      outcome_ = GroupOutcome::kSucceeded;
+      if (!all_groups_gone()) begin_stop(SIGTERM);
+    }
+    if (outcome_ && running_count() == 0 && all_groups_gone()) break;
+    std::optional<Clock::time_point> deadline;
+    if (phase_ == GroupPhase::kStopping) {
+      deadline = killed_ ? killed_at_ + kAfterKillGrace : *kill_at_;
+    }
+    loop_.run_once(deadline);
+    if (phase_ == GroupPhase::kStopping && Clock::now() >= *deadline) {
+      if (!killed_) {
+        spdlog::warn("workers still running {} ms after the stop signal; sending SIGKILL",
+                     cfg_.shutdown_timeout.count());
+        kill_all();
+      } else {
+        throw std::runtime_error("workers did not exit " +
+                                 std::to_string(kAfterKillGrace.count()) + " s after SIGKILL");
+      }
+    }
+  }
+  logs_->drain();
+  logs_.reset();
+  return *outcome_;
+}
+
+void Agent::on_signalfd() {
+  signalfd_siginfo si[16];
+  for (int round = 0; round < 64; ++round) {
+    ssize_t n = read(sigfd_, si, sizeof si);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    bool child = false;
+    for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(signalfd_siginfo); ++i) {
+      int sig = static_cast<int>(si[i].ssi_signo);
+      if (sig == SIGCHLD) {
+        child = true;
+      } else {
+        on_agent_signal(sig);
+      }
+    }
+    if (child) on_children();
+  }
+}
+
+void Agent::on_children() {
+  const GroupPhase phase_before = phase_;
+  auto exits = sup_->reap([this](pid_t pid) { return by_pid_.count(pid) > 0; });
+  bool failed = false;
+  for (const auto& e : exits) {
+    Worker& w = workers_[by_pid_.at(e.pid)];
+    w.running = false;
+    w.exitcode = e.exitcode();
+    spdlog::debug("worker local_rank={} pid={} exited with {}", w.local_rank, w.pid, w.exitcode);
+    // Exits in the same batch as the first failure are failures too: they happened before the
+    // stop began.
+    if (on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed) {
+      failures_.push_back(
+          read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++));
+      failed = true;
+    }
+  }
+  update_groups();
+  if (failed && phase_ == GroupPhase::kRunning) {
+    outcome_ = GroupOutcome::kFailed;
+    begin_stop(SIGTERM);
+  }
+}
+
+void Agent::update_groups() {
+  for (auto& w : workers_) {
+    if (w.group_live && !w.running && !ProcessSupervisor::group_alive(w.pid)) {
+      w.group_live = false;
+      sup_->forget_group(w.pid);
+    }
+  }
+}
+
+void Agent::on_agent_signal(int sig) {
+  if (received_signal_ == 0) {
+    received_signal_ = sig;
+    spdlog::warn("received {}: forwarding it to the workers and stopping them", signal_name(sig));
+  }
+  outcome_ = GroupOutcome::kSignaled;
+  if (phase_ == GroupPhase::kRunning) {
+    begin_stop(sig);
+  } else {
+    for (auto& w : workers_) {
+      if (w.group_live) sup_->signal_group(w.pid, sig);
+    }
+  }
+}
+
+void Agent::begin_stop(int sig) {
+  phase_ = GroupPhase::kStopping;
+  kill_at_ = Clock::now() + cfg_.shutdown_timeout;
+  for (auto& w : workers_) {
+    if (w.group_live) sup_->signal_group(w.pid, sig);
+  }
+  if (cfg_.shutdown_timeout.count() == 0) kill_all();
+}
+
+void Agent::kill_all() {
+  for (auto& w : workers_) {
+    if (w.group_live) sup_->signal_group(w.pid, SIGKILL);
+  }
+  killed_ = true;
+  killed_at_ = Clock::now();
+}
+
+void Agent::exit_barrier() {
+  if (info_.group_world_size <= 1 || !info_.store) return;
+  auto& store = *info_.store;
+  int64_t arrived = store.add("exit_barrier/count", 1);
+  if (arrived >= info_.group_world_size) store.set("exit_barrier/done", "1");
+  store.wait({"exit_barrier/done"}, cfg_.exit_barrier_timeout);
+}
+
+void Agent::cleanup() {
+  logs_.reset();
+  if (rdzv_) rdzv_->shutdown();
+  sup_.reset();
+  if (temp_base_ && !base_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(base_dir_, ec);
+  }
+  if (sigfd_ >= 0) {
+    loop_.remove(sigfd_);
+    close(sigfd_);
+    sigfd_ = -1;
+  }
+}
+
+}  // namespace
+
+int ElasticAgent::run() {
+  Agent agent(config_);
+  return agent.run();
+}
+
+}  // namespace trun::agent

@@ -1,0 +1,30 @@
+#pragma once
+// ElasticAgent: runs one job on this node from rendezvous to the end.
+//
+//   rendezvous -> start the worker group -> supervise -> on a failure: stop the group and
+//   restart it (up to max_restarts) or fail; on success: exit barrier and done; on a signal:
+//   forward it, stop the group, exit 128+signal.
+//
+// Everything happens on the calling thread in one event loop (agent/event_loop.h): worker exits
+// arrive as SIGCHLD through a signalfd, never by polling. The agent is a child subreaper and
+// reaps orphaned grandchildren, so it is correct as PID 1 in a container.
+//
+// Call run() from the main thread before starting any other thread: it blocks the signals it
+// handles (for the whole process) so that only its signalfd sees them.
+// Output: the failure summary goes to stderr; trun's own log lines go through spdlog.
+
+#include "agent/launch_config.h"
+
+namespace trun::agent {
+
+class ElasticAgent {
+ public:
+  explicit ElasticAgent(const LaunchConfig& config) : config_(config) {}
+  // Runs the job; returns trun's exit code (agent/decisions.h, docs/exit-codes.md).
+  int run();
+
+ private:
+  const LaunchConfig& config_;
+};
+
+}  // namespace trun::agent

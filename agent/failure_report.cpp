@@ -1,0 +1,209 @@
+#include "agent/failure_report.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <ctime>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace trun::agent {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kNotAvailable = "<N/A>";
+constexpr const char* kNoTraceback =
+    "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
+
+std::string iso_time(int64_t ts) {
+  std::time_t t = static_cast<std::time_t>(ts);
+  std::tm tm{};
+  localtime_r(&t, &tm);
+  char buf[64];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d_%H:%M:%S", &tm);
+  return buf;
+}
+
+// Accepts a JSON number or a decimal string (PyTorch writes the timestamp as a string).
+bool json_int(const json& v, int64_t& out) {
+  try {
+    if (v.is_number_integer()) {
+      out = v.get<int64_t>();
+      return true;
+    }
+    if (v.is_number()) {
+      out = static_cast<int64_t>(v.get<double>());
+      return true;
+    }
+    if (v.is_string()) {
+      out = std::stoll(v.get<std::string>());
+      return true;
+    }
+  } catch (const std::exception&) {
+  }
+  return false;
+}
+
+std::string indent(const std::string& s) {
+  std::string out;
+  for (char c : s) {
+    out.push_back(c);
+    if (c == '\n') out += "  ";
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string signal_name(int sig) {
+  static const std::pair<int, const char*> kNames[] = {
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"}, {SIGXCPU, "SIGXCPU"},
+      {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},   {SIGWINCH, "SIGWINCH"}};
+  for (const auto& [n, name] : kNames) {
+    if (n == sig) return name;
+  }
+  return "SIG" + std::to_string(sig);
+}
+
+WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
+                           const std::string& error_file_path, uint64_t sequence) {
+  WorkerFailure f;
+  f.local_rank = local_rank;
+  f.rank = rank;
+  f.pid = pid;
+  f.exitcode = exitcode;
+  f.sequence = sequence;
+  f.timestamp = static_cast<int64_t>(std::time(nullptr));
+  f.error_file = kNotAvailable;
+
+  struct stat st;
+  if (!error_file_path.empty() && stat(error_file_path.c_str(), &st) == 0 &&
+      S_ISREG(st.st_mode)) {
+    f.error_file = error_file_path;
+    std::ifstream in(error_file_path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    std::string text = ss.str();
+    json data = json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (data.is_discarded() || !data.is_object() || !data.contains("message")) {
+      f.message = "error file " + error_file_path + " is not in @record's JSON format: " +
+                  text.substr(0, 500);
+    } else {
+      f.error_json = text;
+      const json& m = data["message"];
+      int64_t ts = 0;
+      if (m.is_string()) {
+        f.message = m.get<std::string>();
+        if (data.contains("timestamp") && json_int(data["timestamp"], ts)) f.timestamp = ts;
+      } else if (m.is_object()) {
+        const json* extra = m.contains("extraInfo") ? &m["extraInfo"] : nullptr;
+        if (extra && extra->is_object() && extra->contains("py_callstack") &&
+            (*extra)["py_callstack"].is_string()) {
+          f.message = (*extra)["py_callstack"].get<std::string>();
+        } else if (m.contains("message") && m["message"].is_string()) {
+          f.message = m["message"].get<std::string>();
+        } else {
+          f.message = kNotAvailable;
+        }
+        if (extra && extra->is_object() && extra->contains("timestamp") &&
+            json_int((*extra)["timestamp"], ts)) {
+          f.timestamp = ts;
+        }
+      }
+    }
+  }
+  if (f.message.empty()) {
+    if (exitcode < 0) {
+      f.message = "Signal " + std::to_string(-exitcode) + " (" + signal_name(-exitcode) +
+                  ") received by PID " + std::to_string(pid);
+    } else {
+      f.message = kNoTraceback;
+    }
+  }
+  return f;
+}
+
+size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
+  size_t best = 0;
+  for (size_t i = 1; i < failures.size(); ++i) {
+    const auto& a = failures[i];
+    const auto& b = failures[best];
+    if (a.timestamp < b.timestamp || (a.timestamp == b.timestamp && a.sequence < b.sequence)) {
+      best = i;
+    }
+  }
+  return best;
+}
+
+std::string format_summary(const std::string& name, const std::vector<WorkerFailure>& failures,
+                           const std::string& hostname) {
+  const std::string title = name + " FAILED";
+  size_t root = root_cause_index(failures);
+  // Failures are listed by global rank, as torchrun's dict is.
+  std::vector<size_t> order(failures.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return failures[a].rank < failures[b].rank; });
+  std::string root_fmt;
+  std::vector<std::string> others;
+  size_t width = title.size();
+  for (size_t idx = 0; idx < order.size(); ++idx) {
+    const auto& f = failures[order[idx]];
+    std::string exit_desc = std::to_string(f.exitcode);
+    if (f.exitcode < 0) exit_desc += " (" + signal_name(-f.exitcode) + ")";
+    std::string fmt = "[" + std::to_string(idx) + "]:\n" +
+                      "  time      : " + iso_time(f.timestamp) + "\n" +
+                      "  host      : " + hostname + "\n" +
+                      "  rank      : " + std::to_string(f.rank) +
+                      " (local_rank: " + std::to_string(f.local_rank) + ")\n" +
+                      "  exitcode  : " + exit_desc + " (pid: " + std::to_string(f.pid) + ")\n" +
+                      "  error_file: " + f.error_file + "\n" +
+                      "  traceback : " + indent(f.message);
+    std::istringstream lines(fmt);
+    for (std::string line; std::getline(lines, line);) width = std::max(width, line.size());
+    if (order[idx] == root) {
+      root_fmt = fmt;
+    } else {
+      others.push_back(fmt);
+    }
+  }
+  width = std::min<size_t>(width, 60);
+  std::string border(width, '='), section(width, '-');
+  std::string out = border + "\n" + title + "\n" + section + "\nFailures:\n";
+  if (others.empty()) {
+    out += "  <NO_OTHER_FAILURES>\n";
+  } else {
+    for (const auto& o : others) out += o + "\n";
+  }
+  out += section + "\nRoot Cause (first observed failure):\n" + root_fmt + "\n" + border + "\n";
+  return out;
+}
+
+bool write_root_cause(const std::string& path, const WorkerFailure& f) {
+  json data;
+  if (!f.error_json.empty()) {
+    data = json::parse(f.error_json, nullptr, false);
+    if (data.is_object() && data.contains("message") && data["message"].is_object()) {
+      data["message"]["errorCode"] = f.exitcode;
+    }
+  } else {
+    data = {{"message",
+             {{"message", f.message},
+              {"errorCode", f.exitcode},
+              {"extraInfo",
+               {{"py_callstack", ""}, {"timestamp", std::to_string(f.timestamp)}}}}}};
+  }
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return false;
+  out << data.dump();
+  return static_cast<bool>(out);
+}
+
+}  // namespace trun::agent

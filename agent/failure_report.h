@@ -1,0 +1,51 @@
+#pragma once
+// FailureReport: worker failures as data, the torchrun-style summary, and the root cause.
+//
+// A failure is read from the worker's error file when it exists: the JSON that PyTorch's
+// @record (torch.distributed.elastic.multiprocessing.errors) writes,
+//   {"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
+// or the older {"message": "...", "timestamp": N}. Otherwise its message says how the worker
+// ended. The root cause is the failure with the earliest timestamp (ties: the first observed).
+//
+// Pure functions apart from reading/writing the named files; no thread requirements.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace trun::agent {
+
+struct WorkerFailure {
+  int local_rank = 0;
+  int rank = 0;  // global rank
+  pid_t pid = -1;
+  int exitcode = 0;          // exit code, or -signal
+  std::string error_file;    // path, or "<N/A>" when the worker wrote none
+  std::string error_json;    // the file's content when it was valid JSON, else empty
+  std::string message;       // the traceback (py_callstack) or message
+  int64_t timestamp = 0;     // seconds since the epoch
+  uint64_t sequence = 0;     // order in which trun observed the failure
+};
+
+// Builds a failure, reading `error_file_path` if it exists (unreadable or malformed files are
+// reported in the message rather than thrown).
+WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
+                           const std::string& error_file_path, uint64_t sequence);
+
+// Index into `failures` of the root cause; failures must not be empty.
+size_t root_cause_index(const std::vector<WorkerFailure>& failures);
+
+// The multi-line summary torchrun prints ("<name> FAILED", Failures, Root Cause).
+std::string format_summary(const std::string& name, const std::vector<WorkerFailure>& failures,
+                           const std::string& hostname);
+
+// Writes the root cause to `path` (trun's own TORCHELASTIC_ERROR_FILE) in @record's format with
+// errorCode set to the worker's exit code, as torchrun does. Returns false when it cannot write.
+bool write_root_cause(const std::string& path, const WorkerFailure& failure);
+
+// "SIGSEGV" for 11, "SIG<N>" when unknown.
+std::string signal_name(int sig);
+
+}  // namespace trun::agent

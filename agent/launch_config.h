@@ -1,0 +1,74 @@
+#pragma once
+// LaunchConfig: everything the agent needs to run one job on this node, already validated.
+//
+// Built once by the launcher (launcher/cli.h, from argv and PET_* variables) and never changed
+// afterwards; the agent reads it from its own thread only. Every field holds a checked value:
+// the agent does not re-validate. Rank terms (local_rank, group_rank, ...) are defined in
+// docs/rank-terms.md.
+
+#include <chrono>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace trun::agent {
+
+// Which of a worker's standard streams go to a log file (torchrun's Std: 0 none, 1 stdout,
+// 2 stderr, 3 both).
+enum StdStreams : int { kStdNone = 0, kStdOut = 1, kStdErr = 2, kStdAll = 3 };
+
+// A value for every local rank, or a per-rank map (ranks not in the map get kStdNone), as in
+// torchrun's `--redirects 3` or `--redirects 0:1,1:2`.
+struct StdSpec {
+  int all = kStdNone;
+  std::map<int, int> per_rank;
+  bool is_map = false;
+
+  int for_rank(int local_rank) const {
+    if (!is_map) return all;
+    auto it = per_rank.find(local_rank);
+    return it == per_rank.end() ? kStdNone : it->second;
+  }
+};
+
+struct LaunchConfig {
+  // --- worker group -------------------------------------------------------------------------
+  int min_nodes = 1;
+  int max_nodes = 1;
+  int nproc_per_node = 1;  // the local world size, already resolved from cpu/gpu/auto
+  std::string role = "default";
+  int max_restarts = 0;
+
+  // --- rendezvous ---------------------------------------------------------------------------
+  bool standalone = false;          // embedded store on 127.0.0.1, free port, generated run id
+  std::string rdzv_backend = "static";
+  std::string rdzv_endpoint;        // host:port; for static, defaults to master_addr:master_port
+  std::string run_id = "none";
+  std::map<std::string, std::string> rdzv_conf;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;          // 0: pick a free port (trun extension, single node only)
+  std::string local_addr;           // this node's address as others see it; empty: hostname
+
+  // --- what to run --------------------------------------------------------------------------
+  // The worker's argv: program first. For Python scripts this is {python, "-u", script, ...}.
+  std::vector<std::string> entrypoint;
+  std::string entrypoint_name;  // short name for the failure summary (script or module name)
+
+  // --- logs ---------------------------------------------------------------------------------
+  std::string log_dir;  // empty: error files go to a temporary directory removed at exit
+  StdSpec redirects;
+  StdSpec tee;
+  std::optional<std::set<int>> local_ranks_filter;  // console shows only these local ranks
+  std::string log_line_prefix_template;             // "${role_name}${local_rank}" when empty
+
+  // --- supervision --------------------------------------------------------------------------
+  std::chrono::milliseconds monitor_interval{5000};  // accepted; exits are event-driven
+  std::chrono::milliseconds shutdown_timeout{30000};
+  std::chrono::milliseconds exit_barrier_timeout{300000};
+  std::vector<int> signals_to_handle;  // signal numbers; forwarded to workers, then stop
+};
+
+}  // namespace trun::agent

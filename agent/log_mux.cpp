@@ -1,0 +1,192 @@
+#include "agent/log_mux.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/epoll.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <system_error>
+
+namespace trun::agent {
+namespace {
+
+constexpr size_t kReadChunk = 64 * 1024;
+// A "line" this long without a newline is written out anyway, so memory stays bounded.
+constexpr size_t kMaxPendingLine = 1 << 20;
+
+// Writes everything, waiting briefly when the fd is non-blocking and full. Output to a console
+// that went away (EPIPE) is dropped.
+void write_all(int fd, const char* data, size_t size) {
+  int stalls = 0;
+  while (size > 0) {
+    ssize_t n = write(fd, data, size);
+    if (n > 0) {
+      data += n;
+      size -= static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN && stalls++ < 600) {
+      pollfd p{fd, POLLOUT, 0};
+      poll(&p, 1, 100);
+      continue;
+    }
+    return;
+  }
+}
+
+int open_log_file(const std::string& path) {
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "open " + path);
+  return fd;
+}
+
+}  // namespace
+
+struct LogMux::Tee {
+  int read_fd = -1;
+  int file_fd = -1;
+  int console_fd = 1;
+  std::string prefix;
+  std::string pending;  // bytes after the last newline
+  std::string out;      // scratch for the prefixed batch
+};
+
+std::string line_prefix(const std::string& tmpl_in, const std::string& role, int rank,
+                        int local_rank) {
+  std::string tmpl = tmpl_in.empty() ? "${role_name}${local_rank}" : tmpl_in;
+  std::string out;
+  for (size_t i = 0; i < tmpl.size();) {
+    auto sub = [&](const char* name, const std::string& value) {
+      std::string key = std::string("${") + name + "}";
+      if (tmpl.compare(i, key.size(), key) != 0) return false;
+      out += value;
+      i += key.size();
+      return true;
+    };
+    if (sub("role_name", role) || sub("rank", std::to_string(rank)) ||
+        sub("local_rank", std::to_string(local_rank))) {
+      continue;
+    }
+    out.push_back(tmpl[i++]);
+  }
+  return "[" + out + "]:";
+}
+
+LogMux::LogMux(EventLoop& loop) : loop_(loop) {}
+
+LogMux::~LogMux() {
+  for (auto& t : tees_) {
+    if (t->read_fd >= 0) {
+      loop_.remove(t->read_fd);
+      close(t->read_fd);
+    }
+    if (t->file_fd >= 0) close(t->file_fd);
+  }
+  close_child_ends();
+}
+
+int LogMux::prepare(StreamMode mode, int console_fd, const std::string& file_path,
+                    const std::string& prefix) {
+  switch (mode) {
+    case StreamMode::kInherit:
+      return -1;
+    case StreamMode::kDiscard: {
+      int fd = open("/dev/null", O_WRONLY | O_CLOEXEC);
+      if (fd < 0) throw std::system_error(errno, std::generic_category(), "open /dev/null");
+      child_fds_.push_back(fd);
+      return fd;
+    }
+    case StreamMode::kFile: {
+      int fd = open_log_file(file_path);
+      child_fds_.push_back(fd);
+      return fd;
+    }
+    case StreamMode::kTee:
+      break;
+  }
+  auto t = std::make_unique<Tee>();
+  t->file_fd = open_log_file(file_path);
+  int p[2];
+  if (pipe2(p, O_CLOEXEC) != 0) {
+    close(t->file_fd);
+    throw std::system_error(errno, std::generic_category(), "pipe2");
+  }
+  fcntl(p[0], F_SETPIPE_SZ, 1 << 20);  // fewer wake-ups for chatty workers; best effort
+  fcntl(p[0], F_SETFL, fcntl(p[0], F_GETFL) | O_NONBLOCK);
+  t->read_fd = p[0];
+  t->console_fd = console_fd;
+  t->prefix = prefix;
+  child_fds_.push_back(p[1]);
+  Tee* raw = t.get();
+  tees_.push_back(std::move(t));
+  loop_.add(raw->read_fd, EPOLLIN, [this, raw](uint32_t) { on_readable(*raw); });
+  return p[1];
+}
+
+void LogMux::close_child_ends() {
+  for (int fd : child_fds_) close(fd);
+  child_fds_.clear();
+}
+
+void LogMux::on_readable(Tee& t) { read_some(t, 4); }
+
+bool LogMux::read_some(Tee& t, int max_reads) {
+  char buf[kReadChunk];
+  for (int i = 0; i < max_reads && t.read_fd >= 0; ++i) {
+    ssize_t n = read(t.read_fd, buf, sizeof buf);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && errno == EAGAIN) return false;
+    if (n <= 0) {  // EOF or error: the writers are gone
+      finish(t);
+      return false;
+    }
+    write_all(t.file_fd, buf, static_cast<size_t>(n));
+    t.pending.append(buf, static_cast<size_t>(n));
+    size_t last_nl = t.pending.rfind('\n');
+    if (last_nl == std::string::npos && t.pending.size() < kMaxPendingLine) continue;
+    size_t end = last_nl == std::string::npos ? t.pending.size() : last_nl + 1;
+    t.out.clear();
+    size_t start = 0;
+    while (start < end) {
+      size_t nl = t.pending.find('\n', start);
+      size_t stop = (nl == std::string::npos || nl >= end) ? end : nl + 1;
+      t.out += t.prefix;
+      t.out.append(t.pending, start, stop - start);
+      if (t.out.back() != '\n') t.out.push_back('\n');
+      start = stop;
+    }
+    write_all(t.console_fd, t.out.data(), t.out.size());
+    t.pending.erase(0, end);
+  }
+  return t.read_fd >= 0;
+}
+
+void LogMux::finish(Tee& t) {
+  if (!t.pending.empty()) {
+    t.out = t.prefix + t.pending + "\n";
+    write_all(t.console_fd, t.out.data(), t.out.size());
+    t.pending.clear();
+  }
+  if (t.read_fd >= 0) {
+    loop_.remove(t.read_fd);
+    close(t.read_fd);
+    t.read_fd = -1;
+  }
+  if (t.file_fd >= 0) {
+    close(t.file_fd);
+    t.file_fd = -1;
+  }
+}
+
+void LogMux::drain() {
+  for (auto& t : tees_) {
+    // Writers are gone: read until EOF (bounded by what the pipe can hold).
+    for (int i = 0; i < 1024 && read_some(*t, 1); ++i) {
+    }
+    finish(*t);
+  }
+}
+
+}  // namespace trun::agent

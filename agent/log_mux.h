@@ -1,0 +1,61 @@
+#pragma once
+// LogMux: where the workers' stdout and stderr go during one attempt.
+//
+// Per local rank and stream, one of:
+//   inherit  - the worker writes straight to trun's own stdout/stderr (torchrun's default; no
+//              prefix, no copy, no cost);
+//   file     - the stream goes straight to DIR/.../<local_rank>/{stdout,stderr}.log (--redirects,
+//              or a tee'd rank hidden by --local-ranks-filter);
+//   tee      - a pipe to trun, which appends every byte to the log file and copies whole lines to
+//              its console with a "[<role><local_rank>]:" prefix (--tee);
+//   discard  - /dev/null (a rank hidden by --local-ranks-filter and not redirected).
+// Console lines are written whole, one write(2) per batch of complete lines, from trun's single
+// thread, so lines of different workers never interleave mid-line. A partial last line is
+// completed with a newline when the worker's end of the pipe closes.
+//
+// Thread safety: none; runs on the agent's event loop thread.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/event_loop.h"
+
+namespace trun::agent {
+
+enum class StreamMode { kInherit, kFile, kTee, kDiscard };
+
+class LogMux {
+ public:
+  explicit LogMux(EventLoop& loop);
+  ~LogMux();  // closes everything without reading further
+  LogMux(const LogMux&) = delete;
+  LogMux& operator=(const LogMux&) = delete;
+
+  // Prepares one stream of one worker; `console_fd` is 1 or 2. Returns the fd to give the worker
+  // as that stream (-1 for inherit). Throws std::system_error when a file or pipe cannot be made.
+  int prepare(StreamMode mode, int console_fd, const std::string& file_path,
+              const std::string& prefix);
+  // After the workers were spawned: closes trun's copies of their ends.
+  void close_child_ends();
+  // After the workers (and their groups) are gone: reads what is left in every pipe, writes the
+  // last partial lines, and closes all files.
+  void drain();
+
+ private:
+  struct Tee;
+  void on_readable(Tee& t);
+  // Returns true while more may be readable right now.
+  bool read_some(Tee& t, int max_reads);
+  void finish(Tee& t);
+
+  EventLoop& loop_;
+  std::vector<std::unique_ptr<Tee>> tees_;
+  std::vector<int> child_fds_;  // fds handed to workers (files, pipe ends), closed after spawn
+};
+
+// "[" + template with ${role_name}, ${rank}, ${local_rank} substituted + "]:".
+std::string line_prefix(const std::string& tmpl, const std::string& role, int rank,
+                        int local_rank);
+
+}  // namespace trun::agent

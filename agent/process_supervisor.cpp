@@ -1,0 +1,305 @@
+// Boost.Process stays in this translation unit (it costs seconds to compile).
+#include "agent/process_supervisor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <boost/process/args.hpp>
+#include <boost/process/child.hpp>
+#include <boost/process/exe.hpp>
+#include <boost/process/extend.hpp>
+#include <boost/process/search_path.hpp>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <system_error>
+#include <thread>
+
+namespace bp = boost::process;
+
+namespace trun::agent {
+
+bool ExitStatus::signaled() const { return WIFSIGNALED(status); }
+
+int ExitStatus::exitcode() const {
+  if (WIFSIGNALED(status)) return -WTERMSIG(status);
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  return 0;
+}
+
+namespace {
+
+// Runs in the forked child before execve: only async-signal-safe calls.
+struct WorkerSetup : bp::extend::handler {
+  pid_t parent;
+  int out_fd;
+  int err_fd;
+  char** envp;
+
+  template <class Executor>
+  void on_setup(Executor& e) const {
+    e.env = envp;
+  }
+
+  template <class Executor>
+  void on_exec_setup(Executor&) const {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    // trun died between fork and prctl: the death signal would never come.
+    if (getppid() != parent) _exit(127);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
+    if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
+    // Boost's exec-error pipe is already close-on-exec; everything else trun holds (store
+    // sockets, log pipes) must not leak into workers.
+    close_range(3U, ~0U, CLOSE_RANGE_CLOEXEC);
+  }
+};
+
+// The guardian's whole life: collect groups from the pipe, kill them all at EOF.
+[[noreturn]] void guardian_main(int fd, int32_t* groups, size_t capacity) {
+  sigset_t all;
+  sigfillset(&all);
+  sigprocmask(SIG_SETMASK, &all, nullptr);
+  prctl(PR_SET_NAME, "trun-guardian");
+  size_t n = 0;
+  int32_t rec;
+  for (;;) {
+    ssize_t r = read(fd, &rec, sizeof rec);
+    if (r == static_cast<ssize_t>(sizeof rec)) {
+      if (rec > 0 && n < capacity) {
+        groups[n++] = rec;
+      } else if (rec < 0) {
+        for (size_t i = 0; i < n; ++i) {
+          if (groups[i] == -rec) {
+            groups[i] = groups[--n];
+            break;
+          }
+        }
+      }
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    break;  // EOF (trun is gone or done) or an error
+  }
+  for (size_t i = 0; i < n; ++i) kill(-groups[i], SIGKILL);
+  _exit(0);
+}
+
+}  // namespace
+
+// One long-lived thread that performs every fork, so the workers' parent-death signal only fires
+// when trun exits.
+class ProcessSupervisor::SpawnThread {
+ public:
+  SpawnThread() : thread_([this] { loop(); }) {}
+  ~SpawnThread() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  std::vector<SpawnResult> run(const std::vector<SpawnRequest>& requests) {
+    Job job{&requests, {}, false};
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(&job);
+    }
+    cv_.notify_all();
+    std::unique_lock<std::mutex> lock(mu_);
+    done_cv_.wait(lock, [&] { return job.done; });
+    return std::move(job.results);
+  }
+
+ private:
+  struct Job {
+    const std::vector<SpawnRequest>* requests;
+    std::vector<SpawnResult> results;
+    bool done;
+  };
+
+  void loop() {
+    for (;;) {
+      Job* job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = queue_.front();
+        queue_.pop_front();
+      }
+      std::vector<SpawnResult> results;
+      results.reserve(job->requests->size());
+      for (const auto& req : *job->requests) results.push_back(spawn_one(req));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        job->results = std::move(results);
+        job->done = true;
+      }
+      done_cv_.notify_all();
+    }
+  }
+
+  static SpawnResult spawn_one(const SpawnRequest& req) {
+    SpawnResult result;
+    if (req.argv.empty()) {
+      result.error = EINVAL;
+      result.error_message = "empty command line";
+      return result;
+    }
+    boost::filesystem::path exe = req.argv[0];
+    if (req.argv[0].find('/') == std::string::npos) {
+      exe = bp::search_path(req.argv[0]);
+      if (exe.empty()) {
+        result.error = ENOENT;
+        result.error_message = req.argv[0] + ": not found in PATH";
+        return result;
+      }
+    }
+    std::vector<char*> envp;
+    envp.reserve(req.env.size() + 1);
+    for (const auto& kv : req.env) envp.push_back(const_cast<char*>(kv.c_str()));
+    envp.push_back(nullptr);
+    std::vector<std::string> args(req.argv.begin() + 1, req.argv.end());
+    WorkerSetup setup;
+    setup.parent = getpid();
+    setup.out_fd = req.stdout_fd;
+    setup.err_fd = req.stderr_fd;
+    setup.envp = envp.data();
+    try {
+      bp::child child(bp::exe = exe, bp::args = args, setup);
+      result.pid = child.id();
+      // trun reaps by pid itself (ProcessSupervisor::reap); Boost must not wait or kill.
+      child.detach();
+    } catch (const std::system_error& e) {
+      result.error = e.code().value();
+      result.error_message = exe.string() + ": " + e.code().message();
+    }
+    return result;
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable done_cv_;
+  std::deque<Job*> queue_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the members it uses
+};
+
+ProcessSupervisor::ProcessSupervisor() {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) {
+    throw std::system_error(errno, std::generic_category(), "pipe2 for the guardian");
+  }
+  // Allocated before fork: the guardian must not call malloc.
+  constexpr size_t kCapacity = 1 << 16;
+  std::unique_ptr<int32_t[]> groups(new int32_t[kCapacity]);
+  pid_t pid = fork();
+  if (pid < 0) {
+    int err = errno;
+    close(fds[0]);
+    close(fds[1]);
+    throw std::system_error(err, std::generic_category(), "fork for the guardian");
+  }
+  if (pid == 0) {
+    // Keep only the read end, on fd 3, so the guardian holds no other resource of trun's.
+    int fd = fds[0];
+    if (fd != 3) {
+      dup2(fd, 3);
+      fd = 3;
+    }
+    close_range(4U, ~0U, 0);
+    guardian_main(fd, groups.get(), kCapacity);
+  }
+  close(fds[0]);
+  guardian_pid_ = pid;
+  guardian_fd_ = fds[1];
+  spawner_ = std::make_unique<SpawnThread>();
+}
+
+ProcessSupervisor::~ProcessSupervisor() {
+  spawner_.reset();
+  if (guardian_fd_ >= 0) close(guardian_fd_);
+  if (guardian_pid_ > 0) {
+    // The guardian exits as soon as it reads EOF.
+    while (waitpid(guardian_pid_, nullptr, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+std::vector<SpawnResult> ProcessSupervisor::spawn(const std::vector<SpawnRequest>& requests) {
+  auto results = spawner_->run(requests);
+  for (const auto& r : results) {
+    if (r.pid <= 0 || guardian_fd_ < 0) continue;
+    int32_t rec = r.pid;
+    if (write(guardian_fd_, &rec, sizeof rec) != sizeof rec) {
+      spdlog::warn("cannot register worker {} with the guardian: {}", r.pid, std::strerror(errno));
+    }
+  }
+  return results;
+}
+
+bool ProcessSupervisor::signal_group(pid_t pgid, int sig) {
+  if (pgid <= 0) return false;
+  return kill(-pgid, sig) == 0;
+}
+
+bool ProcessSupervisor::group_alive(pid_t pgid) {
+  return pgid > 0 && (kill(-pgid, 0) == 0 || errno == EPERM);
+}
+
+void ProcessSupervisor::forget_group(pid_t pgid) {
+  if (guardian_fd_ < 0 || pgid <= 0) return;
+  int32_t rec = -pgid;
+  if (write(guardian_fd_, &rec, sizeof rec) != sizeof rec) {
+    spdlog::debug("guardian write failed: {}", std::strerror(errno));
+  }
+}
+
+std::vector<ExitStatus> ProcessSupervisor::reap(const std::function<bool(pid_t)>& is_worker) {
+  std::vector<ExitStatus> out;
+  // Bounded: each round reaps one child; there cannot be more zombies than processes.
+  for (int i = 0; i < 1 << 20; ++i) {
+    siginfo_t info;
+    std::memset(&info, 0, sizeof info);
+    if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+      if (errno == EINTR) continue;
+      break;  // ECHILD: no children at all
+    }
+    pid_t pid = info.si_pid;
+    if (pid == 0) break;  // children exist, none has exited
+    int status = 0;
+    pid_t r;
+    do {
+      r = waitpid(pid, &status, WNOHANG);
+    } while (r < 0 && errno == EINTR);
+    if (r != pid) break;  // should not happen: we just saw it exit
+    if (pid == guardian_pid_) {
+      spdlog::warn("trun's guardian process {} exited unexpectedly (status {})", pid, status);
+      guardian_pid_ = -1;
+      if (guardian_fd_ >= 0) close(guardian_fd_);
+      guardian_fd_ = -1;
+    } else if (is_worker(pid)) {
+      out.push_back(ExitStatus{pid, status});
+    } else {
+      spdlog::debug("reaped orphaned process {} (status {})", pid, status);
+    }
+  }
+  return out;
+}
+
+bool ProcessSupervisor::become_subreaper() { return prctl(PR_SET_CHILD_SUBREAPER, 1) == 0; }
+
+}  // namespace trun::agent

@@ -1,0 +1,88 @@
+#pragma once
+// ProcessSupervisor: starts worker processes, signals their process groups, and is the one place
+// in trun that reaps children.
+//
+// Spawning: workers are started with Boost.Process from one long-lived thread owned by the
+// supervisor (PR_SET_PDEATHSIG fires when the thread that forked exits, so that thread lives as
+// long as the supervisor). Each worker leads its own process group, gets SIGKILL as its
+// parent-death signal, starts with an empty signal mask and default SIGPIPE, and inherits no file
+// descriptor but 0, 1, 2.
+//
+// Guardian: the supervisor forks a tiny guardian process that holds the read end of a pipe and
+// the list of worker process groups. If trun dies in any way (even SIGKILL) the pipe reaches EOF
+// and the guardian SIGKILLs every listed group, so grandchildren die with the workers.
+//
+// Reaping: reap() is the only code that waits for children. It peeks with
+// waitid(P_ALL, WNOWAIT), reaps workers by pid (returning their status) and reaps everything
+// else (orphans re-parented to trun as child subreaper, failed spawns) silently.
+//
+// Thread safety: every method must be called from the agent's thread (the one that created the
+// supervisor); the spawn thread is internal. Construct it after blocking the signals the agent
+// handles, so that no thread of trun ever receives them asynchronously.
+
+#include <sys/types.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace trun::agent {
+
+struct SpawnRequest {
+  std::vector<std::string> argv;  // argv[0]: a path, or a name looked up in PATH
+  std::vector<std::string> env;   // complete environment, "KEY=VALUE"
+  int stdout_fd = -1;             // -1: inherit trun's stdout
+  int stderr_fd = -1;             // -1: inherit trun's stderr
+};
+
+struct SpawnResult {
+  pid_t pid = -1;  // -1 when the program could not be started
+  int error = 0;   // errno of the failed exec/fork
+  std::string error_message;
+};
+
+struct ExitStatus {
+  pid_t pid = -1;
+  int status = 0;  // raw wait status
+  bool signaled() const;
+  // torchrun's convention: the exit code, or minus the signal number.
+  int exitcode() const;
+};
+
+class ProcessSupervisor {
+ public:
+  // Starts the spawn thread and the guardian. Throws std::system_error when it cannot.
+  ProcessSupervisor();
+  // Stops the spawn thread and lets the guardian exit (without killing anything: call it after
+  // every worker was reaped).
+  ~ProcessSupervisor();
+  ProcessSupervisor(const ProcessSupervisor&) = delete;
+  ProcessSupervisor& operator=(const ProcessSupervisor&) = delete;
+
+  // Starts the programs in order, blocking until each has exec'd (or failed to). The pids are
+  // registered with the guardian before this returns.
+  std::vector<SpawnResult> spawn(const std::vector<SpawnRequest>& requests);
+
+  // kill(-pgid, sig). Returns false when no process of the group is left (ESRCH).
+  bool signal_group(pid_t pgid, int sig);
+  // True while any process (zombies included) belongs to the group.
+  static bool group_alive(pid_t pgid);
+  // Tells the guardian the group is gone (call when it is empty).
+  void forget_group(pid_t pgid);
+
+  // Reaps every child that has exited, without blocking. Children for which is_worker(pid) is
+  // true are returned; all others are reaped and logged at debug level.
+  std::vector<ExitStatus> reap(const std::function<bool(pid_t)>& is_worker);
+
+  // prctl(PR_SET_CHILD_SUBREAPER) for the calling process. Returns false on failure.
+  static bool become_subreaper();
+
+ private:
+  class SpawnThread;
+  std::unique_ptr<SpawnThread> spawner_;
+  pid_t guardian_pid_ = -1;
+  int guardian_fd_ = -1;  // write end
+};
+
+}  // namespace trun::agent

@@ -1,0 +1,556 @@
+#include "launcher/cli.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <sstream>
+#include <stdexcept>
+
+namespace trun::launcher {
+namespace {
+
+// Thrown by the validators below; becomes "trun: error: <message>" and exit code 2.
+class InvalidInput : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  std::string cur;
+  for (char c : s) {
+    if (c == sep) {
+      out.push_back(cur);
+      cur.clear();
+    } else {
+      cur.push_back(c);
+    }
+  }
+  out.push_back(cur);
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t");
+  return s.substr(b, e - b + 1);
+}
+
+// Strict decimal integer: the whole string, no sign unless allowed.
+bool parse_int(const std::string& s, long long& out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+  out = v;
+  return true;
+}
+
+bool parse_double(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  errno = 0;
+  char* end = nullptr;
+  double v = std::strtod(s.c_str(), &end);
+  if (errno != 0 || end == s.c_str() || *end != '\0' || !std::isfinite(v)) return false;
+  out = v;
+  return true;
+}
+
+void parse_nnodes(const std::string& value, int& min_nodes, int& max_nodes) {
+  auto parts = split(value, ':');
+  long long lo = 0, hi = 0;
+  bool ok = false;
+  if (parts.size() == 1) {
+    ok = parse_int(parts[0], lo);
+    hi = lo;
+  } else if (parts.size() == 2) {
+    ok = parse_int(parts[0], lo) && parse_int(parts[1], hi);
+  }
+  if (!ok || lo < 1 || hi < lo || hi > 1000000) {
+    throw InvalidInput("--nnodes=" + value +
+                       ": expected a node count N or a range MIN:MAX with 1 <= MIN <= MAX");
+  }
+  min_nodes = static_cast<int>(lo);
+  max_nodes = static_cast<int>(hi);
+}
+
+int count_cpus() {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? static_cast<int>(n) : 1;
+}
+
+// CUDA devices this process may use, without loading CUDA: the NVIDIA driver lists one directory
+// per GPU under /proc/driver/nvidia/gpus, and CUDA_VISIBLE_DEVICES narrows the set as it does
+// for torch.cuda.device_count().
+int count_gpus() {
+  int physical = 0;
+  if (DIR* d = opendir("/proc/driver/nvidia/gpus")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] != '.') ++physical;
+    }
+    closedir(d);
+  }
+  if (physical == 0) return 0;
+  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+  if (visible == nullptr) return physical;
+  int n = 0;
+  for (const auto& item : split(visible, ',')) {
+    std::string t = trim(item);
+    if (t.empty()) break;
+    long long idx;
+    // CUDA stops at the first invalid index (e.g. -1).
+    if (parse_int(t, idx) && (idx < 0 || idx >= physical)) break;
+    ++n;
+  }
+  return std::min(n, physical);
+}
+
+int parse_nproc_per_node(const std::string& value) {
+  long long n;
+  if (parse_int(value, n)) {
+    if (n < 1 || n > 4096) {
+      throw InvalidInput("--nproc-per-node=" + value +
+                         ": expected a positive worker count (1..4096), cpu, gpu or auto");
+    }
+    return static_cast<int>(n);
+  }
+  if (value == "cpu") return count_cpus();
+  if (value == "gpu") {
+    int g = count_gpus();
+    if (g == 0) {
+      throw InvalidInput(
+          "--nproc-per-node=gpu: no CUDA device is visible on this host (checked "
+          "/proc/driver/nvidia/gpus and CUDA_VISIBLE_DEVICES); use a number or cpu");
+    }
+    return g;
+  }
+  if (value == "auto") {
+    int g = count_gpus();
+    return g > 0 ? g : count_cpus();
+  }
+  throw InvalidInput("--nproc-per-node=" + value +
+                     ": expected a positive worker count, cpu, gpu or auto");
+}
+
+std::map<std::string, std::string> parse_rdzv_conf(const std::string& value) {
+  std::map<std::string, std::string> out;
+  if (trim(value).empty()) return out;
+  for (const auto& item : split(value, ',')) {
+    auto eq = item.find('=');
+    std::string key = eq == std::string::npos ? "" : trim(item.substr(0, eq));
+    if (eq == std::string::npos || key.empty()) {
+      throw InvalidInput("--rdzv-conf=" + value + ": malformed entry '" + item +
+                         "'; expected key1=value1,key2=value2,...");
+    }
+    out[key] = trim(item.substr(eq + 1));
+  }
+  return out;
+}
+
+agent::StdSpec parse_std(const char* flag, const std::string& value) {
+  auto bad = [&]() {
+    return InvalidInput(std::string(flag) + "=" + value +
+                        ": expected 0-3 (0 none, 1 stdout, 2 stderr, 3 both) or a per-rank map "
+                        "like 0:1,1:3");
+  };
+  agent::StdSpec spec;
+  long long v;
+  if (parse_int(value, v)) {
+    if (v < 0 || v > 3) throw bad();
+    spec.all = static_cast<int>(v);
+    return spec;
+  }
+  spec.is_map = true;
+  for (const auto& item : split(value, ',')) {
+    auto parts = split(item, ':');
+    long long rank, mode;
+    if (parts.size() != 2 || !parse_int(parts[0], rank) || !parse_int(parts[1], mode) ||
+        rank < 0 || mode < 0 || mode > 3) {
+      throw bad();
+    }
+    spec.per_rank[static_cast<int>(rank)] = static_cast<int>(mode);
+  }
+  return spec;
+}
+
+std::set<int> parse_ranks_filter(const std::string& value) {
+  std::set<int> out;
+  for (const auto& item : split(value, ',')) {
+    long long r;
+    if (!parse_int(trim(item), r) || r < 0) {
+      throw InvalidInput("--local-ranks-filter=" + value +
+                         ": expected a comma-separated list of local ranks like 0,1,2");
+    }
+    out.insert(static_cast<int>(r));
+  }
+  return out;
+}
+
+std::chrono::milliseconds parse_seconds(const char* flag, const std::string& value,
+                                        bool allow_zero) {
+  double s;
+  if (!parse_double(value, s) || s < 0 || (!allow_zero && s == 0) || s > 1e7) {
+    throw InvalidInput(std::string(flag) + "=" + value + ": expected a " +
+                       (allow_zero ? "non-negative" : "positive") + " number of seconds");
+  }
+  return std::chrono::milliseconds(static_cast<long long>(std::llround(s * 1000.0)));
+}
+
+int signal_number(const std::string& name_in) {
+  std::string name = trim(name_in);
+  for (auto& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
+  static const std::pair<const char*, int> kSignals[] = {
+      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},   {"SIGQUIT", SIGQUIT},
+      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
+      {"SIGCONT", SIGCONT}, {"SIGWINCH", SIGWINCH}};
+  for (const auto& [n, v] : kSignals) {
+    if (name == n) return v;
+  }
+  return -1;
+}
+
+std::vector<int> parse_signals(const std::string& value) {
+  std::vector<int> out;
+  for (const auto& item : split(value, ',')) {
+    int sig = signal_number(item);
+    if (sig < 0) {
+      throw InvalidInput("--signals-to-handle=" + value + ": unknown signal '" + trim(item) +
+                         "'; expected names like SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1,SIGUSR2");
+    }
+    if (std::find(out.begin(), out.end(), sig) == out.end()) out.push_back(sig);
+  }
+  return out;
+}
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::string base_name(const std::string& path) {
+  auto slash = path.rfind('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+// An executable found the way execvp would: a path with '/' as is, else through $PATH.
+bool find_executable(const std::string& program) {
+  if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;
+  const char* path = std::getenv("PATH");
+  for (const auto& dir : split(path ? path : "/usr/local/bin:/usr/bin:/bin", ':')) {
+    std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    struct stat st;
+    if (stat(candidate.c_str(), &st) == 0 && S_ISREG(st.st_mode) &&
+        access(candidate.c_str(), X_OK) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+constexpr const char* kDescription =
+    "trun: an elastic launcher for distributed training, compatible with torchrun.\n"
+    "Starts --nproc-per-node copies of TRAINING_SCRIPT on this node with the environment\n"
+    "torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), supervises\n"
+    "them, restarts the whole group when one fails (up to --max-restarts) and reports failures.\n"
+    "Every option can also be set through PET_<OPTION> (e.g. PET_NPROC_PER_NODE=4); the\n"
+    "command line wins. Both spellings work: --nproc-per-node and --nproc_per_node.";
+
+constexpr const char* kFooter =
+    "Examples:\n"
+    "  trun --standalone --nproc-per-node=4 train.py --epochs 3\n"
+    "  trun --nproc-per-node=2 --max-restarts=3 --no-python ./train_binary\n"
+    "Exit codes: 0 all workers succeeded; 1 workers failed (restarts exhausted; see the\n"
+    "summary); 2 invalid command line; 3 trun itself failed (rendezvous, store, log dir);\n"
+    "128+N trun received signal N and stopped the workers. Details: docs/exit-codes.md";
+
+// CLI11 2.1 cannot name the positional part of the usage line itself.
+class Formatter : public CLI::Formatter {
+ public:
+  std::string make_usage(const CLI::App*, std::string) const override {
+    return "Usage: trun [OPTIONS] TRAINING_SCRIPT [SCRIPT ARGS...]\n"
+           "       trun store [--host H] [--port P] [--store-token T]   (the store alone)\n";
+  }
+};
+
+}  // namespace
+
+CliResult parse_command_line(int argc, char** argv) {
+  CliResult result;
+  CLI::App app{kDescription, "trun"};
+  app.footer(kFooter);
+  app.prefix_command();  // everything from TRAINING_SCRIPT on belongs to the worker
+  app.set_version_flag("--version", "trun 0.1.0 (torchrun-compatible)");
+  auto formatter = std::make_shared<Formatter>();
+  formatter->column_width(44);
+  app.formatter(formatter);
+
+  std::string nnodes = "1:1", nproc = "1", backend = "static", endpoint, rdzv_id = "none",
+              rdzv_conf, monitor = "5", start_method = "spawn", role = "default", log_dir,
+              redirects = "0", tee = "0", ranks_filter, master_addr = "127.0.0.1", local_addr,
+              shutdown = "30", signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", barrier = "300",
+              prefix_template;
+  bool standalone = false, module = false, no_python = false, run_path = false;
+  int max_restarts = 0, node_rank = 0, master_port = 29500;
+
+  // One option, both spellings, with its PET_ variable.
+  auto opt = [&](const std::string& dash_name, auto& var, const std::string& help,
+                 const std::string& group, const std::string& short_name = "") {
+    std::string under = dash_name;
+    for (auto& c : under) c = c == '-' ? '_' : c;
+    std::string names = (short_name.empty() ? "" : short_name + ",") + "--" + dash_name;
+    if (under != dash_name) names += ",--" + under;
+    std::string env = "PET_" + under;
+    for (auto& c : env) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return app.add_option(names, var, help)->envname(env)->group(group)->capture_default_str();
+  };
+  auto flag = [&](const std::string& dash_name, bool& var, const std::string& help,
+                  const std::string& group, const std::string& short_name = "") {
+    std::string under = dash_name;
+    for (auto& c : under) c = c == '-' ? '_' : c;
+    std::string names = (short_name.empty() ? "" : short_name + ",") + "--" + dash_name;
+    if (under != dash_name) names += ",--" + under;
+    std::string env = "PET_" + under;
+    for (auto& c : env) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return app.add_flag(names, var, help)->envname(env)->group(group);
+  };
+
+  const std::string kGroup = "Worker group", kRdzv = "Rendezvous", kRun = "What to run",
+                    kLogs = "Logs", kSup = "Supervision", kLegacy = "Node and master (static)";
+  opt("nnodes", nnodes, "Number of nodes N, or a range MIN:MAX", kGroup);
+  opt("nproc-per-node", nproc,
+      "Workers on this node: a number, cpu (one per CPU), gpu (one per visible CUDA device) or "
+      "auto (gpu if any, else cpu)",
+      kGroup);
+  opt("role", role, "Name of the workers' role (ROLE_NAME, and the log line prefix)", kGroup);
+  opt("max-restarts", max_restarts,
+      "Restarts of the whole worker group allowed after a failure before the job fails", kGroup);
+
+  flag("standalone", standalone,
+       "Single node: host the rendezvous store inside trun on a free port with a generated run "
+       "id (overrides --rdzv-backend/--rdzv-endpoint/--rdzv-id)",
+       kRdzv);
+  opt("rdzv-backend", backend, "Rendezvous backend: static (implemented), c10d, etcd", kRdzv);
+  opt("rdzv-endpoint", endpoint,
+      "Rendezvous endpoint HOST:PORT (static: defaults to MASTER_ADDR:MASTER_PORT)", kRdzv);
+  opt("rdzv-id", rdzv_id, "Job id shared by all nodes (TORCHELASTIC_RUN_ID)", kRdzv);
+  opt("rdzv-conf", rdzv_conf, "Extra rendezvous settings: key1=value1,key2=value2", kRdzv);
+
+  flag("module", module, "Run TRAINING_SCRIPT as a Python module (python -m)", kRun, "-m");
+  flag("no-python", no_python, "Execute TRAINING_SCRIPT directly, even if it ends in .py", kRun);
+  flag("run-path", run_path,
+       "Run TRAINING_SCRIPT with the Python interpreter (torchrun runs it in-process; trun has "
+       "no interpreter, so this equals the default for .py files)",
+       kRun);
+
+  opt("log-dir", log_dir,
+      "Directory for logs: DIR/<run id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
+      "error.json",
+      kLogs);
+  opt("redirects", redirects,
+      "Send workers' streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per "
+      "local rank like 0:1,1:3",
+      kLogs, "-r");
+  opt("tee", tee, "Like --redirects, but also copy to the console with a [<role><rank>]: prefix",
+      kLogs, "-t");
+  opt("local-ranks-filter", ranks_filter,
+      "Show only these local ranks' output on the console, e.g. 0 or 0,1 (log files keep all)",
+      kLogs);
+  opt("log-line-prefix-template", prefix_template,
+      "Console prefix template for tee'd lines, with ${role_name}, ${rank}, ${local_rank} "
+      "(default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE or ${role_name}${local_rank})",
+      kLogs);
+
+  opt("monitor-interval", monitor,
+      "Accepted for compatibility; trun notices worker exits as they happen", kSup);
+  opt("start-method", start_method,
+      "Accepted for compatibility (spawn, fork, forkserver); workers are always exec'd", kSup);
+  opt("shutdown-timeout", shutdown,
+      "Seconds between SIGTERM and SIGKILL when stopping workers", kSup);
+  opt("signals-to-handle", signals,
+      "Signals trun forwards to the workers before stopping them and exiting 128+N", kSup);
+  opt("exit-barrier-timeout", barrier,
+      "Seconds to wait for other nodes to finish after this node's workers succeeded", kSup);
+
+  opt("node-rank", node_rank, "This node's rank (GROUP_RANK) for the static backend", kLegacy);
+  opt("master-addr", master_addr,
+      "Address of node 0, where the store runs (static backend); MASTER_ADDR for workers",
+      kLegacy);
+  opt("master-port", master_port,
+      "Port of the store on node 0 (static backend); MASTER_PORT for workers. 0 picks a free "
+      "port (single node)",
+      kLegacy);
+  opt("local-addr", local_addr, "This node's address as other nodes should reach it", kLegacy);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {
+      result.exit_code = app.exit(e);
+      return result;
+    }
+    std::string what = e.what();
+    result.exit_code = 2;
+    result.error = what + " (see trun --help)";
+    return result;
+  }
+
+  try {
+    agent::LaunchConfig c;
+    std::vector<std::string> rest = app.remaining();
+    if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
+    if (rest.empty()) {
+      throw InvalidInput("missing TRAINING_SCRIPT: usage: trun [options] TRAINING_SCRIPT [args...]");
+    }
+    if (!rest.front().empty() && rest.front()[0] == '-' && rest.front() != "-") {
+      throw InvalidInput("unknown option " + rest.front() + " (see trun --help)");
+    }
+
+    parse_nnodes(nnodes, c.min_nodes, c.max_nodes);
+    c.nproc_per_node = parse_nproc_per_node(nproc);
+    if (max_restarts < 0) {
+      throw InvalidInput("--max-restarts=" + std::to_string(max_restarts) +
+                         ": expected a number >= 0");
+    }
+    c.max_restarts = max_restarts;
+    if (role.empty()) throw InvalidInput("--role: expected a non-empty name");
+    c.role = role;
+
+    static const char* kKnownBackends[] = {"static", "c10d", "etcd", "etcd-v2"};
+    bool known = false;
+    for (const char* b : kKnownBackends) known = known || backend == b;
+    if (!known) {
+      throw InvalidInput("--rdzv-backend=" + backend +
+                         ": unknown backend; expected one of static, c10d, etcd, etcd-v2");
+    }
+    c.rdzv_conf = parse_rdzv_conf(rdzv_conf);
+    if (master_port < 0 || master_port > 65535) {
+      throw InvalidInput("--master-port=" + std::to_string(master_port) +
+                         ": expected a port number 0..65535");
+    }
+    if (master_addr.empty()) throw InvalidInput("--master-addr: expected a host name or address");
+    c.master_addr = master_addr;
+    c.master_port = master_port;
+    c.local_addr = local_addr;
+    c.node_rank = node_rank;
+    c.standalone = standalone;
+    if (standalone) {
+      // As torchrun: --standalone overrides the rendezvous settings.
+      if (c.max_nodes != 1) {
+        throw InvalidInput("--standalone runs on one node; got --nnodes=" + nnodes);
+      }
+      c.rdzv_backend = "static";
+      c.node_rank = 0;
+      c.run_id.clear();  // generated by the agent
+    } else {
+      c.rdzv_backend = backend;
+      c.rdzv_endpoint = endpoint;
+      c.run_id = rdzv_id;
+      if (backend != "static") {
+        throw InvalidInput("--rdzv-backend=" + backend +
+                           ": not available in this build yet; use --standalone (one node) or "
+                           "--rdzv-backend=static with --nnodes=N --node-rank=R");
+      }
+      if (c.min_nodes != c.max_nodes) {
+        throw InvalidInput("--nnodes=" + nnodes +
+                           ": the static backend needs a fixed node count, not a range");
+      }
+      if (node_rank < 0 || node_rank >= c.max_nodes) {
+        throw InvalidInput("--node-rank=" + std::to_string(node_rank) + ": expected 0.." +
+                           std::to_string(c.max_nodes - 1) + " for --nnodes=" + nnodes);
+      }
+      if (!endpoint.empty()) {
+        auto colon = endpoint.rfind(':');
+        long long port;
+        if (colon == std::string::npos || colon == 0 ||
+            !parse_int(endpoint.substr(colon + 1), port) || port < 0 || port > 65535) {
+          throw InvalidInput("--rdzv-endpoint=" + endpoint + ": expected HOST:PORT");
+        }
+        std::string host = endpoint.substr(0, colon);
+        if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
+          host = host.substr(1, host.size() - 2);
+        }
+        c.master_addr = host;
+        c.master_port = static_cast<int>(port);
+      }
+      if (c.master_port == 0 && c.max_nodes > 1) {
+        throw InvalidInput("--master-port=0 picks a free port and only works with --nnodes=1");
+      }
+    }
+    if (c.run_id.empty() && !standalone) throw InvalidInput("--rdzv-id: expected a non-empty id");
+
+    double mi;
+    if (!parse_double(monitor, mi) || mi <= 0) {
+      throw InvalidInput("--monitor-interval=" + monitor + ": expected a positive number of seconds");
+    }
+    c.monitor_interval = std::chrono::milliseconds(static_cast<long long>(mi * 1000));
+    if (start_method != "spawn" && start_method != "fork" && start_method != "forkserver") {
+      throw InvalidInput("--start-method=" + start_method +
+                         ": expected spawn, fork or forkserver");
+    }
+    c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
+    c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", barrier, true);
+    c.signals_to_handle = parse_signals(signals);
+
+    c.log_dir = log_dir;
+    c.redirects = parse_std("--redirects", redirects);
+    c.tee = parse_std("--tee", tee);
+    if (!trim(ranks_filter).empty()) c.local_ranks_filter = parse_ranks_filter(ranks_filter);
+    c.log_line_prefix_template = prefix_template;
+    if (c.log_line_prefix_template.empty()) {
+      if (const char* t = std::getenv("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE")) {
+        c.log_line_prefix_template = t;
+      }
+    }
+
+    // What to run.
+    const std::string script = rest.front();
+    std::vector<std::string> script_args(rest.begin() + 1, rest.end());
+    if (module && no_python) {
+      throw InvalidInput("--module and --no-python cannot be combined");
+    }
+    bool use_python = module || run_path || (!no_python && ends_with(script, ".py"));
+    if (!module) {
+      struct stat st;
+      if (use_python || script.find('/') != std::string::npos) {
+        if (stat(script.c_str(), &st) != 0) {
+          throw InvalidInput("training script " + script + " not found: " + std::strerror(errno));
+        }
+        if (S_ISDIR(st.st_mode)) {
+          throw InvalidInput("training script " + script + " is a directory");
+        }
+        if (!use_python && access(script.c_str(), X_OK) != 0) {
+          throw InvalidInput("training script " + script +
+                             " is not executable (chmod +x it, or run a .py file)");
+        }
+      } else if (!find_executable(script)) {
+        throw InvalidInput("training program " + script + " not found in PATH");
+      }
+    }
+    if (use_python) {
+      const char* py = std::getenv("PYTHON_EXEC");
+      c.entrypoint.push_back(py && *py ? py : "python3");
+      c.entrypoint.push_back("-u");
+      if (module) c.entrypoint.push_back("-m");
+    }
+    c.entrypoint.push_back(script);
+    c.entrypoint.insert(c.entrypoint.end(), script_args.begin(), script_args.end());
+    c.entrypoint_name = module ? script : base_name(script);
+
+    result.config = std::move(c);
+  } catch (const InvalidInput& e) {
+    result.exit_code = 2;
+    result.error = e.what();
+  }
+  return result;
+}
+
+}  // namespace trun::launcher

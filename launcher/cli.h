@@ -1,0 +1,26 @@
+#pragma once
+// The launcher's command line: argv + PET_* environment variables -> a validated LaunchConfig.
+//
+// Accepts every torchrun option in both spellings (--nproc-per-node and --nproc_per_node); each
+// option may also come from PET_<NAME> (upper case, underscores), the command line winning.
+// Single-threaded; reads the process environment; never exits the process itself.
+
+#include <optional>
+#include <string>
+
+#include "agent/launch_config.h"
+
+namespace trun::launcher {
+
+struct CliResult {
+  // Set when the job should run; otherwise exit with `exit_code` (0 after --help/--version,
+  // 2 for invalid input, with `error` holding the one-line explanation).
+  std::optional<agent::LaunchConfig> config;
+  int exit_code = 0;
+  std::string error;
+};
+
+// argv as given to main (argv[0] is the program name).
+CliResult parse_command_line(int argc, char** argv);
+
+}  // namespace trun::launcher
