@@ -479,7 +479,13 @@ void Agent::on_children() {
     spdlog::debug("worker local_rank={} pid={} exited with {}", w.local_rank, w.pid, w.exitcode);
     // Exits in the same batch as the first failure are failures too: they happened before the
     // stop began.
-    if (on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed) {
+    // A worker that fails on its own after the stop began (it wrote an error file) is a failure
+    // too, so the root cause can be chosen among all of them by their timestamps.
+    bool own_failure = phase_before == GroupPhase::kStopping &&
+                       outcome_ == GroupOutcome::kFailed && w.exitcode != 0 &&
+                       std::filesystem::exists(w.error_file);
+    if (on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed ||
+        own_failure) {
       failures_.push_back(
           read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++));
       failed = true;

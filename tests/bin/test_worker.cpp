@@ -1,0 +1,301 @@
+// trun_test_worker: the worker program the launcher tests start. It runs a script of actions
+// given on its command line, left to right:
+//
+//   pidfile DIR        write DIR/pid_<restart>_<local_rank> holding this process's pid
+//   grandchild DIR     fork a child (same process group) that writes DIR/gc_<restart>_<rank>
+//                      with its pid and sleeps (at most 300 s)
+//   orphan-check       fork a child that forks a grandchild and exits at once; the grandchild
+//                      exits after 50 ms; then wait (<= 5 s) until the grandchild is reaped by
+//                      trun (subreaper) and exit 0, or exit 1 if it stays a zombie
+//   exit N             exit with status N
+//   signal N           die by signal N (default action restored first)
+//   ignore-term        ignore SIGTERM from now on
+//   trap DIR           on SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 write the signal number
+//                      to DIR/sig_<local_rank> and exit 0
+//   sleep SECONDS      sleep (fractions allowed)
+//   error-file MSG [TS]  write a @record-style JSON error file to $TORCHELASTIC_ERROR_FILE
+//   flood N            print N numbered lines to stdout, as fast as possible
+//   print TEXT / eprint TEXT / partial TEXT   a line to stdout / stderr / no newline
+//   env DIR            write the whole environment as JSON to DIR/env_<restart>_<local_rank>.json
+//   store-check        connect to $MASTER_ADDR:$MASTER_PORT with a TcpStore, set and read back a
+//                      key under /worker/attempt_<restart>/ (as PyTorch workers do); exit 4 if
+//                      that fails
+//   on-rank R ACTION...     run the next action only on local rank R
+//   on-attempt N ACTION...  run the next action only when TORCHELASTIC_RESTART_COUNT is N
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/store/prefix_store.h"
+#include "rendezvous/store/tcp_store.h"
+
+extern char** environ;
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* v = std::getenv(name);
+  return v ? v : fallback;
+}
+
+std::string rank() { return env_or("LOCAL_RANK", "0"); }
+std::string attempt() { return env_or("TORCHELASTIC_RESTART_COUNT", "0"); }
+
+void write_file(const std::string& path, const std::string& content) {
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << content;
+  }
+  std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
+}
+
+std::string json_escape(const std::string& s) {
+  std::string out;
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\t': out += "\\t"; break;
+      case '\r': out += "\\r"; break;
+      default:
+        if (c < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof buf, "\\u%04x", c);
+          out += buf;
+        } else {
+          out.push_back(static_cast<char>(c));
+        }
+    }
+  }
+  return out;
+}
+
+void sleep_seconds(double s) {
+  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long long>(s * 1e6)));
+}
+
+std::string g_trap_dir;
+void on_trapped(int sig) {
+  std::string path = g_trap_dir + "/sig_" + rank();
+  std::string content = std::to_string(sig);
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f) {
+    std::fputs(content.c_str(), f);
+    std::fclose(f);
+  }
+  _exit(0);
+}
+
+int orphan_check() {
+  int p[2];
+  if (pipe(p) != 0) return 2;
+  pid_t child = fork();
+  if (child == 0) {
+    pid_t gc = fork();
+    if (gc == 0) {
+      close(p[0]);
+      close(p[1]);
+      usleep(50000);
+      _exit(0);
+    }
+    if (write(p[1], &gc, sizeof gc) != sizeof gc) _exit(3);
+    _exit(0);
+  }
+  close(p[1]);
+  pid_t gc = -1;
+  if (read(p[0], &gc, sizeof gc) != sizeof gc) return 2;
+  close(p[0]);
+  waitpid(child, nullptr, 0);
+  // The grandchild now belongs to trun (the nearest subreaper). Once it exits, trun must reap it.
+  std::string stat_path = "/proc/" + std::to_string(gc) + "/stat";
+  for (int i = 0; i < 500; ++i) {
+    std::ifstream in(stat_path);
+    if (!in) return 0;  // gone: reaped
+    std::string line;
+    std::getline(in, line);
+    auto close_paren = line.rfind(')');
+    char state = close_paren != std::string::npos && close_paren + 2 < line.size()
+                     ? line[close_paren + 2]
+                     : '?';
+    (void)state;
+    usleep(10000);
+  }
+  std::fprintf(stderr, "orphan %d was not reaped\n", gc);
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> a(argv + 1, argv + argc);
+  size_t i = 0;
+  auto need = [&](size_t n) {
+    if (i + n > a.size()) {
+      std::fprintf(stderr, "trun_test_worker: %s needs %zu argument(s)\n", a[i - 1].c_str(), n);
+      std::exit(99);
+    }
+  };
+  // Skips the next action (with its arguments) when a condition does not hold.
+  auto skip_next = [&]() {
+    static const std::pair<const char*, int> kArity[] = {
+        {"pidfile", 1}, {"grandchild", 1}, {"orphan-check", 0}, {"exit", 1},
+        {"signal", 1},  {"ignore-term", 0}, {"trap", 1},        {"sleep", 1},
+        {"error-file", 2}, {"flood", 1},    {"print", 1},       {"eprint", 1},
+        {"partial", 1}, {"env", 1},         {"store-check", 0}, {"on-rank", 1},
+        {"on-attempt", 1}};
+    if (i >= a.size()) return;
+    std::string action = a[i++];
+    for (const auto& [name, n] : kArity) {
+      if (action == name) {
+        i += static_cast<size_t>(n);
+        if (action == "on-rank" || action == "on-attempt") {
+          // skip the guarded action too
+          if (i < a.size()) {
+            std::string inner = a[i];
+            for (const auto& [n2, k2] : kArity) {
+              if (inner == n2) i += 1 + static_cast<size_t>(k2);
+            }
+          }
+        }
+        return;
+      }
+    }
+  };
+
+  while (i < a.size()) {
+    const std::string act = a[i++];
+    if (act == "pidfile") {
+      need(1);
+      write_file(a[i++] + "/pid_" + attempt() + "_" + rank(), std::to_string(getpid()));
+    } else if (act == "grandchild") {
+      need(1);
+      std::string dir = a[i++];
+      pid_t pid = fork();
+      if (pid == 0) {
+        write_file(dir + "/gc_" + attempt() + "_" + rank(), std::to_string(getpid()));
+        for (int k = 0; k < 3000; ++k) usleep(100000);
+        _exit(0);
+      }
+    } else if (act == "orphan-check") {
+      int rc = orphan_check();
+      if (rc != 0) return rc;
+    } else if (act == "exit") {
+      need(1);
+      std::fflush(stdout);
+      return std::atoi(a[i++].c_str());
+    } else if (act == "signal") {
+      need(1);
+      int sig = std::atoi(a[i++].c_str());
+      std::fflush(stdout);
+      signal(sig, SIG_DFL);
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, sig);
+      sigprocmask(SIG_UNBLOCK, &set, nullptr);
+      raise(sig);
+      return 98;  // not reached for fatal signals
+    } else if (act == "ignore-term") {
+      signal(SIGTERM, SIG_IGN);
+    } else if (act == "trap") {
+      need(1);
+      g_trap_dir = a[i++];
+      for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) signal(s, on_trapped);
+    } else if (act == "sleep") {
+      need(1);
+      sleep_seconds(std::atof(a[i++].c_str()));
+    } else if (act == "error-file") {
+      need(2);
+      std::string msg = a[i++];
+      std::string ts = a[i++];
+      if (ts == "now") ts = std::to_string(std::time(nullptr));
+      std::string file = env_or("TORCHELASTIC_ERROR_FILE", "");
+      if (!file.empty()) {
+        write_file(file, "{\"message\": {\"message\": \"" + json_escape(msg) +
+                             "\", \"extraInfo\": {\"py_callstack\": \"Traceback (most recent "
+                             "call last):\\n  File \\\"worker.py\\\", line 1\\n" +
+                             json_escape(msg) + "\\n\", \"timestamp\": \"" + ts + "\"}}}");
+      }
+    } else if (act == "flood") {
+      need(1);
+      long n = std::atol(a[i++].c_str());
+      std::string r = rank();
+      for (long k = 0; k < n; ++k) {
+        std::printf("rank %s line %ld abcdefghijklmnopqrstuvwxyz0123456789\n", r.c_str(), k);
+      }
+      std::fflush(stdout);
+    } else if (act == "print") {
+      need(1);
+      std::printf("%s\n", a[i++].c_str());
+      std::fflush(stdout);
+    } else if (act == "eprint") {
+      need(1);
+      std::fprintf(stderr, "%s\n", a[i++].c_str());
+    } else if (act == "partial") {
+      need(1);
+      std::printf("%s", a[i++].c_str());
+      std::fflush(stdout);
+    } else if (act == "env") {
+      need(1);
+      std::string out = "{";
+      bool first = true;
+      for (char** e = environ; *e; ++e) {
+        const char* eq = std::strchr(*e, '=');
+        if (!eq) continue;
+        if (!first) out += ",";
+        first = false;
+        out += "\"" + json_escape(std::string(*e, static_cast<size_t>(eq - *e))) + "\":\"" +
+               json_escape(eq + 1) + "\"";
+      }
+      out += "}";
+      write_file(a[i++] + "/env_" + attempt() + "_" + rank() + ".json", out);
+    } else if (act == "store-check") {
+      try {
+        trun::rendezvous::TcpStoreOptions o;
+        o.host = env_or("MASTER_ADDR", "127.0.0.1");
+        o.port = static_cast<uint16_t>(std::atoi(env_or("MASTER_PORT", "0").c_str()));
+        o.timeout = std::chrono::seconds(20);
+        o.connect_timeout = std::chrono::seconds(20);
+        auto tcp = std::make_shared<trun::rendezvous::TcpStore>(o);
+        trun::rendezvous::PrefixStore store("/worker/attempt_" + attempt(), tcp);
+        store.set("hello_" + rank(), "from " + rank());
+        int64_t arrived = store.add("arrived", 1);
+        (void)arrived;
+        int world = std::atoi(env_or("WORLD_SIZE", "1").c_str());
+        std::vector<std::string> keys;
+        for (int r = 0; r < world; ++r) keys.push_back("hello_" + std::to_string(r));
+        store.wait(keys);
+        auto values = store.multi_get(keys);
+        for (int r = 0; r < world; ++r) {
+          if (values[r] != "from " + std::to_string(r)) return 4;
+        }
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "store-check failed: %s\n", e.what());
+        return 4;
+      }
+    } else if (act == "on-rank") {
+      need(1);
+      if (a[i++] != rank()) skip_next();
+    } else if (act == "on-attempt") {
+      need(1);
+      if (a[i++] != attempt()) skip_next();
+    } else {
+      std::fprintf(stderr, "trun_test_worker: unknown action %s\n", act.c_str());
+      return 99;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,98 @@
+// The command line, black-box: invalid input, help, PET_* variables, both spellings.
+#include <catch2/catch.hpp>
+
+#include "tests/launcher/process_util.h"
+
+using namespace trun::testing;
+
+namespace {
+
+void expect_usage_error(const std::vector<std::string>& args, const std::string& mentions) {
+  INFO("args: " << [&] {
+    std::string s;
+    for (const auto& a : args) s += a + " ";
+    return s;
+  }());
+  auto r = run_trun(args);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 2);
+  auto lines = lines_of(r.err);
+  REQUIRE(lines.size() == 1);
+  CHECK(lines[0].rfind("trun: error: ", 0) == 0);
+  CHECK(lines[0].find(mentions) != std::string::npos);
+  CHECK(r.out.empty());
+}
+
+}  // namespace
+
+TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
+  const std::string w = test_worker();
+  expect_usage_error({"--nnodes", "3:1", w}, "--nnodes=3:1");
+  expect_usage_error({"--nnodes", "0", w}, "--nnodes=0");
+  expect_usage_error({"--nnodes", "a:b", w}, "MIN:MAX");
+  expect_usage_error({"--nproc-per-node", "-2", w}, "--nproc-per-node=-2");
+  expect_usage_error({"--nproc_per_node=zero", w}, "positive worker count");
+  expect_usage_error({"--rdzv-conf", "timeout=10,oops", w}, "malformed entry 'oops'");
+  expect_usage_error({"--rdzv-backend", "zookeeper", w}, "unknown backend");
+  expect_usage_error({"--max-restarts", "-1", w}, ">= 0");
+  expect_usage_error({"--redirects", "4", w}, "--redirects=4");
+  expect_usage_error({"--tee", "0:9", w}, "--tee=0:9");
+  expect_usage_error({"--local-ranks-filter", "0,x", w}, "--local-ranks-filter");
+  expect_usage_error({"--signals-to-handle", "SIGFOO", w}, "SIGFOO");
+  expect_usage_error({"--shutdown-timeout", "soon", w}, "--shutdown-timeout=soon");
+  expect_usage_error({"--master-port", "70000", w}, "0..65535");
+  expect_usage_error({"--nnodes", "2", "--node-rank", "2", w}, "--node-rank=2");
+  expect_usage_error({"--nnodes", "1:2", w}, "fixed node count");
+  expect_usage_error({"--standalone", "--nnodes", "2", w}, "one node");
+  expect_usage_error({"--module", "--no-python", "x"}, "cannot be combined");
+  expect_usage_error({"/nonexistent/train.py"}, "not found");
+  expect_usage_error({"no_such_program_anywhere_xyz"}, "not found in PATH");
+  expect_usage_error({"--nproc-per-node", "2"}, "missing TRAINING_SCRIPT");
+  expect_usage_error({"--definitely-not-an-option", w}, "--definitely-not-an-option");
+  expect_usage_error({"--rdzv-endpoint", "nohost", w}, "HOST:PORT");
+}
+
+TEST_CASE("nproc-per-node=gpu is a clear error on a host without CUDA devices", "[cli]") {
+  if (file_exists("/proc/driver/nvidia/gpus") &&
+      !std::filesystem::is_empty("/proc/driver/nvidia/gpus")) {
+    WARN("skipped: this host has NVIDIA GPUs, so gpu is valid here");
+    return;
+  }
+  expect_usage_error({"--nproc-per-node", "gpu", test_worker()}, "no CUDA device");
+}
+
+TEST_CASE("--help groups the options and exits 0", "[cli]") {
+  auto r = run_trun({"--help"});
+  CHECK(r.exit_code == 0);
+  for (const char* s : {"Usage: trun [OPTIONS] TRAINING_SCRIPT", "Worker group:", "Rendezvous:",
+                        "Logs:", "Supervision:", "--nproc-per-node,--nproc_per_node",
+                        "PET_NPROC_PER_NODE", "Exit codes"}) {
+    CHECK(r.out.find(s) != std::string::npos);
+  }
+}
+
+TEST_CASE("options come from PET_ variables, and the command line wins", "[cli]") {
+  TempDir d;
+  const std::string w = test_worker();
+  auto r = run_trun({"--no-python", w, "env", d.path()}, {{"PET_NPROC_PER_NODE", "3"}});
+  REQUIRE(r.exit_code == 0);
+  CHECK(file_exists(d / "env_0_2.json"));
+  CHECK_FALSE(file_exists(d / "env_0_3.json"));
+
+  TempDir d2;
+  r = run_trun({"--nproc_per_node=2", "--no_python", w, "env", d2.path()},
+               {{"PET_NPROC_PER_NODE", "3"}, {"PET_MAX_RESTARTS", "4"}});
+  REQUIRE(r.exit_code == 0);
+  CHECK(file_exists(d2 / "env_0_1.json"));
+  CHECK_FALSE(file_exists(d2 / "env_0_2.json"));
+  CHECK(read_file(d2 / "env_0_0.json").find("\"TORCHELASTIC_MAX_RESTARTS\":\"4\"") !=
+        std::string::npos);
+}
+
+TEST_CASE("trun store still runs the store alone", "[cli]") {
+  Child c({trun_binary(), "store", "--host", "127.0.0.1", "--port", "0"});
+  REQUIRE(wait_until([&] { return c.out().find("listening on 127.0.0.1:") != std::string::npos; }));
+  c.signal(SIGTERM);
+  REQUIRE(c.wait(std::chrono::seconds(10)));
+  CHECK(c.exit_code() == 0);
+}
