@@ -433,7 +433,8 @@ GroupOutcome Agent::supervise() {
       deadline = killed_ ? killed_at_ + kAfterKillGrace : *kill_at_;
     }
     loop_.run_once(deadline);
-    if (phase_ == GroupPhase::kStopping && Clock::now() >= *deadline) {
+    // The phase may have changed inside run_once; only a deadline set before it can expire.
+    if (deadline && phase_ == GroupPhase::kStopping && Clock::now() >= *deadline) {
       if (!killed_) {
         spdlog::warn("workers still running {} ms after the stop signal; sending SIGKILL",
                      cfg_.shutdown_timeout.count());

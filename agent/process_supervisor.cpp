@@ -38,6 +38,7 @@ namespace {
 // Runs in the forked child before execve: only async-signal-safe calls.
 struct WorkerSetup : bp::extend::handler {
   pid_t parent;
+  int guardian_fd;
   int out_fd;
   int err_fd;
   char** envp;
@@ -50,6 +51,14 @@ struct WorkerSetup : bp::extend::handler {
   template <class Executor>
   void on_exec_setup(Executor&) const {
     setpgid(0, 0);
+    // Register the new group with the guardian before any of the worker's own code runs, so a
+    // SIGKILL of trun at any later moment takes the group (and its grandchildren) along. A
+    // 4-byte write to a pipe is atomic.
+    if (guardian_fd >= 0) {
+      int32_t rec = static_cast<int32_t>(getpid());
+      ssize_t ignored = write(guardian_fd, &rec, sizeof rec);
+      (void)ignored;
+    }
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     // trun died between fork and prctl: the death signal would never come.
     if (getppid() != parent) _exit(127);
@@ -101,7 +110,7 @@ struct WorkerSetup : bp::extend::handler {
 // when trun exits.
 class ProcessSupervisor::SpawnThread {
  public:
-  SpawnThread() : thread_([this] { loop(); }) {}
+  explicit SpawnThread(int guardian_fd) : guardian_fd_(guardian_fd), thread_([this] { loop(); }) {}
   ~SpawnThread() {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -152,7 +161,7 @@ class ProcessSupervisor::SpawnThread {
     }
   }
 
-  static SpawnResult spawn_one(const SpawnRequest& req) {
+  SpawnResult spawn_one(const SpawnRequest& req) {
     SpawnResult result;
     if (req.argv.empty()) {
       result.error = EINVAL;
@@ -175,6 +184,7 @@ class ProcessSupervisor::SpawnThread {
     std::vector<std::string> args(req.argv.begin() + 1, req.argv.end());
     WorkerSetup setup;
     setup.parent = getpid();
+    setup.guardian_fd = guardian_fd_;
     setup.out_fd = req.stdout_fd;
     setup.err_fd = req.stderr_fd;
     setup.envp = envp.data();
@@ -190,6 +200,7 @@ class ProcessSupervisor::SpawnThread {
     return result;
   }
 
+  const int guardian_fd_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::condition_variable done_cv_;
@@ -226,7 +237,7 @@ ProcessSupervisor::ProcessSupervisor() {
   close(fds[0]);
   guardian_pid_ = pid;
   guardian_fd_ = fds[1];
-  spawner_ = std::make_unique<SpawnThread>();
+  spawner_ = std::make_unique<SpawnThread>(guardian_fd_);
 }
 
 ProcessSupervisor::~ProcessSupervisor() {
@@ -240,15 +251,8 @@ ProcessSupervisor::~ProcessSupervisor() {
 }
 
 std::vector<SpawnResult> ProcessSupervisor::spawn(const std::vector<SpawnRequest>& requests) {
-  auto results = spawner_->run(requests);
-  for (const auto& r : results) {
-    if (r.pid <= 0 || guardian_fd_ < 0) continue;
-    int32_t rec = r.pid;
-    if (write(guardian_fd_, &rec, sizeof rec) != sizeof rec) {
-      spdlog::warn("cannot register worker {} with the guardian: {}", r.pid, std::strerror(errno));
-    }
-  }
-  return results;
+  // Each worker registered its group with the guardian itself, before exec.
+  return spawner_->run(requests);
 }
 
 bool ProcessSupervisor::signal_group(pid_t pgid, int sig) {
@@ -289,8 +293,8 @@ std::vector<ExitStatus> ProcessSupervisor::reap(const std::function<bool(pid_t)>
     if (pid == guardian_pid_) {
       spdlog::warn("trun's guardian process {} exited unexpectedly (status {})", pid, status);
       guardian_pid_ = -1;
-      if (guardian_fd_ >= 0) close(guardian_fd_);
-      guardian_fd_ = -1;
+      // guardian_fd_ stays open (the spawn thread hands it to workers); writes now fail with
+      // EPIPE, which is harmless.
     } else if (is_worker(pid)) {
       out.push_back(ExitStatus{pid, status});
     } else {

@@ -60,8 +60,8 @@ class ProcessSupervisor {
   ProcessSupervisor(const ProcessSupervisor&) = delete;
   ProcessSupervisor& operator=(const ProcessSupervisor&) = delete;
 
-  // Starts the programs in order, blocking until each has exec'd (or failed to). The pids are
-  // registered with the guardian before this returns.
+  // Starts the programs in order, blocking until each has exec'd (or failed to). Each worker
+  // registers its process group with the guardian before it execs.
   std::vector<SpawnResult> spawn(const std::vector<SpawnRequest>& requests);
 
   // kill(-pgid, sig). Returns false when no process of the group is left (ESRCH).

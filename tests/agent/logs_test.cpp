@@ -17,7 +17,7 @@ std::string single_dir_in(const std::string& path) {
 
 }  // namespace
 
-TEST_CASE("--tee prefixes every line and never splits one, even under a flood", "[logs]") {
+TEST_CASE("tee prefixes every line and never splits one, even under a flood", "[logs]") {
   TempDir d;
   const int kLines = 20000;
   auto r = run_trun({"--nproc-per-node=3", "--tee=3", "--log-dir", d.path(), "--rdzv-id", "flood",
@@ -56,11 +56,11 @@ TEST_CASE("--tee prefixes every line and never splits one, even under a flood", 
   CHECK(log.substr(log.size() - 10) == "no newline");
 }
 
-TEST_CASE("--redirects sends streams to files only, laid out per attempt and rank", "[logs]") {
+TEST_CASE("redirects send streams to files only, laid out per attempt and rank", "[logs]") {
   TempDir d;
   auto r = run_trun({"--standalone", "--nproc-per-node=2", "--redirects=3", "--log-dir", d.path(),
                      "--max-restarts=1", test_worker(), "print", "to stdout", "eprint",
-                     "to stderr", "on-attempt", "0", "exit", "1"});
+                     "to stderr", "on-attempt", "0", "sleep", "0.2", "on-attempt", "0", "exit", "1"});
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("to stdout") == std::string::npos);
   CHECK(r.err.find("to stderr") == std::string::npos);
@@ -92,7 +92,7 @@ TEST_CASE("per-rank redirect maps and stream selection", "[logs]") {
   CHECK(unprefixed);  // rank 0's line, straight from the worker
 }
 
-TEST_CASE("--local-ranks-filter shows only the chosen ranks; files keep everything", "[logs]") {
+TEST_CASE("the local ranks filter shows only the chosen ranks; files keep everything", "[logs]") {
   TempDir d;
   auto r = run_trun({"--nproc-per-node=3", "--tee=3", "--local-ranks-filter=1", "--log-dir",
                      d.path(), test_worker(), "print", "hello"});

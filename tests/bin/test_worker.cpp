@@ -271,7 +271,8 @@ int main(int argc, char** argv) {
         o.connect_timeout = std::chrono::seconds(20);
         auto tcp = std::make_shared<trun::rendezvous::TcpStore>(o);
         trun::rendezvous::PrefixStore store("/worker/attempt_" + attempt(), tcp);
-        store.set("hello_" + rank(), "from " + rank());
+        const std::string global_rank = env_or("RANK", "0");
+        store.set("hello_" + global_rank, "from " + global_rank);
         int64_t arrived = store.add("arrived", 1);
         (void)arrived;
         int world = std::atoi(env_or("WORLD_SIZE", "1").c_str());

@@ -61,7 +61,7 @@ TEST_CASE("nproc-per-node=gpu is a clear error on a host without CUDA devices", 
   expect_usage_error({"--nproc-per-node", "gpu", test_worker()}, "no CUDA device");
 }
 
-TEST_CASE("--help groups the options and exits 0", "[cli]") {
+TEST_CASE("help groups the options and exits 0", "[cli]") {
   auto r = run_trun({"--help"});
   CHECK(r.exit_code == 0);
   for (const char* s : {"Usage: trun [OPTIONS] TRAINING_SCRIPT", "Worker group:", "Rendezvous:",
