@@ -237,8 +237,10 @@ TEST_CASE("the root cause is the earliest error file", "[agent][failure]") {
   TempDir d;
   auto r = run_trun(job(2, {},
                         {"on-rank", "0", "ignore-term", "on-rank", "0", "error-file",
-                         "early failure", "1000", "on-rank", "1", "error-file", "late failure",
-                         "2000", "on-rank", "1", "exit", "1", "sleep", "0.3", "exit", "1"}));
+                         "early failure", "1000", "on-rank", "0", "pidfile", d.path(),
+                         "on-rank", "1", "wait-file", d / "pid_0_0", "on-rank", "1",
+                         "error-file", "late failure", "2000", "on-rank", "1", "exit", "1",
+                         "sleep", "0.3", "exit", "1"}));
   CHECK(r.exit_code == 1);
   auto root = r.err.find("Root Cause");
   REQUIRE(root != std::string::npos);

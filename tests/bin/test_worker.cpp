@@ -13,6 +13,7 @@
 //   trap DIR           on SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 write the signal number
 //                      to DIR/sig_<local_rank> and exit 0
 //   sleep SECONDS      sleep (fractions allowed)
+//   wait-file PATH     wait until PATH exists (at most 20 s)
 //   error-file MSG [TS]  write a @record-style JSON error file to $TORCHELASTIC_ERROR_FILE
 //   flood N            print N numbered lines to stdout, as fast as possible
 //   print TEXT / eprint TEXT / partial TEXT   a line to stdout / stderr / no newline
@@ -156,7 +157,7 @@ int main(int argc, char** argv) {
         {"signal", 1},  {"ignore-term", 0}, {"trap", 1},        {"sleep", 1},
         {"error-file", 2}, {"flood", 1},    {"print", 1},       {"eprint", 1},
         {"partial", 1}, {"env", 1},         {"store-check", 0}, {"on-rank", 1},
-        {"on-attempt", 1}};
+        {"on-attempt", 1}, {"wait-file", 1}};
     if (i >= a.size()) return;
     std::string action = a[i++];
     for (const auto& [name, n] : kArity) {
@@ -190,6 +191,11 @@ int main(int argc, char** argv) {
         for (int k = 0; k < 3000; ++k) usleep(100000);
         _exit(0);
       }
+    } else if (act == "wait-file") {
+      need(1);
+      std::string path = a[i++];
+      struct stat st;
+      for (int k = 0; k < 20000 && stat(path.c_str(), &st) != 0; ++k) usleep(1000);
     } else if (act == "orphan-check") {
       int rc = orphan_check();
       if (rc != 0) return rc;

@@ -23,6 +23,11 @@
 
 namespace trun::testing {
 
+// Tests run in parallel (and next to other suites): trun's static default port 29500 would clash,
+// so every trun these tests start picks a free store port unless a test passes --master-port.
+// Set once, before any child is forked.
+inline const bool kFreeStorePortByDefault = (setenv("PET_MASTER_PORT", "0", 0), true);
+
 inline std::string trun_binary() { return std::string(TRUN_BINARY_DIR) + "/launcher/trun"; }
 inline std::string test_worker() {
   return std::string(TRUN_BINARY_DIR) + "/tests/bin/trun_test_worker";
