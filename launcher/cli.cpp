@@ -236,11 +236,6 @@ bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-std::string base_name(const std::string& path) {
-  auto slash = path.rfind('/');
-  return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 // An executable found the way execvp would: a path with '/' as is, else through $PATH.
 bool find_executable(const std::string& program) {
   if (program.find('/') != std::string::npos) return access(program.c_str(), X_OK) == 0;
@@ -543,7 +538,7 @@ CliResult parse_command_line(int argc, char** argv) {
     }
     c.entrypoint.push_back(script);
     c.entrypoint.insert(c.entrypoint.end(), script_args.begin(), script_args.end());
-    c.entrypoint_name = module ? script : base_name(script);
+    c.entrypoint_name = script;  // as torchrun titles its summary
 
     result.config = std::move(c);
   } catch (const InvalidInput& e) {

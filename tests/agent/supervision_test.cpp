@@ -156,7 +156,7 @@ TEST_CASE("every exit code 0..255 maps to the job result and the summary", "[age
       CHECK(r.err.find("FAILED") == std::string::npos);
     } else {
       CHECK(r.exit_code == 1);
-      CHECK(r.err.find("trun_test_worker FAILED") != std::string::npos);
+      CHECK(r.err.find("/tests/bin/trun_test_worker FAILED") != std::string::npos);
       CHECK(r.err.find("  exitcode  : " + std::to_string(code) + " (pid: ") != std::string::npos);
       CHECK(r.err.find("Root Cause (first observed failure):") != std::string::npos);
     }
