@@ -71,6 +71,8 @@ class Store {
   // Appends to the value at `key`, creating it when missing.
   virtual void append(const std::string& key, std::string_view value) = 0;
 
+  // The default timeout of get/wait/multi_get and of every round trip. Not synchronized: set it
+  // before the store is shared between threads.
   Duration timeout() const { return timeout_; }
   void set_timeout(Duration timeout) { timeout_ = timeout; }
 

@@ -37,10 +37,9 @@ struct PrefixFixture {
 
 struct MemoryFixture {
   std::shared_ptr<InMemoryStore> mem = std::make_shared<InMemoryStore>();
-  std::shared_ptr<Store> make() {
-    mem->set_timeout(5s);
-    return mem;
-  }
+  MemoryFixture() { mem->set_timeout(5s); }
+  // One store shared by every "client": set_timeout on it is not thread-safe (by contract).
+  std::shared_ptr<Store> make() { return mem; }
 };
 
 using Clock = std::chrono::steady_clock;
