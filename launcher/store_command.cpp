@@ -14,9 +14,10 @@
 namespace trun::launcher {
 
 int run_store_command(int argc, char** argv) {
-  CLI::App app{"Runs trun's rendezvous store (wire-compatible with PyTorch's TCPStore) until "
-               "SIGINT or SIGTERM.",
-               "trun store"};
+  CLI::App app{
+      "Runs trun's rendezvous store (wire-compatible with PyTorch's TCPStore) until "
+      "SIGINT or SIGTERM.",
+      "trun store"};
   rendezvous::StoreServerOptions opts;
   opts.host = "127.0.0.1";
   int port = 29500;

@@ -104,8 +104,9 @@ class InMemoryStore : public Store {
   void wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
                    Duration timeout, const char* op) {
     if (!cv_.wait_for(lock, timeout, [&] { return all_exist(keys); })) {
-      throw StoreTimeoutError(std::string("in-memory store: ") + op + ": keys did not appear within " +
-                              std::to_string(timeout.count()) + " ms");
+      throw StoreTimeoutError(std::string("in-memory store: ") + op +
+                              ": keys did not appear within " + std::to_string(timeout.count()) +
+                              " ms");
     }
   }
 

@@ -22,7 +22,7 @@ namespace trun::rendezvous {
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 29500;
-  Store::Duration timeout = Store::kDefaultTimeout;          // each operation
+  Store::Duration timeout = Store::kDefaultTimeout;            // each operation
   Store::Duration connect_timeout = std::chrono::seconds(60);  // retrying included
   std::string token;  // shared secret; empty: do not authenticate
 };

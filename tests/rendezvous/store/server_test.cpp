@@ -8,12 +8,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <chrono>
-#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <thread>
 
 #include "rendezvous/store/server.h"
@@ -106,7 +106,8 @@ TEST_CASE("1200 clients connected at once are all served, and one set wakes all 
   constexpr int kClients = 1200;
   std::vector<std::unique_ptr<TcpStore>> clients;
   clients.reserve(kClients);
-  for (int i = 0; i < kClients; ++i) clients.push_back(std::make_unique<TcpStore>(client_for(*server)));
+  for (int i = 0; i < kClients; ++i)
+    clients.push_back(std::make_unique<TcpStore>(client_for(*server)));
   CHECK(eventually([&] { return server->num_connections() == kClients; }));
   for (auto& c : clients) c->add("joined", 1);
   CHECK(clients[0]->get("joined") == std::to_string(kClients));
@@ -400,8 +401,8 @@ TEST_CASE("trun store prints its port, serves, and stops on SIGTERM", "[store][c
   if (pid == 0) {
     ::dup2(out[1], 1);
     ::close(out[0]);
-    ::execl(TRUN_BINARY_DIR "/launcher/trun", "trun", "store", "--host", "127.0.0.1", "--port",
-            "0", nullptr);
+    ::execl(TRUN_BINARY_DIR "/launcher/trun", "trun", "store", "--host", "127.0.0.1", "--port", "0",
+            nullptr);
     _exit(127);
   }
   ::close(out[1]);

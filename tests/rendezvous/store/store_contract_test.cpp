@@ -62,8 +62,8 @@ TEMPLATE_TEST_CASE("set then get returns the value, including empty and binary v
   CHECK(s->get("big") == big);
 }
 
-TEMPLATE_TEST_CASE("get blocks until another client sets the key", "[store][contract]",
-                   TcpFixture, PrefixFixture, MemoryFixture) {
+TEMPLATE_TEST_CASE("get blocks until another client sets the key", "[store][contract]", TcpFixture,
+                   PrefixFixture, MemoryFixture) {
   TestType f;
   auto reader = f.make();
   auto writer = f.make();
