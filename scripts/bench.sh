@@ -1,27 +1,23 @@
 #!/usr/bin/env bash
-# Runs one benchmark by name, building what it needs first (RelWithDebInfo, in $TRUN_BUILD_DIR or
-# build/). Each benchmark measures its peer in the same run, prints a table and ends with
-# `RESULT name=... value=... unit=... peer=... ratio=...` lines.
-# Usage: scripts/bench.sh NAME [ARGS...]
+# Runs one benchmark by name: scripts/bench.sh NAME. Each builds what it needs, prints a table,
+# and ends with RESULT lines (name, value, unit, peer, ratio where bigger is better).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BUILD=${TRUN_BUILD_DIR:-build}
-
-configure() {
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRUN_BUILD_BENCH=ON >/dev/null
-}
-
 name=${1:-}
-shift || true
 case "$name" in
+  store) exec bash scripts/bench_store.sh "${@:2}" ;;
   launch)
-    # trun vs torchrun 1.13: launch latency (N=1,2,4,8), restart latency, idle RSS/CPU.
-    configure
-    cmake --build "$BUILD" --target trun launch_probe launch_bench
-    "$BUILD/bench/launch_bench" --trun "$BUILD/launcher/trun" --probe "$BUILD/bench/launch_probe" "$@"
+    # trun vs torchrun 1.13 in the same run: launch latency (N=1,2,4,8), restart latency (N=4),
+    # the agent's RSS/CPU over 10 s with idle workers. Extra arguments go to launch_bench
+    # (--quick, --reps N, --torchrun PATH). Builds in $TRUN_BUILD_DIR (default build/).
+    build=${TRUN_BUILD_DIR:-build}
+    cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRUN_BUILD_BENCH=ON >/dev/null
+    cmake --build "$build" --target trun launch_probe launch_bench
+    exec "$build/bench/launch_bench" --trun "$build/launcher/trun" \
+      --probe "$build/bench/launch_probe" "${@:2}"
     ;;
   *)
-    echo "usage: scripts/bench.sh NAME [ARGS...]; NAME is one of: launch" >&2
+    echo "usage: scripts/bench.sh NAME   (NAME: store, launch)" >&2
     exit 2
     ;;
 esac
