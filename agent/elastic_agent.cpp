@@ -91,7 +91,8 @@ Ranks assign_ranks(const rendezvous::RendezvousInfo& info, const std::string& ro
     auto& store = *info.store;
     store.set("role_info/" + std::to_string(info.group_rank), role + "\n" + std::to_string(nproc));
     std::vector<std::string> keys;
-    for (int r = 0; r < info.group_world_size; ++r) keys.push_back("role_info/" + std::to_string(r));
+    for (int r = 0; r < info.group_world_size; ++r)
+      keys.push_back("role_info/" + std::to_string(r));
     store.wait(keys, timeout);
     auto values = store.multi_get(keys);
     for (int r = 0; r < info.group_world_size; ++r) {
@@ -217,10 +218,11 @@ int Agent::run() {
     spdlog::error("rendezvous failed: {}", e.what());
     return kExitAgentError;
   }
-  spdlog::info("rendezvous done: backend={} run_id={} store={}:{} group_rank={} "
-               "group_world_size={} world_size={}",
-               cfg_.standalone ? "standalone" : rdzv_->backend(), run_id_, info_.master_addr,
-               info_.master_port, info_.group_rank, info_.group_world_size, ranks_.world_size);
+  spdlog::info(
+      "rendezvous done: backend={} run_id={} store={}:{} group_rank={} "
+      "group_world_size={} world_size={}",
+      cfg_.standalone ? "standalone" : rdzv_->backend(), run_id_, info_.master_addr,
+      info_.master_port, info_.group_rank, info_.group_world_size, ranks_.world_size);
 
   // Log and error-file directory.
   try {
@@ -248,9 +250,10 @@ int Agent::run() {
     if (eq) base_env_[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
   }
   if (!base_env_.count("OMP_NUM_THREADS") && cfg_.nproc_per_node > 1) {
-    spdlog::warn("setting OMP_NUM_THREADS=1 for each worker (it is unset and there are {} "
-                 "workers); set it yourself to tune performance",
-                 cfg_.nproc_per_node);
+    spdlog::warn(
+        "setting OMP_NUM_THREADS=1 for each worker (it is unset and there are {} "
+        "workers); set it yourself to tune performance",
+        cfg_.nproc_per_node);
     base_env_["OMP_NUM_THREADS"] = "1";
   }
   for (const char* k : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
@@ -440,8 +443,8 @@ GroupOutcome Agent::supervise() {
                      cfg_.shutdown_timeout.count());
         kill_all();
       } else {
-        throw std::runtime_error("workers did not exit " +
-                                 std::to_string(kAfterKillGrace.count()) + " s after SIGKILL");
+        throw std::runtime_error("workers did not exit " + std::to_string(kAfterKillGrace.count()) +
+                                 " s after SIGKILL");
       }
     }
   }
@@ -482,9 +485,8 @@ void Agent::on_children() {
     // stop began.
     // A worker that fails on its own after the stop began (it wrote an error file) is a failure
     // too, so the root cause can be chosen among all of them by their timestamps.
-    bool own_failure = phase_before == GroupPhase::kStopping &&
-                       outcome_ == GroupOutcome::kFailed && w.exitcode != 0 &&
-                       std::filesystem::exists(w.error_file);
+    bool own_failure = phase_before == GroupPhase::kStopping && outcome_ == GroupOutcome::kFailed &&
+                       w.exitcode != 0 && std::filesystem::exists(w.error_file);
     if (on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed ||
         own_failure) {
       failures_.push_back(

@@ -60,11 +60,11 @@ std::string indent(const std::string& s) {
 
 std::string signal_name(int sig) {
   static const std::pair<int, const char*> kNames[] = {
-      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"}, {SIGILL, "SIGILL"},
-      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"}, {SIGUSR2, "SIGUSR2"},
-      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"}, {SIGCHLD, "SIGCHLD"},
-      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"}, {SIGXCPU, "SIGXCPU"},
+      {SIGHUP, "SIGHUP"},   {SIGINT, "SIGINT"},   {SIGQUIT, "SIGQUIT"},  {SIGILL, "SIGILL"},
+      {SIGTRAP, "SIGTRAP"}, {SIGABRT, "SIGABRT"}, {SIGBUS, "SIGBUS"},    {SIGFPE, "SIGFPE"},
+      {SIGKILL, "SIGKILL"}, {SIGUSR1, "SIGUSR1"}, {SIGSEGV, "SIGSEGV"},  {SIGUSR2, "SIGUSR2"},
+      {SIGPIPE, "SIGPIPE"}, {SIGALRM, "SIGALRM"}, {SIGTERM, "SIGTERM"},  {SIGCHLD, "SIGCHLD"},
+      {SIGCONT, "SIGCONT"}, {SIGSTOP, "SIGSTOP"}, {SIGTSTP, "SIGTSTP"},  {SIGXCPU, "SIGXCPU"},
       {SIGXFSZ, "SIGXFSZ"}, {SIGSYS, "SIGSYS"},   {SIGWINCH, "SIGWINCH"}};
   for (const auto& [n, name] : kNames) {
     if (n == sig) return name;
@@ -84,8 +84,7 @@ WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
   f.error_file = kNotAvailable;
 
   struct stat st;
-  if (!error_file_path.empty() && stat(error_file_path.c_str(), &st) == 0 &&
-      S_ISREG(st.st_mode)) {
+  if (!error_file_path.empty() && stat(error_file_path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
     f.error_file = error_file_path;
     std::ifstream in(error_file_path);
     std::stringstream ss;
@@ -93,8 +92,8 @@ WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
     std::string text = ss.str();
     json data = json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (data.is_discarded() || !data.is_object() || !data.contains("message")) {
-      f.message = "error file " + error_file_path + " is not in @record's JSON format: " +
-                  text.substr(0, 500);
+      f.message = "error file " + error_file_path +
+                  " is not in @record's JSON format: " + text.substr(0, 500);
     } else {
       f.error_json = text;
       const json& m = data["message"];
@@ -158,14 +157,12 @@ std::string format_summary(const std::string& name, const std::vector<WorkerFail
     const auto& f = failures[order[idx]];
     std::string exit_desc = std::to_string(f.exitcode);
     if (f.exitcode < 0) exit_desc += " (" + signal_name(-f.exitcode) + ")";
-    std::string fmt = "[" + std::to_string(idx) + "]:\n" +
-                      "  time      : " + iso_time(f.timestamp) + "\n" +
-                      "  host      : " + hostname + "\n" +
-                      "  rank      : " + std::to_string(f.rank) +
-                      " (local_rank: " + std::to_string(f.local_rank) + ")\n" +
-                      "  exitcode  : " + exit_desc + " (pid: " + std::to_string(f.pid) + ")\n" +
-                      "  error_file: " + f.error_file + "\n" +
-                      "  traceback : " + indent(f.message);
+    std::string fmt =
+        "[" + std::to_string(idx) + "]:\n" + "  time      : " + iso_time(f.timestamp) + "\n" +
+        "  host      : " + hostname + "\n" + "  rank      : " + std::to_string(f.rank) +
+        " (local_rank: " + std::to_string(f.local_rank) + ")\n" + "  exitcode  : " + exit_desc +
+        " (pid: " + std::to_string(f.pid) + ")\n" + "  error_file: " + f.error_file + "\n" +
+        "  traceback : " + indent(f.message);
     std::istringstream lines(fmt);
     for (std::string line; std::getline(lines, line);) width = std::max(width, line.size());
     if (order[idx] == root) {
@@ -197,8 +194,7 @@ bool write_root_cause(const std::string& path, const WorkerFailure& f) {
     data = {{"message",
              {{"message", f.message},
               {"errorCode", f.exitcode},
-              {"extraInfo",
-               {{"py_callstack", ""}, {"timestamp", std::to_string(f.timestamp)}}}}}};
+              {"extraInfo", {{"py_callstack", ""}, {"timestamp", std::to_string(f.timestamp)}}}}}};
   }
   std::ofstream out(path, std::ios::trunc);
   if (!out) return false;

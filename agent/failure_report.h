@@ -21,12 +21,12 @@ struct WorkerFailure {
   int local_rank = 0;
   int rank = 0;  // global rank
   pid_t pid = -1;
-  int exitcode = 0;          // exit code, or -signal
-  std::string error_file;    // path, or "<N/A>" when the worker wrote none
-  std::string error_json;    // the file's content when it was valid JSON, else empty
-  std::string message;       // the traceback (py_callstack) or message
-  int64_t timestamp = 0;     // seconds since the epoch
-  uint64_t sequence = 0;     // order in which trun observed the failure
+  int exitcode = 0;        // exit code, or -signal
+  std::string error_file;  // path, or "<N/A>" when the worker wrote none
+  std::string error_json;  // the file's content when it was valid JSON, else empty
+  std::string message;     // the traceback (py_callstack) or message
+  int64_t timestamp = 0;   // seconds since the epoch
+  uint64_t sequence = 0;   // order in which trun observed the failure
 };
 
 // Builds a failure, reading `error_file_path` if it exists (unreadable or malformed files are

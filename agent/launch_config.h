@@ -42,15 +42,15 @@ struct LaunchConfig {
   int max_restarts = 0;
 
   // --- rendezvous ---------------------------------------------------------------------------
-  bool standalone = false;          // embedded store on 127.0.0.1, free port, generated run id
+  bool standalone = false;  // embedded store on 127.0.0.1, free port, generated run id
   std::string rdzv_backend = "static";
-  std::string rdzv_endpoint;        // host:port; for static, defaults to master_addr:master_port
+  std::string rdzv_endpoint;  // host:port; for static, defaults to master_addr:master_port
   std::string run_id = "none";
   std::map<std::string, std::string> rdzv_conf;
   int node_rank = 0;
   std::string master_addr = "127.0.0.1";
-  int master_port = 29500;          // 0: pick a free port (trun extension, single node only)
-  std::string local_addr;           // this node's address as others see it; empty: hostname
+  int master_port = 29500;  // 0: pick a free port (trun extension, single node only)
+  std::string local_addr;   // this node's address as others see it; empty: hostname
 
   // --- what to run --------------------------------------------------------------------------
   // The worker's argv: program first. For Python scripts this is {python, "-u", script, ...}.

@@ -55,7 +55,6 @@ class LogMux {
 };
 
 // "[" + template with ${role_name}, ${rank}, ${local_rank} substituted + "]:".
-std::string line_prefix(const std::string& tmpl, const std::string& role, int rank,
-                        int local_rank);
+std::string line_prefix(const std::string& tmpl, const std::string& role, int rank, int local_rank);
 
 }  // namespace trun::agent

@@ -72,6 +72,17 @@ struct WorkerSetup : bp::extend::handler {
     // sockets, log pipes) must not leak into workers.
     close_range(3U, ~0U, CLOSE_RANGE_CLOEXEC);
   }
+
+  // execve failed (the child exits right after): take the group back from the guardian, whose
+  // group id could otherwise be reused by an unrelated process before trun exits.
+  template <class Executor>
+  void on_exec_error(Executor&, const std::error_code&) const {
+    if (guardian_fd >= 0) {
+      int32_t rec = -static_cast<int32_t>(getpid());
+      ssize_t ignored = write(guardian_fd, &rec, sizeof rec);
+      (void)ignored;
+    }
+  }
 };
 
 // The guardian's whole life: collect groups from the pipe, kill them all at EOF.

@@ -5,8 +5,11 @@
 // Workers are bench/launch_probe (a C++ binary, --no-python for both launchers), which stamps
 // CLOCK_MONOTONIC when it starts, so the figures measure the launchers, not Python imports.
 // Usage: launch_bench --trun PATH --probe PATH [--torchrun PATH] [--reps N] [--quick]
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -42,6 +45,19 @@ std::optional<long long> read_stamp(const std::string& path) {
   return std::nullopt;
 }
 
+// A loopback port that was free a moment ago.
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 struct Launcher {
   std::string label;
   bool torchrun = false;
@@ -53,9 +69,20 @@ struct Launcher {
     std::vector<std::string> c;
     if (torchrun) {
       // torchrun 1.13: underscore flags; --redirects/--tee 9:1 avoid its crash on Python 3.11
-      // while keeping the plain console.
-      c = {path, "--standalone", "--nproc_per_node=" + std::to_string(n),
-           "--monitor_interval=" + monitor_interval, "--redirects", "9:1", "--tee", "9:1",
+      // while keeping the plain console. Its --standalone is c10d on localhost:29400 with a
+      // uuid run id; spelled out here with a free port so that other torchruns on the host
+      // cannot collide with it.
+      static int run = 0;
+      c = {path,
+           "--rdzv_backend=c10d",
+           "--rdzv_endpoint=localhost:" + std::to_string(free_port()),
+           "--rdzv_id=bench" + std::to_string(getpid()) + "_" + std::to_string(run++),
+           "--nproc_per_node=" + std::to_string(n),
+           "--monitor_interval=" + monitor_interval,
+           "--redirects",
+           "9:1",
+           "--tee",
+           "9:1",
            "--no_python"};
       if (restart) c.push_back("--max_restarts=1");
     } else {
@@ -164,8 +191,15 @@ double measure_launch(const Launcher& l, int n, const std::string& probe, Scratc
   double ms = ok ? (max_stamp(files) - t0) / 1e6 : -1;
   // trun ends by itself once the workers exit; torchrun would sit out its monitor interval.
   finish(pid, l.torchrun ? 0.0 : 30.0, l.torchrun);
-  if (!ok) std::fprintf(stderr, "launch failed (%s):\n%s\n", l.label.c_str(),
-                        [&] { std::ifstream in(dir + "/launcher.log"); std::stringstream ss; ss << in.rdbuf(); return ss.str(); }().c_str());
+  if (!ok)
+    std::fprintf(stderr, "launch failed (%s):\n%s\n", l.label.c_str(),
+                 [&] {
+                   std::ifstream in(dir + "/launcher.log");
+                   std::stringstream ss;
+                   ss << in.rdbuf();
+                   return ss.str();
+                 }()
+                     .c_str());
   return ms;
 }
 
@@ -307,14 +341,22 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--trun") trun = next();
-    else if (a == "--probe") probe = next();
-    else if (a == "--torchrun") torchrun = next();
-    else if (a == "--reps") reps = std::atoi(next().c_str());
-    else if (a == "--quick") { reps = 5; peer_reps = 1; idle_s = 3; }
-    else {
-      std::fprintf(stderr, "usage: launch_bench --trun PATH --probe PATH [--torchrun PATH] "
-                           "[--reps N] [--quick]\n");
+    if (a == "--trun")
+      trun = next();
+    else if (a == "--probe")
+      probe = next();
+    else if (a == "--torchrun")
+      torchrun = next();
+    else if (a == "--reps")
+      reps = std::atoi(next().c_str());
+    else if (a == "--quick") {
+      reps = 5;
+      peer_reps = 1;
+      idle_s = 3;
+    } else {
+      std::fprintf(stderr,
+                   "usage: launch_bench --trun PATH --probe PATH [--torchrun PATH] "
+                   "[--reps N] [--quick]\n");
       return 2;
     }
   }
@@ -331,9 +373,10 @@ int main(int argc, char** argv) {
     std::printf("note: %s not found; torchrun columns are empty\n", torchrun.c_str());
   }
   Scratch scratch;
-  std::printf("trun launch benchmark: %ld CPUs; trun %d reps, torchrun %d reps per figure; "
-              "median (min-max)\n\n",
-              sysconf(_SC_NPROCESSORS_ONLN), reps, peer_reps);
+  std::printf(
+      "trun launch benchmark: %ld CPUs; trun %d reps, torchrun %d reps per figure; "
+      "median (min-max)\n\n",
+      sysconf(_SC_NPROCESSORS_ONLN), reps, peer_reps);
 
   // Launch.
   const int ns[] = {1, 2, 4, 8};
@@ -360,8 +403,8 @@ int main(int argc, char** argv) {
               restart_n);
   for (const auto& l : launchers) {
     std::vector<double> v;
-    int k = l.torchrun ? (l.monitor_interval == "5" ? std::max(1, peer_reps - 1) : peer_reps)
-                       : reps;
+    int k =
+        l.torchrun ? (l.monitor_interval == "5" ? std::max(1, peer_reps - 1) : peer_reps) : reps;
     for (int r = 0; r < k; ++r) v.push_back(measure_restart(l, restart_n, probe, scratch));
     restart.push_back(stats_of(v));
     std::printf("  %-24s %s\n", l.label.c_str(), cell(restart.back()).c_str());
@@ -383,8 +426,9 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
   }
 
-  std::printf("\nPeers in RESULT lines: torchrun with its default --monitor_interval (5 s) for "
-              "launch and footprint; torchrun with 0.1 for restart (its best case).\n");
+  std::printf(
+      "\nPeers in RESULT lines: torchrun with its default --monitor_interval (5 s) for "
+      "launch and footprint; torchrun with 0.1 for restart (its best case).\n");
   auto peer_launch = [&](size_t i) { return have_torchrun ? launch[1][i].median : -1.0; };
   const char* names[] = {"launch_n1_ms", "launch_n2_ms", "launch_n4_ms", "launch_n8_ms"};
   for (size_t i = 0; i < 4; ++i) result(names[i], launch[0][i].median, "ms", peer_launch(i), true);

@@ -173,8 +173,8 @@ agent::StdSpec parse_std(const char* flag, const std::string& value) {
   for (const auto& item : split(value, ',')) {
     auto parts = split(item, ':');
     long long rank, mode;
-    if (parts.size() != 2 || !parse_int(parts[0], rank) || !parse_int(parts[1], mode) ||
-        rank < 0 || mode < 0 || mode > 3) {
+    if (parts.size() != 2 || !parse_int(parts[0], rank) || !parse_int(parts[1], mode) || rank < 0 ||
+        mode < 0 || mode > 3) {
       throw bad();
     }
     spec.per_rank[static_cast<int>(rank)] = static_cast<int>(mode);
@@ -210,8 +210,8 @@ int signal_number(const std::string& name_in) {
   for (auto& c : name) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (name.rfind("SIG", 0) != 0) name = "SIG" + name;
   static const std::pair<const char*, int> kSignals[] = {
-      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},   {"SIGHUP", SIGHUP},   {"SIGQUIT", SIGQUIT},
-      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
+      {"SIGTERM", SIGTERM}, {"SIGINT", SIGINT},    {"SIGHUP", SIGHUP},   {"SIGQUIT", SIGQUIT},
+      {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2},  {"SIGALRM", SIGALRM}, {"SIGXCPU", SIGXCPU},
       {"SIGCONT", SIGCONT}, {"SIGWINCH", SIGWINCH}};
   for (const auto& [n, v] : kSignals) {
     if (name == n) return v;
@@ -233,7 +233,8 @@ std::vector<int> parse_signals(const std::string& value) {
 }
 
 bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+  return s.size() >= suffix.size() &&
+         s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // An executable found the way execvp would: a path with '/' as is, else through $PATH.
@@ -368,8 +369,8 @@ CliResult parse_command_line(int argc, char** argv) {
       "Accepted for compatibility; trun notices worker exits as they happen", kSup);
   opt("start-method", start_method,
       "Accepted for compatibility (spawn, fork, forkserver); workers are always exec'd", kSup);
-  opt("shutdown-timeout", shutdown,
-      "Seconds between SIGTERM and SIGKILL when stopping workers", kSup);
+  opt("shutdown-timeout", shutdown, "Seconds between SIGTERM and SIGKILL when stopping workers",
+      kSup);
   opt("signals-to-handle", signals,
       "Signals trun forwards to the workers before stopping them and exiting 128+N", kSup);
   opt("exit-barrier-timeout", barrier,
@@ -377,8 +378,7 @@ CliResult parse_command_line(int argc, char** argv) {
 
   opt("node-rank", node_rank, "This node's rank (GROUP_RANK) for the static backend", kLegacy);
   opt("master-addr", master_addr,
-      "Address of node 0, where the store runs (static backend); MASTER_ADDR for workers",
-      kLegacy);
+      "Address of node 0, where the store runs (static backend); MASTER_ADDR for workers", kLegacy);
   opt("master-port", master_port,
       "Port of the store on node 0 (static backend); MASTER_PORT for workers. 0 picks a free "
       "port (single node)",
@@ -403,7 +403,8 @@ CliResult parse_command_line(int argc, char** argv) {
     std::vector<std::string> rest = app.remaining();
     if (!rest.empty() && rest.front() == "--") rest.erase(rest.begin());
     if (rest.empty()) {
-      throw InvalidInput("missing TRAINING_SCRIPT: usage: trun [options] TRAINING_SCRIPT [args...]");
+      throw InvalidInput(
+          "missing TRAINING_SCRIPT: usage: trun [options] TRAINING_SCRIPT [args...]");
     }
     if (!rest.front().empty() && rest.front()[0] == '-' && rest.front() != "-") {
       throw InvalidInput("unknown option " + rest.front() + " (see trun --help)");
@@ -484,12 +485,12 @@ CliResult parse_command_line(int argc, char** argv) {
 
     double mi;
     if (!parse_double(monitor, mi) || mi <= 0) {
-      throw InvalidInput("--monitor-interval=" + monitor + ": expected a positive number of seconds");
+      throw InvalidInput("--monitor-interval=" + monitor +
+                         ": expected a positive number of seconds");
     }
     c.monitor_interval = std::chrono::milliseconds(static_cast<long long>(mi * 1000));
     if (start_method != "spawn" && start_method != "fork" && start_method != "forkserver") {
-      throw InvalidInput("--start-method=" + start_method +
-                         ": expected spawn, fork or forkserver");
+      throw InvalidInput("--start-method=" + start_method + ": expected spawn, fork or forkserver");
     }
     c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
     c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", barrier, true);

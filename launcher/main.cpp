@@ -28,8 +28,10 @@ void setup_logging() {
   if (level == "fatal") level = "critical";
   auto parsed = spdlog::level::from_str(level);
   if (parsed == spdlog::level::off && level != "off") {
-    std::fprintf(stderr, "trun: warning: LOGLEVEL=%s is not one of DEBUG, INFO, WARNING, ERROR, "
-                 "CRITICAL; using WARNING\n", std::getenv("LOGLEVEL"));
+    std::fprintf(stderr,
+                 "trun: warning: LOGLEVEL=%s is not one of DEBUG, INFO, WARNING, ERROR, "
+                 "CRITICAL; using WARNING\n",
+                 std::getenv("LOGLEVEL"));
     parsed = spdlog::level::warn;
   }
   spdlog::set_level(parsed);

@@ -31,8 +31,8 @@ class StaticRendezvous : public RendezvousHandler {
       try {
         server_ = StoreServer::start(so);
       } catch (const StoreError& e) {
-        throw RendezvousError("static rendezvous: cannot host the store on " + options_.host +
-                              ":" + std::to_string(options_.port) + ": " + e.what());
+        throw RendezvousError("static rendezvous: cannot host the store on " + options_.host + ":" +
+                              std::to_string(options_.port) + ": " + e.what());
       }
     }
     RendezvousInfo info;

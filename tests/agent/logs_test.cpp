@@ -59,8 +59,8 @@ TEST_CASE("tee prefixes every line and never splits one, even under a flood", "[
 TEST_CASE("redirects send streams to files only, laid out per attempt and rank", "[logs]") {
   TempDir d;
   auto r = run_trun({"--standalone", "--nproc-per-node=2", "--redirects=3", "--log-dir", d.path(),
-                     "--max-restarts=1", test_worker(), "print", "to stdout", "eprint",
-                     "to stderr", "on-attempt", "0", "sleep", "0.2", "on-attempt", "0", "exit", "1"});
+                     "--max-restarts=1", test_worker(), "print", "to stdout", "eprint", "to stderr",
+                     "on-attempt", "0", "sleep", "0.2", "on-attempt", "0", "exit", "1"});
   REQUIRE(r.exit_code == 0);
   CHECK(r.out.find("to stdout") == std::string::npos);
   CHECK(r.err.find("to stderr") == std::string::npos);
@@ -87,8 +87,8 @@ TEST_CASE("per-rank redirect maps and stream selection", "[logs]") {
   CHECK(read_file(d.path() + "/none/attempt_0/1/stderr.log") == "err-line\n");
   CHECK(r.out == "out-line\n");
   CHECK(r.err.find("[default1]:err-line\n") != std::string::npos);
-  bool unprefixed = r.err.find("\nerr-line\n") != std::string::npos ||
-                    r.err.rfind("err-line\n", 0) == 0;
+  bool unprefixed =
+      r.err.find("\nerr-line\n") != std::string::npos || r.err.rfind("err-line\n", 0) == 0;
   CHECK(unprefixed);  // rank 0's line, straight from the worker
 }
 
@@ -103,16 +103,17 @@ TEST_CASE("the local ranks filter shows only the chosen ranks; files keep everyt
           "hello\n");
   }
   // Without --tee, hidden ranks' output is discarded and shown ranks print as they are.
-  auto plain = run_trun({"--nproc-per-node=3", "--local-ranks-filter=0,2", test_worker(),
-                         "print", "plain"});
+  auto plain =
+      run_trun({"--nproc-per-node=3", "--local-ranks-filter=0,2", test_worker(), "print", "plain"});
   REQUIRE(plain.exit_code == 0);
   CHECK(plain.out == "plain\nplain\n");
 }
 
 TEST_CASE("the line prefix template is configurable", "[logs]") {
-  auto r = run_trun({"--nproc-per-node=2", "--tee=1", "--role", "actor", test_worker(), "on-rank",
-                     "1", "print", "x"},
-                    {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${role_name}-r${rank}-l${local_rank}"}});
+  auto r =
+      run_trun({"--nproc-per-node=2", "--tee=1", "--role", "actor", test_worker(), "on-rank", "1",
+                "print", "x"},
+               {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "${role_name}-r${rank}-l${local_rank}"}});
   REQUIRE(r.exit_code == 0);
   CHECK(r.out == "[actor-r1-l1]:x\n");
 }
@@ -120,8 +121,7 @@ TEST_CASE("the line prefix template is configurable", "[logs]") {
 TEST_CASE("without --log-dir, error files live in a temporary directory removed at exit",
           "[logs]") {
   TempDir d;
-  auto r = run_trun({"--nproc-per-node=1", test_worker(), "env", d.path()},
-                    {{"TMPDIR", d.path()}});
+  auto r = run_trun({"--nproc-per-node=1", test_worker(), "env", d.path()}, {{"TMPDIR", d.path()}});
   REQUIRE(r.exit_code == 0);
   // Only the env dump is left in TMPDIR: trun's own directory is gone.
   int entries = 0;

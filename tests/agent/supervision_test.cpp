@@ -1,10 +1,10 @@
 // The agent, black-box through the trun binary and real worker processes (tests/bin): worker
 // environment, exit codes and signals, restarts, failure reports, signal forwarding, SIGKILL of
 // the agent, the agent as PID 1.
-#include <catch2/catch.hpp>
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
 
@@ -25,8 +25,8 @@ std::vector<std::string> job(int nproc, std::vector<std::string> extra,
 }
 
 json env_of(const TempDir& d, int attempt, int local_rank) {
-  return json::parse(read_file(d / ("env_" + std::to_string(attempt) + "_" +
-                                    std::to_string(local_rank) + ".json")));
+  return json::parse(read_file(
+      d / ("env_" + std::to_string(attempt) + "_" + std::to_string(local_rank) + ".json")));
 }
 
 }  // namespace
@@ -114,11 +114,15 @@ TEST_CASE("static backend: two agents on one host form one job", "[agent][static
     close(fd);
   }
   auto node = [&](int rank) {
-    return std::vector<std::string>{trun_binary(),    "--nnodes=2",
+    return std::vector<std::string>{trun_binary(),
+                                    "--nnodes=2",
                                     "--node-rank=" + std::to_string(rank),
-                                    "--nproc-per-node=2", "--master-port=" + std::to_string(port),
-                                    "--rdzv-id=job7", test_worker(),
-                                    "env",            d.path() + "/n" + std::to_string(rank),
+                                    "--nproc-per-node=2",
+                                    "--master-port=" + std::to_string(port),
+                                    "--rdzv-id=job7",
+                                    test_worker(),
+                                    "env",
+                                    d.path() + "/n" + std::to_string(rank),
                                     "store-check"};
   };
   std::filesystem::create_directories(d / "n0");
@@ -164,10 +168,9 @@ TEST_CASE("every exit code 0..255 maps to the job result and the summary", "[age
 }
 
 TEST_CASE("workers killed by signals are reported by signal name", "[agent][exit]") {
-  const std::pair<int, const char*> cases[] = {{SIGSEGV, "SIGSEGV"}, {SIGKILL, "SIGKILL"},
-                                               {SIGABRT, "SIGABRT"}, {SIGTERM, "SIGTERM"},
-                                               {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},
-                                               {SIGINT, "SIGINT"},   {SIGUSR1, "SIGUSR1"}};
+  const std::pair<int, const char*> cases[] = {
+      {SIGSEGV, "SIGSEGV"}, {SIGKILL, "SIGKILL"}, {SIGABRT, "SIGABRT"}, {SIGTERM, "SIGTERM"},
+      {SIGBUS, "SIGBUS"},   {SIGFPE, "SIGFPE"},   {SIGINT, "SIGINT"},   {SIGUSR1, "SIGUSR1"}};
   for (const auto& [sig, name] : cases) {
     auto r = run_trun(job(2, {}, {"on-rank", "1", "signal", std::to_string(sig), "sleep", "30"}));
     INFO(name << "\n" << r.err);
@@ -188,7 +191,8 @@ TEST_CASE("a failure stops the other workers at once", "[agent][restart]") {
   auto took = std::chrono::steady_clock::now() - start;
   CHECK(r.exit_code == 1);
   CHECK(took < std::chrono::seconds(20));  // generous: only to tell "stopped" from "waited 60 s"
-  for (int lr = 0; lr < 3; ++lr) CHECK_FALSE(pid_alive(read_pid(d / ("pid_0_" + std::to_string(lr)))));
+  for (int lr = 0; lr < 3; ++lr)
+    CHECK_FALSE(pid_alive(read_pid(d / ("pid_0_" + std::to_string(lr)))));
   // Workers the agent stopped are not failures: only rank 2 is listed.
   CHECK(r.err.find("<NO_OTHER_FAILURES>") != std::string::npos);
 }
@@ -196,11 +200,11 @@ TEST_CASE("a failure stops the other workers at once", "[agent][restart]") {
 TEST_CASE("restarts up to --max-restarts, then fails with the root cause", "[agent][restart]") {
   TempDir d;
   const std::string own_error = d / "trun_error.json";
-  auto r = run_trun(job(2, {"--max-restarts", "2"},
-                        {"pidfile", d.path(), "on-rank", "1", "error-file",
-                         "ValueError: rank one broke", "now", "on-rank", "1", "exit", "3",
-                         "sleep", "60"}),
-                    {{"TORCHELASTIC_ERROR_FILE", own_error}});
+  auto r =
+      run_trun(job(2, {"--max-restarts", "2"},
+                   {"pidfile", d.path(), "on-rank", "1", "error-file", "ValueError: rank one broke",
+                    "now", "on-rank", "1", "exit", "3", "sleep", "60"}),
+               {{"TORCHELASTIC_ERROR_FILE", own_error}});
   INFO(r.err);
   CHECK(r.exit_code == 1);
   // Rank 1 writes its pid file before failing in each attempt (rank 0 may be stopped first).
@@ -221,9 +225,9 @@ TEST_CASE("restarts up to --max-restarts, then fails with the root cause", "[age
 
 TEST_CASE("a restart that succeeds ends the job with 0", "[agent][restart]") {
   TempDir d;
-  auto r = run_trun(job(2, {"--max-restarts", "3"},
-                        {"env", d.path(), "on-attempt", "0", "exit", "1", "on-attempt", "1",
-                         "exit", "9"}));
+  auto r = run_trun(
+      job(2, {"--max-restarts", "3"},
+          {"env", d.path(), "on-attempt", "0", "exit", "1", "on-attempt", "1", "exit", "9"}));
   INFO(r.err);
   CHECK(r.exit_code == 0);
   CHECK(env_of(d, 2, 0)["TORCHELASTIC_RESTART_COUNT"] == "2");
@@ -235,12 +239,35 @@ TEST_CASE("the root cause is the earliest error file", "[agent][failure]") {
   // Rank 1 fails first, but its error file claims a later time than the one rank 0 writes as it
   // fails while being stopped; the summary's root cause follows the timestamps.
   TempDir d;
-  auto r = run_trun(job(2, {},
-                        {"on-rank", "0", "ignore-term", "on-rank", "0", "error-file",
-                         "early failure", "1000", "on-rank", "0", "pidfile", d.path(),
-                         "on-rank", "1", "wait-file", d / "pid_0_0", "on-rank", "1",
-                         "error-file", "late failure", "2000", "on-rank", "1", "exit", "1",
-                         "sleep", "0.3", "exit", "1"}));
+  auto r = run_trun(job(2, {}, {"on-rank",
+                                "0",
+                                "ignore-term",
+                                "on-rank",
+                                "0",
+                                "error-file",
+                                "early failure",
+                                "1000",
+                                "on-rank",
+                                "0",
+                                "pidfile",
+                                d.path(),
+                                "on-rank",
+                                "1",
+                                "wait-file",
+                                d / "pid_0_0",
+                                "on-rank",
+                                "1",
+                                "error-file",
+                                "late failure",
+                                "2000",
+                                "on-rank",
+                                "1",
+                                "exit",
+                                "1",
+                                "sleep",
+                                "0.3",
+                                "exit",
+                                "1"}));
   CHECK(r.exit_code == 1);
   auto root = r.err.find("Root Cause");
   REQUIRE(root != std::string::npos);
@@ -252,8 +279,8 @@ TEST_CASE("the root cause is the earliest error file", "[agent][failure]") {
 
 TEST_CASE("SIGTERM to trun is forwarded and trun exits 143", "[agent][signals]") {
   TempDir d;
-  Child c({trun_binary(), "--standalone", "--nproc-per-node", "2", test_worker(), "trap",
-           d.path(), "pidfile", d.path(), "sleep", "60"});
+  Child c({trun_binary(), "--standalone", "--nproc-per-node", "2", test_worker(), "trap", d.path(),
+           "pidfile", d.path(), "sleep", "60"});
   REQUIRE(wait_until([&] { return file_exists(d / "pid_0_0") && file_exists(d / "pid_0_1"); }));
   c.signal(SIGTERM);
   REQUIRE(c.wait(std::chrono::seconds(20)));
@@ -277,9 +304,8 @@ TEST_CASE("SIGINT and SIGHUP are forwarded as themselves", "[agent][signals]") {
 
 TEST_CASE("SIGUSR1 is forwarded only when listed in --signals-to-handle", "[agent][signals]") {
   TempDir d;
-  Child c({trun_binary(), "--nproc-per-node", "2", "--signals-to-handle",
-           "SIGTERM,SIGINT,SIGUSR1", test_worker(), "trap", d.path(), "pidfile", d.path(),
-           "sleep", "60"});
+  Child c({trun_binary(), "--nproc-per-node", "2", "--signals-to-handle", "SIGTERM,SIGINT,SIGUSR1",
+           test_worker(), "trap", d.path(), "pidfile", d.path(), "sleep", "60"});
   REQUIRE(wait_until([&] { return file_exists(d / "pid_0_0") && file_exists(d / "pid_0_1"); }));
   c.signal(SIGUSR1);
   REQUIRE(c.wait(std::chrono::seconds(20)));
@@ -331,8 +357,7 @@ TEST_CASE("SIGKILL of trun leaves no worker or grandchild alive (50 times)", "[a
   }
 }
 
-TEST_CASE("as PID 1 of a pid namespace trun reaps orphans and forwards SIGTERM",
-          "[agent][pid1]") {
+TEST_CASE("as PID 1 of a pid namespace trun reaps orphans and forwards SIGTERM", "[agent][pid1]") {
   if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
     WARN("skipped: needs root and /usr/bin/unshare to create a pid namespace");
     return;
@@ -352,8 +377,8 @@ TEST_CASE("as PID 1 of a pid namespace trun reaps orphans and forwards SIGTERM",
   {
     TempDir d;
     Child c({"/usr/bin/unshare", "--pid", "--fork", "--mount-proc", trun_binary(),
-             "--nproc-per-node", "2", test_worker(), "trap", d.path(), "pidfile", d.path(),
-             "sleep", "60"});
+             "--nproc-per-node", "2", test_worker(), "trap", d.path(), "pidfile", d.path(), "sleep",
+             "60"});
     REQUIRE(wait_until([&] { return file_exists(d / "pid_0_0") && file_exists(d / "pid_0_1"); }));
     // trun is unshare's only child; signal it directly (unshare does not forward).
     pid_t trun_pid = 0;

@@ -28,8 +28,7 @@ TEST_CASE("a failing worker stops a running group; exits during a stop change no
   CHECK(on_worker_exit(GroupPhase::kStopping, 1, 2) == ExitAction::kKeepRunning);
 }
 
-TEST_CASE("after a stop: restart while restarts remain, else the right exit code",
-          "[decisions]") {
+TEST_CASE("after a stop: restart while restarts remain, else the right exit code", "[decisions]") {
   CHECK(decide_after_stop(GroupOutcome::kFailed, 0, 0, 2).restart);
   CHECK(decide_after_stop(GroupOutcome::kFailed, 0, 1, 2).restart);
   auto last = decide_after_stop(GroupOutcome::kFailed, 0, 2, 2);
@@ -122,7 +121,8 @@ TEST_CASE("the summary looks like torchrun's", "[failures]") {
 TEST_CASE("the root cause is written in @record's format with the exit code", "[failures]") {
   TempDir d;
   std::string src = d / "error.json";
-  write(src, R"({"message": {"message": "E", "extraInfo": {"py_callstack": "tb", "timestamp": "9"}}})");
+  write(src,
+        R"({"message": {"message": "E", "extraInfo": {"py_callstack": "tb", "timestamp": "9"}}})");
   auto f = read_failure(0, 0, 1, 7, src, 0);
   std::string out = d / "out.json";
   REQUIRE(write_root_cause(out, f));

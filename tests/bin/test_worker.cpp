@@ -67,11 +67,21 @@ std::string json_escape(const std::string& s) {
   std::string out;
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
-      case '\r': out += "\\r"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -153,10 +163,10 @@ int main(int argc, char** argv) {
   // Skips the next action (with its arguments) when a condition does not hold.
   auto skip_next = [&]() {
     static const std::pair<const char*, int> kArity[] = {
-        {"pidfile", 1}, {"grandchild", 1}, {"orphan-check", 0}, {"exit", 1},
-        {"signal", 1},  {"ignore-term", 0}, {"trap", 1},        {"sleep", 1},
-        {"error-file", 2}, {"flood", 1},    {"print", 1},       {"eprint", 1},
-        {"partial", 1}, {"env", 1},         {"store-check", 0}, {"on-rank", 1},
+        {"pidfile", 1},    {"grandchild", 1},  {"orphan-check", 0}, {"exit", 1},
+        {"signal", 1},     {"ignore-term", 0}, {"trap", 1},         {"sleep", 1},
+        {"error-file", 2}, {"flood", 1},       {"print", 1},        {"eprint", 1},
+        {"partial", 1},    {"env", 1},         {"store-check", 0},  {"on-rank", 1},
         {"on-attempt", 1}, {"wait-file", 1}};
     if (i >= a.size()) return;
     std::string action = a[i++];

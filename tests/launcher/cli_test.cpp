@@ -64,9 +64,9 @@ TEST_CASE("nproc-per-node=gpu is a clear error on a host without CUDA devices", 
 TEST_CASE("help groups the options and exits 0", "[cli]") {
   auto r = run_trun({"--help"});
   CHECK(r.exit_code == 0);
-  for (const char* s : {"Usage: trun [OPTIONS] TRAINING_SCRIPT", "Worker group:", "Rendezvous:",
-                        "Logs:", "Supervision:", "--nproc-per-node,--nproc_per_node",
-                        "PET_NPROC_PER_NODE", "Exit codes"}) {
+  for (const char* s :
+       {"Usage: trun [OPTIONS] TRAINING_SCRIPT", "Worker group:", "Rendezvous:", "Logs:",
+        "Supervision:", "--nproc-per-node,--nproc_per_node", "PET_NPROC_PER_NODE", "Exit codes"}) {
     CHECK(r.out.find(s) != std::string::npos);
   }
 }

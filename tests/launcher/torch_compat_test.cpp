@@ -1,6 +1,10 @@
 // Unmodified PyTorch programs (PyTorch 1.13 for /usr/bin/python3, gloo on CPU) under trun and
 // under /usr/bin/torchrun in the same test: same results, same worker environment apart from
 // the documented differences, same failure report.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -32,12 +36,36 @@ bool torch_available(std::string& why) {
   return true;
 }
 
+// A port that was free a moment ago.
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
+  socklen_t len = sizeof addr;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
 RunResult run_torchrun(const std::vector<std::string>& args,
                        const std::map<std::string, std::string>& env = {}) {
-  // torchrun 1.13 takes underscore flags only, and on Python 3.11 crashes when redirects/tee
-  // are 0; a map naming a rank that does not exist keeps its plain console behaviour.
-  std::vector<std::string> argv{kTorchrun, "--standalone", "--nproc_per_node=2",
-                                "--monitor_interval=0.2", "--redirects", "9:1", "--tee", "9:1"};
+  // torchrun 1.13's --standalone is exactly "--rdzv_backend=c10d
+  // --rdzv_endpoint=localhost:29400 --rdzv_id=<uuid4>"; the fixed port collides with any other
+  // torchrun on the host, so the test spells it out with a free port. Underscore flags only
+  // (1.13); on Python 3.11 it crashes when redirects/tee are 0, and a map naming a rank that
+  // does not exist keeps its plain console behaviour.
+  std::vector<std::string> argv{kTorchrun,
+                                "--rdzv_backend=c10d",
+                                "--rdzv_endpoint=localhost:" + std::to_string(free_port()),
+                                "--rdzv_id=compat-" + std::to_string(getpid()),
+                                "--nproc_per_node=2",
+                                "--monitor_interval=0.2",
+                                "--redirects",
+                                "9:1",
+                                "--tee",
+                                "9:1"};
   argv.insert(argv.end(), args.begin(), args.end());
   Child c(argv, env, {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS", "PET_MASTER_PORT"});
   RunResult r;
@@ -58,9 +86,10 @@ RunResult run_trun_py(const std::vector<std::string>& args,
 
 }  // namespace
 
-TEST_CASE("a DDP ToyModel trains to the same result, with the same environment, as under "
-          "torchrun",
-          "[torch]") {
+TEST_CASE(
+    "a DDP ToyModel trains to the same result, with the same environment, as under "
+    "torchrun",
+    "[torch]") {
   std::string why;
   if (!torch_available(why)) {
     WARN("skipped: " << why);
@@ -79,9 +108,14 @@ TEST_CASE("a DDP ToyModel trains to the same result, with the same environment, 
   // loopback address of its own store); TORCHELASTIC_USE_AGENT_STORE (trun's workers use the
   // agent's store, torchrun 1.13's standalone workers host their own); "_" and PYTHON_EXEC
   // and PET_MASTER_PORT (set by the shell / this test harness).
-  const std::set<std::string> differ{
-      "MASTER_PORT", "MASTER_ADDR", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE",
-      "TORCHELASTIC_USE_AGENT_STORE", "_", "PYTHON_EXEC", "PET_MASTER_PORT"};
+  const std::set<std::string> differ{"MASTER_PORT",
+                                     "MASTER_ADDR",
+                                     "TORCHELASTIC_RUN_ID",
+                                     "TORCHELASTIC_ERROR_FILE",
+                                     "TORCHELASTIC_USE_AGENT_STORE",
+                                     "_",
+                                     "PYTHON_EXEC",
+                                     "PET_MASTER_PORT"};
   // Set by trun and by torchrun 2.x, not by 1.13.
   const std::set<std::string> newer{"TORCH_NCCL_ASYNC_ERROR_HANDLING"};
   for (int rank = 0; rank < 2; ++rank) {
@@ -117,7 +151,8 @@ TEST_CASE("an exception inside @record is the root cause, as under torchrun", "[
   }
   TempDir d;
   auto a = run_trun_py({script("record_raise.py")}, {{"TORCHELASTIC_ERROR_FILE", d / "mine.json"}});
-  auto b = run_torchrun({script("record_raise.py")}, {{"TORCHELASTIC_ERROR_FILE", d / "theirs.json"}});
+  auto b =
+      run_torchrun({script("record_raise.py")}, {{"TORCHELASTIC_ERROR_FILE", d / "theirs.json"}});
   INFO("trun stderr:\n" << a.err << "\ntorchrun stderr:\n" << b.err);
   CHECK(a.exit_code == 1);
   CHECK(b.exit_code == 1);
