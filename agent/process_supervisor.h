@@ -14,7 +14,8 @@
 //
 // Reaping: reap() is the only code that waits for children. It peeks with
 // waitid(P_ALL, WNOWAIT), reaps workers by pid (returning their status) and reaps everything
-// else (orphans re-parented to trun as child subreaper, failed spawns) silently.
+// else (orphans re-parented to trun as child subreaper) silently. (The one exception: when exec
+// fails, Boost.Process itself collects that child while reporting the error.)
 //
 // Thread safety: every method must be called from the agent's thread (the one that created the
 // supervisor); the spawn thread is internal. Construct it after blocking the signals the agent

@@ -492,6 +492,10 @@ CliResult parse_command_line(int argc, char** argv) {
     if (start_method != "spawn" && start_method != "fork" && start_method != "forkserver") {
       throw InvalidInput("--start-method=" + start_method + ": expected spawn, fork or forkserver");
     }
+    if (start_method != "spawn") {
+      result.notes.push_back("--start-method=" + start_method +
+                             " is ignored: trun always starts workers as new programs (exec)");
+    }
     c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
     c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", barrier, true);
     c.signals_to_handle = parse_signals(signals);

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "agent/launch_config.h"
 
@@ -18,6 +19,8 @@ struct CliResult {
   std::optional<agent::LaunchConfig> config;
   int exit_code = 0;
   std::string error;
+  // Accepted-but-ignored settings worth one warning line each (e.g. --start-method=fork).
+  std::vector<std::string> notes;
 };
 
 // argv as given to main (argv[0] is the program name).

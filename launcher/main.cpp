@@ -50,6 +50,7 @@ int main(int argc, char** argv) {
     if (!cli.error.empty()) std::fprintf(stderr, "trun: error: %s\n", cli.error.c_str());
     return cli.exit_code;
   }
+  for (const auto& note : cli.notes) spdlog::warn("{}", note);
   trun::agent::ElasticAgent agent(*cli.config);
   return agent.run();
 }

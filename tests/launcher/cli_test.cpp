@@ -96,3 +96,11 @@ TEST_CASE("trun store still runs the store alone", "[cli]") {
   REQUIRE(c.wait(std::chrono::seconds(10)));
   CHECK(c.exit_code() == 0);
 }
+
+TEST_CASE("accepted-but-ignored options work and say so", "[cli]") {
+  auto r = run_trun({"--start_method=fork", "--monitor-interval=0.1", test_worker()});
+  CHECK(r.exit_code == 0);
+  CHECK(r.err.find("--start-method=fork is ignored") != std::string::npos);
+  auto bad = run_trun({"--start-method=thread", test_worker()});
+  CHECK(bad.exit_code == 2);
+}
