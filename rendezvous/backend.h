@@ -39,11 +39,10 @@ class RendezvousBackend {
   virtual void append(const std::string& key, const std::string& value) = 0;
   // The value, or nullopt when the key does not exist. Never blocks on the key.
   virtual std::optional<std::string> try_get(const std::string& key) = 0;
+  // --- the wait channel ---
   // Blocks until every key exists (at most `timeout`, StoreTimeoutError), returns their values.
   virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys,
                                              Duration timeout) = 0;
-
-  // --- the wait channel ---
   // Blocks until `key` exists and returns its value; nullopt after `timeout`. StoreError when
   // interrupted (interrupt_waits) or the store is lost.
   virtual std::optional<std::string> wait_get(const std::string& key, Duration timeout) = 0;

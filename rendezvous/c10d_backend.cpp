@@ -45,8 +45,9 @@ class StoreBackend : public RendezvousBackend {
   std::vector<std::string> multi_get(const std::vector<std::string>& keys,
                                      Duration timeout) override {
     // TcpStore's multi_get waits for the keys first (one request), then reads them (another).
+    // Both on the wait channel: a missing key must not hold up keep-alives.
     requests_ += 2;
-    return control_->multi_get(keys, timeout);
+    return waiter_->multi_get(keys, timeout);
   }
   std::optional<std::string> wait_get(const std::string& key, Duration timeout) override {
     ++requests_;

@@ -271,7 +271,11 @@ std::vector<NodeDesc> assign_ranks(std::vector<NodeDesc> joined, int max_nodes) 
 
 void observe_joined(LeaderState* state, int joined, TimePoint now) {
   state->joined = joined;
-  if (joined >= state->min_nodes && !state->min_reached_at) state->min_reached_at = now;
+  // Last call starts once the previous group has ended: waiting behind a running group is not
+  // part of it.
+  if (joined >= state->min_nodes && !state->min_reached_at && !state->previous_running) {
+    state->min_reached_at = now;
+  }
 }
 
 LeaderAction decide_leader(const LeaderState& s, TimePoint now) {
@@ -308,9 +312,11 @@ LeaderAction decide_leader(const LeaderState& s, TimePoint now) {
   return a;
 }
 
-int expected_after(const RoundResult& previous, const std::vector<OverRecord>& over) {
+int expected_after(const RoundResult& previous, const std::vector<OverRecord>& over,
+                   const std::vector<std::string>& waiting) {
   std::set<std::string> ids;
   for (auto& m : previous.members) ids.insert(m.id);
+  ids.insert(waiting.begin(), waiting.end());
   for (auto& r : over) {
     if (r.kind == RoundEvent::Kind::kNodeLeft) ids.erase(r.node_id);
     if (r.kind == RoundEvent::Kind::kNodeJoined && !r.node_id.empty()) ids.insert(r.node_id);

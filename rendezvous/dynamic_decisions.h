@@ -123,11 +123,14 @@ struct LeaderAction {
 // Completes at max_nodes at once; at the expected count (>= min_nodes) at once; otherwise at
 // min_nodes once last_call has passed since min_nodes was first seen.
 LeaderAction decide_leader(const LeaderState& state, TimePoint now);
-// Records `joined` in `state`, starting the last-call clock when min_nodes is first reached.
+// Records `joined` in `state`, starting the last-call clock when min_nodes is first reached
+// (and the previous round is over: call again after clearing previous_running).
 void observe_joined(LeaderState* state, int joined, TimePoint now);
 // The number of nodes expected in the round after `previous` given its over-log records:
-// previous members minus those that left, plus distinct joiners.
-int expected_after(const RoundResult& previous, const std::vector<OverRecord>& over);
+// previous members minus those that left, plus announced joiners, plus `waiting` (ids already
+// holding a ticket in the new round, e.g. nodes that waited while the group was full).
+int expected_after(const RoundResult& previous, const std::vector<OverRecord>& over,
+                   const std::vector<std::string>& waiting = {});
 
 // --- a joining node -------------------------------------------------------------------------
 struct JoinOutcome {

@@ -184,10 +184,25 @@ class DynamicRendezvous : public RoundRendezvous {
         break;
       }
     }
+    // Ids holding tickets in round j when the previous round ended: nodes that waited while the
+    // group was full count as expected too (read once, one request).
+    std::vector<std::string> waiting;
     auto refresh_previous = [&](const std::optional<std::string>& over) {
       if (!over) return;
-      s.previous_running = false;
-      s.expected = expected_after(prev_result, parse_over(*over));
+      if (s.previous_running) {
+        s.previous_running = false;
+        int n = static_cast<int>(backend_->add(keys_.ticket(j), 0));
+        std::vector<std::string> node_keys;
+        for (int t = 1; t <= n; ++t) node_keys.push_back(keys_.node(j, t));
+        try {
+          auto values = backend_->multi_get(node_keys, descriptor_wait());
+          for (int t = 1; t <= n; ++t) waiting.push_back(decode_node(values[t - 1], t).id);
+        } catch (const StoreTimeoutError&) {
+          // A ticket without a descriptor: its node died; the result will say so.
+        }
+        observe_joined(&s, n, Clock::now());
+      }
+      s.expected = expected_after(prev_result, parse_over(*over), waiting);
     };
     if (prev >= 0) {
       s.previous_running = true;
@@ -223,15 +238,20 @@ class DynamicRendezvous : public RoundRendezvous {
     }
   }
 
+  // How long a ticket may stay without its descriptor: a live node publishes right after taking
+  // its ticket; one that died in between never will (and has no lease to report it).
+  Duration descriptor_wait() const {
+    return std::min(options_.read_timeout,
+                    lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt));
+  }
+
   void complete(int64_t j, int count) {
     std::vector<std::string> keys;
     keys.reserve(count);
     for (int t = 1; t <= count; ++t) keys.push_back(keys_.node(j, t));
     std::vector<std::string> values;
-    auto bound = std::min(options_.read_timeout,
-                          lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt));
     try {
-      values = backend_->multi_get(keys, bound);
+      values = backend_->multi_get(keys, descriptor_wait());
     } catch (const StoreTimeoutError&) {
       // A node took a ticket and died before publishing (its lease never armed).
       backend_->compare_set(keys_.result(j), "",

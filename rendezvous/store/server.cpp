@@ -322,6 +322,11 @@ void Connection::process() {
     }
     if (blocked_ && request.op != Op::kCancelWait) break;  // served once the wait ends
     offset += result.consumed;
+    // Counted once here: a blocked request runs execute() again when its keys arrive.
+    if (request.op != Op::kValidate && request.op != Op::kAuthHello &&
+        request.op != Op::kAuthProof) {
+      server_->count_request();
+    }
     if (!execute(request)) break;
   }
   in_.erase(0, offset);
@@ -332,7 +337,6 @@ void Connection::process() {
 bool Connection::execute(wire::Request& r) {
   auto& data = server_->data_;
   wire::Encoder enc(&out_);
-  server_->count_request();
 
   if (!authenticated_ && r.op != Op::kValidate && r.op != Op::kAuthHello &&
       r.op != Op::kAuthProof) {

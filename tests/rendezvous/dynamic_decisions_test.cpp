@@ -105,8 +105,14 @@ TEST_CASE("the leader never completes while the previous round still runs", "[de
   CHECK(a.kind == LeaderAction::Kind::kWaitPreviousOver);
   CHECK(a.until == t0 + 600s);
   CHECK(decide_leader(s, t0 + 600s).kind == LeaderAction::Kind::kTimeout);
+  // Last call did not start while the old group ran: it starts when it ends.
+  CHECK_FALSE(s.min_reached_at.has_value());
   s.previous_running = false;
-  CHECK(decide_leader(s, t0 + 1s).kind == LeaderAction::Kind::kComplete);
+  s.max_nodes = 4;
+  observe_joined(&s, 2, t0 + 100s);
+  auto w = decide_leader(s, t0 + 101s);
+  CHECK(w.kind == LeaderAction::Kind::kWaitForJoins);
+  CHECK(w.until == t0 + 130s);
 }
 
 TEST_CASE("expected_after counts survivors and announced joiners", "[decisions]") {
@@ -120,6 +126,8 @@ TEST_CASE("expected_after counts survivors and announced joiners", "[decisions]"
       {RoundEvent::Kind::kWorkerFailed, "a", "exit 1"},  // a failure does not remove the node
   };
   CHECK(expected_after(prev, over) == 3);  // a, c, d
+  // Nodes that waited in the new round while the group was full count too (once).
+  CHECK(expected_after(prev, over, {"w", "a"}) == 4);
 }
 
 TEST_CASE("ranks: the store host gets rank 0", "[decisions][ranks]") {
