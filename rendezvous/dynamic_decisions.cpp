@@ -35,6 +35,74 @@ std::string RoundEvent::describe() const {
   return s;
 }
 
+ParticipantList::ParticipantList(const std::vector<Participant>& list) {
+  auto text = std::make_shared<std::string>();
+  for (auto& p : list) {
+    starts_.push_back(static_cast<uint32_t>(text->size()));
+    *text += p.node_id + " " + p.addr + "\n";
+  }
+  text_ = std::move(text);
+}
+
+ParticipantList::ParticipantList(std::shared_ptr<const std::string> text, size_t begin,
+                                 size_t count)
+    : text_(std::move(text)) {
+  starts_.reserve(count);
+  size_t pos = begin;
+  const std::string& t = *text_;
+  while (pos < t.size() && starts_.size() < count) {
+    starts_.push_back(static_cast<uint32_t>(pos));
+    size_t nl = t.find('\n', pos);
+    if (nl == std::string::npos) {
+      pos = t.size();
+      break;
+    }
+    pos = nl + 1;
+  }
+  if (starts_.size() != count || pos < t.size()) {
+    throw RendezvousError("rendezvous: participant list holds " + std::to_string(starts_.size()) +
+                          " entries (or more text), expected " + std::to_string(count));
+  }
+}
+
+std::string_view ParticipantList::line(size_t rank) const {
+  if (rank >= starts_.size()) {
+    throw std::out_of_range("participant " + std::to_string(rank) + " of " +
+                            std::to_string(starts_.size()));
+  }
+  std::string_view t(*text_);
+  size_t b = starts_[rank];
+  size_t e = t.find('\n', b);
+  return t.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b);
+}
+
+std::string_view ParticipantList::field(size_t rank, int f) const {
+  std::string_view l = line(rank);
+  for (int i = 0; i < f; ++i) {
+    size_t sp = l.find(' ');
+    if (sp == std::string_view::npos) return {};
+    l.remove_prefix(sp + 1);
+  }
+  return l.substr(0, l.find(' '));
+}
+
+Participant ParticipantList::at(size_t rank) const {
+  return {std::string(field(rank, 0)), std::string(field(rank, 1))};
+}
+
+int ParticipantList::find(std::string_view node_id) const {
+  for (size_t i = 0; i < starts_.size(); ++i) {
+    if (field(i, 0) == node_id) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::vector<Participant> ParticipantList::to_vector() const {
+  std::vector<Participant> out;
+  for (size_t i = 0; i < size(); ++i) out.push_back(at(i));
+  return out;
+}
+
 namespace dynamic {
 namespace {
 
@@ -108,6 +176,15 @@ NodeDesc decode_node(std::string_view text, int64_t ticket) {
   return n;
 }
 
+std::string encode_complete(const std::vector<NodeDesc>& members) {
+  std::string s = "complete " + std::to_string(members.size());
+  for (auto& m : members) {
+    s += "\n" + m.id + " " + m.addr + " " + std::to_string(m.ticket) + " " +
+         std::to_string(m.master_port);
+  }
+  return s;
+}
+
 std::string encode_result(const RoundResult& r) {
   switch (r.kind) {
     case RoundResult::Kind::kClosed:
@@ -117,12 +194,16 @@ std::string encode_result(const RoundResult& r) {
     case RoundResult::Kind::kComplete:
       break;
   }
-  std::string s = "complete " + std::to_string(r.members.size());
-  for (auto& m : r.members) {
-    s += "\n" + std::to_string(m.ticket) + " " + m.id + " " + m.addr + " " +
-         std::to_string(m.master_port);
+  std::vector<NodeDesc> members;
+  for (size_t i = 0; i < r.members.size(); ++i) {
+    NodeDesc m;
+    m.id = std::string(r.members.field(i, 0));
+    m.addr = std::string(r.members.field(i, 1));
+    parse_int(r.members.field(i, 2), &m.ticket);
+    parse_int(r.members.field(i, 3), &m.master_port);
+    members.push_back(std::move(m));
   }
-  return s;
+  return encode_complete(members);
 }
 
 std::string abort_record(const std::string& reason) { return "aborted " + one_line(reason); }
@@ -143,21 +224,24 @@ RoundResult decode_result(std::string_view text) {
     return r;
   }
   if (text.rfind("complete ", 0) != 0) throw bad("unknown kind");
-  auto lines = split(text, '\n');
+  size_t nl = text.find('\n');
   size_t n = 0;
-  if (!parse_int(lines[0].substr(9), &n) || lines.size() != n + 1) throw bad("member count");
+  if (nl == std::string_view::npos || !parse_int(text.substr(9, nl - 9), &n) || n == 0) {
+    throw bad("member count");
+  }
   r.kind = RoundResult::Kind::kComplete;
-  r.members.reserve(n);
-  for (size_t i = 1; i <= n; ++i) {
-    auto f = split(lines[i], ' ');
-    NodeDesc m;
-    if (f.size() != 4 || !parse_int(f[0], &m.ticket) || f[1].empty() ||
-        !parse_int(f[3], &m.master_port)) {
+  try {
+    r.members = ParticipantList(std::make_shared<const std::string>(text), nl + 1, n);
+  } catch (const RendezvousError&) {
+    throw bad("member count");
+  }
+  for (size_t i = 0; i < n; i += std::max<size_t>(1, n - 1)) {  // spot-check first and last
+    int64_t ticket = 0;
+    uint16_t port = 0;
+    if (r.members.field(i, 1).empty() || !parse_int(r.members.field(i, 2), &ticket) ||
+        !parse_int(r.members.field(i, 3), &port)) {
       throw bad("member line");
     }
-    m.id = std::string(f[1]);
-    m.addr = std::string(f[2]);
-    r.members.push_back(std::move(m));
   }
   return r;
 }
@@ -315,7 +399,9 @@ LeaderAction decide_leader(const LeaderState& s, TimePoint now) {
 int expected_after(const RoundResult& previous, const std::vector<OverRecord>& over,
                    const std::vector<std::string>& waiting) {
   std::set<std::string> ids;
-  for (auto& m : previous.members) ids.insert(m.id);
+  for (size_t i = 0; i < previous.members.size(); ++i) {
+    ids.insert(std::string(previous.members.field(i, 0)));
+  }
   ids.insert(waiting.begin(), waiting.end());
   for (auto& r : over) {
     if (r.kind == RoundEvent::Kind::kNodeLeft) ids.erase(r.node_id);
@@ -336,12 +422,11 @@ JoinOutcome decide_after_result(const RoundResult& result, const std::string& my
     case RoundResult::Kind::kComplete:
       break;
   }
-  for (size_t i = 0; i < result.members.size(); ++i) {
-    if (result.members[i].id == my_id) {
-      o.kind = JoinOutcome::Kind::kRanked;
-      o.rank = static_cast<int>(i);
-      return o;
-    }
+  int rank = result.members.find(my_id);
+  if (rank >= 0) {
+    o.kind = JoinOutcome::Kind::kRanked;
+    o.rank = rank;
+    return o;
   }
   o.announce_join = static_cast<int>(result.members.size()) < max_nodes;
   return o;

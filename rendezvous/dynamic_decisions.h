@@ -58,9 +58,11 @@ NodeDesc decode_node(std::string_view text, int64_t ticket);
 struct RoundResult {
   enum class Kind { kComplete, kAborted, kClosed };
   Kind kind = Kind::kAborted;
-  std::string reason;             // kAborted
-  std::vector<NodeDesc> members;  // kComplete: in group-rank order (id, addr, ticket, port)
+  std::string reason;  // kAborted
+  // kComplete: in group-rank order; fields: id, addr, ticket, master_port.
+  ParticipantList members;
 };
+std::string encode_complete(const std::vector<NodeDesc>& members);
 std::string encode_result(const RoundResult& result);
 RoundResult decode_result(std::string_view text);  // throws RendezvousError when malformed
 // What the lease fires into Keys::result(k) when a node dies before the round completes.

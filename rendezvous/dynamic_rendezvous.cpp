@@ -54,7 +54,9 @@ class DynamicRendezvous : public RoundRendezvous {
 
   void close_rendezvous(int64_t current, int64_t joining) override {
     backend_->set(keys_.round(), "closed");
-    std::string closed = encode_result({RoundResult::Kind::kClosed, "", {}});
+    RoundResult closed_result;
+    closed_result.kind = RoundResult::Kind::kClosed;
+    std::string closed = encode_result(closed_result);
     // Wake nodes waiting for a result: the round being gathered after ours, and our own.
     if (current >= 0) backend_->compare_set(keys_.result(current + 1), "", closed);
     if (joining >= 0) backend_->compare_set(keys_.result(joining), "", closed);
@@ -147,11 +149,11 @@ class DynamicRendezvous : public RoundRendezvous {
     info.round = round;
     info.group_rank = rank;
     info.group_world_size = static_cast<int>(result.members.size());
-    for (auto& m : result.members) info.participants.push_back({m.id, m.addr});
+    info.participants = result.members;
     info.key_prefix = round_store_prefix(options_.run_id, round);
     info.store = std::make_shared<PrefixStore>(info.key_prefix, backend_->agent_store());
-    info.master_addr = result.members[0].addr;
-    info.master_port = result.members[0].master_port;
+    info.master_addr = std::string(result.members.field(0, 1));
+    info.master_port = static_cast<uint16_t>(std::stoi(std::string(result.members.field(0, 3))));
     info.use_agent_store = false;
     return info;
   }
@@ -261,10 +263,7 @@ class DynamicRendezvous : public RoundRendezvous {
     std::vector<NodeDesc> joined;
     joined.reserve(count);
     for (int t = 1; t <= count; ++t) joined.push_back(decode_node(values[t - 1], t));
-    RoundResult result;
-    result.kind = RoundResult::Kind::kComplete;
-    result.members = assign_ranks(std::move(joined), options_.max_nodes);
-    std::string record = encode_result(result);
+    std::string record = encode_complete(assign_ranks(std::move(joined), options_.max_nodes));
     if (backend_->compare_set(keys_.result(j), "", record) == record) {
       backend_->compare_set(keys_.round(), std::to_string(j), std::to_string(j + 1));
     }

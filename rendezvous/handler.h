@@ -32,6 +32,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rendezvous/store/store.h"
@@ -63,11 +64,38 @@ struct Participant {
   std::string addr;  // the address other nodes reach it at (its local_addr)
 };
 
+// The participants of a round in group-rank order. Cheap to copy (the text is shared and
+// immutable); an entry is decoded when read, so a node of a 2048-node round does not build 2048
+// strings it never looks at.
+class ParticipantList {
+ public:
+  ParticipantList() = default;
+  explicit ParticipantList(const std::vector<Participant>& list);
+  // `text` holds one participant per line from byte `begin` on: "<node_id> <addr>[ <more>]".
+  // Throws RendezvousError when it does not hold exactly `count` lines.
+  ParticipantList(std::shared_ptr<const std::string> text, size_t begin, size_t count);
+
+  size_t size() const { return starts_.size(); }
+  bool empty() const { return starts_.empty(); }
+  Participant operator[](size_t rank) const { return at(rank); }
+  Participant at(size_t rank) const;  // std::out_of_range past the end
+  // The rank of `node_id`, or -1.
+  int find(std::string_view node_id) const;
+  // Field `f` (0: node id, 1: addr, 2...: backend data) of entry `rank`; empty when missing.
+  std::string_view field(size_t rank, int f) const;
+  std::vector<Participant> to_vector() const;
+
+ private:
+  std::string_view line(size_t rank) const;
+  std::shared_ptr<const std::string> text_;
+  std::vector<uint32_t> starts_;
+};
+
 struct RendezvousInfo {
   int64_t round = 0;  // increases with every completed round (not every attempt)
   int group_rank = 0;
   int group_world_size = 1;
-  std::vector<Participant> participants;  // index = group rank
+  ParticipantList participants;  // index = group rank
   // The job's store, namespaced for this round (`key_prefix`): what the agent may use for its own
   // keys in this round (e.g. an exit barrier). Owned jointly; valid until shutdown().
   std::shared_ptr<Store> store;

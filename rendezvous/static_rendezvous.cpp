@@ -90,11 +90,13 @@ class StaticRendezvous : public RoundRendezvous {
     info.round = k;
     info.group_rank = rank;
     info.group_world_size = world;
+    std::vector<Participant> participants;
     for (auto& value : values) {
       auto space = value.find(' ');
-      info.participants.push_back(
+      participants.push_back(
           {value.substr(0, space), space == std::string::npos ? "" : value.substr(space + 1)});
     }
+    info.participants = ParticipantList(participants);
     info.key_prefix = round_store_prefix(options_.run_id, k);
     info.store = std::make_shared<PrefixStore>(info.key_prefix, backend_->agent_store());
     info.master_addr = master_.host;

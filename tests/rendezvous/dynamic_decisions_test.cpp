@@ -116,9 +116,7 @@ TEST_CASE("the leader never completes while the previous round still runs", "[de
 }
 
 TEST_CASE("expected_after counts survivors and announced joiners", "[decisions]") {
-  RoundResult prev;
-  prev.kind = RoundResult::Kind::kComplete;
-  prev.members = {node("a", 1), node("b", 2), node("c", 3)};
+  RoundResult prev = decode_result(encode_complete({node("a", 1), node("b", 2), node("c", 3)}));
   std::vector<OverRecord> over = {
       {RoundEvent::Kind::kNodeLeft, "b", "lease lost"},
       {RoundEvent::Kind::kNodeJoined, "d", ""},
@@ -165,9 +163,7 @@ TEST_CASE("ranks: at most max_nodes, lowest tickets first", "[decisions][ranks]"
 
 TEST_CASE("a joiner learns its rank, waits for the next round, or finds the job closed",
           "[decisions]") {
-  RoundResult full;
-  full.kind = RoundResult::Kind::kComplete;
-  full.members = {node("a", 1), node("b", 2)};
+  RoundResult full = decode_result(encode_complete({node("a", 1), node("b", 2)}));
   auto in = decide_after_result(full, "b", 2);
   CHECK(in.kind == JoinOutcome::Kind::kRanked);
   CHECK(in.rank == 1);
@@ -216,15 +212,19 @@ TEST_CASE("records round-trip and malformed ones are rejected with the text", "[
   CHECK_THROWS_WITH(decode_node("garbage", 4),
                     Catch::Contains("ticket 4") && Catch::Contains("garbage"));
 
-  RoundResult r;
-  r.kind = RoundResult::Kind::kComplete;
-  r.members = {node("a", 2), node("b", 1)};
-  auto rr = decode_result(encode_result(r));
+  auto rr = decode_result(encode_complete({node("a", 2), node("b", 1)}));
   REQUIRE(rr.kind == RoundResult::Kind::kComplete);
   REQUIRE(rr.members.size() == 2);
-  CHECK(rr.members[0].id == "a");
-  CHECK(rr.members[0].ticket == 2);
-  CHECK(rr.members[1].master_port == 30001);
+  CHECK(rr.members[0].node_id == "a");
+  CHECK(rr.members[0].addr == "10.0.0.2");
+  CHECK(rr.members.field(0, 2) == "2");
+  CHECK(rr.members.field(1, 3) == "30001");
+  CHECK(rr.members.find("b") == 1);
+  CHECK(rr.members.find("zz") == -1);
+  CHECK(decode_result(encode_result(rr)).members.to_vector().size() == 2);
+  CHECK_THROWS_AS(rr.members.at(2), std::out_of_range);
+  CHECK_THROWS_AS(decode_result("complete 2\na b 1 1"), RendezvousError);
+  CHECK_THROWS_AS(decode_result("complete 1\na b 1 1\nextra"), RendezvousError);
   auto ab = decode_result(abort_record("node x left\nsecond line"));
   CHECK(ab.kind == RoundResult::Kind::kAborted);
   CHECK(ab.reason == "node x left second line");
