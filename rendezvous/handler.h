@@ -184,7 +184,7 @@ struct RendezvousOptions {
   int master_port = -1;
   std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
   std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
-  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};  // validated; see docs
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // each store operation
@@ -201,10 +201,11 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
 // static backend). Throws RendezvousOptionError naming the key for unknown keys and bad values.
 void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* options);
 
-// Creates the backend called `name` ("c10d" or "static") and validates `options` for it. Does no
-// I/O beyond hosting the store when this node should (c10d), so errors here are about options.
-// Throws RendezvousOptionError (unknown backend, bad options) or RendezvousError (cannot host or
-// reach the store).
+// Creates the backend called `name` ("c10d" or "static") and validates `options` for it before
+// any I/O. Then hosts the store when this node should (c10d: the endpoint is this machine or
+// is_host=true; static: node_rank 0) and connects to it (retrying until read_timeout; static
+// non-zero ranks until join_timeout). Throws RendezvousOptionError (unknown backend, bad options)
+// or RendezvousError (cannot host or reach the store).
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
                                                              const RendezvousOptions& options);
 // The names create_rendezvous_handler accepts.

@@ -475,16 +475,20 @@ void RoundRendezvous::keep_alive_loop() {
 void RoundRendezvous::shutdown() {
   int64_t k;
   bool leave;
+  bool store_lost;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return;
     shut_down_ = true;
     k = round_;
     leave = in_round_ && !event_ && !closed_here_;
+    // With the store gone, goodbyes would only wait for reconnects that cannot succeed.
+    store_lost = local_event_ && local_event_->kind == RoundEvent::Kind::kStoreLost;
     cv_.notify_all();
   }
   if (keep_alive_thread_.joinable()) keep_alive_thread_.join();
   try {
+    if (store_lost) throw StoreError("store lost");
     if (leave) {
       backend_->append(over_key(k), dynamic::encode_over({RoundEvent::Kind::kNodeLeft,
                                                           options_.node_id, "agent shut down"}));

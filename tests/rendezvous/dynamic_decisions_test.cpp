@@ -236,7 +236,7 @@ TEST_CASE("records round-trip and malformed ones are rejected with the text", "[
   CHECK_THROWS_AS(parse_round_key("-1"), RendezvousError);
 }
 
-TEST_CASE("the over log: the first record is the cause; our own loss is membership lost",
+TEST_CASE("the over log: the first record is the cause, our own loss is membership lost",
           "[decisions]") {
   std::string log = encode_over({RoundEvent::Kind::kWorkerFailed, "b", "local_rank 1 exited 3"}) +
                     "bogus line\n" + encode_over({RoundEvent::Kind::kNodeJoined, "z", ""});

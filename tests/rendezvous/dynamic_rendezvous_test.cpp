@@ -305,7 +305,7 @@ TEST_CASE("c10d: calling next_rendezvous mid-round restarts the others", "[c10d]
   CHECK(fut.get().round == ib.round);
 }
 
-TEST_CASE("c10d: a SIGKILLed node is detected by its closed connection; survivors continue",
+TEST_CASE("c10d: a SIGKILLed node is detected by its closed connection and survivors continue",
           "[c10d][process]") {
   Cluster c(2, 3);
   c.min_nodes = 2;

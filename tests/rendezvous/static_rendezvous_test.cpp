@@ -30,7 +30,7 @@ RendezvousOptions static_options(const std::string& run, uint16_t port, int rank
 
 }  // namespace
 
-TEST_CASE("static: ranks are the given ones; every node restarts together", "[static]") {
+TEST_CASE("static: ranks are the given ones and every node restarts together", "[static]") {
   uint16_t port = pick_free_port();
   REQUIRE(port != 0);
   auto n0 = create_rendezvous_handler("static", static_options("s1", port, 0, 3));

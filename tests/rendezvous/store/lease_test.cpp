@@ -83,7 +83,7 @@ TEST_CASE("a lease appends to its second key when the first exists", "[lease]") 
   CHECK(observer.get("result") == "complete");
 }
 
-TEST_CASE("a lease without keep-alives lapses after its ttl; renewals keep it", "[lease]") {
+TEST_CASE("a lease without keep-alives lapses after its ttl, renewals keep it", "[lease]") {
   auto server = loopback_server();
   TcpStore observer(client_for(*server));
   TcpStore node(client_for(*server));
