@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 name=${1:-}
 case "$name" in
   store) exec bash scripts/bench_store.sh "${@:2}" ;;
+  rdzv) exec bash scripts/bench_rdzv.sh "${@:2}" ;;
   *)
-    echo "usage: scripts/bench.sh NAME   (NAME: store)" >&2
+    echo "usage: scripts/bench.sh NAME   (NAME: store, rdzv)" >&2
     exit 2
     ;;
 esac
