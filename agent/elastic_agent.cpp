@@ -287,6 +287,23 @@ int Agent::run() {
       ++restart_count_;
       spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_,
                    cfg_.max_restarts);
+      if (info_.group_world_size > 1) {
+        // Other nodes restart together: end the round for all, then form the next one (the
+        // static backend's round is a barrier of every node). Blocks until they have joined.
+        try {
+          std::string detail = "worker failure";
+          if (!failures_.empty()) {
+            detail = "local_rank " + std::to_string(failures_.front().local_rank) + " exited " +
+                     std::to_string(failures_.front().exitcode);
+          }
+          rdzv_->report_worker_failure(detail);
+          info_ = rdzv_->next_rendezvous();
+          ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, ro.timeout);
+        } catch (const std::exception& e) {
+          spdlog::error("rendezvous for the restart failed: {}", e.what());
+          return kExitAgentError;
+        }
+      }
       continue;
     }
     exit_code = next.exit_code;

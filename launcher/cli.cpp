@@ -481,7 +481,17 @@ CliResult parse_command_line(int argc, char** argv) {
         throw InvalidInput("--master-port=0 picks a free port and only works with --nnodes=1");
       }
     }
-    if (c.run_id.empty() && !standalone) throw InvalidInput("--rdzv-id: expected a non-empty id");
+    if (!standalone) {
+      bool ok = !c.run_id.empty();
+      for (char ch : c.run_id) {
+        ok = ok &&
+             (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-');
+      }
+      if (!ok) {
+        throw InvalidInput("--rdzv-id=" + c.run_id +
+                           ": expected a non-empty id of letters, digits, '.', '_' and '-'");
+      }
+    }
 
     double mi;
     if (!parse_double(monitor, mi) || mi <= 0) {

@@ -1,18 +1,39 @@
 #pragma once
-// RendezvousHandler: what the agent sees of a rendezvous (torchelastic's RendezvousHandler).
+// RendezvousHandler: what the agent sees of a rendezvous (torchelastic's RendezvousHandler, plus
+// push notifications). The module's contract: the handler interface, the options every backend
+// takes, and the registry that creates a backend by name.
 //
-// A rendezvous gathers the nodes of one job and gives each its group rank and the group world
-// size, plus the store every agent and worker of this round shares. Backends (static today; c10d
-// and etcd later) implement this interface in their own files and are created through a factory
-// taking a plain options struct.
+// A rendezvous gathers the nodes of one job into rounds. Each completed round gives every node
+// its group rank, the group world size, the ordered list of participants, MASTER_ADDR/PORT and a
+// store namespaced for the round. A round stays current until something ends it: a worker failed
+// somewhere, a node joined or left, the job was closed. Every node learns of that at once by a
+// blocking wait on one store key (wait_round_over / set_round_over_callback) and then calls
+// next_rendezvous() to form the next round. Backends: "c10d" (dynamic membership over the trun
+// store, dynamic_rendezvous.h) and "static" (fixed nodes and ranks, static_rendezvous.h).
 //
-// Thread safety: one handler is used by one agent thread. next_rendezvous() blocks (bounded by
-// the backend's timeouts) and throws RendezvousError when the round cannot complete.
+// Thread safety: every method may be called from any thread. next_rendezvous() is called by one
+// thread at a time; wait_round_over() by one thread at a time (do not mix it with a callback).
+// shutdown() unblocks both.
+//
+// Blocking: next_rendezvous() blocks until the round completes (at most join_timeout);
+// wait_round_over() until the round ends (at most its timeout); everything else is a few store
+// round trips, bounded by read_timeout.
+//
+// Errors (all derive from RendezvousError): RendezvousClosedError when the job has finished
+// (closed) -- the agent should exit; RendezvousTimeoutError when a round did not complete within
+// join_timeout; RendezvousOptionError for bad options (at creation); RendezvousError for lost
+// stores and shutdown. Store errors are translated, keeping their message.
 
+#include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "rendezvous/store/store.h"
 
@@ -22,35 +43,172 @@ class RendezvousError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+// The rendezvous was closed: the job has finished (or was stopped). Not recoverable.
+class RendezvousClosedError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+// A round did not complete within join_timeout (too few nodes). Not retried by the handler.
+class RendezvousTimeoutError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+// Invalid options or --rdzv-conf entries; the message names the option and the value.
+class RendezvousOptionError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
+
+struct Participant {
+  std::string node_id;
+  std::string addr;  // the address other nodes reach it at (its local_addr)
+};
+
+// The participants of a round in group-rank order. Cheap to copy (the text is shared and
+// immutable); an entry is decoded when read, so a node of a 2048-node round does not build 2048
+// strings it never looks at.
+class ParticipantList {
+ public:
+  ParticipantList() = default;
+  explicit ParticipantList(const std::vector<Participant>& list);
+  // `text` holds one participant per line from byte `begin` on: "<node_id> <addr>[ <more>]".
+  // Throws RendezvousError when it does not hold exactly `count` lines.
+  ParticipantList(std::shared_ptr<const std::string> text, size_t begin, size_t count);
+
+  size_t size() const { return starts_.size(); }
+  bool empty() const { return starts_.empty(); }
+  Participant operator[](size_t rank) const { return at(rank); }
+  Participant at(size_t rank) const;  // std::out_of_range past the end
+  // The rank of `node_id`, or -1.
+  int find(std::string_view node_id) const;
+  // Field `f` (0: node id, 1: addr, 2...: backend data) of entry `rank`; empty when missing.
+  std::string_view field(size_t rank, int f) const;
+  std::vector<Participant> to_vector() const;
+
+ private:
+  std::string_view line(size_t rank) const;
+  std::shared_ptr<const std::string> text_;
+  std::vector<uint32_t> starts_;
+};
 
 struct RendezvousInfo {
-  // The job's shared store, already namespaced for this run; null when the group is this node
-  // alone and nothing needs sharing (the agent never talks to its own store then).
-  std::shared_ptr<Store> store;
+  int64_t round = 0;  // increases with every completed round (not every attempt)
   int group_rank = 0;
   int group_world_size = 1;
-  // Where workers reach the store that hosts their process-group bootstrap (MASTER_ADDR/PORT).
+  ParticipantList participants;  // index = group rank
+  // The job's store, namespaced for this round (`key_prefix`): what the agent may use for its own
+  // keys in this round (e.g. an exit barrier). Owned jointly; valid until shutdown().
+  std::shared_ptr<Store> store;
+  std::string key_prefix;
+  // Where the workers' process-group bootstrap lives (MASTER_ADDR/MASTER_PORT).
   std::string master_addr;
   uint16_t master_port = 0;
-  // True when workers should use the agent's store (TORCHELASTIC_USE_AGENT_STORE=True) rather
-  // than host their own TCPStore on rank 0.
-  bool use_agent_store = true;
+  // True: MASTER_ADDR/PORT is the agent's store (TORCHELASTIC_USE_AGENT_STORE=True); false: group
+  // rank 0's first worker hosts a TCPStore there (a free port that node picked).
+  bool use_agent_store = false;
 };
+
+// Why a round ended. Delivered to every node of the round.
+struct RoundEvent {
+  enum class Kind {
+    kWorkerFailed,    // node `node_id` reported failed workers (report_worker_failure)
+    kNodeJoined,      // a new node waits to join and there is room
+    kNodeLeft,        // a node's agent shut down, died, or missed its keep-alives
+    kRestart,         // a node asked for a new round (called next_rendezvous mid-round)
+    kClosed,          // the job was closed (set_closed); next_rendezvous will throw Closed
+    kMembershipLost,  // this node was declared dead (its keep-alives lapsed): rejoin
+    kStoreLost,       // this node cannot reach the store any more; next_rendezvous will fail
+    kShutdown,        // shutdown() was called on this handler
+  };
+  Kind kind = Kind::kRestart;
+  int64_t round = 0;
+  std::string node_id;  // the node concerned (empty for kStoreLost / kShutdown)
+  std::string detail;   // free text from the reporter
+  // One line for logs: "round 3 over: worker failure on node b-123: local_rank 2 exited 1".
+  std::string describe() const;
+};
+const char* to_string(RoundEvent::Kind kind);
 
 class RendezvousHandler {
  public:
   virtual ~RendezvousHandler() = default;
 
-  // Name of the backend, e.g. "static".
+  // Name of the backend ("c10d", "static").
   virtual std::string backend() const = 0;
   // The job's run id (TORCHELASTIC_RUN_ID).
   virtual std::string run_id() const = 0;
-  // Joins the next round and blocks until it completes.
+  // This node's id (unique per agent process).
+  virtual std::string node_id() const = 0;
+
+  // Joins the next round and blocks until it completes. Called mid-round (no RoundEvent seen
+  // yet), it first ends the current round for every node (kRestart). Throws
+  // RendezvousClosedError, RendezvousTimeoutError or RendezvousError.
   virtual RendezvousInfo next_rendezvous() = 0;
-  // Nodes waiting to join a new round (a static rendezvous never has any).
+
+  // Push notifications for the current round (the one the last next_rendezvous returned).
+  // Blocks until the round is over and returns why, or nullopt after `timeout`. Returns the same
+  // event again until next_rendezvous() is called. Throws RendezvousError before the first round.
+  virtual std::optional<RoundEvent> wait_round_over(std::chrono::milliseconds timeout) = 0;
+  // Alternative to wait_round_over: `callback` runs on a handler-owned thread once per round,
+  // when it ends (it must not call next_rendezvous itself; post to the agent's loop instead).
+  // Set it once, before the first next_rendezvous; an empty function disables it.
+  virtual void set_round_over_callback(std::function<void(const RoundEvent&)> callback) = 0;
+  // Ends the current round on every node because this node's workers failed (kWorkerFailed with
+  // `detail`). Returns at once; no-op before the first round or when the round is already over.
+  virtual void report_worker_failure(const std::string& detail) = 0;
+
+  // True when the rendezvous was closed (by any node).
+  virtual bool is_closed() = 0;
+  // Closes the rendezvous for every node: the job is over. Current members get kClosed, waiting
+  // and late nodes RendezvousClosedError ("job finished"). Idempotent.
+  virtual void set_closed() = 0;
+  // Nodes waiting for the next round (joined after the current round completed).
   virtual int num_nodes_waiting() = 0;
-  // Releases what the handler holds (stops a hosted store). Idempotent.
+  // Stops keep-alives, leaves the current round (members get kNodeLeft unless the rendezvous is
+  // closed), unblocks waiting calls and releases the store (stops it when this node hosts it).
+  // Idempotent; the handler is unusable afterwards.
   virtual void shutdown() = 0;
 };
+
+// Options every backend accepts. Validated by create_rendezvous_handler (RendezvousOptionError).
+struct RendezvousOptions {
+  std::string run_id;    // required, [A-Za-z0-9._-]+ (torchrun's silent default "none" collides)
+  std::string endpoint;  // HOST[:PORT] of the store (c10d; port defaults to 29400)
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::string node_id;     // unique per agent; empty: "<hostname>-<pid>-<random>"
+  std::string local_addr;  // how other nodes reach this one (MASTER_ADDR); empty: hostname
+  int node_rank = -1;      // c10d: a hint for the group rank; static: required
+  // static: where node 0 hosts the store; the static backend uses endpoint when these are empty.
+  std::string master_addr;
+  int master_port = -1;
+  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
+  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
+  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};  // validated; see docs
+  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
+  int keep_alive_max_attempt = 3;
+  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // each store operation
+  std::optional<bool> is_host;  // unset: host the store when the endpoint is this machine
+  std::string store_token;      // shared secret for the store (TRUN_STORE_TOKEN)
+};
+
+// Parses a --rdzv-conf value "key1=value1,key2=value2" into a map (empty input: empty map).
+// Throws RendezvousOptionError on a malformed entry or a repeated key.
+std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
+// Applies --rdzv-conf entries: join_timeout, last_call_timeout, close_timeout,
+// keep_alive_interval, read_timeout (seconds, fractions allowed), keep_alive_max_attempt
+// (integer), is_host (true/false/1/0/yes/no), timeout (alias of join_timeout, as torchrun's
+// static backend). Throws RendezvousOptionError naming the key for unknown keys and bad values.
+void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* options);
+
+// Creates the backend called `name` ("c10d" or "static") and validates `options` for it before
+// any I/O. Then hosts the store when this node should (c10d: the endpoint is this machine or
+// is_host=true; static: node_rank 0) and connects to it (retrying until read_timeout; static
+// non-zero ranks until join_timeout). Throws RendezvousOptionError (unknown backend, bad options)
+// or RendezvousError (cannot host or reach the store).
+std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
+                                                             const RendezvousOptions& options);
+// The names create_rendezvous_handler accepts.
+std::vector<std::string> rendezvous_backend_names();
 
 }  // namespace trun::rendezvous

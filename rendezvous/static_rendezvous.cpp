@@ -1,83 +1,183 @@
 #include "rendezvous/static_rendezvous.h"
 
+#include "rendezvous/c10d_backend.h"
+#include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/prefix_store.h"
-#include "rendezvous/store/server.h"
-#include "rendezvous/store/tcp_store.h"
 
 namespace trun::rendezvous {
 namespace {
 
-class StaticRendezvous : public RendezvousHandler {
+using namespace dynamic;
+
+struct StaticKeys {
+  std::string base;
+  explicit StaticKeys(const std::string& run_id) : base("trun/static/" + run_id) {}
+  std::string closed() const { return base + "/closed"; }
+  std::string r(int64_t k) const { return base + "/" + std::to_string(k); }
+  std::string arrived(int64_t k) const { return r(k) + "/arrived"; }
+  std::string all(int64_t k) const { return r(k) + "/all"; }
+  std::string node(int64_t k, int rank) const { return r(k) + "/node/" + std::to_string(rank); }
+  std::string over(int64_t k) const { return r(k) + "/over"; }
+};
+
+class StaticRendezvous : public RoundRendezvous {
  public:
-  explicit StaticRendezvous(StaticRendezvousOptions options) : options_(std::move(options)) {
-    if (options_.world_size < 1 || options_.rank < 0 || options_.rank >= options_.world_size) {
-      throw RendezvousError("static rendezvous: rank " + std::to_string(options_.rank) +
-                            " is outside 0.." + std::to_string(options_.world_size - 1));
-    }
-    if (options_.port == 0 && options_.world_size > 1) {
-      throw RendezvousError("static rendezvous: port 0 only works on a single node");
-    }
-  }
+  StaticRendezvous(RendezvousOptions options, std::unique_ptr<RendezvousBackend> backend,
+                   std::unique_ptr<StoreServer> hosted, Endpoint master)
+      : RoundRendezvous("static", std::move(options), std::move(backend), std::move(hosted)),
+        keys_(options_.run_id),
+        master_(std::move(master)) {}
   ~StaticRendezvous() override { shutdown(); }
 
-  std::string backend() const override { return "static"; }
-  std::string run_id() const override { return options_.run_id; }
+  bool is_closed() override {
+    check_not_shut_down();
+    try {
+      return backend_->try_get(keys_.closed()).has_value();
+    } catch (const StoreError& e) {
+      throw RendezvousError(error_prefix() + ": " + e.what());
+    }
+  }
+  int num_nodes_waiting() override { return 0; }
 
-  RendezvousInfo next_rendezvous() override {
-    if (options_.rank == 0 && !server_) {
-      StoreServerOptions so;
-      so.host = options_.host;
-      so.port = options_.port;
-      try {
-        server_ = StoreServer::start(so);
-      } catch (const StoreError& e) {
-        throw RendezvousError("static rendezvous: cannot host the store on " + options_.host + ":" +
-                              std::to_string(options_.port) + ": " + e.what());
-      }
+ protected:
+  std::string over_key(int64_t k) const override { return keys_.over(k); }
+
+  void close_rendezvous(int64_t current, int64_t joining) override {
+    backend_->set(keys_.closed(), "1");
+    if (current >= 0) backend_->compare_set(keys_.all(current + 1), "", "closed");
+    if (joining >= 0) backend_->compare_set(keys_.all(joining), "", "closed");
+  }
+
+  RendezvousInfo join_round(int64_t last_round, int /*last_rank*/) override {
+    const int64_t k = last_round + 1;
+    const int world = options_.max_nodes;
+    const int rank = options_.node_rank;
+    joining_round_ = k;
+    if (backend_->try_get(keys_.closed())) throw closed_error();
+    LeaseSpec lease;
+    lease.set_key = keys_.node(k, rank);
+    lease.set_value = options_.node_id + " " + options_.local_addr;
+    lease.a_key = keys_.all(k);
+    lease.a_value = "aborted node " + options_.node_id + " (rank " + std::to_string(rank) +
+                    ") left during the barrier";
+    lease.b_key = keys_.over(k);
+    lease.b_value = encode_over({RoundEvent::Kind::kNodeLeft, options_.node_id,
+                                 "connection to the store closed or keep-alives stopped"});
+    lease.ttl = lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt);
+    backend_->arm_lease(lease);
+    lease_armed();
+    int64_t arrived = backend_->add(keys_.arrived(k), 1);
+    if (arrived > world) {
+      throw RendezvousError(error_prefix() + ": more than " + std::to_string(world) +
+                            " nodes joined round " + std::to_string(k) +
+                            " (is every --node-rank unique, and --nnodes the same everywhere?)");
     }
+    if (arrived == world) backend_->set(keys_.all(k), "ok");
+    auto v = backend_->wait_get(keys_.all(k), options_.join_timeout);
+    if (!v) {
+      throw RendezvousTimeoutError(error_prefix() + ": only some of the " + std::to_string(world) +
+                                   " nodes arrived within " +
+                                   std::to_string(options_.join_timeout.count() / 1000.0) +
+                                   " s (join_timeout)");
+    }
+    if (*v == "closed") throw closed_error();
+    if (*v != "ok")
+      throw RendezvousError(error_prefix() + ": round " + std::to_string(k) + " " + *v);
+    std::vector<std::string> node_keys;
+    for (int r = 0; r < world; ++r) node_keys.push_back(keys_.node(k, r));
+    auto values = backend_->multi_get(node_keys, options_.read_timeout);
     RendezvousInfo info;
-    info.group_rank = options_.rank;
-    info.group_world_size = options_.world_size;
-    info.master_addr = options_.host;
-    info.master_port = server_ ? server_->port() : options_.port;
-    info.use_agent_store = true;
-    if (options_.world_size > 1) {
-      if (!store_) {
-        TcpStoreOptions to;
-        to.host = options_.host;
-        to.port = info.master_port;
-        to.timeout = options_.timeout;
-        to.connect_timeout = options_.timeout;
-        try {
-          auto tcp = std::make_shared<TcpStore>(to);
-          store_ = std::make_shared<PrefixStore>("torchelastic/" + options_.run_id, tcp);
-        } catch (const StoreError& e) {
-          throw RendezvousError(std::string("static rendezvous: ") + e.what());
-        }
-      }
-      info.store = store_;
+    info.round = k;
+    info.group_rank = rank;
+    info.group_world_size = world;
+    std::vector<Participant> participants;
+    for (auto& value : values) {
+      auto space = value.find(' ');
+      participants.push_back(
+          {value.substr(0, space), space == std::string::npos ? "" : value.substr(space + 1)});
     }
+    info.participants = ParticipantList(participants);
+    info.key_prefix = round_store_prefix(options_.run_id, k);
+    info.store = std::make_shared<PrefixStore>(info.key_prefix, backend_->agent_store());
+    info.master_addr = master_.host;
+    info.master_port = server_ ? server_->port() : master_.port;
+    info.use_agent_store = true;
     return info;
   }
 
-  int num_nodes_waiting() override { return 0; }
-
-  void shutdown() override {
-    store_.reset();
-    if (server_) server_->stop();
+ private:
+  RendezvousClosedError closed_error() const {
+    return RendezvousClosedError(error_prefix() + " is closed: the job has finished");
   }
 
- private:
-  StaticRendezvousOptions options_;
-  std::unique_ptr<StoreServer> server_;
-  std::shared_ptr<Store> store_;
+  StaticKeys keys_;
+  Endpoint master_;
 };
 
 }  // namespace
 
-std::unique_ptr<RendezvousHandler> create_static_rendezvous(
-    const StaticRendezvousOptions& options) {
-  return std::make_unique<StaticRendezvous>(options);
+std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOptions& options) {
+  RendezvousOptions o = options;
+  validate_common_options(o, "static");
+  const std::string b = "--rdzv-backend=static: ";
+  if (o.min_nodes != o.max_nodes) {
+    throw RendezvousOptionError(b + "--nnodes=" + std::to_string(o.min_nodes) + ":" +
+                                std::to_string(o.max_nodes) +
+                                ": a static rendezvous needs a fixed node count (use c10d for a "
+                                "range)");
+  }
+  const int world = o.max_nodes;
+  if (o.node_rank < 0 || o.node_rank >= world) {
+    throw RendezvousOptionError(b + "--node-rank=" + std::to_string(o.node_rank) +
+                                (o.node_rank < 0 ? " is required" : " is outside") + " (0.." +
+                                std::to_string(world - 1) + ")");
+  }
+  Endpoint master;
+  if (!o.master_addr.empty() || o.master_port >= 0 || o.endpoint.empty()) {
+    master.host = o.master_addr.empty() ? "127.0.0.1" : o.master_addr;
+    if (o.master_port > 65535) {
+      throw RendezvousOptionError(b + "--master-port=" + std::to_string(o.master_port) +
+                                  ": not a port");
+    }
+    master.port = static_cast<uint16_t>(o.master_port >= 0 ? o.master_port : 29500);
+  } else {
+    master = parse_endpoint(o.endpoint, 29500, "--rdzv-endpoint");
+  }
+  if (master.port == 0 && world > 1) {
+    throw RendezvousOptionError(b + "--master-port=0 (a free port) only works on a single node");
+  }
+  if (o.node_id.empty()) o.node_id = default_node_id();
+  if (o.local_addr.empty()) o.local_addr = default_local_addr();
+  std::unique_ptr<StoreServer> server;
+  if (o.node_rank == 0) server = host_store(master, o.store_token, /*forced=*/true, "static");
+  StoreBackendOptions bo;
+  bo.host = master.host;
+  bo.port = server ? server->port() : master.port;
+  bo.token = o.store_token;
+  bo.read_timeout = o.read_timeout;
+  // Other nodes may start long before node 0: wait for its store as long as for a round.
+  bo.connect_timeout = o.node_rank == 0 ? o.read_timeout : o.join_timeout;
+  std::unique_ptr<RendezvousBackend> backend;
+  try {
+    backend = connect_store_backend(bo);
+  } catch (const StoreError& e) {
+    throw RendezvousError("static rendezvous '" + o.run_id +
+                          "': cannot reach node 0's store: " + e.what());
+  }
+  return std::make_unique<StaticRendezvous>(std::move(o), std::move(backend), std::move(server),
+                                            master);
+}
+
+std::unique_ptr<RendezvousHandler> create_static_rendezvous(const StaticRendezvousOptions& s) {
+  RendezvousOptions o;
+  o.run_id = s.run_id;
+  o.min_nodes = o.max_nodes = s.world_size;
+  o.node_rank = s.rank;
+  o.master_addr = s.host;
+  o.master_port = s.port;
+  o.join_timeout = s.timeout;
+  o.read_timeout = s.timeout;
+  return create_static_rendezvous(o);
 }
 
 }  // namespace trun::rendezvous

@@ -71,6 +71,12 @@ const char* op_name(Op op) {
       return "WAIT_TIMEOUT";
     case Op::kGetWait:
       return "GET_TIMEOUT";
+    case Op::kLeaseArm:
+      return "LEASE_ARM";
+    case Op::kLeaseRenew:
+      return "LEASE_RENEW";
+    case Op::kLeaseRelease:
+      return "LEASE_RELEASE";
   }
   return "?";
 }
@@ -100,6 +106,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void block_on(std::vector<std::string> missing, wire::Request request, int64_t timeout_ms);
   void finish_wait(uint8_t timed_out_code);
   void clear_wait();
+  void arm_lease_timer();
+  // Performs the armed lease's notification (the connection is gone or went silent).
+  void fire_lease(const char* why);
 
   ServerImpl* server_;
   tcp::socket socket_;
@@ -123,6 +132,12 @@ class Connection : public std::enable_shared_from_this<Connection> {
   std::vector<std::string> wait_keys_;
   wire::Request blocked_request_;
   asio::steady_timer wait_timer_;
+  // Lease (trun extension): keys[0..2] / values[0..2] as sent by LEASE_ARM; see wire.h.
+  bool lease_armed_ = false;
+  wire::Request lease_;
+  int64_t lease_ttl_ms_ = 0;
+  uint64_t lease_generation_ = 0;
+  asio::steady_timer lease_timer_;
 };
 
 class ServerImpl : public StoreServer {
@@ -163,6 +178,9 @@ class ServerImpl : public StoreServer {
   uint16_t port() const override { return port_; }
   std::string host() const override { return options_.host; }
   size_t num_connections() const override { return num_connections_.load(); }
+  uint64_t num_requests() const override { return num_requests_.load(); }
+  void count_request() { num_requests_.fetch_add(1, std::memory_order_relaxed); }
+  bool stopping() const { return stopped_.load(); }
 
   void stop() override {
     if (stopped_.exchange(true)) return;
@@ -258,6 +276,7 @@ class ServerImpl : public StoreServer {
   asio::executor_work_guard<asio::io_context::executor_type> signals_guard_;
   std::unordered_map<uint64_t, std::shared_ptr<Connection>> connections_;
   std::atomic<size_t> num_connections_{0};
+  std::atomic<uint64_t> num_requests_{0};
   uint64_t next_conn_id_ = 1;
   uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
@@ -265,7 +284,11 @@ class ServerImpl : public StoreServer {
 };
 
 Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
-    : server_(server), socket_(std::move(socket)), id_(id), wait_timer_(server->io()) {
+    : server_(server),
+      socket_(std::move(socket)),
+      id_(id),
+      wait_timer_(server->io()),
+      lease_timer_(server->io()) {
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
   socket_.set_option(asio::socket_base::keep_alive(true), ec);
@@ -330,6 +353,11 @@ void Connection::process() {
     bool background_wait = dialect_ == wire::Dialect::kV1 && blocked_request_.op == Op::kWait;
     if (blocked_ && request.op != Op::kCancelWait && !background_wait) break;
     offset += result.consumed;
+    // Counted once here: a blocked request runs execute() again when its keys arrive.
+    if (request.op != Op::kValidate && request.op != Op::kAuthHello &&
+        request.op != Op::kAuthProof) {
+      server_->count_request();
+    }
     if (!execute(request)) break;
   }
   in_.erase(0, offset);
@@ -449,6 +477,42 @@ bool Connection::execute(wire::Request& r) {
     case Op::kPing:
       enc.u32(static_cast<uint32_t>(r.number));
       return true;
+    case Op::kLeaseArm: {
+      if (r.number < 0) {
+        close("LEASE_ARM with a negative ttl");
+        return false;
+      }
+      if (!r.keys[0].empty()) {
+        data[r.keys[0]] = r.values[0];
+        server_->notify(r.keys[0]);
+      }
+      lease_ = std::move(r);
+      lease_ttl_ms_ = lease_.number;
+      lease_armed_ = true;
+      arm_lease_timer();
+      enc.u8(1);
+      return true;
+    }
+    case Op::kLeaseRenew:
+      if (r.number < 0) {
+        close("LEASE_RENEW with a negative ttl");
+        return false;
+      }
+      if (lease_armed_) {
+        if (r.number > 0) lease_ttl_ms_ = r.number;
+        arm_lease_timer();
+      }
+      enc.u8(lease_armed_ ? 1 : 0);
+      return true;
+    case Op::kLeaseRelease: {
+      bool was = lease_armed_;
+      lease_armed_ = false;
+      ++lease_generation_;
+      boost::system::error_code ec;
+      lease_timer_.cancel(ec);
+      enc.u8(was ? 1 : 0);
+      return true;
+    }
     case Op::kCancelWait:
       if (blocked_) clear_wait();
       enc.u8(wire::kWaitCanceled);
@@ -553,6 +617,47 @@ void Connection::clear_wait() {
   wait_timer_.cancel(ec);
 }
 
+void Connection::arm_lease_timer() {
+  uint64_t generation = ++lease_generation_;
+  boost::system::error_code ec;
+  lease_timer_.cancel(ec);
+  if (lease_ttl_ms_ <= 0) return;  // bound to the connection only
+  lease_timer_.expires_after(std::chrono::milliseconds(lease_ttl_ms_));
+  lease_timer_.async_wait(
+      [self = shared_from_this(), generation](const boost::system::error_code& ec) {
+        if (ec || self->closed_ || !self->lease_armed_ || self->lease_generation_ != generation) {
+          return;
+        }
+        self->fire_lease("no keep-alive");
+      });
+}
+
+void Connection::fire_lease(const char* why) {
+  if (!lease_armed_) return;
+  lease_armed_ = false;
+  ++lease_generation_;
+  boost::system::error_code ec;
+  lease_timer_.cancel(ec);
+  auto& data = server_->data_;
+  const std::string& a_key = lease_.keys[1];
+  const std::string& b_key = lease_.keys[2];
+  spdlog::info("store server: lease of {} lost ({}{}): notifying '{}'", peer_, why,
+               lease_ttl_ms_ > 0 && std::string_view(why) == "no keep-alive"
+                   ? " for " + std::to_string(lease_ttl_ms_) + " ms"
+                   : std::string(),
+               !a_key.empty() && !data.count(a_key) ? a_key : b_key);
+  if (!a_key.empty() && !data.count(a_key)) {
+    data[a_key] = lease_.values[1];
+    server_->notify(a_key);
+  } else if (!b_key.empty()) {
+    auto& v = data[b_key];
+    if (v.size() + lease_.values[2].size() <= server_->options().limits.max_value_bytes) {
+      v.append(lease_.values[2]);
+    }
+    server_->notify(b_key);
+  }
+}
+
 void Connection::flush() {
   if (closed_ || writing_now_ || out_.empty()) return;
   writing_now_ = true;
@@ -577,7 +682,11 @@ void Connection::close(const std::string& why) {
   closed_ = true;
   if (!why.empty()) spdlog::warn("store server: closing connection from {}: {}", peer_, why);
   if (blocked_) clear_wait();
+  // A lease fires when its connection goes away, unless the whole server is stopping.
+  if (lease_armed_ && !server_->stopping()) fire_lease("connection closed");
+  lease_armed_ = false;
   boost::system::error_code ec;
+  lease_timer_.cancel(ec);
   socket_.shutdown(tcp::socket::shutdown_both, ec);
   socket_.close(ec);
   server_->forget(id_);

@@ -42,6 +42,9 @@ class StoreServer {
   virtual void stop() = 0;
   // Connections open right now (for tests and diagnostics).
   virtual size_t num_connections() const = 0;
+  // Requests served since start, not counting handshakes (VALIDATE, authentication); every
+  // dialect. For tests and benchmarks.
+  virtual uint64_t num_requests() const = 0;
 };
 
 }  // namespace trun::rendezvous

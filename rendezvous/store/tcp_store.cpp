@@ -208,6 +208,7 @@ void TcpStore::connect_locked(const char* op) {
           write_all(fd, proof, hs_deadline);
           if (r.u8() != 1) throw IoError{false, "wrong token"};
         }
+        std::lock_guard<std::mutex> fd_lock(fd_mu_);
         fd_ = fd;
         return;
       } catch (const IoError& e) {
@@ -234,6 +235,16 @@ void TcpStore::connect_locked(const char* op) {
 template <typename Reply>
 auto TcpStore::call(const char* op, const std::string& request, Duration budget, Reply reply) {
   std::lock_guard<std::mutex> lock(mu_);
+  {
+    // An interrupt() that found no call in progress fails the next one instead.
+    std::lock_guard<std::mutex> fd_lock(fd_mu_);
+    if (interrupted_) {
+      interrupted_ = false;
+      if (fd_ >= 0) ::close(fd_);
+      fd_ = -1;
+      throw StoreError("store " + endpoint_ + ": " + op + ": interrupted");
+    }
+  }
   if (fd_ < 0) connect_locked(op);
   auto deadline = Clock::now() + budget;
   try {
@@ -242,9 +253,16 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
     return reply(reader);
   } catch (const IoError& e) {
     // The stream is out of step after a failure: drop it; the next call reconnects.
-    ::close(fd_);
-    fd_ = -1;
+    bool interrupted;
+    {
+      std::lock_guard<std::mutex> fd_lock(fd_mu_);
+      ::close(fd_);
+      fd_ = -1;
+      interrupted = interrupted_;
+      interrupted_ = false;
+    }
     std::string msg = "store " + endpoint_ + ": " + op + ": " + e.what;
+    if (interrupted) throw StoreError("store " + endpoint_ + ": " + op + ": interrupted");
     if (e.timed_out) {
       throw StoreTimeoutError(msg + " after " + std::to_string(budget.count()) + " ms");
     }
@@ -378,6 +396,42 @@ Store::Duration TcpStore::ping() {
   uint32_t echo = call("ping", req, timeout_, [](Reader& r) { return r.u32(); });
   if (echo != 0x5452554e) throw StoreError("store " + endpoint_ + ": ping: wrong echo");
   return std::chrono::duration_cast<Duration>(Clock::now() - start);
+}
+
+}  // namespace trun::rendezvous
+
+namespace trun::rendezvous {
+
+void TcpStore::lease_arm(const LeaseSpec& lease) {
+  std::string req;
+  wire::Encoder(&req)
+      .query(Op::kLeaseArm)
+      .bytes(lease.set_key)
+      .bytes(lease.set_value)
+      .bytes(lease.a_key)
+      .bytes(lease.a_value)
+      .bytes(lease.b_key)
+      .bytes(lease.b_value)
+      .i64(lease.ttl.count());
+  uint8_t ok = call("lease_arm", req, timeout_, [](Reader& r) { return r.u8(); });
+  if (ok != 1) throw StoreError("store " + endpoint_ + ": lease_arm: rejected by the server");
+}
+
+bool TcpStore::lease_renew(std::chrono::milliseconds ttl) {
+  std::string req;
+  wire::Encoder(&req).query(Op::kLeaseRenew).i64(ttl.count());
+  return call("lease_renew", req, timeout_, [](Reader& r) { return r.u8(); }) == 1;
+}
+
+bool TcpStore::lease_release() {
+  return call("lease_release", encode(Op::kLeaseRelease), timeout_,
+              [](Reader& r) { return r.u8(); }) == 1;
+}
+
+void TcpStore::interrupt() {
+  std::lock_guard<std::mutex> fd_lock(fd_mu_);
+  interrupted_ = true;
+  if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }
 
 }  // namespace trun::rendezvous

@@ -19,6 +19,20 @@
 
 namespace trun::rendezvous {
 
+// A lease (trun extension; needs a trun StoreServer, a PyTorch server closes the connection): a
+// notification bound to this client's connection. When the connection closes (the process died,
+// or the client was destroyed) or no lease call arrives for `ttl` (a partition, a hung process),
+// the server fires it once: if `a_key` is non-empty and missing it is set to `a_value`; otherwise
+// `b_value` is appended to `b_key` (when non-empty). Either way waiters on that key wake at once.
+// Arming also sets `set_key` = `set_value` in the same request (skipped when `set_key` is empty).
+// A connection holds at most one lease; arming again replaces it without firing.
+struct LeaseSpec {
+  std::string set_key, set_value;
+  std::string a_key, a_value;
+  std::string b_key, b_value;
+  std::chrono::milliseconds ttl{0};  // 0: bound to the connection only
+};
+
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 29500;
@@ -55,6 +69,20 @@ class TcpStore : public Store {
   // Round trip with the server; returns how long it took.
   Duration ping();
 
+  // Leases (see LeaseSpec). They live on the current connection: after a transport failure the
+  // client reconnects without one, and lease_renew() reports false.
+  void lease_arm(const LeaseSpec& lease);
+  // Restarts the lease's ttl (and changes it when `ttl` > 0). False when no lease is armed on this
+  // connection any more (it lapsed and fired, or the connection was replaced).
+  bool lease_renew(std::chrono::milliseconds ttl = std::chrono::milliseconds(0));
+  // Disarms the lease without firing it. False when none was armed.
+  bool lease_release();
+
+  // Unblocks a call in progress on another thread (e.g. a long get): it fails with StoreError
+  // ("interrupted"); when none is in progress, the next call fails so instead. Safe from any
+  // thread; the call after that reconnects.
+  void interrupt();
+
   const std::string& endpoint() const { return endpoint_; }
 
  private:
@@ -69,7 +97,9 @@ class TcpStore : public Store {
   TcpStoreOptions options_;
   std::string endpoint_;
   std::mutex mu_;
+  std::mutex fd_mu_;  // guards fd_ changes against interrupt(); taken inside mu_
   int fd_ = -1;
+  bool interrupted_ = false;  // under fd_mu_
 };
 
 }  // namespace trun::rendezvous

@@ -37,6 +37,9 @@ constexpr QueryEntry kV2Queries[] = {
     {kExtBase + 1, Op::kAuthProof},
     {kExtBase + 2, Op::kWaitKeys},
     {kExtBase + 3, Op::kGetWait},
+    {kExtBase + 4, Op::kLeaseArm},
+    {kExtBase + 5, Op::kLeaseRenew},
+    {kExtBase + 6, Op::kLeaseRelease},
 };
 
 template <size_t N>
@@ -183,9 +186,25 @@ void DecodeBody(Op op, Cursor& c, Request* r) {
       }
       return;
     }
+    case Op::kLeaseArm: {
+      r->keys.resize(3);
+      r->values.resize(3);
+      int64_t ttl = 0;
+      for (int i = 0; i < 3; ++i) {
+        if (!c.Key(&r->keys[i]) || !c.Value(&r->values[i])) return;
+      }
+      if (c.Fixed(&ttl)) r->number = ttl;
+      return;
+    }
+    case Op::kLeaseRenew: {
+      int64_t ttl = 0;
+      if (c.Fixed(&ttl)) r->number = ttl;
+      return;
+    }
     case Op::kNumKeys:
     case Op::kCancelWait:
     case Op::kAuthHello:
+    case Op::kLeaseRelease:
       return;
     case Op::kPing: {
       uint32_t nonce = 0;

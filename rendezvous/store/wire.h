@@ -47,6 +47,11 @@ enum class Op : uint8_t {
   kAuthProof,  // client sends HMAC-SHA256(token, challenge); server answers 1 byte (1 = accepted)
   kWaitKeys,   // wait with a server-side timeout (ms): answers kWaitStop or kWaitTimedOut
   kGetWait,    // get with a server-side timeout (ms): answers kWaitStop + value, or kWaitTimedOut
+  // Leases (rendezvous liveness): a notification bound to one connection, fired by the server
+  // when that connection closes or its keep-alives stop. See LeaseSpec in tcp_store.h.
+  kLeaseArm,      // keys: set, a, b; values: set, a, b; number: ttl ms. Answers u8 1.
+  kLeaseRenew,    // number: new ttl ms (0 keeps it). Answers u8 1, or 0 when no lease is armed.
+  kLeaseRelease,  // disarms without firing. Answers u8 1, or 0 when no lease was armed.
 };
 
 inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;

@@ -50,6 +50,7 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--nproc-per-node", "2"}, "missing TRAINING_SCRIPT");
   expect_usage_error({"--definitely-not-an-option", w}, "--definitely-not-an-option");
   expect_usage_error({"--rdzv-endpoint", "nohost", w}, "HOST:PORT");
+  expect_usage_error({"--rdzv-id", "a b/c", w}, "--rdzv-id=a b/c");
 }
 
 TEST_CASE("nproc-per-node=gpu is a clear error on a host without CUDA devices", "[cli]") {

@@ -1,0 +1,99 @@
+"""Peer for bench/rdzv_bench: PyTorch 1.13's dynamic rendezvous with the c10d backend.
+
+Usage: /usr/bin/python3 bench/rdzv_torch_peer.py N [N ...]
+
+For each N: a TCPStore server in this process, N agent processes (forked after importing torch,
+so the import is not timed), each creating its TCPStore client, C10dRendezvousBackend and
+DynamicRendezvousHandler and calling next_rendezvous() with min_nodes = max_nodes = N. Timed from
+the moment all agents are released until the last one has its rank. Store calls are counted by
+wrapping the store the backend uses (the backend is the only rendezvous store traffic).
+
+Prints one line per N: "peer nodes=N seconds=S requests_per_agent=R ranks_ok=0|1".
+"""
+import multiprocessing as mp
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch.distributed as dist
+from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+    DynamicRendezvousHandler,
+    RendezvousTimeout,
+)
+
+
+class CountingStore:
+    """Forwards every call to a c10d store and counts it."""
+
+    def __init__(self, store, counter):
+        self._store = store
+        self._counter = counter
+
+    def __getattr__(self, name):
+        target = getattr(self._store, name)
+        if not callable(target):
+            return target
+
+        def call(*args, **kwargs):
+            with self._counter.get_lock():
+                self._counter.value += 1
+            return target(*args, **kwargs)
+
+        return call
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def agent(port, n, run_id, go, results, counter):
+    go.wait()
+    store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=120))
+    backend = C10dRendezvousBackend(CountingStore(store, counter), run_id)
+    handler = DynamicRendezvousHandler.from_backend(
+        run_id, store, backend, min_nodes=n, max_nodes=n,
+        timeout=RendezvousTimeout(join=timedelta(seconds=120)))
+    _, rank, world = handler.next_rendezvous()
+    results.put((time.monotonic(), rank, world))
+    # Stay until everyone is done so no node's exit disturbs the others' rounds.
+    go.wait()
+
+
+def run(n):
+    ctx = mp.get_context("fork")
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=120))
+    go = ctx.Event()
+    results = ctx.Queue()
+    counter = ctx.Value("l", 0)
+    run_id = "peer%d" % n
+    procs = [ctx.Process(target=agent, args=(port, n, run_id, go, results, counter))
+             for _ in range(n)]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)  # let every process reach go.wait()
+    start = time.monotonic()
+    go.set()
+    done = [results.get(timeout=300) for _ in range(n)]
+    end = max(t for t, _, _ in done)
+    ranks = sorted(r for _, r, _ in done)
+    ok = ranks == list(range(n)) and all(w == n for _, _, w in done)
+    requests = counter.value
+    for p in procs:
+        p.join(timeout=60)
+        if p.is_alive():
+            p.kill()
+            p.join()
+    del server
+    print("peer nodes=%d seconds=%.4f requests_per_agent=%.1f ranks_ok=%d"
+          % (n, end - start, requests / n, 1 if ok else 0), flush=True)
+
+
+if __name__ == "__main__":
+    for arg in sys.argv[1:]:
+        run(int(arg))

@@ -1,0 +1,456 @@
+#include "rendezvous/dynamic_decisions.h"
+
+#include <algorithm>
+#include <charconv>
+#include <map>
+
+namespace trun::rendezvous {
+
+const char* to_string(RoundEvent::Kind kind) {
+  switch (kind) {
+    case RoundEvent::Kind::kWorkerFailed:
+      return "worker failure";
+    case RoundEvent::Kind::kNodeJoined:
+      return "node joined";
+    case RoundEvent::Kind::kNodeLeft:
+      return "node left";
+    case RoundEvent::Kind::kRestart:
+      return "restart requested";
+    case RoundEvent::Kind::kClosed:
+      return "rendezvous closed";
+    case RoundEvent::Kind::kMembershipLost:
+      return "this node was declared dead";
+    case RoundEvent::Kind::kStoreLost:
+      return "store lost";
+    case RoundEvent::Kind::kShutdown:
+      return "shut down";
+  }
+  return "?";
+}
+
+std::string RoundEvent::describe() const {
+  std::string s = "round " + std::to_string(round) + " over: " + to_string(kind);
+  if (!node_id.empty()) s += " (node " + node_id + ")";
+  if (!detail.empty()) s += ": " + detail;
+  return s;
+}
+
+ParticipantList::ParticipantList(const std::vector<Participant>& list) {
+  auto text = std::make_shared<std::string>();
+  for (auto& p : list) {
+    starts_.push_back(static_cast<uint32_t>(text->size()));
+    *text += p.node_id + " " + p.addr + "\n";
+  }
+  text_ = std::move(text);
+}
+
+ParticipantList::ParticipantList(std::shared_ptr<const std::string> text, size_t begin,
+                                 size_t count)
+    : text_(std::move(text)) {
+  starts_.reserve(count);
+  size_t pos = begin;
+  const std::string& t = *text_;
+  while (pos < t.size() && starts_.size() < count) {
+    starts_.push_back(static_cast<uint32_t>(pos));
+    size_t nl = t.find('\n', pos);
+    if (nl == std::string::npos) {
+      pos = t.size();
+      break;
+    }
+    pos = nl + 1;
+  }
+  if (starts_.size() != count || pos < t.size()) {
+    throw RendezvousError("rendezvous: participant list holds " + std::to_string(starts_.size()) +
+                          " entries (or more text), expected " + std::to_string(count));
+  }
+}
+
+std::string_view ParticipantList::line(size_t rank) const {
+  if (rank >= starts_.size()) {
+    throw std::out_of_range("participant " + std::to_string(rank) + " of " +
+                            std::to_string(starts_.size()));
+  }
+  std::string_view t(*text_);
+  size_t b = starts_[rank];
+  size_t e = t.find('\n', b);
+  return t.substr(b, e == std::string_view::npos ? std::string_view::npos : e - b);
+}
+
+std::string_view ParticipantList::field(size_t rank, int f) const {
+  std::string_view l = line(rank);
+  for (int i = 0; i < f; ++i) {
+    size_t sp = l.find(' ');
+    if (sp == std::string_view::npos) return {};
+    l.remove_prefix(sp + 1);
+  }
+  return l.substr(0, l.find(' '));
+}
+
+Participant ParticipantList::at(size_t rank) const {
+  return {std::string(field(rank, 0)), std::string(field(rank, 1))};
+}
+
+int ParticipantList::find(std::string_view node_id) const {
+  for (size_t i = 0; i < starts_.size(); ++i) {
+    if (field(i, 0) == node_id) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::vector<Participant> ParticipantList::to_vector() const {
+  std::vector<Participant> out;
+  for (size_t i = 0; i < size(); ++i) out.push_back(at(i));
+  return out;
+}
+
+namespace dynamic {
+namespace {
+
+// Splits on single spaces; `max_fields` > 0 keeps the rest of the line in the last field.
+std::vector<std::string_view> split(std::string_view s, char sep, size_t max_fields = 0) {
+  std::vector<std::string_view> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    if (max_fields && out.size() + 1 == max_fields) {
+      out.push_back(s.substr(pos));
+      break;
+    }
+    size_t next = s.find(sep, pos);
+    if (next == std::string_view::npos) next = s.size();
+    out.push_back(s.substr(pos, next - pos));
+    pos = next + 1;
+  }
+  return out;
+}
+
+template <typename T>
+bool parse_int(std::string_view s, T* out) {
+  if (s.empty()) return false;
+  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
+  return ec == std::errc() && p == s.data() + s.size();
+}
+
+struct KindName {
+  RoundEvent::Kind kind;
+  const char* name;
+};
+constexpr KindName kOverKinds[] = {
+    {RoundEvent::Kind::kWorkerFailed, "failed"}, {RoundEvent::Kind::kNodeJoined, "joined"},
+    {RoundEvent::Kind::kNodeLeft, "left"},       {RoundEvent::Kind::kRestart, "restart"},
+    {RoundEvent::Kind::kClosed, "closed"},
+};
+
+std::string one_line(std::string s) {
+  for (char& c : s) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string round_store_prefix(const std::string& run_id, int64_t round) {
+  return "trun/run/" + run_id + "/" + std::to_string(round);
+}
+
+std::string encode_node(const NodeDesc& n) {
+  return n.id + " " + n.addr + " " + (n.store_host ? "1" : "0") + " " +
+         std::to_string(n.rank_hint) + " " + std::to_string(n.prev_round) + " " +
+         std::to_string(n.prev_rank) + " " + std::to_string(n.master_port);
+}
+
+NodeDesc decode_node(std::string_view text, int64_t ticket) {
+  auto f = split(text, ' ');
+  NodeDesc n;
+  n.ticket = ticket;
+  int host = 0;
+  if (f.size() != 7 || f[0].empty() || f[1].empty() || !parse_int(f[2], &host) ||
+      !parse_int(f[3], &n.rank_hint) || !parse_int(f[4], &n.prev_round) ||
+      !parse_int(f[5], &n.prev_rank) || !parse_int(f[6], &n.master_port)) {
+    throw RendezvousError("rendezvous: malformed node record for ticket " + std::to_string(ticket) +
+                          ": '" + std::string(text.substr(0, 200)) + "'");
+  }
+  n.id = std::string(f[0]);
+  n.addr = std::string(f[1]);
+  n.store_host = host != 0;
+  return n;
+}
+
+std::string encode_complete(const std::vector<NodeDesc>& members) {
+  std::string s = "complete " + std::to_string(members.size());
+  for (auto& m : members) {
+    s += "\n" + m.id + " " + m.addr + " " + std::to_string(m.ticket) + " " +
+         std::to_string(m.master_port);
+  }
+  return s;
+}
+
+std::string encode_result(const RoundResult& r) {
+  switch (r.kind) {
+    case RoundResult::Kind::kClosed:
+      return "closed";
+    case RoundResult::Kind::kAborted:
+      return abort_record(r.reason);
+    case RoundResult::Kind::kComplete:
+      break;
+  }
+  std::vector<NodeDesc> members;
+  for (size_t i = 0; i < r.members.size(); ++i) {
+    NodeDesc m;
+    m.id = std::string(r.members.field(i, 0));
+    m.addr = std::string(r.members.field(i, 1));
+    parse_int(r.members.field(i, 2), &m.ticket);
+    parse_int(r.members.field(i, 3), &m.master_port);
+    members.push_back(std::move(m));
+  }
+  return encode_complete(members);
+}
+
+std::string abort_record(const std::string& reason) { return "aborted " + one_line(reason); }
+
+RoundResult decode_result(std::string_view text) {
+  RoundResult r;
+  auto bad = [&](const char* why) {
+    return RendezvousError(std::string("rendezvous: malformed round result (") + why + "): '" +
+                           std::string(text.substr(0, 200)) + "'");
+  };
+  if (text == "closed") {
+    r.kind = RoundResult::Kind::kClosed;
+    return r;
+  }
+  if (text.rfind("aborted", 0) == 0) {
+    r.kind = RoundResult::Kind::kAborted;
+    r.reason = std::string(text.size() > 8 ? text.substr(8) : std::string_view());
+    return r;
+  }
+  if (text.rfind("complete ", 0) != 0) throw bad("unknown kind");
+  size_t nl = text.find('\n');
+  size_t n = 0;
+  if (nl == std::string_view::npos || !parse_int(text.substr(9, nl - 9), &n) || n == 0) {
+    throw bad("member count");
+  }
+  r.kind = RoundResult::Kind::kComplete;
+  try {
+    r.members = ParticipantList(std::make_shared<const std::string>(text), nl + 1, n);
+  } catch (const RendezvousError&) {
+    throw bad("member count");
+  }
+  for (size_t i = 0; i < n; i += std::max<size_t>(1, n - 1)) {  // spot-check first and last
+    int64_t ticket = 0;
+    uint16_t port = 0;
+    if (r.members.field(i, 1).empty() || !parse_int(r.members.field(i, 2), &ticket) ||
+        !parse_int(r.members.field(i, 3), &port)) {
+      throw bad("member line");
+    }
+  }
+  return r;
+}
+
+RoundKey parse_round_key(std::string_view text) {
+  RoundKey k;
+  if (text == "closed") {
+    k.closed = true;
+    return k;
+  }
+  if (!parse_int(text, &k.round) || k.round < 0) {
+    throw RendezvousError("rendezvous: malformed round key '" + std::string(text.substr(0, 100)) +
+                          "'");
+  }
+  return k;
+}
+
+std::string encode_over(const OverRecord& r) {
+  const char* name = "restart";
+  for (auto& k : kOverKinds) {
+    if (k.kind == r.kind) name = k.name;
+  }
+  return std::string(name) + " " + (r.node_id.empty() ? "-" : r.node_id) + " " +
+         one_line(r.detail) + "\n";
+}
+
+std::vector<OverRecord> parse_over(std::string_view log) {
+  std::vector<OverRecord> out;
+  for (auto line : split(log, '\n')) {
+    if (line.empty()) continue;
+    auto f = split(line, ' ', 3);
+    if (f.size() < 2) continue;
+    const KindName* kind = nullptr;
+    for (auto& k : kOverKinds) {
+      if (f[0] == k.name) kind = &k;
+    }
+    if (!kind) continue;
+    OverRecord r;
+    r.kind = kind->kind;
+    r.node_id = f[1] == "-" ? std::string() : std::string(f[1]);
+    if (f.size() == 3) r.detail = std::string(f[2]);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+RoundEvent round_event(int64_t round, std::string_view log, const std::string& my_id) {
+  RoundEvent e;
+  e.round = round;
+  auto records = parse_over(log);
+  if (records.empty()) {
+    e.kind = RoundEvent::Kind::kRestart;
+    e.detail = "unreadable round-over record '" + one_line(std::string(log.substr(0, 100))) + "'";
+    return e;
+  }
+  e.kind = records[0].kind;
+  e.node_id = records[0].node_id;
+  e.detail = records[0].detail;
+  if (e.kind == RoundEvent::Kind::kNodeLeft && e.node_id == my_id) {
+    e.kind = RoundEvent::Kind::kMembershipLost;
+  }
+  return e;
+}
+
+std::vector<NodeDesc> assign_ranks(std::vector<NodeDesc> joined, int max_nodes) {
+  std::sort(joined.begin(), joined.end(),
+            [](const NodeDesc& a, const NodeDesc& b) { return a.ticket < b.ticket; });
+  if (max_nodes >= 0 && joined.size() > static_cast<size_t>(max_nodes)) joined.resize(max_nodes);
+  const int n = static_cast<int>(joined.size());
+  std::vector<int> slot_of(n, -1);  // index into joined -> rank
+  std::vector<int> at(n, -1);       // rank -> index into joined
+  auto place = [&](int i, int rank) {
+    slot_of[i] = rank;
+    at[rank] = i;
+  };
+  for (int i = 0; i < n; ++i) {
+    if (joined[i].store_host) {
+      place(i, 0);
+      break;
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    int h = joined[i].rank_hint;
+    if (slot_of[i] < 0 && h >= 0 && h < n && at[h] < 0) place(i, h);
+  }
+  int64_t latest = -1;
+  for (int i = 0; i < n; ++i) {
+    if (slot_of[i] < 0) latest = std::max(latest, joined[i].prev_round);
+  }
+  std::vector<int> rest;
+  for (int i = 0; i < n; ++i) {
+    if (slot_of[i] < 0) rest.push_back(i);
+  }
+  // Survivors of the latest round first, in their old order; then everyone else by ticket.
+  std::stable_sort(rest.begin(), rest.end(), [&](int a, int b) {
+    bool sa = latest >= 0 && joined[a].prev_round == latest;
+    bool sb = latest >= 0 && joined[b].prev_round == latest;
+    if (sa != sb) return sa;
+    if (sa) return joined[a].prev_rank < joined[b].prev_rank;
+    return false;  // keep ticket order
+  });
+  int next = 0;
+  for (int i : rest) {
+    while (at[next] >= 0) ++next;
+    place(i, next);
+  }
+  std::vector<NodeDesc> out(n);
+  for (int r = 0; r < n; ++r) out[r] = std::move(joined[at[r]]);
+  return out;
+}
+
+void observe_joined(LeaderState* state, int joined, TimePoint now) {
+  state->joined = joined;
+  // Last call starts once the previous group has ended: waiting behind a running group is not
+  // part of it.
+  if (joined >= state->min_nodes && !state->min_reached_at && !state->previous_running) {
+    state->min_reached_at = now;
+  }
+}
+
+LeaderAction decide_leader(const LeaderState& s, TimePoint now) {
+  LeaderAction a;
+  // Never form a second group while the previous one still runs.
+  if (s.previous_running) {
+    if (now >= s.join_deadline) return a;  // kTimeout
+    a.kind = LeaderAction::Kind::kWaitPreviousOver;
+    a.until = s.join_deadline;
+    return a;
+  }
+  if (s.joined >= s.max_nodes) {
+    a.kind = LeaderAction::Kind::kComplete;
+    a.target = s.max_nodes;
+    return a;
+  }
+  if (s.joined >= s.min_nodes) {
+    int expected = std::min(s.expected, s.max_nodes);
+    TimePoint last_call_end = (s.min_reached_at ? *s.min_reached_at : now) + s.last_call;
+    if ((expected > 0 && s.joined >= expected) || now >= last_call_end) {
+      a.kind = LeaderAction::Kind::kComplete;
+      a.target = s.joined;
+      return a;
+    }
+    a.kind = LeaderAction::Kind::kWaitForJoins;
+    a.target = expected > s.joined ? expected : s.max_nodes;
+    a.until = last_call_end;
+    return a;
+  }
+  if (now >= s.join_deadline) return a;  // kTimeout
+  a.kind = LeaderAction::Kind::kWaitForJoins;
+  a.target = s.min_nodes;
+  a.until = s.join_deadline;
+  return a;
+}
+
+int expected_after(const RoundResult& previous, const std::vector<OverRecord>& over,
+                   const std::vector<std::string>& waiting) {
+  std::set<std::string> ids;
+  for (size_t i = 0; i < previous.members.size(); ++i) {
+    ids.insert(std::string(previous.members.field(i, 0)));
+  }
+  ids.insert(waiting.begin(), waiting.end());
+  for (auto& r : over) {
+    if (r.kind == RoundEvent::Kind::kNodeLeft) ids.erase(r.node_id);
+    if (r.kind == RoundEvent::Kind::kNodeJoined && !r.node_id.empty()) ids.insert(r.node_id);
+  }
+  return static_cast<int>(ids.size());
+}
+
+JoinOutcome decide_after_result(const RoundResult& result, const std::string& my_id,
+                                int max_nodes) {
+  JoinOutcome o;
+  switch (result.kind) {
+    case RoundResult::Kind::kClosed:
+      o.kind = JoinOutcome::Kind::kClosed;
+      return o;
+    case RoundResult::Kind::kAborted:
+      return o;
+    case RoundResult::Kind::kComplete:
+      break;
+  }
+  int rank = result.members.find(my_id);
+  if (rank >= 0) {
+    o.kind = JoinOutcome::Kind::kRanked;
+    o.rank = rank;
+    return o;
+  }
+  o.announce_join = static_cast<int>(result.members.size()) < max_nodes;
+  return o;
+}
+
+KeepAliveAction decide_keep_alive(const KeepAliveState& s, TimePoint now) {
+  KeepAliveAction a;
+  if (s.consecutive_failures >= s.max_attempts) {
+    a.kind = KeepAliveAction::Kind::kGiveUp;
+    return a;
+  }
+  TimePoint due = s.last_attempt + s.interval;
+  if (now >= due) {
+    a.kind = KeepAliveAction::Kind::kRenew;
+    return a;
+  }
+  a.kind = KeepAliveAction::Kind::kSleep;
+  a.until = due;
+  return a;
+}
+
+Duration lease_ttl(Duration interval, int max_attempts) {
+  return interval * std::max(1, max_attempts);
+}
+
+}  // namespace dynamic
+}  // namespace trun::rendezvous

@@ -1,0 +1,320 @@
+#include "rendezvous/dynamic_rendezvous.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
+#include "rendezvous/c10d_backend.h"
+#include "rendezvous/round_rendezvous.h"
+#include "rendezvous/store/prefix_store.h"
+
+namespace trun::rendezvous {
+namespace {
+
+using namespace dynamic;
+constexpr uint16_t kDefaultPort = 29400;  // torchrun's c10d default
+// How far back a leader looks for the last completed round across aborted ones.
+constexpr int kMaxAbortedRounds = 64;
+
+class DynamicRendezvous : public RoundRendezvous {
+ public:
+  DynamicRendezvous(RendezvousOptions options, std::unique_ptr<RendezvousBackend> backend,
+                    std::unique_ptr<StoreServer> hosted)
+      : RoundRendezvous("c10d", std::move(options), std::move(backend), std::move(hosted)),
+        keys_(options_.run_id) {}
+
+  ~DynamicRendezvous() override { shutdown(); }
+
+  bool is_closed() override {
+    check_not_shut_down();
+    try {
+      auto v = backend_->try_get(keys_.round());
+      return v && parse_round_key(*v).closed;
+    } catch (const StoreError& e) {
+      throw RendezvousError(error_prefix() + ": " + e.what());
+    }
+  }
+
+  int num_nodes_waiting() override {
+    check_not_shut_down();
+    try {
+      auto v = backend_->try_get(keys_.round());
+      if (!v) return 0;
+      auto rk = parse_round_key(*v);
+      if (rk.closed) return 0;
+      auto t = backend_->try_get(keys_.ticket(rk.round));
+      return t ? std::max(0, std::stoi(*t)) : 0;
+    } catch (const StoreError& e) {
+      throw RendezvousError(error_prefix() + ": " + e.what());
+    }
+  }
+
+ protected:
+  std::string over_key(int64_t k) const override { return keys_.over(k); }
+
+  void close_rendezvous(int64_t current, int64_t joining) override {
+    backend_->set(keys_.round(), "closed");
+    RoundResult closed_result;
+    closed_result.kind = RoundResult::Kind::kClosed;
+    std::string closed = encode_result(closed_result);
+    // Wake nodes waiting for a result: the round being gathered after ours, and our own.
+    if (current >= 0) backend_->compare_set(keys_.result(current + 1), "", closed);
+    if (joining >= 0) backend_->compare_set(keys_.result(joining), "", closed);
+  }
+
+  RendezvousInfo join_round(int64_t last_round, int last_rank) override {
+    const auto deadline = Clock::now() + options_.join_timeout;
+    auto rk = parse_round_key(backend_->compare_set(keys_.round(), "", "0"));
+    if (rk.closed) throw closed_error();
+    int64_t j = std::max(rk.round, last_round + 1);
+    std::optional<RoundResult> previous;  // result of round j-1 when this node already read it
+    for (;;) {
+      if (Clock::now() >= deadline) throw timeout_error(j);
+      joining_round_ = j;
+      int64_t ticket = backend_->add(keys_.ticket(j), 1);
+      NodeDesc me;
+      me.id = options_.node_id;
+      me.addr = options_.local_addr;
+      me.store_host = server_ != nullptr;
+      me.rank_hint = options_.node_rank;
+      me.prev_round = last_round;
+      me.prev_rank = last_rank;
+      me.master_port = pick_free_port();
+      LeaseSpec lease;
+      lease.set_key = keys_.node(j, ticket);
+      lease.set_value = encode_node(me);
+      lease.a_key = keys_.result(j);
+      lease.a_value = abort_record("node " + me.id + " left before the round completed");
+      lease.b_key = keys_.over(j);
+      lease.b_value = encode_over({RoundEvent::Kind::kNodeLeft, me.id,
+                                   "connection to the store closed or keep-alives stopped"});
+      lease.ttl = lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt);
+      backend_->arm_lease(lease);
+      lease_armed();
+
+      // A node new to a running group that has room tells its members, so they re-rendezvous.
+      if (j > 0 && last_round != j - 1) {
+        if (!previous) {
+          if (auto v = backend_->try_get(keys_.result(j - 1))) previous = decode_result(*v);
+        }
+        if (previous && previous->kind == RoundResult::Kind::kComplete &&
+            decide_after_result(*previous, me.id, options_.max_nodes).announce_join) {
+          backend_->append(keys_.over(j - 1),
+                           encode_over({RoundEvent::Kind::kNodeJoined, me.id, "waits to join"}));
+        }
+      }
+
+      if (ticket == 1) lead(j, deadline);
+
+      auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+      auto text = backend_->wait_get(keys_.result(j), std::max(left, Duration(0)));
+      if (!text) throw timeout_error(j);
+      RoundResult result = decode_result(*text);
+      JoinOutcome outcome = decide_after_result(result, me.id, options_.max_nodes);
+      switch (outcome.kind) {
+        case JoinOutcome::Kind::kClosed:
+          throw closed_error();
+        case JoinOutcome::Kind::kRanked:
+          return make_info(j, outcome.rank, result);
+        case JoinOutcome::Kind::kNextRound:
+          break;
+      }
+      if (result.kind == RoundResult::Kind::kAborted) {
+        spdlog::info("{}: round {} aborted ({}); joining round {}", error_prefix(), j,
+                     result.reason, j + 1);
+        backend_->compare_set(keys_.round(), std::to_string(j), std::to_string(j + 1));
+        previous.reset();
+      } else {
+        previous = std::move(result);  // full: this node waits for the next round
+      }
+      ++j;
+    }
+  }
+
+ private:
+  RendezvousClosedError closed_error() const {
+    return RendezvousClosedError(error_prefix() +
+                                 " is closed: the job has finished (start a new job with a new "
+                                 "--rdzv-id to run again)");
+  }
+  RendezvousTimeoutError timeout_error(int64_t round) const {
+    return RendezvousTimeoutError(
+        error_prefix() + ": round " + std::to_string(round) + " did not complete within " +
+        std::to_string(options_.join_timeout.count() / 1000.0) +
+        " s (join_timeout) with at least " + std::to_string(options_.min_nodes) + " node(s)");
+  }
+
+  RendezvousInfo make_info(int64_t round, int rank, const RoundResult& result) {
+    RendezvousInfo info;
+    info.round = round;
+    info.group_rank = rank;
+    info.group_world_size = static_cast<int>(result.members.size());
+    info.participants = result.members;
+    info.key_prefix = round_store_prefix(options_.run_id, round);
+    info.store = std::make_shared<PrefixStore>(info.key_prefix, backend_->agent_store());
+    info.master_addr = std::string(result.members.field(0, 1));
+    info.master_port = static_cast<uint16_t>(std::stoi(std::string(result.members.field(0, 3))));
+    info.use_agent_store = false;
+    return info;
+  }
+
+  // The leader (ticket 1) of round j decides when it completes and writes the result. Returns
+  // when the result exists (written here or by someone else: an abort, a close) or on timeout;
+  // the caller then reads the result like every other node.
+  void lead(int64_t j, TimePoint deadline) {
+    const Duration slice =
+        std::min<Duration>(options_.keep_alive_interval, std::chrono::seconds(1));
+    LeaderState s;
+    s.min_nodes = options_.min_nodes;
+    s.max_nodes = options_.max_nodes;
+    s.last_call = options_.last_call_timeout;
+    s.join_deadline = deadline;
+
+    // The last completed round before j, whose members may still be running.
+    int64_t prev = -1;
+    RoundResult prev_result;
+    for (int64_t i = j - 1; i >= 0 && i >= j - kMaxAbortedRounds; --i) {
+      auto v = backend_->try_get(keys_.result(i));
+      if (!v) break;
+      prev_result = decode_result(*v);
+      if (prev_result.kind == RoundResult::Kind::kClosed) {
+        backend_->compare_set(keys_.result(j), "", encode_result(prev_result));
+        return;
+      }
+      if (prev_result.kind == RoundResult::Kind::kComplete) {
+        prev = i;
+        break;
+      }
+    }
+    // Ids holding tickets in round j when the previous round ended: nodes that waited while the
+    // group was full count as expected too (read once, one request).
+    std::vector<std::string> waiting;
+    auto refresh_previous = [&](const std::optional<std::string>& over) {
+      if (!over) return;
+      if (s.previous_running) {
+        s.previous_running = false;
+        int n = static_cast<int>(backend_->add(keys_.ticket(j), 0));
+        std::vector<std::string> node_keys;
+        for (int t = 1; t <= n; ++t) node_keys.push_back(keys_.node(j, t));
+        try {
+          auto values = backend_->multi_get(node_keys, descriptor_wait());
+          for (int t = 1; t <= n; ++t) waiting.push_back(decode_node(values[t - 1], t).id);
+        } catch (const StoreTimeoutError&) {
+          // A ticket without a descriptor: its node died; the result will say so.
+        }
+        observe_joined(&s, n, Clock::now());
+      }
+      s.expected = expected_after(prev_result, parse_over(*over), waiting);
+    };
+    if (prev >= 0) {
+      s.previous_running = true;
+      refresh_previous(backend_->try_get(keys_.over(prev)));
+    }
+    observe_joined(&s, static_cast<int>(backend_->add(keys_.ticket(j), 0)), Clock::now());
+
+    for (;;) {
+      auto now = Clock::now();
+      LeaderAction a = decide_leader(s, now);
+      if (a.kind == LeaderAction::Kind::kTimeout) return;
+      if (a.kind == LeaderAction::Kind::kComplete) {
+        complete(j, a.target);
+        return;
+      }
+      auto wait = std::chrono::duration_cast<Duration>(std::min(a.until, now + slice) - now);
+      wait = std::max(wait, Duration(1));
+      bool progressed;
+      if (a.kind == LeaderAction::Kind::kWaitPreviousOver) {
+        auto over = backend_->wait_get(keys_.over(prev), wait);
+        progressed = over.has_value();
+        refresh_previous(over);
+      } else {
+        progressed = backend_->wait_get(keys_.node(j, a.target), wait).has_value();
+        observe_joined(&s, static_cast<int>(backend_->add(keys_.ticket(j), 0)), Clock::now());
+        if (!progressed && prev >= 0) {
+          // Expected members that died before rejoining show up as "left" in the old over key.
+          refresh_previous(backend_->try_get(keys_.over(prev)));
+        }
+      }
+      // Someone else may have ended this round (a joiner's lease fired, the job was closed).
+      if (!progressed && backend_->try_get(keys_.result(j))) return;
+    }
+  }
+
+  // How long a ticket may stay without its descriptor: a live node publishes right after taking
+  // its ticket; one that died in between never will (and has no lease to report it).
+  Duration descriptor_wait() const {
+    return std::min(options_.read_timeout,
+                    lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt));
+  }
+
+  void complete(int64_t j, int count) {
+    std::vector<std::string> keys;
+    keys.reserve(count);
+    for (int t = 1; t <= count; ++t) keys.push_back(keys_.node(j, t));
+    std::vector<std::string> values;
+    try {
+      values = backend_->multi_get(keys, descriptor_wait());
+    } catch (const StoreTimeoutError&) {
+      // A node took a ticket and died before publishing (its lease never armed).
+      backend_->compare_set(keys_.result(j), "",
+                            abort_record("a node took a ticket but never published itself"));
+      return;
+    }
+    std::vector<NodeDesc> joined;
+    joined.reserve(count);
+    for (int t = 1; t <= count; ++t) joined.push_back(decode_node(values[t - 1], t));
+    std::string record = encode_complete(assign_ranks(std::move(joined), options_.max_nodes));
+    if (backend_->compare_set(keys_.result(j), "", record) == record) {
+      backend_->compare_set(keys_.round(), std::to_string(j), std::to_string(j + 1));
+    }
+  }
+
+  Keys keys_;
+};
+
+void validate_c10d_options(const RendezvousOptions& o) {
+  validate_common_options(o, "c10d");
+  if (o.node_rank < -1 || o.node_rank >= o.max_nodes) {
+    throw RendezvousOptionError("--rdzv-backend=c10d: --node-rank=" + std::to_string(o.node_rank) +
+                                " is outside 0.." + std::to_string(o.max_nodes - 1) +
+                                " (the maximum node count)");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
+    const RendezvousOptions& options, std::unique_ptr<RendezvousBackend> backend,
+    std::unique_ptr<StoreServer> hosted) {
+  RendezvousOptions o = options;
+  validate_c10d_options(o);
+  if (o.node_id.empty()) o.node_id = default_node_id();
+  if (o.local_addr.empty()) o.local_addr = default_local_addr();
+  if (!backend) throw RendezvousOptionError("c10d rendezvous: no backend given");
+  return std::make_unique<DynamicRendezvous>(std::move(o), std::move(backend), std::move(hosted));
+}
+
+std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOptions& options) {
+  validate_c10d_options(options);
+  Endpoint ep = parse_endpoint(options.endpoint, kDefaultPort, "--rdzv-endpoint");
+  bool host = options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr);
+  std::unique_ptr<StoreServer> server;
+  if (host) server = host_store(ep, options.store_token, options.is_host.value_or(false), "c10d");
+  StoreBackendOptions bo;
+  bo.host = ep.host;
+  bo.port = server ? server->port() : ep.port;
+  bo.token = options.store_token;
+  bo.read_timeout = options.read_timeout;
+  bo.connect_timeout = options.read_timeout;
+  std::unique_ptr<RendezvousBackend> backend;
+  try {
+    backend = connect_store_backend(bo);
+  } catch (const StoreError& e) {
+    throw RendezvousError("c10d rendezvous '" + options.run_id +
+                          "': cannot reach the store at --rdzv-endpoint=" + options.endpoint +
+                          ": " + e.what());
+  }
+  return create_dynamic_rendezvous(options, std::move(backend), std::move(server));
+}
+
+}  // namespace trun::rendezvous

@@ -1,0 +1,124 @@
+// RendezvousOptions: --rdzv-conf parsing, validation and the backend registry.
+#include <cmath>
+#include <cstdlib>
+
+#include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/handler.h"
+#include "rendezvous/static_rendezvous.h"
+
+namespace trun::rendezvous {
+namespace {
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t");
+  if (b == std::string::npos) return "";
+  size_t e = s.find_last_not_of(" \t");
+  return s.substr(b, e - b + 1);
+}
+
+std::chrono::milliseconds parse_seconds(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  double s = std::strtod(value.c_str(), &end);
+  if (value.empty() || end != value.c_str() + value.size() || errno != 0 || !std::isfinite(s) ||
+      s < 0 || s > 1e9) {
+    throw RendezvousOptionError("--rdzv-conf " + key + "=" + value +
+                                ": expected a number of seconds >= 0 (e.g. 30 or 0.5)");
+  }
+  return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
+}
+
+int parse_count(const std::string& key, const std::string& value) {
+  char* end = nullptr;
+  errno = 0;
+  long v = std::strtol(value.c_str(), &end, 10);
+  if (value.empty() || end != value.c_str() + value.size() || errno != 0 || v < 1 || v > 1000000) {
+    throw RendezvousOptionError("--rdzv-conf " + key + "=" + value +
+                                ": expected a whole number >= 1");
+  }
+  return static_cast<int>(v);
+}
+
+bool parse_bool(const std::string& key, const std::string& value) {
+  std::string v;
+  for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (v == "1" || v == "true" || v == "yes" || v == "y" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "no" || v == "n" || v == "off") return false;
+  throw RendezvousOptionError("--rdzv-conf " + key + "=" + value +
+                              ": expected true or false (also 1/0, yes/no)");
+}
+
+const char* const kConfKeys[] = {
+    "join_timeout",           "last_call_timeout", "close_timeout", "keep_alive_interval",
+    "keep_alive_max_attempt", "read_timeout",      "is_host",       "timeout"};
+
+}  // namespace
+
+std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
+  std::map<std::string, std::string> out;
+  if (trim(text).empty()) return out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string item = trim(text.substr(pos, comma - pos));
+    pos = comma + 1;
+    if (item.empty()) {
+      throw RendezvousOptionError("--rdzv-conf=" + text + ": empty entry (expected key=value)");
+    }
+    size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      throw RendezvousOptionError("--rdzv-conf=" + text + ": malformed entry '" + item +
+                                  "' (expected key=value)");
+    }
+    std::string key = trim(item.substr(0, eq));
+    std::string value = trim(item.substr(eq + 1));
+    if (!out.emplace(key, value).second) {
+      throw RendezvousOptionError("--rdzv-conf=" + text + ": key '" + key + "' given twice");
+    }
+  }
+  return out;
+}
+
+void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* o) {
+  for (auto& [key, value] : conf) {
+    if (key == "join_timeout" || key == "timeout") {
+      o->join_timeout = parse_seconds(key, value);
+    } else if (key == "last_call_timeout") {
+      o->last_call_timeout = parse_seconds(key, value);
+    } else if (key == "close_timeout") {
+      o->close_timeout = parse_seconds(key, value);
+    } else if (key == "keep_alive_interval") {
+      o->keep_alive_interval = parse_seconds(key, value);
+    } else if (key == "read_timeout") {
+      o->read_timeout = parse_seconds(key, value);
+    } else if (key == "keep_alive_max_attempt") {
+      o->keep_alive_max_attempt = parse_count(key, value);
+    } else if (key == "is_host") {
+      o->is_host = parse_bool(key, value);
+    } else {
+      std::string known;
+      for (const char* k : kConfKeys) known += std::string(known.empty() ? "" : ", ") + k;
+      throw RendezvousOptionError("--rdzv-conf: unknown key '" + key + "' (known: " + known + ")");
+    }
+  }
+}
+
+std::vector<std::string> rendezvous_backend_names() { return {"c10d", "static"}; }
+
+std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
+                                                             const RendezvousOptions& options) {
+  if (name == "c10d") return create_c10d_rendezvous(options);
+  if (name == "static") return create_static_rendezvous(options);
+  std::string known;
+  for (auto& n : rendezvous_backend_names()) known += (known.empty() ? "" : ", ") + n;
+  if (name == "etcd" || name == "etcd-v2") {
+    throw RendezvousOptionError("--rdzv-backend=" + name +
+                                ": the etcd backend is not implemented yet (available: " + known +
+                                ")");
+  }
+  throw RendezvousOptionError("--rdzv-backend=" + name +
+                              ": unknown rendezvous backend (known: " + known + ")");
+}
+
+}  // namespace trun::rendezvous

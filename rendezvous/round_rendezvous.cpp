@@ -1,0 +1,507 @@
+#include "rendezvous/round_rendezvous.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <random>
+#include <set>
+
+namespace trun::rendezvous {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool valid_token(const std::string& s) {
+  if (s.empty()) return false;
+  for (char c : s) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-' ||
+          c == ':' || c == '@' || c == '+' || c == '[' || c == ']')) {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Numeric addresses `host` resolves to.
+std::set<std::string> resolve_all(const std::string& host) {
+  std::set<std::string> out;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0) return out;
+  for (addrinfo* ai = res; ai; ai = ai->ai_next) {
+    char buf[NI_MAXHOST];
+    if (::getnameinfo(ai->ai_addr, ai->ai_addrlen, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) ==
+        0) {
+      out.insert(buf);
+    }
+  }
+  ::freeaddrinfo(res);
+  return out;
+}
+
+bool is_loopback(const std::string& numeric) {
+  return numeric.rfind("127.", 0) == 0 || numeric == "::1";
+}
+
+bool is_numeric_ip(const std::string& host) {
+  in6_addr a6;
+  in_addr a4;
+  return ::inet_pton(AF_INET, host.c_str(), &a4) == 1 ||
+         ::inet_pton(AF_INET6, host.c_str(), &a6) == 1;
+}
+
+}  // namespace
+
+Endpoint parse_endpoint(const std::string& text, uint16_t default_port, const char* what) {
+  Endpoint e;
+  std::string port;
+  if (text.empty()) throw RendezvousOptionError(std::string(what) + ": expected HOST[:PORT]");
+  if (text[0] == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos || close == 1) {
+      throw RendezvousOptionError(std::string(what) + "=" + text + ": unterminated [IPv6]");
+    }
+    e.host = text.substr(1, close - 1);
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') {
+        throw RendezvousOptionError(std::string(what) + "=" + text + ": expected [HOST]:PORT");
+      }
+      port = text.substr(close + 2);
+      if (port.empty())
+        throw RendezvousOptionError(std::string(what) + "=" + text + ": empty port");
+    }
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon != std::string::npos && text.find(':') == colon) {
+      e.host = text.substr(0, colon);
+      port = text.substr(colon + 1);
+      if (port.empty())
+        throw RendezvousOptionError(std::string(what) + "=" + text + ": empty port");
+    } else {
+      e.host = text;  // no port, or a bare IPv6 address
+    }
+  }
+  if (e.host.empty()) throw RendezvousOptionError(std::string(what) + "=" + text + ": empty host");
+  for (char c : e.host) {
+    if (std::isspace(static_cast<unsigned char>(c))) {
+      throw RendezvousOptionError(std::string(what) + "=" + text + ": space in host");
+    }
+  }
+  e.port = default_port;
+  if (!port.empty()) {
+    char* end = nullptr;
+    long p = std::strtol(port.c_str(), &end, 10);
+    if (end != port.c_str() + port.size() || p < 0 || p > 65535) {
+      throw RendezvousOptionError(std::string(what) + "=" + text + ": port '" + port +
+                                  "' is not a number in 0..65535");
+    }
+    e.port = static_cast<uint16_t>(p);
+  }
+  return e;
+}
+
+bool endpoint_is_local(const std::string& host, const std::string& local_addr) {
+  if (host == "localhost" || (!local_addr.empty() && host == local_addr)) return true;
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) == 0 && host == name) return true;
+  auto wanted = resolve_all(host);
+  for (auto& a : wanted) {
+    if (is_loopback(a)) return true;
+  }
+  ifaddrs* ifs = nullptr;
+  if (::getifaddrs(&ifs) != 0) return false;
+  bool found = false;
+  for (ifaddrs* i = ifs; i && !found; i = i->ifa_next) {
+    if (!i->ifa_addr) continue;
+    int family = i->ifa_addr->sa_family;
+    if (family != AF_INET && family != AF_INET6) continue;
+    char buf[NI_MAXHOST];
+    socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    if (::getnameinfo(i->ifa_addr, len, buf, sizeof(buf), nullptr, 0, NI_NUMERICHOST) != 0) {
+      continue;
+    }
+    std::string a = buf;
+    if (auto pct = a.find('%'); pct != std::string::npos) a.resize(pct);
+    found = wanted.count(a) > 0;
+  }
+  ::freeifaddrs(ifs);
+  return found;
+}
+
+std::string default_local_addr() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == 0) return "127.0.0.1";
+  return name;
+}
+
+std::string default_node_id() {
+  static std::atomic<uint32_t> counter{0};
+  std::random_device rd;
+  char suffix[16];
+  std::snprintf(suffix, sizeof(suffix), "%04x%02x", rd() & 0xffff, counter++ & 0xff);
+  std::string host = default_local_addr();
+  std::string id;
+  for (char c : host) id += valid_token(std::string(1, c)) ? c : '_';
+  return id + "-" + std::to_string(::getpid()) + "-" + suffix;
+}
+
+uint16_t pick_free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return 0;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof(addr);
+  uint16_t port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  ::close(fd);
+  return port;
+}
+
+void validate_common_options(const RendezvousOptions& o, const char* backend) {
+  std::string b = std::string("--rdzv-backend=") + backend + ": ";
+  if (o.run_id.empty()) throw RendezvousOptionError(b + "--rdzv-id is required");
+  for (char c : o.run_id) {
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
+      throw RendezvousOptionError(b + "--rdzv-id=" + o.run_id +
+                                  ": only letters, digits, '.', '_' and '-' are allowed");
+    }
+  }
+  if (o.min_nodes < 1) {
+    throw RendezvousOptionError(b + "--nnodes: the minimum (" + std::to_string(o.min_nodes) +
+                                ") must be at least 1");
+  }
+  if (o.max_nodes < o.min_nodes) {
+    throw RendezvousOptionError(b + "--nnodes: the maximum (" + std::to_string(o.max_nodes) +
+                                ") is below the minimum (" + std::to_string(o.min_nodes) + ")");
+  }
+  if (!o.node_id.empty() && !valid_token(o.node_id)) {
+    throw RendezvousOptionError(b + "node id '" + o.node_id +
+                                "': only letters, digits and . _ - : @ + [ ] are allowed");
+  }
+  if (!o.local_addr.empty() && !valid_token(o.local_addr)) {
+    throw RendezvousOptionError(b + "--local-addr=" + o.local_addr + ": not an address");
+  }
+  auto positive = [&](std::chrono::milliseconds d, const char* name) {
+    if (d.count() <= 0) {
+      throw RendezvousOptionError(b + "--rdzv-conf " + name + ": must be greater than 0");
+    }
+  };
+  positive(o.join_timeout, "join_timeout");
+  positive(o.close_timeout, "close_timeout");
+  positive(o.keep_alive_interval, "keep_alive_interval");
+  positive(o.read_timeout, "read_timeout");
+  if (o.last_call_timeout.count() < 0) {
+    throw RendezvousOptionError(b + "--rdzv-conf last_call_timeout: must be >= 0");
+  }
+  if (o.keep_alive_max_attempt < 1) {
+    throw RendezvousOptionError(b + "--rdzv-conf keep_alive_max_attempt: must be at least 1");
+  }
+}
+
+std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::string& token,
+                                        bool forced, const char* backend) {
+  StoreServerOptions so;
+  so.host = is_numeric_ip(endpoint.host) ? endpoint.host : "0.0.0.0";
+  so.port = endpoint.port;
+  so.token = token;
+  try {
+    return StoreServer::start(so);
+  } catch (const StoreError& e) {
+    if (forced) {
+      throw RendezvousError(std::string(backend) + " rendezvous: cannot host the store on " +
+                            so.host + ":" + std::to_string(endpoint.port) + ": " + e.what());
+    }
+    spdlog::info("{} rendezvous: not hosting the store ({}); connecting to {}:{} as a client",
+                 backend, e.what(), endpoint.host, endpoint.port);
+    return nullptr;
+  }
+}
+
+// --- RoundRendezvous --------------------------------------------------------------------------
+
+RoundRendezvous::RoundRendezvous(std::string backend_name, RendezvousOptions options,
+                                 std::unique_ptr<RendezvousBackend> backend,
+                                 std::unique_ptr<StoreServer> server)
+    : options_(std::move(options)),
+      backend_(std::move(backend)),
+      server_(std::move(server)),
+      backend_name_(std::move(backend_name)) {
+  start_keep_alive();
+}
+
+RoundRendezvous::~RoundRendezvous() {
+  // Subclasses are gone by now; shutdown() only uses this class and the backend.
+  shutdown();
+}
+
+void RoundRendezvous::check_not_shut_down() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) throw RendezvousError(error_prefix() + ": the handler was shut down");
+}
+
+void RoundRendezvous::lease_armed() {
+  std::lock_guard<std::mutex> lock(mu_);
+  lease_ = true;
+  cv_.notify_all();
+}
+
+RendezvousInfo RoundRendezvous::next_rendezvous() {
+  int64_t last_round;
+  int last_rank;
+  bool end_round = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) throw RendezvousError(error_prefix() + ": the handler was shut down");
+    end_round = in_round_ && !event_;
+    in_round_ = false;
+    last_round = round_;
+    last_rank = rank_;
+  }
+  try {
+    if (end_round) {
+      backend_->append(over_key(last_round),
+                       dynamic::encode_over({RoundEvent::Kind::kRestart, options_.node_id,
+                                             "the node asked for a new round"}));
+    }
+    RendezvousInfo info = join_round(last_round, last_rank);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      round_ = info.round;
+      rank_ = info.group_rank;
+      in_round_ = true;
+      event_.reset();
+      cv_.notify_all();
+    }
+    joining_round_ = -1;
+    return info;
+  } catch (const RendezvousError&) {
+    joining_round_ = -1;
+    throw;
+  } catch (const StoreError& e) {
+    joining_round_ = -1;
+    check_not_shut_down();
+    throw RendezvousError(error_prefix() + ": " + e.what());
+  }
+}
+
+std::optional<RoundEvent> RoundRendezvous::wait_round_over(std::chrono::milliseconds timeout) {
+  int64_t k;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) {
+      RoundEvent e;
+      e.kind = RoundEvent::Kind::kShutdown;
+      e.round = round_;
+      return e;
+    }
+    if (round_ < 0) {
+      throw RendezvousError(error_prefix() + ": wait_round_over before the first round");
+    }
+    if (event_) return event_;
+    if (local_event_) return local_event_;
+    k = round_;
+  }
+  std::optional<std::string> log;
+  std::string error;
+  try {
+    log = backend_->wait_get(over_key(k), timeout);
+  } catch (const StoreError& e) {
+    error = e.what();
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (shut_down_) {
+    RoundEvent e;
+    e.kind = RoundEvent::Kind::kShutdown;
+    e.round = k;
+    return e;
+  }
+  if (local_event_) return local_event_;
+  if (!error.empty()) {
+    RoundEvent e;
+    e.kind = RoundEvent::Kind::kStoreLost;
+    e.round = k;
+    e.detail = error;
+    local_event_ = e;
+    return e;
+  }
+  if (!log) return std::nullopt;
+  RoundEvent e = dynamic::round_event(k, *log, options_.node_id);
+  if (round_ == k && !event_) event_ = e;
+  return e;
+}
+
+void RoundRendezvous::set_round_over_callback(std::function<void(const RoundEvent&)> callback) {
+  std::unique_lock<std::mutex> lock(mu_);
+  callback_ = std::move(callback);
+  if (callback_ && !callback_thread_.joinable() && !shut_down_) {
+    callback_thread_ = std::thread([this] { callback_loop(); });
+  }
+}
+
+void RoundRendezvous::callback_loop() {
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return shut_down_ || (in_round_ && round_ > delivered_round_); });
+      if (shut_down_) return;
+    }
+    auto event = wait_round_over(std::chrono::hours(1));
+    if (!event) continue;
+    std::function<void(const RoundEvent&)> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (event->kind == RoundEvent::Kind::kShutdown) return;
+      delivered_round_ = event->round;
+      cb = callback_;
+    }
+    if (cb) {
+      try {
+        cb(*event);
+      } catch (const std::exception& e) {
+        spdlog::error("{}: round-over callback threw: {}", error_prefix(), e.what());
+      }
+    }
+    if (event->kind == RoundEvent::Kind::kStoreLost) return;
+  }
+}
+
+void RoundRendezvous::report_worker_failure(const std::string& detail) {
+  int64_t k;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_ || !in_round_ || event_) return;
+    k = round_;
+  }
+  try {
+    backend_->append(over_key(k), dynamic::encode_over(
+                                      {RoundEvent::Kind::kWorkerFailed, options_.node_id, detail}));
+  } catch (const StoreError& e) {
+    throw RendezvousError(error_prefix() + ": cannot report the worker failure: " + e.what());
+  }
+}
+
+void RoundRendezvous::set_closed() {
+  int64_t k;
+  bool member;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) throw RendezvousError(error_prefix() + ": the handler was shut down");
+    closed_here_ = true;
+    k = round_;
+    member = in_round_;
+  }
+  try {
+    close_rendezvous(k, joining_round_.load());
+    if (member) {
+      backend_->append(over_key(k), dynamic::encode_over({RoundEvent::Kind::kClosed,
+                                                          options_.node_id, "the job finished"}));
+    }
+  } catch (const StoreError& e) {
+    throw RendezvousError(error_prefix() + ": cannot close the rendezvous: " + e.what());
+  }
+}
+
+void RoundRendezvous::start_keep_alive() {
+  keep_alive_thread_ = std::thread([this] { keep_alive_loop(); });
+}
+
+void RoundRendezvous::keep_alive_loop() {
+  dynamic::KeepAliveState ks;
+  ks.interval = options_.keep_alive_interval;
+  ks.max_attempts = options_.keep_alive_max_attempt;
+  ks.last_attempt = Clock::now();
+  std::string last_error;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!shut_down_) {
+    auto action = dynamic::decide_keep_alive(ks, Clock::now());
+    switch (action.kind) {
+      case dynamic::KeepAliveAction::Kind::kSleep:
+        cv_.wait_until(lock, action.until);
+        continue;
+      case dynamic::KeepAliveAction::Kind::kGiveUp: {
+        RoundEvent e;
+        e.kind = RoundEvent::Kind::kStoreLost;
+        e.round = round_;
+        e.detail = "no keep-alive reached the store in " + std::to_string(ks.max_attempts) +
+                   " attempts: " + last_error;
+        local_event_ = e;
+        lock.unlock();
+        spdlog::error("{}: {}", error_prefix(), e.describe());
+        backend_->interrupt_waits();
+        return;
+      }
+      case dynamic::KeepAliveAction::Kind::kRenew:
+        break;
+    }
+    ks.last_attempt = Clock::now();
+    if (!lease_) continue;
+    lock.unlock();
+    bool ok = true;
+    bool reached = true;
+    try {
+      ok = backend_->renew_lease();
+    } catch (const StoreError& e) {
+      reached = false;
+      last_error = e.what();
+    }
+    lock.lock();
+    if (!reached) {
+      ++ks.consecutive_failures;
+      continue;
+    }
+    ks.consecutive_failures = 0;
+    if (!ok && lease_) {
+      // The store fired our lease (we were silent too long, or our connection was replaced):
+      // the others consider this node gone. The round's over key says so; a joining node re-arms.
+      lease_ = false;
+      spdlog::warn("{}: node {} lost its lease (declared dead by the store)", error_prefix(),
+                   options_.node_id);
+    }
+  }
+}
+
+void RoundRendezvous::shutdown() {
+  int64_t k;
+  bool leave;
+  bool store_lost;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+    k = round_;
+    leave = in_round_ && !event_ && !closed_here_;
+    // With the store gone, goodbyes would only wait for reconnects that cannot succeed.
+    store_lost = local_event_ && local_event_->kind == RoundEvent::Kind::kStoreLost;
+    cv_.notify_all();
+  }
+  if (keep_alive_thread_.joinable()) keep_alive_thread_.join();
+  try {
+    if (store_lost) throw StoreError("store lost");
+    if (leave) {
+      backend_->append(over_key(k), dynamic::encode_over({RoundEvent::Kind::kNodeLeft,
+                                                          options_.node_id, "agent shut down"}));
+    }
+    backend_->release_lease();
+  } catch (const StoreError& e) {
+    spdlog::debug("{}: while shutting down: {}", error_prefix(), e.what());
+  }
+  backend_->interrupt_waits();
+  if (callback_thread_.joinable() && callback_thread_.get_id() != std::this_thread::get_id()) {
+    callback_thread_.join();
+  }
+  if (server_) server_->stop();
+}
+
+}  // namespace trun::rendezvous

@@ -1,0 +1,107 @@
+#pragma once
+// Private to rendezvous/: what the c10d and static handlers share. A round-based handler over a
+// RendezvousBackend: the keep-alive thread, the per-round "over" key that pushes round ends to
+// every node, the callback thread, closing and shutdown. Subclasses implement join_round().
+//
+// Locking: mu_ guards the round state below; no backend call is made while holding it.
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "rendezvous/backend.h"
+#include "rendezvous/dynamic_decisions.h"
+#include "rendezvous/handler.h"
+#include "rendezvous/store/server.h"
+
+namespace trun::rendezvous {
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 0;
+};
+// "host", "host:port", "[v6]:port" or a bare IPv6 address. Throws RendezvousOptionError.
+Endpoint parse_endpoint(const std::string& text, uint16_t default_port, const char* what);
+// True when `host` names this machine: localhost, a loopback address, this host's name, or an
+// address of one of its interfaces (or `local_addr`).
+bool endpoint_is_local(const std::string& host, const std::string& local_addr);
+std::string default_node_id();
+std::string default_local_addr();
+// A free TCP port on this machine (bound and released), 0 when none could be found.
+uint16_t pick_free_port();
+// Checks what every backend needs; throws RendezvousOptionError naming the option.
+void validate_common_options(const RendezvousOptions& o, const char* backend);
+// Hosts a StoreServer for `endpoint` (binding its address when it is numeric, else every
+// interface). Returns null when the port is taken and hosting was not forced.
+std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::string& token,
+                                        bool forced, const char* backend);
+
+class RoundRendezvous : public RendezvousHandler {
+ public:
+  ~RoundRendezvous() override;
+
+  std::string backend() const override { return backend_name_; }
+  std::string run_id() const override { return options_.run_id; }
+  std::string node_id() const override { return options_.node_id; }
+
+  RendezvousInfo next_rendezvous() override;
+  std::optional<RoundEvent> wait_round_over(std::chrono::milliseconds timeout) override;
+  void set_round_over_callback(std::function<void(const RoundEvent&)> callback) override;
+  void report_worker_failure(const std::string& detail) override;
+  void set_closed() override;
+  void shutdown() override;
+
+  // Requests this handler's backend sent (tests, benchmarks).
+  uint64_t requests_sent() const { return backend_->requests_sent(); }
+  const StoreServer* hosted_store() const { return server_.get(); }
+
+ protected:
+  RoundRendezvous(std::string backend_name, RendezvousOptions options,
+                  std::unique_ptr<RendezvousBackend> backend, std::unique_ptr<StoreServer> server);
+
+  // Joins rounds until one completes with this node in it. `last_round` is the last round this
+  // node completed (-1: none). Runs on the caller's thread of next_rendezvous.
+  virtual RendezvousInfo join_round(int64_t last_round, int last_rank) = 0;
+  // The key whose creation ends round k (appended to by whoever ends it).
+  virtual std::string over_key(int64_t k) const = 0;
+  // Marks the rendezvous closed in the backend (subclass keys), then the base appends kClosed.
+  virtual void close_rendezvous(int64_t current_round, int64_t joining_round) = 0;
+
+  // Lease bookkeeping for subclasses: call after arming a lease so keep-alives run.
+  void lease_armed();
+  void check_not_shut_down() const;
+  std::string error_prefix() const {
+    return backend_name_ + " rendezvous '" + options_.run_id + "'";
+  }
+
+  RendezvousOptions options_;
+  std::unique_ptr<RendezvousBackend> backend_;
+  std::unique_ptr<StoreServer> server_;
+  std::atomic<int64_t> joining_round_{-1};
+
+ private:
+  void keep_alive_loop();
+  void callback_loop();
+  void start_keep_alive();
+
+  std::string backend_name_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  bool shut_down_ = false;
+  bool closed_here_ = false;  // set_closed() was called on this handler
+  int64_t round_ = -1;        // the current (last completed) round
+  int rank_ = -1;
+  bool in_round_ = false;            // a member of round_, and next_rendezvous was not called since
+  std::optional<RoundEvent> event_;  // why round_ ended, once known
+  std::optional<RoundEvent> local_event_;  // raised here (store lost), delivered to waiters
+  bool lease_ = false;                     // a lease is armed
+  std::function<void(const RoundEvent&)> callback_;
+  int64_t delivered_round_ = -1;
+
+  std::thread keep_alive_thread_;
+  std::thread callback_thread_;
+};
+
+}  // namespace trun::rendezvous

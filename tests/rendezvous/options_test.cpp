@@ -1,0 +1,135 @@
+// --rdzv-conf parsing, option validation and the backend registry: every bad input gets an error
+// that names what was wrong.
+#include <catch2/catch.hpp>
+
+#include "rendezvous/handler.h"
+
+using namespace trun::rendezvous;
+using namespace std::chrono_literals;
+using Catch::Contains;
+
+namespace {
+RendezvousOptions valid() {
+  RendezvousOptions o;
+  o.run_id = "job1";
+  o.endpoint = "127.0.0.1:1";  // never reached: these tests fail before connecting
+  o.min_nodes = 1;
+  o.max_nodes = 2;
+  o.is_host = false;
+  o.read_timeout = 200ms;
+  return o;
+}
+}  // namespace
+
+TEST_CASE("rdzv-conf parses key=value lists", "[options]") {
+  auto conf = parse_rdzv_conf(" join_timeout=10, last_call_timeout=0.5,is_host=true ");
+  CHECK(conf.size() == 3);
+  CHECK(conf.at("last_call_timeout") == "0.5");
+  CHECK(parse_rdzv_conf("").empty());
+  RendezvousOptions o;
+  apply_rdzv_conf(conf, &o);
+  CHECK(o.join_timeout == 10s);
+  CHECK(o.last_call_timeout == 500ms);
+  REQUIRE(o.is_host.has_value());
+  CHECK(*o.is_host);
+  apply_rdzv_conf({{"keep_alive_max_attempt", "7"},
+                   {"keep_alive_interval", "2"},
+                   {"read_timeout", "9"},
+                   {"close_timeout", "4"},
+                   {"is_host", "0"}},
+                  &o);
+  CHECK(o.keep_alive_max_attempt == 7);
+  CHECK(o.keep_alive_interval == 2s);
+  CHECK(o.read_timeout == 9s);
+  CHECK(o.close_timeout == 4s);
+  CHECK_FALSE(*o.is_host);
+}
+
+TEST_CASE("rdzv-conf errors name the entry", "[options]") {
+  CHECK_THROWS_WITH(parse_rdzv_conf("join_timeout"), Contains("malformed entry 'join_timeout'"));
+  CHECK_THROWS_WITH(parse_rdzv_conf("a=1,,b=2"), Contains("empty entry"));
+  CHECK_THROWS_WITH(parse_rdzv_conf("=3"), Contains("malformed entry"));
+  CHECK_THROWS_WITH(parse_rdzv_conf("a=1,a=2"), Contains("'a' given twice"));
+  RendezvousOptions o;
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"join_timout", "5"}}, &o),
+                    Contains("unknown key 'join_timout'") && Contains("join_timeout"));
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"join_timeout", "ten"}}, &o),
+                    Contains("join_timeout=ten") && Contains("seconds"));
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"last_call_timeout", "-1"}}, &o),
+                    Contains("last_call_timeout=-1"));
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"keep_alive_max_attempt", "2.5"}}, &o),
+                    Contains("keep_alive_max_attempt=2.5") && Contains("whole number"));
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"keep_alive_max_attempt", "0"}}, &o),
+                    Contains("whole number >= 1"));
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"is_host", "maybe"}}, &o), Contains("is_host=maybe"));
+  CHECK_THROWS_AS(apply_rdzv_conf({{"read_timeout", "nan"}}, &o), RendezvousOptionError);
+}
+
+TEST_CASE("the registry rejects unknown backends and lists the known ones", "[options]") {
+  CHECK_THROWS_WITH(create_rendezvous_handler("zookeeper", valid()),
+                    Contains("unknown rendezvous backend") && Contains("c10d, static"));
+  CHECK_THROWS_WITH(create_rendezvous_handler("etcd", valid()), Contains("not implemented yet"));
+  CHECK(rendezvous_backend_names() == std::vector<std::string>{"c10d", "static"});
+}
+
+TEST_CASE("c10d options are validated before any connection", "[options]") {
+  auto expect = [](RendezvousOptions o, const char* text) {
+    CHECK_THROWS_WITH(create_rendezvous_handler("c10d", o), Contains(text));
+  };
+  auto o = valid();
+  o.run_id = "";
+  expect(o, "--rdzv-id is required");
+  o = valid();
+  o.run_id = "a/b";
+  expect(o, "--rdzv-id=a/b");
+  o = valid();
+  o.min_nodes = 0;
+  expect(o, "must be at least 1");
+  o = valid();
+  o.min_nodes = 3;
+  o.max_nodes = 2;
+  expect(o, "below the minimum");
+  o = valid();
+  o.endpoint = "";
+  expect(o, "--rdzv-endpoint");
+  o = valid();
+  o.endpoint = "host:99999";
+  expect(o, "port '99999'");
+  o = valid();
+  o.endpoint = "[::1";
+  expect(o, "unterminated");
+  o = valid();
+  o.keep_alive_interval = 0ms;
+  expect(o, "keep_alive_interval");
+  o = valid();
+  o.keep_alive_max_attempt = 0;
+  expect(o, "keep_alive_max_attempt");
+  o = valid();
+  o.node_id = "has space";
+  expect(o, "node id 'has space'");
+  o = valid();
+  o.node_rank = 5;
+  expect(o, "--node-rank=5");
+}
+
+TEST_CASE("c10d names the endpoint it cannot reach", "[options]") {
+  auto o = valid();
+  o.endpoint = "127.0.0.1:1";  // nothing listens on port 1
+  CHECK_THROWS_WITH(create_rendezvous_handler("c10d", o),
+                    Contains("cannot reach the store") && Contains("127.0.0.1:1"));
+}
+
+TEST_CASE("static options are validated", "[options]") {
+  auto o = valid();
+  o.node_rank = 0;
+  CHECK_THROWS_WITH(create_rendezvous_handler("static", o), Contains("fixed node count"));
+  o.min_nodes = o.max_nodes = 2;
+  o.node_rank = -1;
+  CHECK_THROWS_WITH(create_rendezvous_handler("static", o), Contains("--node-rank=-1 is required"));
+  o.node_rank = 2;
+  CHECK_THROWS_WITH(create_rendezvous_handler("static", o), Contains("outside"));
+  o.node_rank = 1;
+  o.master_addr = "127.0.0.1";
+  o.master_port = 0;
+  CHECK_THROWS_WITH(create_rendezvous_handler("static", o), Contains("single node"));
+}
