@@ -319,8 +319,9 @@ void result(const char* name, double value, const char* unit, double peer, bool 
   char peer_s[32] = "none", ratio_s[32] = "none";
   if (peer >= 0 && value >= 0) {
     std::snprintf(peer_s, sizeof peer_s, "%.3f", peer);
-    double v = std::max(value, 1e-3);
-    std::snprintf(ratio_s, sizeof ratio_s, "%.2f", smaller_better ? peer / v : v / peer);
+    // Both at (rounded) zero, e.g. idle CPU over 10 s: equal, not infinitely better.
+    double v = std::max(value, 1e-3), p = std::max(peer, 1e-3);
+    std::snprintf(ratio_s, sizeof ratio_s, "%.2f", smaller_better ? p / v : v / p);
   }
   std::printf("RESULT name=%s value=%.3f unit=%s peer=%s ratio=%s\n", name, value, unit, peer_s,
               ratio_s);
