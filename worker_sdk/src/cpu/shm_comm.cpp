@@ -184,7 +184,10 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   unsigned cpus = std::thread::hardware_concurrency();
   cpu_set_t set;
   if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
-  spin_limit_ = (cpus >= static_cast<unsigned>(n_)) ? 20000 : 64;
+  // Spin only briefly before sleeping on the futex: on a busy or oversubscribed machine a
+  // spinning rank steals the core its peer needs.
+  spin_limit_ = (cpus >= static_cast<unsigned>(n_)) ? 1000 : 64;
+  if (const char* v = std::getenv("TRUN_SHM_SPIN")) spin_limit_ = std::atoi(v);  // tuning
 
   // Everyone mapped (and wrote its pid): wait with the usual barrier machinery.
   try {
