@@ -86,8 +86,8 @@ int run_rank(const std::vector<size_t>& sizes_mib) {
     if (pg.rank() == 0) {
       double algbw = bytes / median(times) / 1e9;
       double busbw = algbw * 2.0 * (n - 1) / n;
-      std::printf("trun ranks=%d size_mib=%zu algbw_gbps=%.3f busbw_gbps=%.3f backend=%s\n", n,
-                  mib, algbw, busbw, pg.backend_description().c_str());
+      std::printf("trun ranks=%d size_mib=%zu algbw_gbps=%.3f busbw_gbps=%.3f backend=%s\n", n, mib,
+                  algbw, busbw, pg.backend_description().c_str());
       std::fflush(stdout);
     }
   }

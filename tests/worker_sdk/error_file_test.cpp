@@ -11,11 +11,11 @@
 #include <cstdlib>
 #include <ctime>
 
-#include "tests/worker_sdk/error_file_helpers.h"
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include "tests/worker_sdk/error_file_helpers.h"
 
 #include "trun/error_file.h"
 
@@ -71,4 +71,3 @@ TEST_CASE("write_error_file escapes JSON and record() rethrows", "[worker_sdk][e
   CHECK_FALSE(trun::worker::write_error_file("/nonexistent-dir/x.json", "m", "s"));
   CHECK_FALSE(trun::worker::write_error_file("", "m", "s"));
 }
-

@@ -145,8 +145,7 @@ TEST_CASE("a stalled peer makes every other rank time out instead of hanging",
   SECTION("shared memory + gloo") { stalled_peer({"", {2, 2}}); }
 }
 
-TEST_CASE("a peer SIGKILLed mid-collective makes every other rank fail",
-          "[worker_sdk][failures]") {
+TEST_CASE("a peer SIGKILLed mid-collective makes every other rank fail", "[worker_sdk][failures]") {
   SECTION("shared memory, 4 ranks") { killed_peer({"", {4}}, 2); }
   SECTION("gloo, 3 ranks") { killed_peer({"", {1, 1, 1}, false, true}, 1); }
   SECTION("shared memory + gloo, non-leader killed") { killed_peer({"", {2, 2}}, 3); }
@@ -171,8 +170,7 @@ TEST_CASE("abort() makes the peers fail at once and breaks the group", "[worker_
   }
 }
 
-TEST_CASE("a group re-created after a restart works on the same store",
-          "[worker_sdk][restart]") {
+TEST_CASE("a group re-created after a restart works on the same store", "[worker_sdk][restart]") {
   Job store_host;  // one store for both rounds, as the agent keeps it across restarts
   const std::string run_id = unique_run_id("restart");
   {

@@ -88,8 +88,8 @@ size_t slot_bytes_from_env(size_t requested) {
     char* end = nullptr;
     unsigned long long x = std::strtoull(v, &end, 10);
     if (end && *end == '\0' && x >= 4096 && x <= (1ull << 30)) return x;
-    throw std::invalid_argument(std::string("TRUN_SHM_SLOT_BYTES: expected bytes in [4096, 2^30], got '") +
-                                v + "'");
+    throw std::invalid_argument(
+        std::string("TRUN_SHM_SLOT_BYTES: expected bytes in [4096, 2^30], got '") + v + "'");
   }
   return kDefaultSlotBytes;
 }
@@ -127,9 +127,8 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     name_ = o.store->get(key);
     fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
     if (fd < 0)
-      throw CollectiveError(errno_text(("local rank " + std::to_string(me_) + ": shm_open(" +
-                                        name_ + ")")
-                                           .c_str()));
+      throw CollectiveError(
+          errno_text(("local rank " + std::to_string(me_) + ": shm_open(" + name_ + ")").c_str()));
     struct stat st {};
     if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != map_bytes_) {
       ::close(fd);
@@ -241,8 +240,8 @@ void ShmComm::check_peers_alive(const char* what) {
       dead = ::kill(pids_[r], 0) != 0 && errno == ESRCH;
     }
     if (dead) {
-      std::string reason = "local rank " + std::to_string(r) + " (pid " +
-                           std::to_string(pids_[r]) + ") exited during " + what;
+      std::string reason = "local rank " + std::to_string(r) + " (pid " + std::to_string(pids_[r]) +
+                           ") exited during " + what;
       set_abort(reason);
       fail_aborted(what);
     }
@@ -304,8 +303,7 @@ void ShmComm::arrive_and_wait(Deadline deadline, const char* what) {
 
 void ShmComm::barrier(Deadline deadline) { arrive_and_wait(deadline, "barrier"); }
 
-void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
-                        Deadline deadline) {
+void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline) {
   if (n_ == 1 || count == 0) return;
   const size_t es = dtype_size(dtype);
   char* buf = static_cast<char*>(data);

@@ -31,7 +31,7 @@ struct ShmOptions {
   rendezvous::Store* store = nullptr;  // namespaced for this node of this group
   int local_rank = 0;
   int local_size = 1;
-  std::string tag;  // part of the segment name; sanitized here
+  std::string tag;        // part of the segment name; sanitized here
   size_t slot_bytes = 0;  // 0: default (TRUN_SHM_SLOT_BYTES or 1 MiB)
 };
 
