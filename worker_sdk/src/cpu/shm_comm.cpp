@@ -39,6 +39,7 @@ constexpr size_t kLine = 64;
 struct alignas(64) ShmRankState {
   std::atomic<uint32_t> arrived{0};
   std::atomic<int32_t> pid{0};
+  std::atomic<uint64_t> pid_ns{0};  // inode of /proc/self/ns/pid: pids compare only within one
 };
 
 struct ShmHeader {
@@ -88,6 +89,11 @@ int pidfd_open(int pid) {
 size_t default_slot_bytes(int local_size) {
   return std::clamp<size_t>(kMaxSegmentData / static_cast<size_t>(local_size), 256u << 10,
                             kDefaultSlotBytes);
+}
+
+uint64_t pid_namespace() {
+  struct stat st {};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 size_t slot_bytes_from_env(size_t requested, int local_size) {
@@ -184,6 +190,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     }
   }
   hdr_->ranks[me_].pid.store(static_cast<int32_t>(::getpid()));
+  hdr_->ranks[me_].pid_ns.store(pid_namespace());
   // The last rank to map the segment removes its name: from here on nothing in /dev/shm
   // refers to it, and the memory goes away with the last process, however it exits.
   if (hdr_->mapped.fetch_add(1) + 1 == static_cast<uint32_t>(n_)) ::shm_unlink(name_.c_str());
@@ -205,9 +212,16 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   }
   pidfds_.assign(n_, -1);
   pids_.assign(n_, 0);
+  const uint64_t my_ns = pid_namespace();
   for (int r = 0; r < n_; ++r) {
     pids_[r] = hdr_->ranks[r].pid.load();
-    if (r != me_) pidfds_[r] = pidfd_open(pids_[r]);
+    // A peer in another pid namespace (containers sharing /dev/shm) has a pid that means
+    // nothing here: watch only the deadline and the abort flag for it.
+    if (r == me_ || my_ns == 0 || hdr_->ranks[r].pid_ns.load() != my_ns) {
+      if (r != me_) pids_[r] = 0;
+      continue;
+    }
+    pidfds_[r] = pidfd_open(pids_[r]);
   }
 }
 
