@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "rendezvous/store/server.h"
 #include "trun/worker.h"
 
 using namespace trun::worker;
@@ -155,4 +156,34 @@ TEST_CASE("invalid collective arguments are rejected on the caller's thread", "[
   pg.abort("test");
   CHECK(pg.broken());
   CHECK_THROWS_AS(pg.barrier(), CollectiveError);
+}
+
+TEST_CASE("init() connects to an authenticating store with TRUN_STORE_TOKEN", "[worker_sdk][env]") {
+  trun::rendezvous::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  so.token = "s3cret";
+  auto server = trun::rendezvous::StoreServer::start(so);
+  ::setenv("RANK", "0", 1);
+  ::setenv("WORLD_SIZE", "1", 1);
+  ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+  ::setenv("MASTER_PORT", std::to_string(server->port()).c_str(), 1);
+  ::setenv("TORCHELASTIC_RUN_ID", "tokentest", 1);
+  InitOptions io;
+  io.timeout = std::chrono::seconds(5);
+  SECTION("right token") {
+    ::setenv("TRUN_STORE_TOKEN", "s3cret", 1);
+    Worker w = init(io);
+    REQUIRE(w.store() != nullptr);
+    w.store()->set("k", "v");
+    CHECK(w.store()->get("k") == "v");
+    CHECK_FALSE(w.env().standalone);
+  }
+  SECTION("wrong token") {
+    ::setenv("TRUN_STORE_TOKEN", "wrong", 1);
+    CHECK_THROWS_AS(init(io), trun::rendezvous::StoreError);
+  }
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
+                        "TRUN_STORE_TOKEN"})
+    ::unsetenv(v);
+  server->stop();
 }
