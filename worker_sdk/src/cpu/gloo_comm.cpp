@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -78,6 +79,12 @@ struct GlooComm::State {
 GlooComm::GlooComm(rendezvous::Store& store, int rank, int size, const std::string& host,
                    Deadline deadline)
     : state_(std::make_unique<State>()), rank_(rank), size_(size) {
+  // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that died would kill this process
+  // with SIGPIPE instead of raising an error. Ignore SIGPIPE unless the program handles it.
+  struct sigaction old {};
+  if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
+      !(old.sa_flags & SA_SIGINFO))
+    ::signal(SIGPIPE, SIG_IGN);
   run_gloo("gloo connect", rank, deadline, [&] {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;

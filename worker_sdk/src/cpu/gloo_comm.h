@@ -5,6 +5,8 @@
 //
 // Failures: a peer whose connection closes makes the collective fail at once (Gloo raises an I/O
 // error); a stalled peer, at the deadline. Both become CollectiveError/CollectiveTimeoutError.
+// SIGPIPE: Gloo does not suppress it, so building a GlooComm sets it to SIG_IGN when it still has
+// its default action (a dead peer then shows up as an error, not as this process's death).
 // Thread safety: one collective at a time.
 
 #include <cstddef>
