@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "examples/train_mlp/mlp.h"
-#include "trun/error_file.h"
 #include "trun/checkpoint.h"
 #include "trun/ddp.h"
+#include "trun/error_file.h"
 #include "trun/sampler.h"
 #include "trun/worker.h"
 
@@ -108,25 +108,44 @@ Args parse(int argc, char** argv) {
       }
       return static_cast<uint64_t>(d);
     };
-    if (k == "--sizes") a.sizes = val();
-    else if (k == "--dataset-size") a.dataset_size = count(val());
-    else if (k == "--batch-size") a.batch_size = count(val());
-    else if (k == "--epochs") a.epochs = count(val());
-    else if (k == "--lr") a.lr = static_cast<float>(num(val()));
-    else if (k == "--momentum") a.momentum = static_cast<float>(num(val()));
-    else if (k == "--seed") a.seed = count(val());
-    else if (k == "--ckpt-dir") a.ckpt_dir = val();
-    else if (k == "--ckpt-every") a.ckpt_every = count(val());
-    else if (k == "--keep") a.keep = static_cast<int>(count(val()));
-    else if (k == "--async-ckpt") a.async_ckpt = true;
-    else if (k == "--no-ckpt") a.no_ckpt = true;
-    else if (k == "--bucket-cap-mb") a.bucket_cap_mb = num(val());
-    else if (k == "--backend") a.backend = val();
-    else if (k == "--step-sleep-ms") a.step_sleep_ms = static_cast<int>(count(val()));
-    else if (k == "--stop-after-steps") a.stop_after_steps = count(val());
-    else if (k == "--crash-at-step") a.crash_at_step = static_cast<int64_t>(count(val()));
-    else if (k == "--crash-rank") a.crash_rank = static_cast<int>(count(val()));
-    else if (k == "--sample-log") a.sample_log = val();
+    if (k == "--sizes")
+      a.sizes = val();
+    else if (k == "--dataset-size")
+      a.dataset_size = count(val());
+    else if (k == "--batch-size")
+      a.batch_size = count(val());
+    else if (k == "--epochs")
+      a.epochs = count(val());
+    else if (k == "--lr")
+      a.lr = static_cast<float>(num(val()));
+    else if (k == "--momentum")
+      a.momentum = static_cast<float>(num(val()));
+    else if (k == "--seed")
+      a.seed = count(val());
+    else if (k == "--ckpt-dir")
+      a.ckpt_dir = val();
+    else if (k == "--ckpt-every")
+      a.ckpt_every = count(val());
+    else if (k == "--keep")
+      a.keep = static_cast<int>(count(val()));
+    else if (k == "--async-ckpt")
+      a.async_ckpt = true;
+    else if (k == "--no-ckpt")
+      a.no_ckpt = true;
+    else if (k == "--bucket-cap-mb")
+      a.bucket_cap_mb = num(val());
+    else if (k == "--backend")
+      a.backend = val();
+    else if (k == "--step-sleep-ms")
+      a.step_sleep_ms = static_cast<int>(count(val()));
+    else if (k == "--stop-after-steps")
+      a.stop_after_steps = count(val());
+    else if (k == "--crash-at-step")
+      a.crash_at_step = static_cast<int64_t>(count(val()));
+    else if (k == "--crash-rank")
+      a.crash_rank = static_cast<int>(count(val()));
+    else if (k == "--sample-log")
+      a.sample_log = val();
     else if (k == "-h" || k == "--help") {
       usage();
       std::exit(0);
@@ -137,8 +156,9 @@ Args parse(int argc, char** argv) {
     }
   }
   if (a.batch_size == 0 || a.dataset_size == 0 || a.ckpt_every == 0 || a.keep < 1) {
-    std::fprintf(stderr, "train_mlp: --batch-size, --dataset-size, --ckpt-every and --keep must "
-                         "be positive\n");
+    std::fprintf(stderr,
+                 "train_mlp: --batch-size, --dataset-size, --ckpt-every and --keep must "
+                 "be positive\n");
     std::exit(2);
   }
   return a;
@@ -159,8 +179,8 @@ int run(int argc, char** argv) {
   model.init(args.seed + static_cast<uint64_t>(rank));
   std::vector<Parameter> params;
   for (size_t i = 0; i < model.num_params(); ++i)
-    params.push_back({model.param_name(i), model.param(i), model.param_numel(i),
-                      DataType::kFloat32, Device::kCpu});
+    params.push_back({model.param_name(i), model.param(i), model.param_numel(i), DataType::kFloat32,
+                      Device::kCpu});
   DdpOptions dopt;
   dopt.bucket_cap_mb = args.bucket_cap_mb;
   DistributedDataParallel ddp(pg, params, dopt);
@@ -188,8 +208,8 @@ int run(int argc, char** argv) {
       for (size_t i = 0; i < model.num_params(); ++i) {
         c->copy_to("model", model.param_name(i), model.param(i), model.param_numel(i),
                    DataType::kFloat32);
-        c->copy_to("optimizer", model.param_name(i) + ".momentum",
-                   opt.momentum_buffers()[i].data(), model.param_numel(i), DataType::kFloat32);
+        c->copy_to("optimizer", model.param_name(i) + ".momentum", opt.momentum_buffers()[i].data(),
+                   model.param_numel(i), DataType::kFloat32);
       }
       if (c->sampler) sampler.load_state(*c->sampler);
       step = c->step;
@@ -199,8 +219,8 @@ int run(int argc, char** argv) {
                     static_cast<int>(::getpid()), c->path.c_str(), step, sampler.epoch(),
                     sampler.offset(), c->world_size, world);
     } else if (rank == 0) {
-      std::printf("[%d] no checkpoint in %s: starting from scratch\n",
-                  static_cast<int>(::getpid()), dir.c_str());
+      std::printf("[%d] no checkpoint in %s: starting from scratch\n", static_cast<int>(::getpid()),
+                  dir.c_str());
     }
   }
   std::fflush(stdout);
@@ -220,14 +240,14 @@ int run(int argc, char** argv) {
     SaveRequest req;
     req.step = step;
     for (size_t i = 0; i < model.num_params(); ++i) {
-      req.model.push_back({model.param_name(i), DataType::kFloat32, model.param_shape(i),
-                           model.param(i)});
+      req.model.push_back(
+          {model.param_name(i), DataType::kFloat32, model.param_shape(i), model.param(i)});
       req.optimizer.push_back({model.param_name(i) + ".momentum", DataType::kFloat32,
                                model.param_shape(i), opt.momentum_buffers()[i].data()});
     }
     req.sampler = sampler.state();
-    req.metadata = "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " +
-                   std::to_string(world) + "}";
+    req.metadata =
+        "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " + std::to_string(world) + "}";
     ckpt->save(req);
   };
 
@@ -288,8 +308,8 @@ int run(int argc, char** argv) {
   if (ckpt) ckpt->wait();
   if (sample_log) std::fclose(sample_log);
   if (rank == 0)
-    std::printf("[%d] done: %" PRIu64 " steps, world size %d\n", static_cast<int>(::getpid()),
-                step, world);
+    std::printf("[%d] done: %" PRIu64 " steps, world size %d\n", static_cast<int>(::getpid()), step,
+                world);
   return 0;
 }
 

@@ -188,8 +188,9 @@ std::vector<int> parse_sizes(const std::string& text) {
     char* end = nullptr;
     const long v = std::strtol(part.c_str(), &end, 10);
     if (part.empty() || *end != '\0' || v < 1 || v > (1 << 20))
-      throw std::invalid_argument("bad layer sizes '" + text +
-                                  "': expected positive integers separated by commas, e.g. 10,10,5");
+      throw std::invalid_argument(
+          "bad layer sizes '" + text +
+          "': expected positive integers separated by commas, e.g. 10,10,5");
     sizes.push_back(static_cast<int>(v));
     pos = comma + 1;
   }
