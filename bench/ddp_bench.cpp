@@ -7,7 +7,8 @@
 //
 // Starts a store server and launches N copies of itself as ranks (the environment a trun agent
 // would set). Each rank runs every mode in turn; a step's time is the slowest rank's, and each
-// mode reports the median over --steps timed steps (after 2 untimed ones). Prints:
+// mode reports the median over --steps timed steps (after 2 untimed rounds); the modes' steps are
+// interleaved round by round. Prints:
 //   trun mode=local ranks=N params=P step_ms=T
 //   trun mode=ddp ranks=N params=P cap_mb=C buckets=B step_ms=T overhead=R
 // where R = ddp step / local step (1.00 = no overhead).
@@ -95,13 +96,36 @@ int rank_main(const Args& a) {
   Sgd sgd(1e-4f, 0.0f);
   std::vector<float> x, t;
   std::vector<uint64_t> idx(a.batch);
-  double local_ms = 0;
 
-  // Times one step (slowest rank) with `grads` as gradient storage and `ddp` (may be null).
-  auto run_mode = [&](DistributedDataParallel* ddp, std::vector<float*>& grads) {
-    std::vector<const float*> cg(grads.begin(), grads.end());
-    std::vector<double> times;
-    for (int s = 0; s < a.steps + 2; ++s) {
+  // Modes: 0 = local (own gradient buffers, no communication), 1.. = DDP with caps[m - 1].
+  // Steps of all modes are interleaved round by round, so that drift in the machine's load
+  // (it is shared) hits every mode alike.
+  std::vector<std::vector<float>> local_store(model.num_params());
+  std::vector<float*> local_grads;
+  for (size_t i = 0; i < model.num_params(); ++i) {
+    local_store[i].assign(model.param_numel(i), 0.0f);
+    local_grads.push_back(local_store[i].data());
+  }
+  std::vector<std::unique_ptr<DistributedDataParallel>> ddps;
+  std::vector<std::vector<float*>> ddp_grads;
+  for (double cap : a.caps) {
+    std::vector<Parameter> params;
+    for (size_t i = 0; i < model.num_params(); ++i)
+      params.push_back({model.param_name(i), model.param(i), model.param_numel(i)});
+    DdpOptions o;
+    o.bucket_cap_mb = cap;
+    ddps.push_back(std::make_unique<DistributedDataParallel>(pg, params, o));
+    std::vector<float*> g;
+    for (size_t i = 0; i < model.num_params(); ++i) g.push_back(ddps.back()->grad_as<float>(i));
+    ddp_grads.push_back(std::move(g));
+  }
+  const size_t modes = 1 + a.caps.size();
+  std::vector<std::vector<double>> times(modes);
+  for (int s = 0; s < a.steps + 2; ++s) {
+    for (size_t m = 0; m < modes; ++m) {
+      DistributedDataParallel* ddp = m == 0 ? nullptr : ddps[m - 1].get();
+      std::vector<float*>& grads = m == 0 ? local_grads : ddp_grads[m - 1];
+      std::vector<const float*> cg(grads.begin(), grads.end());
       for (size_t k = 0; k < a.batch; ++k) idx[k] = (s * a.batch + k) * a.ranks + pg.rank();
       model.make_batch(idx, x, t);
       pg.barrier();
@@ -122,39 +146,21 @@ int rank_main(const Args& a) {
       sgd.step(model, cg);
       double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
       pg.allreduce(&ms, 1, DataType::kFloat64, ReduceOp::kMax);
-      if (s >= 2) times.push_back(ms);
+      if (s >= 2) times[m].push_back(ms);
     }
-    return median(times);
-  };
-
-  {
-    std::vector<std::vector<float>> store(model.num_params());
-    std::vector<float*> grads;
-    for (size_t i = 0; i < model.num_params(); ++i) {
-      store[i].assign(model.param_numel(i), 0.0f);
-      grads.push_back(store[i].data());
-    }
-    local_ms = run_mode(nullptr, grads);
-    if (pg.rank() == 0)
-      std::printf("trun mode=local ranks=%d params=%zu step_ms=%.2f\n", pg.size(),
-                  model.total_elements(), local_ms);
-    std::fflush(stdout);
   }
-  for (double cap : a.caps) {
-    std::vector<Parameter> params;
-    for (size_t i = 0; i < model.num_params(); ++i)
-      params.push_back({model.param_name(i), model.param(i), model.param_numel(i)});
-    DdpOptions o;
-    o.bucket_cap_mb = cap;
-    DistributedDataParallel ddp(pg, params, o);
-    std::vector<float*> grads;
-    for (size_t i = 0; i < model.num_params(); ++i) grads.push_back(ddp.grad_as<float>(i));
-    const double ms = run_mode(&ddp, grads);
-    if (pg.rank() == 0)
+  if (pg.rank() == 0) {
+    const double local_ms = median(times[0]);
+    std::printf("trun mode=local ranks=%d params=%zu step_ms=%.2f\n", pg.size(),
+                model.total_elements(), local_ms);
+    for (size_t m = 1; m < modes; ++m) {
+      const double ms = median(times[m]);
       std::printf(
           "trun mode=ddp ranks=%d params=%zu cap_mb=%g buckets=%zu step_ms=%.2f "
           "overhead=%.3f\n",
-          pg.size(), model.total_elements(), cap, ddp.buckets().size(), ms, ms / local_ms);
+          pg.size(), model.total_elements(), a.caps[m - 1], ddps[m - 1]->buckets().size(), ms,
+          ms / local_ms);
+    }
     std::fflush(stdout);
   }
   return 0;
