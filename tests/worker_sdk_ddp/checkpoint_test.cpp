@@ -281,9 +281,9 @@ TEST_CASE("checkpoint: SIGKILL at 50 random moments never leaves a bad latest ch
   run_writer(dir, 1, "", std::chrono::seconds(60), &st0);
   REQUIRE(WIFEXITED(st0));
   REQUIRE(WEXITSTATUS(st0) == 0);
-  const auto t_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                        std::chrono::steady_clock::now() - t0)
-                        .count();
+  const auto t_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
   std::mt19937 rng(12345);
   std::uniform_int_distribution<long> delay_us(t_us * 3 / 10, t_us * 3);
   uint64_t last = 1;

@@ -133,7 +133,7 @@ TEST_CASE("ddp: buckets launch during backward (overlap)", "[ddp]") {
   }
 }
 
-TEST_CASE("ddp: misuse is a clear error; unused parameters are handled on request", "[ddp]") {
+TEST_CASE("ddp: misuse is a clear error, unused parameters are handled on request", "[ddp]") {
   for (int world : {1, 2, 3}) {
     auto results = run(world, {ddp_worker(), "errors"});
     for (auto& r : results) REQUIRE(r.output.find("PASS errors") != std::string::npos);
