@@ -8,10 +8,14 @@
 // would set), and prints one line per size:
 //   trun ranks=N size_mib=S algbw_gbps=A busbw_gbps=B memcpy_gbps=M
 // algbw = bytes / time of one allreduce (the slowest rank's median), busbw = algbw * 2(n-1)/n.
+// cpu_busbw and cpu_memcpy use CPU time instead of wall-clock time (informative: what the run
+// would show on an idle machine with a core per rank).
 
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -47,22 +51,34 @@ int iterations_for(size_t bytes) {
   return static_cast<int>(std::clamp<size_t>(it, 5, 50));
 }
 
+// CPU seconds of the calling thread / the whole process: on a busy machine wall-clock numbers
+// mostly measure the scheduler, CPU time measures the work.
+double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
 }
 
-double memcpy_gbps(size_t bytes) {
+// {wall-clock GB/s, CPU-time GB/s}
+std::pair<double, double> memcpy_gbps(size_t bytes) {
   std::vector<char> src(bytes, 1), dst(bytes, 2);
-  std::vector<double> t;
+  std::vector<double> t, c;
   for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
     auto t0 = Clock::now();
+    double c0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
     std::memcpy(dst.data(), src.data(), bytes);
+    c.push_back(cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0);
     t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
     src[i % bytes] = static_cast<char>(dst[(i * 7) % bytes] + 1);  // keep the copies live
   }
   t.erase(t.begin(), t.begin() + 2);
-  return bytes / median(t) / 1e9;
+  c.erase(c.begin(), c.begin() + 2);
+  return {bytes / median(t) / 1e9, bytes / median(c) / 1e9};
 }
 
 int run_rank(const std::vector<size_t>& sizes_mib) {
@@ -74,20 +90,26 @@ int run_rank(const std::vector<size_t>& sizes_mib) {
     std::vector<float> buf(count, 1.0f);
     const int iters = iterations_for(bytes);
     for (int i = 0; i < 2; ++i) pg.allreduce(buf.data(), count, DataType::kFloat32);
-    std::vector<double> times;
+    std::vector<double> times, cpu;
     for (int i = 0; i < iters; ++i) {
       pg.barrier();
       auto t0 = Clock::now();
+      double c0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
       pg.allreduce(buf.data(), count, DataType::kFloat32);
-      double t = std::chrono::duration<double>(Clock::now() - t0).count();
-      pg.allreduce(&t, 1, DataType::kFloat64, ReduceOp::kMax);  // the slowest rank's time
-      times.push_back(t);
+      double t[2] = {std::chrono::duration<double>(Clock::now() - t0).count(),
+                     cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0};
+      pg.allreduce(t, 2, DataType::kFloat64, ReduceOp::kMax);  // the slowest rank's
+      times.push_back(t[0]);
+      cpu.push_back(t[1]);
     }
     if (pg.rank() == 0) {
       double algbw = bytes / median(times) / 1e9;
       double busbw = algbw * 2.0 * (n - 1) / n;
-      std::printf("trun ranks=%d size_mib=%zu algbw_gbps=%.3f busbw_gbps=%.3f backend=%s\n", n,
-                  mib, algbw, busbw, pg.backend_description().c_str());
+      double cpu_busbw = bytes / median(cpu) / 1e9 * 2.0 * (n - 1) / n;
+      std::printf(
+          "trun ranks=%d size_mib=%zu algbw_gbps=%.3f busbw_gbps=%.3f cpu_busbw_gbps=%.3f "
+          "backend=%s\n",
+          n, mib, algbw, busbw, cpu_busbw, pg.backend_description().c_str());
       std::fflush(stdout);
     }
   }
@@ -126,8 +148,10 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  for (size_t mib : sizes_mib)
-    std::printf("memcpy size_mib=%zu memcpy_gbps=%.3f\n", mib, memcpy_gbps(mib << 20));
+  for (size_t mib : sizes_mib) {
+    auto [wall, cpu] = memcpy_gbps(mib << 20);
+    std::printf("memcpy size_mib=%zu memcpy_gbps=%.3f cpu_memcpy_gbps=%.3f\n", mib, wall, cpu);
+  }
   std::fflush(stdout);
 
   trun::rendezvous::StoreServerOptions so;

@@ -36,38 +36,45 @@ for n in $RANKS; do
 done
 
 $PY - "$out" <<'PYEOF'
-import re, sys
-rows = {}
-mem = {}
+import sys
+rows, mem = {}, {}
+nan = float("nan")
 for line in open(sys.argv[1]):
-    f = dict(kv.split("=", 1) for kv in line.split()[1:] if "=" in kv)
-    kind = line.split()[0]
-    if kind == "memcpy":
-        mem[int(f["size_mib"])] = float(f["memcpy_gbps"])
-    elif kind in ("trun", "torch"):
-        rows.setdefault((int(f["ranks"]), int(f["size_mib"])), {})[kind] = (
-            float(f["algbw_gbps"]), float(f["busbw_gbps"]))
+    words = line.split()
+    if not words:
+        continue
+    f = dict(kv.split("=", 1) for kv in words[1:] if "=" in kv)
+    if words[0] == "memcpy":
+        mem[int(f["size_mib"])] = (float(f["memcpy_gbps"]), float(f.get("cpu_memcpy_gbps", nan)))
+    elif words[0] in ("trun", "torch"):
+        rows.setdefault((int(f["ranks"]), int(f["size_mib"])), {})[words[0]] = (
+            float(f["algbw_gbps"]), float(f["busbw_gbps"]), float(f.get("cpu_busbw_gbps", nan)))
+
+def div(a, b):
+    return a / b if b == b and b else nan
+
 print()
+print("GB/s; 'cpu' columns use CPU time instead of wall-clock time (what an idle machine with a core")
+print("per rank would show; informative only, the RESULT lines use wall-clock time)")
 print(f"{'ranks':>5} {'MiB':>5} | {'trun algbw':>10} {'busbw':>7} | {'gloo algbw':>10} {'busbw':>7} |"
-      f" {'memcpy':>7} | {'vs gloo':>7} {'vs memcpy':>9}   (GB/s)")
+      f" {'memcpy':>7} | {'vs gloo':>7} {'vs memcpy':>9} | {'cpu busbw':>9} {'cpu memcpy':>10} {'ratio':>6}")
 for (n, mib), r in sorted(rows.items()):
-    t = r.get("trun", (float("nan"),) * 2)
-    g = r.get("torch", (float("nan"),) * 2)
-    m = mem.get(mib, float("nan"))
+    t = r.get("trun", (nan,) * 3)
+    g = r.get("torch", (nan,) * 3)
+    m = mem.get(mib, (nan, nan))
     print(f"{n:>5} {mib:>5} | {t[0]:>10.2f} {t[1]:>7.2f} | {g[0]:>10.2f} {g[1]:>7.2f} |"
-          f" {m:>7.2f} | {t[1] / g[1] if g[1] == g[1] and g[1] else float('nan'):>7.2f}"
-          f" {t[1] / m if m == m else float('nan'):>9.2f}")
+          f" {m[0]:>7.2f} | {div(t[1], g[1]):>7.2f} {div(t[1], m[0]):>9.2f} |"
+          f" {t[2]:>9.2f} {m[1]:>10.2f} {div(t[2], m[1]):>6.2f}")
 print()
 for (n, mib), r in sorted(rows.items()):
     if mib != 64 or "trun" not in r:
         continue
     busbw = r["trun"][1]
     peer = r.get("torch", (None, None))[1]
-    ratio = f"{busbw / peer:.2f}" if peer else "none"
     print(f"RESULT name=allreduce_busbw_64MiB_{n}ranks_vs_torch_gloo value={busbw:.3f} unit=GB/s "
-          f"peer={peer if peer else 'none'} ratio={ratio}")
-    m = mem.get(mib)
-    if m:
+          f"peer={f'{peer:.3f}' if peer else 'none'} ratio={f'{busbw / peer:.2f}' if peer else 'none'}")
+    if mib in mem:
+        m = mem[mib][0]
         print(f"RESULT name=allreduce_busbw_64MiB_{n}ranks_vs_memcpy value={busbw:.3f} unit=GB/s "
               f"peer={m:.3f} ratio={busbw / m:.2f}")
 PYEOF

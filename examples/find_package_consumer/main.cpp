@@ -15,8 +15,7 @@ int main() {
     std::vector<float> grads(1000, static_cast<float>(worker.rank() + 1));
     pg.allreduce(grads.data(), grads.size(), DataType::kFloat32, ReduceOp::kAvg);
     std::printf("consumer rank %d/%d backend %s nccl_compiled=%d avg=%g\n", worker.rank(),
-                worker.world_size(), pg.backend_description().c_str(), TRUN_HAVE_NCCL,
-                grads[0]);
+                worker.world_size(), pg.backend_description().c_str(), TRUN_HAVE_NCCL, grads[0]);
     return 0;
   });
 }

@@ -89,18 +89,18 @@ TEST_CASE("malformed values fail naming the variable and the value", "[worker_sd
     const char* value;
     const char* needle;
   };
-  for (const Case& c : {Case{"RANK", "abc", "RANK='abc' is not an integer"},
-                        Case{"RANK", "8", "RANK=8 is outside [0, 7]"},
-                        Case{"RANK", "-1", "RANK=-1 is outside"},
-                        Case{"WORLD_SIZE", "0", "WORLD_SIZE=0 is outside"},
-                        Case{"WORLD_SIZE", "4x", "WORLD_SIZE='4x' is not an integer"},
-                        Case{"MASTER_PORT", "70000", "MASTER_PORT=70000 is outside"},
-                        Case{"MASTER_PORT", "", "MASTER_PORT is set but empty"},
-                        Case{"MASTER_ADDR", "", "MASTER_ADDR is set but empty"},
-                        Case{"LOCAL_RANK", "4", "LOCAL_RANK=4 is outside [0, 3]"},
-                        Case{"GROUP_RANK", "2", "GROUP_RANK=2 is not below GROUP_WORLD_SIZE=2"},
-                        Case{"TORCHELASTIC_RESTART_COUNT", "x",
-                             "TORCHELASTIC_RESTART_COUNT='x' is not an integer"}}) {
+  for (const Case& c :
+       {Case{"RANK", "abc", "RANK='abc' is not an integer"},
+        Case{"RANK", "8", "RANK=8 is outside [0, 7]"}, Case{"RANK", "-1", "RANK=-1 is outside"},
+        Case{"WORLD_SIZE", "0", "WORLD_SIZE=0 is outside"},
+        Case{"WORLD_SIZE", "4x", "WORLD_SIZE='4x' is not an integer"},
+        Case{"MASTER_PORT", "70000", "MASTER_PORT=70000 is outside"},
+        Case{"MASTER_PORT", "", "MASTER_PORT is set but empty"},
+        Case{"MASTER_ADDR", "", "MASTER_ADDR is set but empty"},
+        Case{"LOCAL_RANK", "4", "LOCAL_RANK=4 is outside [0, 3]"},
+        Case{"GROUP_RANK", "2", "GROUP_RANK=2 is not below GROUP_WORLD_SIZE=2"},
+        Case{"TORCHELASTIC_RESTART_COUNT", "x",
+             "TORCHELASTIC_RESTART_COUNT='x' is not an integer"}}) {
     auto vars = full();
     vars[c.var] = c.value;
     require_error_naming(vars, c.needle);
@@ -142,8 +142,7 @@ TEST_CASE("init() outside a launcher gives a working world of size 1", "[worker_
   CHECK(work.error() == nullptr);
 }
 
-TEST_CASE("invalid collective arguments are rejected on the caller's thread",
-          "[worker_sdk][env]") {
+TEST_CASE("invalid collective arguments are rejected on the caller's thread", "[worker_sdk][env]") {
   Worker w = init();
   ProcessGroup& pg = w.process_group();
   std::vector<float> x(4);

@@ -34,7 +34,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-constexpr DataType kDtypes[] = {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+constexpr DataType kDtypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
                                 DataType::kBFloat16, DataType::kInt32,   DataType::kInt64};
 constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax};
 
@@ -70,7 +70,8 @@ void store(void* buf, size_t i, DataType dt, double v) {
 std::vector<char> make(size_t n, DataType dt) { return std::vector<char>(n * dtype_size(dt) + 1); }
 
 void fill(std::vector<char>& buf, size_t n, DataType dt, int rank, size_t base = 0) {
-  for (size_t i = 0; i < n; ++i) store(buf.data(), i, dt, static_cast<double>(value(rank, base + i)));
+  for (size_t i = 0; i < n; ++i)
+    store(buf.data(), i, dt, static_cast<double>(value(rank, base + i)));
 }
 
 // Expected reduction of element `i` over all ranks, as the library defines it.
@@ -168,7 +169,8 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
   for (auto& w : works) w.wait();
   auto want = make(n, DataType::kFloat32);
   for (size_t i = 0; i < n; ++i)
-    store(want.data(), i, DataType::kFloat32, reduce_ref(world, i, DataType::kFloat32, ReduceOp::kSum));
+    store(want.data(), i, DataType::kFloat32,
+          reduce_ref(world, i, DataType::kFloat32, ReduceOp::kSum));
   for (size_t k = 0; k < works.size(); ++k) {
     if (!works[k].is_completed() || works[k].error()) {
       std::fprintf(stderr, "MISMATCH async work %zu not completed cleanly\n", k);
@@ -185,7 +187,8 @@ void run_big(ProcessGroup& pg) {
   {
     auto buf = make(n, dt), want = make(n, dt);
     fill(buf, n, dt, rank);
-    for (size_t i = 0; i < n; ++i) store(want.data(), i, dt, reduce_ref(world, i, dt, ReduceOp::kSum));
+    for (size_t i = 0; i < n; ++i)
+      store(want.data(), i, dt, reduce_ref(world, i, dt, ReduceOp::kSum));
     pg.allreduce(buf.data(), n, dt);
     check(label("allreduce", dt, n), buf, want, n, dt);
   }
@@ -230,7 +233,8 @@ int main(int argc, char** argv) {
   try {
     InitOptions io;
     if (const char* b = std::getenv("PG_WORKER_BACKEND")) io.backend = parse_backend(b);
-    if (const char* t = std::getenv("PG_WORKER_TIMEOUT_MS")) io.timeout = std::chrono::milliseconds(std::atoi(t));
+    if (const char* t = std::getenv("PG_WORKER_TIMEOUT_MS"))
+      io.timeout = std::chrono::milliseconds(std::atoi(t));
     Worker w = init(io);
     ProcessGroup& pg = w.process_group();
     std::printf("rank %d/%d backend %s\n", pg.rank(), pg.size(), pg.backend_description().c_str());
@@ -280,8 +284,7 @@ int main(int argc, char** argv) {
           if (it == 0) std::printf("READY\n");
           t0 = Clock::now();
         } catch (const CollectiveError& e) {
-          std::printf("FAILED after %.3f s in iteration %d: %s\n", seconds_since(t0), it,
-                      e.what());
+          std::printf("FAILED after %.3f s in iteration %d: %s\n", seconds_since(t0), it, e.what());
           return 11;
         }
       }

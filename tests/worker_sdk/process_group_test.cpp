@@ -21,6 +21,8 @@ struct Layout {
   std::vector<int> nodes;
   bool reverse_local = false;
   bool no_placement = false;
+  // Small shared-memory slots: many rounds per collective, with a short last one.
+  bool small_slots = false;
 };
 
 void expect_all_exit(const std::vector<RankResult>& results, const Job& job, int code) {
@@ -40,6 +42,7 @@ void run_scenario(const Layout& layout, std::vector<std::string> args,
   spec.nodes = layout.nodes;
   spec.reverse_local = layout.reverse_local;
   spec.no_placement = layout.no_placement;
+  if (layout.small_slots) spec.env["TRUN_SHM_SLOT_BYTES"] = "16384";
   spec.run_id = unique_run_id("pg");
   job.start(spec);
   auto results = job.wait(timeout);
@@ -54,10 +57,11 @@ TEST_CASE("every collective matches a serial reference for every dtype and size"
   const Layout layouts[] = {
       {"2 ranks, one node (shared memory)", {2}},
       {"3 ranks, one node (shared memory)", {3}},
+      {"3 ranks, one node, 16 KiB slots (many rounds)", {3}, false, false, true},
       {"8 ranks, one node (shared memory)", {8}},
       {"4 ranks, one node, local ranks in reverse order", {4}, true},
       {"4 ranks on 2 nodes of 2 (shared memory + gloo)", {2, 2}},
-      {"5 ranks on uneven nodes 2+3", {2, 3}},
+      {"5 ranks on uneven nodes 2+3, 16 KiB slots", {2, 3}, false, false, true},
       {"3 ranks, no placement (gloo only)", {1, 1, 1}, false, true},
       {"8 ranks on 4 nodes of 2", {2, 2, 2, 2}},
   };
@@ -145,8 +149,7 @@ TEST_CASE("a stalled peer makes every other rank time out instead of hanging",
   SECTION("shared memory + gloo") { stalled_peer({"", {2, 2}}); }
 }
 
-TEST_CASE("a peer SIGKILLed mid-collective makes every other rank fail",
-          "[worker_sdk][failures]") {
+TEST_CASE("a peer SIGKILLed mid-collective makes every other rank fail", "[worker_sdk][failures]") {
   SECTION("shared memory, 4 ranks") { killed_peer({"", {4}}, 2); }
   SECTION("gloo, 3 ranks") { killed_peer({"", {1, 1, 1}, false, true}, 1); }
   SECTION("shared memory + gloo, non-leader killed") { killed_peer({"", {2, 2}}, 3); }
@@ -171,8 +174,7 @@ TEST_CASE("abort() makes the peers fail at once and breaks the group", "[worker_
   }
 }
 
-TEST_CASE("a group re-created after a restart works on the same store",
-          "[worker_sdk][restart]") {
+TEST_CASE("a group re-created after a restart works on the same store", "[worker_sdk][restart]") {
   Job store_host;  // one store for both rounds, as the agent keeps it across restarts
   const std::string run_id = unique_run_id("restart");
   {

@@ -16,12 +16,12 @@ TEST_CASE("float16 conversion round-trips known values", "[worker_sdk][reduce]")
   CHECK(float_to_half(-0.0f) == 0x8000);
   CHECK(float_to_half(1.0f) == 0x3c00);
   CHECK(float_to_half(-2.0f) == 0xc000);
-  CHECK(float_to_half(65504.0f) == 0x7bff);                // largest finite
-  CHECK(float_to_half(65520.0f) == 0x7c00);                // rounds to inf
-  CHECK(float_to_half(std::ldexp(1.0f, -24)) == 0x0001);   // smallest subnormal
-  CHECK(float_to_half(std::ldexp(1.0f, -25)) == 0x0000);   // tie to even: zero
-  CHECK(float_to_half(std::ldexp(3.0f, -25)) == 0x0002);   // tie to even: 2
-  CHECK(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);  // tie to even (down)
+  CHECK(float_to_half(65504.0f) == 0x7bff);                          // largest finite
+  CHECK(float_to_half(65520.0f) == 0x7c00);                          // rounds to inf
+  CHECK(float_to_half(std::ldexp(1.0f, -24)) == 0x0001);             // smallest subnormal
+  CHECK(float_to_half(std::ldexp(1.0f, -25)) == 0x0000);             // tie to even: zero
+  CHECK(float_to_half(std::ldexp(3.0f, -25)) == 0x0002);             // tie to even: 2
+  CHECK(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);      // tie to even (down)
   CHECK(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);  // tie to even (up)
   CHECK((float_to_half(std::numeric_limits<float>::quiet_NaN()) & 0x7fff) > 0x7c00);
   CHECK(half_to_float(0x3555) == Approx(0.333251953125f).epsilon(0));

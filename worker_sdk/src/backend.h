@@ -25,8 +25,7 @@ class BackendImpl {
   virtual std::string description() const = 0;
   virtual void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
                          Deadline deadline) = 0;
-  virtual void broadcast(void* data, size_t count, DataType dtype, int root,
-                         Deadline deadline) = 0;
+  virtual void broadcast(void* data, size_t count, DataType dtype, int root, Deadline deadline) = 0;
   virtual void allgather(const void* send, void* recv, size_t count, DataType dtype,
                          Deadline deadline) = 0;
   virtual void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,

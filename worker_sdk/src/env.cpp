@@ -70,11 +70,10 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup) {
         parse_int("LOCAL_WORLD_SIZE", get(lookup, "LOCAL_WORLD_SIZE"), 1, env.world_size));
     env.local_rank = static_cast<int>(
         parse_int("LOCAL_RANK", get(lookup, "LOCAL_RANK"), 0, env.local_world_size - 1));
-    env.group_rank = static_cast<int>(parse_int("GROUP_RANK", get(lookup, "GROUP_RANK"), 0,
-                                                env.world_size - 1));
+    env.group_rank =
+        static_cast<int>(parse_int("GROUP_RANK", get(lookup, "GROUP_RANK"), 0, env.world_size - 1));
     if (const char* v = get(lookup, "GROUP_WORLD_SIZE")) {
-      env.group_world_size =
-          static_cast<int>(parse_int("GROUP_WORLD_SIZE", v, 1, env.world_size));
+      env.group_world_size = static_cast<int>(parse_int("GROUP_WORLD_SIZE", v, 1, env.world_size));
       if (env.group_rank >= env.group_world_size)
         throw EnvError("GROUP_RANK=" + std::to_string(env.group_rank) +
                        " is not below GROUP_WORLD_SIZE=" + std::to_string(env.group_world_size));

@@ -160,9 +160,9 @@ struct ProcessGroup::Impl {
         cause = broken_cause;
       }
       if (!cause.empty()) {
-        task.state->finish(std::make_exception_ptr(CollectiveError(
-            task.state->what + " on rank " + std::to_string(options.rank) +
-            ": the process group is broken: " + cause)));
+        task.state->finish(std::make_exception_ptr(
+            CollectiveError(task.state->what + " on rank " + std::to_string(options.rank) +
+                            ": the process group is broken: " + cause)));
         continue;
       }
       try {
@@ -173,8 +173,8 @@ struct ProcessGroup::Impl {
         task.state->finish(std::current_exception());
       } catch (const std::exception& e) {
         // Store errors and the like: same contract for the caller.
-        std::string msg = task.state->what + " on rank " + std::to_string(options.rank) +
-                          " failed: " + e.what();
+        std::string msg =
+            task.state->what + " on rank " + std::to_string(options.rank) + " failed: " + e.what();
         mark_broken(msg);
         task.state->finish(std::make_exception_ptr(CollectiveError(msg)));
       }
@@ -204,15 +204,14 @@ namespace {
 
 void check_buffer(const void* p, size_t count, const char* what) {
   if (p == nullptr && count > 0)
-    throw std::invalid_argument(std::string(what) + ": null buffer with " +
-                                std::to_string(count) + " elements");
+    throw std::invalid_argument(std::string(what) + ": null buffer with " + std::to_string(count) +
+                                " elements");
 }
 
 void check_dtype(DataType dtype) { (void)dtype_size(dtype); }
 
 void check_op(ReduceOp op) {
-  if (op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kMin &&
-      op != ReduceOp::kMax)
+  if (op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kMin && op != ReduceOp::kMax)
     throw std::invalid_argument("unknown ReduceOp " + std::to_string(static_cast<int>(op)));
 }
 
@@ -235,8 +234,7 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options) : impl_(std::make_unique
                                 " is outside [0, " + std::to_string(o.world_size) + ")");
   if (o.world_size > 1 && !o.store)
     throw std::invalid_argument("ProcessGroup: a store is required when world_size > 1");
-  if (o.timeout.count() <= 0)
-    throw std::invalid_argument("ProcessGroup: timeout must be positive");
+  if (o.timeout.count() <= 0) throw std::invalid_argument("ProcessGroup: timeout must be positive");
   if ((o.node_rank < 0) != (o.local_rank < 0))
     throw std::invalid_argument(
         "ProcessGroup: node_rank and local_rank must both be set or both be -1");
@@ -293,12 +291,12 @@ Work ProcessGroup::allgather_async(const void* send, void* recv, size_t count, D
   check_no_overlap(send, count * es, recv, count * es * size(), "allgather");
   auto* b = impl_->backend.get();
   return impl_->submit(
-      std::string("allgather(") + dtype_name(dtype) + ", " + std::to_string(count) + ")",
-      timeout, [=](Deadline d) { b->allgather(send, recv, count, dtype, d); });
+      std::string("allgather(") + dtype_name(dtype) + ", " + std::to_string(count) + ")", timeout,
+      [=](Deadline d) { b->allgather(send, recv, count, dtype, d); });
 }
 
-Work ProcessGroup::reduce_scatter_async(const void* send, void* recv, size_t count,
-                                        DataType dtype, ReduceOp op, Timeout timeout) {
+Work ProcessGroup::reduce_scatter_async(const void* send, void* recv, size_t count, DataType dtype,
+                                        ReduceOp op, Timeout timeout) {
   check_dtype(dtype);
   check_op(op);
   check_buffer(send, count, "reduce_scatter");

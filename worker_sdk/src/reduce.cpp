@@ -157,8 +157,7 @@ void divide(void* data, size_t n, DataType dtype, int divisor) {
     }
     case DataType::kBFloat16: {
       uint16_t* d = static_cast<uint16_t*>(data);
-      for (size_t i = 0; i < n; ++i)
-        d[i] = float_to_bfloat16(bfloat16_to_float(d[i]) / divisor);
+      for (size_t i = 0; i < n; ++i) d[i] = float_to_bfloat16(bfloat16_to_float(d[i]) / divisor);
       return;
     }
   }

@@ -41,8 +41,8 @@ ProcessGroup& Worker::process_group() {
 
 std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
   const int n = (*group_counter_)++;
-  const std::string round = "restart" + std::to_string(env_.restart_count) + "/pg" +
-                            std::to_string(n);
+  const std::string round =
+      "restart" + std::to_string(env_.restart_count) + "/pg" + std::to_string(n);
   ProcessGroupOptions o;
   if (store_) o.store = std::make_shared<rendezvous::PrefixStore>(round, store_);
   o.rank = env_.rank;

@@ -30,8 +30,7 @@ struct Placement {
 
 class CpuBackend : public BackendImpl {
  public:
-  CpuBackend(const ProcessGroupOptions& o, Deadline deadline)
-      : rank_(o.rank), size_(o.world_size) {
+  CpuBackend(const ProcessGroupOptions& o, Deadline deadline) : rank_(o.rank), size_(o.world_size) {
     if (size_ == 1) {
       place_.assign(1, Placement{});
       node_sizes_.assign(1, 1);
@@ -41,8 +40,8 @@ class CpuBackend : public BackendImpl {
     const Placement& me = place_[rank_];
     const int node_size = node_sizes_[me.node];
     if (node_size > 1) {
-      auto node_store = std::make_shared<rendezvous::PrefixStore>(
-          "shm/" + std::to_string(me.node), o.store);
+      auto node_store =
+          std::make_shared<rendezvous::PrefixStore>("shm/" + std::to_string(me.node), o.store);
       ShmOptions so;
       so.store = node_store.get();
       so.local_rank = me.local;
@@ -52,8 +51,8 @@ class CpuBackend : public BackendImpl {
     }
     if (num_nodes() > 1 && me.local == 0) {
       auto gloo_store = std::make_shared<rendezvous::PrefixStore>("gloo", o.store);
-      std::string host = o.gloo_host.empty() ? local_address_towards(o.gloo_peer_hint)
-                                             : o.gloo_host;
+      std::string host =
+          o.gloo_host.empty() ? local_address_towards(o.gloo_peer_hint) : o.gloo_host;
       gloo_ = std::make_unique<GlooComm>(*gloo_store, me.node, num_nodes(), host, deadline);
     }
     identity_ = num_nodes() == 1;
@@ -193,8 +192,8 @@ class CpuBackend : public BackendImpl {
         throw CollectiveError("rank " + std::to_string(r) + " published a malformed placement '" +
                               values[r] + "'");
       // Unknown placement: a node of its own.
-      std::string key = node >= 0 && local >= 0 ? "n" + std::to_string(node)
-                                                : "r" + std::to_string(r);
+      std::string key =
+          node >= 0 && local >= 0 ? "n" + std::to_string(node) : "r" + std::to_string(r);
       nodes[key].push_back({node >= 0 && local >= 0 ? local : 0, r});
     }
     place_.assign(size_, Placement{});

@@ -54,11 +54,10 @@ void run_gloo(const char* what, int rank, Deadline deadline, Fn&& fn) {
   try {
     fn();
   } catch (const std::exception& e) {
-    std::string msg = std::string(what) + " failed on node rank " + std::to_string(rank) +
-                      " (gloo): " + e.what();
+    std::string msg =
+        std::string(what) + " failed on node rank " + std::to_string(rank) + " (gloo): " + e.what();
     // Gloo reports its own deadline as an I/O error; tell the two apart by the clock.
-    if (Clock::now() + std::chrono::milliseconds(50) >= deadline)
-      throw CollectiveTimeoutError(msg);
+    if (Clock::now() + std::chrono::milliseconds(50) >= deadline) throw CollectiveTimeoutError(msg);
     throw CollectiveError(msg);
   }
 }
@@ -98,8 +97,7 @@ GlooComm::GlooComm(rendezvous::Store& store, int rank, int size, const std::stri
 
 GlooComm::~GlooComm() = default;
 
-void GlooComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
-                         Deadline deadline) {
+void GlooComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline) {
   if (count == 0 || size_ == 1) return;
   run_gloo("allreduce", rank_, deadline, [&] {
     gloo::AllreduceOptions opts(state_->context);

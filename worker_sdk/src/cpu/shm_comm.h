@@ -31,8 +31,8 @@ struct ShmOptions {
   rendezvous::Store* store = nullptr;  // namespaced for this node of this group
   int local_rank = 0;
   int local_size = 1;
-  std::string tag;  // part of the segment name; sanitized here
-  size_t slot_bytes = 0;  // 0: default (TRUN_SHM_SLOT_BYTES or 1 MiB)
+  std::string tag;        // part of the segment name; sanitized here
+  size_t slot_bytes = 0;  // 0: TRUN_SHM_SLOT_BYTES, else min(4 MiB, 32 MiB / local_size)
 };
 
 class ShmComm {

@@ -26,17 +26,17 @@ std::string cuda_error_message(const char* call, cudaError_t err, const char* fi
 
 }  // namespace trun::worker::detail
 
-#define TRUN_CUDA_CHECK(call)                                                        \
-  do {                                                                               \
-    cudaError_t trun_err_ = (call);                                                  \
-    if (trun_err_ != cudaSuccess)                                                    \
+#define TRUN_CUDA_CHECK(call)                                                         \
+  do {                                                                                \
+    cudaError_t trun_err_ = (call);                                                   \
+    if (trun_err_ != cudaSuccess)                                                     \
       ::trun::worker::detail::throw_cuda_error(#call, trun_err_, __FILE__, __LINE__); \
   } while (0)
 
 // ncclInProgress is not an error for non-blocking communicators; callers poll for it.
-#define TRUN_NCCL_CHECK(call, comm)                                                          \
-  do {                                                                                       \
-    ncclResult_t trun_res_ = (call);                                                         \
-    if (trun_res_ != ncclSuccess && trun_res_ != ncclInProgress)                             \
+#define TRUN_NCCL_CHECK(call, comm)                                                           \
+  do {                                                                                        \
+    ncclResult_t trun_res_ = (call);                                                          \
+    if (trun_res_ != ncclSuccess && trun_res_ != ncclInProgress)                              \
       ::trun::worker::detail::throw_nccl_error(#call, trun_res_, (comm), __FILE__, __LINE__); \
   } while (0)

@@ -63,7 +63,8 @@ ncclRedOp_t to_nccl(ReduceOp op) {
 
 class NcclBackend : public BackendImpl {
  public:
-  NcclBackend(const ProcessGroupOptions& o, Deadline deadline) : rank_(o.rank), size_(o.world_size) {
+  NcclBackend(const ProcessGroupOptions& o, Deadline deadline)
+      : rank_(o.rank), size_(o.world_size) {
     std::string why;
     int n = cuda_device_count(&why);
     if (n == 0)
@@ -106,8 +107,7 @@ class NcclBackend : public BackendImpl {
         auto limit = Clock::now() + std::chrono::seconds(10);
         ncclResult_t state = ncclInProgress;
         while (clean && Clock::now() < limit) {
-          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress)
-            break;
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         clean = clean && state == ncclSuccess;
@@ -133,9 +133,8 @@ class NcclBackend : public BackendImpl {
   }
   void broadcast(void* data, size_t count, DataType dtype, int root, Deadline deadline) override {
     if (count == 0) return;
-    run("ncclBroadcast", deadline, [&] {
-      return ncclBroadcast(data, data, count, to_nccl(dtype), root, comm_, stream_);
-    });
+    run("ncclBroadcast", deadline,
+        [&] { return ncclBroadcast(data, data, count, to_nccl(dtype), root, comm_, stream_); });
   }
   void allgather(const void* send, void* recv, size_t count, DataType dtype,
                  Deadline deadline) override {
@@ -151,9 +150,8 @@ class NcclBackend : public BackendImpl {
     });
   }
   void barrier(Deadline deadline) override {
-    run("barrier (ncclAllReduce)", deadline, [&] {
-      return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
-    });
+    run("barrier (ncclAllReduce)", deadline,
+        [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
   }
   void abort(const std::string& reason) override { aborted_ = true; }
 
@@ -242,8 +240,8 @@ std::string nccl_error_message(const char* call, ncclResult_t res, ncclComm_t co
                                const char* file, int line) {
   const char* last = ncclGetLastError(comm);
   return cuda_check_where(file, line) + " " + call + " failed: " + ncclGetErrorString(res) +
-         " (ncclResult " + std::to_string(static_cast<int>(res)) + "); NCCL: " +
-         (last && *last ? last : "(no further detail)");
+         " (ncclResult " + std::to_string(static_cast<int>(res)) +
+         "); NCCL: " + (last && *last ? last : "(no further detail)");
 }
 
 void throw_cuda_error(const char* call, cudaError_t err, const char* file, int line) {
