@@ -3,13 +3,13 @@
 # libtrun_worker's DDP at bucket caps 1, 5, 25, 100 MB, vs the same step without communication;
 # the peer is PyTorch 1.13 DDP (gloo) on the same layer sizes under torchrun, in the same run.
 # Usage: scripts/bench_ddp.sh [build dir]
-#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=8 CAPS=1,5,25,100 RANKS=2)
+#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 RANKS=2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${1:-build}
 SIZES=${SIZES:-1024,2560,2048,1024}
 BATCH=${BATCH:-8}
-STEPS=${STEPS:-8}
+STEPS=${STEPS:-12}
 CAPS=${CAPS:-1,5,25,100}
 RANKS=${RANKS:-2}
 PY=/usr/bin/python3
