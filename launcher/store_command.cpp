@@ -1,6 +1,7 @@
 #include "launcher/store_command.h"
 
 #include <signal.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -13,9 +14,10 @@
 namespace trun::launcher {
 
 int run_store_command(int argc, char** argv) {
-  CLI::App app{"Runs trun's rendezvous store (wire-compatible with PyTorch's TCPStore) until "
-               "SIGINT or SIGTERM.",
-               "trun store"};
+  CLI::App app{
+      "Runs trun's rendezvous store (wire-compatible with PyTorch's TCPStore) until "
+      "SIGINT or SIGTERM.",
+      "trun store"};
   rendezvous::StoreServerOptions opts;
   opts.host = "127.0.0.1";
   int port = 29500;
@@ -41,6 +43,8 @@ int run_store_command(int argc, char** argv) {
     return 2;
   }
   opts.port = static_cast<uint16_t>(port);
+  // Logs go to stderr: stdout carries only the "listening on" line that scripts read.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("trun-store"));
   opts.token = token;
 
   // Block the signals before the server's thread starts so only sigwait sees them.

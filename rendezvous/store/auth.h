@@ -9,7 +9,7 @@ namespace trun::rendezvous::auth {
 
 inline constexpr size_t kChallengeBytes = 32;
 
-std::string sha256(std::string_view data);                          // 32 raw bytes
+std::string sha256(std::string_view data);                            // 32 raw bytes
 std::string hmac_sha256(std::string_view key, std::string_view msg);  // 32 raw bytes
 // A fresh challenge from the OS's random source.
 std::string make_challenge();

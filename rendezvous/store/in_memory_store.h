@@ -19,9 +19,10 @@ class InMemoryStore : public Store {
     data_[key] = std::string(value);
     cv_.notify_all();
   }
-  std::string get(const std::string& key) override {
+  using Store::get;
+  std::string get(const std::string& key, Duration timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
-    wait_locked(lock, {key}, timeout_, "get");
+    wait_locked(lock, {key}, timeout, "get");
     return data_[key];
   }
   int64_t add(const std::string& key, int64_t delta) override {
@@ -72,9 +73,11 @@ class InMemoryStore : public Store {
     std::lock_guard<std::mutex> lock(mu_);
     return data_.erase(key) > 0;
   }
-  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override {
+  using Store::multi_get;
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     Duration timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
-    wait_locked(lock, keys, timeout_, "multi_get");
+    wait_locked(lock, keys, timeout, "multi_get");
     std::vector<std::string> out;
     for (auto& k : keys) out.push_back(data_[k]);
     return out;
@@ -101,8 +104,9 @@ class InMemoryStore : public Store {
   void wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
                    Duration timeout, const char* op) {
     if (!cv_.wait_for(lock, timeout, [&] { return all_exist(keys); })) {
-      throw StoreTimeoutError(std::string("in-memory store: ") + op + ": keys did not appear within " +
-                              std::to_string(timeout.count()) + " ms");
+      throw StoreTimeoutError(std::string("in-memory store: ") + op +
+                              ": keys did not appear within " + std::to_string(timeout.count()) +
+                              " ms");
     }
   }
 

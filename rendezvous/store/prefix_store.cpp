@@ -15,7 +15,9 @@ std::vector<std::string> PrefixStore::keys(const std::vector<std::string>& ks) c
 }
 
 void PrefixStore::set(const std::string& k, std::string_view value) { base_->set(key(k), value); }
-std::string PrefixStore::get(const std::string& k) { return base_->get(key(k)); }
+std::string PrefixStore::get(const std::string& k, Duration timeout) {
+  return base_->get(key(k), timeout);
+}
 int64_t PrefixStore::add(const std::string& k, int64_t delta) { return base_->add(key(k), delta); }
 std::string PrefixStore::compare_set(const std::string& k, std::string_view expected,
                                      std::string_view desired) {
@@ -27,8 +29,9 @@ void PrefixStore::wait(const std::vector<std::string>& ks, Duration timeout) {
 }
 int64_t PrefixStore::num_keys() { return base_->num_keys(); }
 bool PrefixStore::delete_key(const std::string& k) { return base_->delete_key(key(k)); }
-std::vector<std::string> PrefixStore::multi_get(const std::vector<std::string>& ks) {
-  return base_->multi_get(keys(ks));
+std::vector<std::string> PrefixStore::multi_get(const std::vector<std::string>& ks,
+                                                Duration timeout) {
+  return base_->multi_get(keys(ks), timeout);
 }
 void PrefixStore::multi_set(const std::vector<std::string>& ks,
                             const std::vector<std::string>& values) {

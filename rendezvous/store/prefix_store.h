@@ -16,7 +16,8 @@ class PrefixStore : public Store {
   PrefixStore(std::string prefix, std::shared_ptr<Store> base);
 
   void set(const std::string& key, std::string_view value) override;
-  std::string get(const std::string& key) override;
+  using Store::get;
+  std::string get(const std::string& key, Duration timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::string compare_set(const std::string& key, std::string_view expected,
                           std::string_view desired) override;
@@ -25,7 +26,9 @@ class PrefixStore : public Store {
   void wait(const std::vector<std::string>& keys, Duration timeout) override;
   int64_t num_keys() override;
   bool delete_key(const std::string& key) override;
-  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
+  using Store::multi_get;
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     Duration timeout) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   void append(const std::string& key, std::string_view value) override;

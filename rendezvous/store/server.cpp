@@ -27,28 +27,50 @@ constexpr size_t kMaxBufferedWhileBlocked = 1 << 20;
 
 const char* op_name(Op op) {
   switch (op) {
-    case Op::kValidate: return "VALIDATE";
-    case Op::kSet: return "SET";
-    case Op::kCompareSet: return "COMPARE_SET";
-    case Op::kGet: return "GET";
-    case Op::kAdd: return "ADD";
-    case Op::kCheck: return "CHECK";
-    case Op::kWait: return "WAIT";
-    case Op::kNumKeys: return "GETNUMKEYS";
-    case Op::kWatchKey: return "WATCH_KEY";
-    case Op::kDeleteKey: return "DELETE_KEY";
-    case Op::kAppend: return "APPEND";
-    case Op::kMultiGet: return "MULTI_GET";
-    case Op::kMultiSet: return "MULTI_SET";
-    case Op::kCancelWait: return "CANCEL_WAIT";
-    case Op::kPing: return "PING";
-    case Op::kQueuePush: return "QUEUE_PUSH";
-    case Op::kQueuePop: return "QUEUE_POP";
-    case Op::kQueueLen: return "QUEUE_LEN";
-    case Op::kAuthHello: return "AUTH_HELLO";
-    case Op::kAuthProof: return "AUTH_PROOF";
-    case Op::kWaitKeys: return "WAIT_TIMEOUT";
-    case Op::kGetWait: return "GET_TIMEOUT";
+    case Op::kValidate:
+      return "VALIDATE";
+    case Op::kSet:
+      return "SET";
+    case Op::kCompareSet:
+      return "COMPARE_SET";
+    case Op::kGet:
+      return "GET";
+    case Op::kAdd:
+      return "ADD";
+    case Op::kCheck:
+      return "CHECK";
+    case Op::kWait:
+      return "WAIT";
+    case Op::kNumKeys:
+      return "GETNUMKEYS";
+    case Op::kWatchKey:
+      return "WATCH_KEY";
+    case Op::kDeleteKey:
+      return "DELETE_KEY";
+    case Op::kAppend:
+      return "APPEND";
+    case Op::kMultiGet:
+      return "MULTI_GET";
+    case Op::kMultiSet:
+      return "MULTI_SET";
+    case Op::kCancelWait:
+      return "CANCEL_WAIT";
+    case Op::kPing:
+      return "PING";
+    case Op::kQueuePush:
+      return "QUEUE_PUSH";
+    case Op::kQueuePop:
+      return "QUEUE_POP";
+    case Op::kQueueLen:
+      return "QUEUE_LEN";
+    case Op::kAuthHello:
+      return "AUTH_HELLO";
+    case Op::kAuthProof:
+      return "AUTH_PROOF";
+    case Op::kWaitKeys:
+      return "WAIT_TIMEOUT";
+    case Op::kGetWait:
+      return "GET_TIMEOUT";
   }
   return "?";
 }
@@ -113,8 +135,8 @@ class ServerImpl : public StoreServer {
   void listen() {
     tcp::resolver resolver(io_);
     boost::system::error_code ec;
-    auto results = resolver.resolve(options_.host, std::to_string(options_.port),
-                                    tcp::resolver::passive, ec);
+    auto results =
+        resolver.resolve(options_.host, std::to_string(options_.port), tcp::resolver::passive, ec);
     if (ec || results.empty()) {
       throw StoreError("store server: cannot resolve bind address '" + options_.host +
                        "': " + ec.message());
@@ -248,7 +270,8 @@ Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
   socket_.set_option(tcp::no_delay(true), ec);
   socket_.set_option(asio::socket_base::keep_alive(true), ec);
   auto ep = socket_.remote_endpoint(ec);
-  peer_ = ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
+  peer_ =
+      ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
   authenticated_ = server_->options().token.empty();
 }
 
@@ -300,7 +323,12 @@ void Connection::process() {
       close("malformed request: " + result.error);
       break;
     }
-    if (blocked_ && request.op != Op::kCancelWait) break;  // served once the wait ends
+    // A blocked request holds back the ones behind it until it is answered or cancelled, except
+    // a 1.13 WAIT: the 1.13 client gives up on a wait silently (a socket timeout, no CANCEL_WAIT)
+    // and goes on using the connection, and PyTorch's 1.13 server keeps serving it, sending the
+    // STOP_WAITING whenever the keys appear. Do the same.
+    bool background_wait = dialect_ == wire::Dialect::kV1 && blocked_request_.op == Op::kWait;
+    if (blocked_ && request.op != Op::kCancelWait && !background_wait) break;
     offset += result.consumed;
     if (!execute(request)) break;
   }
@@ -315,8 +343,8 @@ bool Connection::execute(wire::Request& r) {
 
   if (!authenticated_ && r.op != Op::kValidate && r.op != Op::kAuthHello &&
       r.op != Op::kAuthProof) {
-    spdlog::warn("store server: rejected {}: {} before authenticating (a token is required)",
-                 peer_, op_name(r.op));
+    spdlog::warn("store server: rejected {}: {} before authenticating (a token is required)", peer_,
+                 op_name(r.op));
     close("");
     return false;
   }
@@ -334,8 +362,8 @@ bool Connection::execute(wire::Request& r) {
       return true;
     case Op::kAuthProof: {
       bool ok = !challenge_.empty() &&
-                auth::constant_time_equal(
-                    r.values[0], auth::hmac_sha256(server_->options().token, challenge_));
+                auth::constant_time_equal(r.values[0],
+                                          auth::hmac_sha256(server_->options().token, challenge_));
       challenge_.clear();
       if (!ok) {
         spdlog::warn("store server: rejected {}: wrong token", peer_);
@@ -426,10 +454,12 @@ bool Connection::execute(wire::Request& r) {
       enc.u8(wire::kWaitCanceled);
       return true;
     case Op::kWatchKey:
-      // 1.13's callback socket; PyTorch itself never uses watches in its launcher. Accepted and
-      // never answered.
-      spdlog::debug("store server: {} asked to watch '{}' (unsupported, ignored)", peer_,
+      // 1.13's callback socket; PyTorch itself never uses watches in its launcher. Confirmed with
+      // KEY_CALLBACK_REGISTERED (the 1.13 C++ client's watchKey() blocks until it arrives) and
+      // never notified.
+      spdlog::debug("store server: {} asked to watch '{}' (unsupported, never notified)", peer_,
                     r.keys[0]);
+      enc.u8(3);  // WatchResponseType::KEY_CALLBACK_REGISTERED
       return true;
     case Op::kQueuePush:
     case Op::kQueuePop:
@@ -478,6 +508,7 @@ bool Connection::execute(wire::Request& r) {
 
 void Connection::block_on(std::vector<std::string> missing, wire::Request request,
                           int64_t timeout_ms) {
+  if (blocked_) clear_wait();  // a new wait replaces a pending 1.13 one (see process())
   blocked_ = true;
   wait_id_ = server_->next_wait_id_++;
   wait_remaining_ = missing.size();

@@ -41,8 +41,9 @@ class Store {
   virtual ~Store() = default;
 
   virtual void set(const std::string& key, std::string_view value) = 0;
-  // Blocks until `key` exists, then returns its value.
-  virtual std::string get(const std::string& key) = 0;
+  // Blocks until `key` exists (at most `timeout`), then returns its value.
+  virtual std::string get(const std::string& key, Duration timeout) = 0;
+  std::string get(const std::string& key) { return get(key, timeout_); }
   // Adds `delta` to the integer at `key` (0 when missing) and returns the new value.
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   // c10d's compare_set: if the key holds `expected` (or is missing and `expected` is empty) it is
@@ -59,13 +60,19 @@ class Store {
   virtual int64_t num_keys() = 0;
   // True when the key existed.
   virtual bool delete_key(const std::string& key) = 0;
-  // Blocks until every key exists, then returns their values in order.
-  virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys) = 0;
+  // Blocks until every key exists (at most `timeout`), then returns their values in order.
+  virtual std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                             Duration timeout) = 0;
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) {
+    return multi_get(keys, timeout_);
+  }
   virtual void multi_set(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) = 0;
   // Appends to the value at `key`, creating it when missing.
   virtual void append(const std::string& key, std::string_view value) = 0;
 
+  // The default timeout of get/wait/multi_get and of every round trip. Not synchronized: set it
+  // before the store is shared between threads.
   Duration timeout() const { return timeout_; }
   void set_timeout(Duration timeout) { timeout_ = timeout; }
 

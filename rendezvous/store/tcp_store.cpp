@@ -171,7 +171,7 @@ std::string quoted(const std::string& key) { return "('" + key + "')"; }
 TcpStore::TcpStore(TcpStoreOptions options)
     : options_(std::move(options)),
       endpoint_((options_.host.find(':') != std::string::npos ? "[" + options_.host + "]"
-                                                               : options_.host) +
+                                                              : options_.host) +
                 ":" + std::to_string(options_.port)) {
   timeout_ = options_.timeout;
   std::lock_guard<std::mutex> lock(mu_);
@@ -213,8 +213,7 @@ void TcpStore::connect_locked(const char* op) {
       } catch (const IoError& e) {
         ::close(fd);
         if (!options_.token.empty()) {
-          throw StoreError("store " + endpoint_ + ": " + op +
-                           ": authentication failed: " + e.what +
+          throw StoreError("store " + endpoint_ + ": " + op + ": authentication failed: " + e.what +
                            " (is TRUN_STORE_TOKEN the server's token?)");
         }
         error = e.what;
@@ -269,17 +268,21 @@ void TcpStore::set(const std::string& key, std::string_view value) {
 // Server-side waits answer at `timeout`; the socket deadline leaves room for that answer.
 static Store::Duration with_grace(Store::Duration t) { return t + std::chrono::seconds(10); }
 
-std::string TcpStore::get(const std::string& key) {
+std::string TcpStore::get(const std::string& key, Duration timeout) {
   std::string req;
-  wire::Encoder(&req).query(Op::kGetWait).u64(1).bytes(key).i64(timeout_.count());
+  wire::Encoder(&req)
+      .query(Op::kGetWait)
+      .u64(1)
+      .bytes(key)
+      .i64(std::max<int64_t>(timeout.count(), 0));
   std::string op = "get" + quoted(key);
-  auto [status, value] = call(op.c_str(), req, with_grace(timeout_), [](Reader& r) {
+  auto [status, value] = call(op.c_str(), req, with_grace(timeout), [](Reader& r) {
     uint8_t status = r.u8();
     return std::make_pair(status, status == wire::kWaitStop ? r.bytes() : std::string());
   });
   if (status != wire::kWaitStop) {
     throw StoreTimeoutError("store " + endpoint_ + ": " + op + ": key did not appear within " +
-                            std::to_string(timeout_.count()) + " ms");
+                            std::to_string(timeout.count()) + " ms");
   }
   return value;
 }
@@ -317,8 +320,9 @@ void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
     std::string names;
     for (size_t i = 0; i < keys.size() && i < 4; ++i) names += (i ? ", '" : "'") + keys[i] + "'";
     if (keys.size() > 4) names += ", ...";
-    throw StoreTimeoutError("store " + endpoint_ + ": wait(" + names + "): keys did not appear within " +
-                            std::to_string(timeout.count()) + " ms");
+    throw StoreTimeoutError("store " + endpoint_ + ": wait(" + names +
+                            "): keys did not appear within " + std::to_string(timeout.count()) +
+                            " ms");
   }
 }
 
@@ -333,8 +337,9 @@ bool TcpStore::delete_key(const std::string& key) {
               [](Reader& r) { return r.i64() > 0; });
 }
 
-std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys) {
-  wait(keys, timeout_);
+std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys,
+                                             Duration timeout) {
+  wait(keys, timeout);
   std::string req;
   wire::Encoder enc(&req);
   enc.query(Op::kMultiGet).u64(keys.size());

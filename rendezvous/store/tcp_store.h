@@ -22,7 +22,7 @@ namespace trun::rendezvous {
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 29500;
-  Store::Duration timeout = Store::kDefaultTimeout;          // each operation
+  Store::Duration timeout = Store::kDefaultTimeout;            // each operation
   Store::Duration connect_timeout = std::chrono::seconds(60);  // retrying included
   std::string token;  // shared secret; empty: do not authenticate
 };
@@ -36,7 +36,8 @@ class TcpStore : public Store {
   TcpStore& operator=(const TcpStore&) = delete;
 
   void set(const std::string& key, std::string_view value) override;
-  std::string get(const std::string& key) override;
+  using Store::get;
+  std::string get(const std::string& key, Duration timeout) override;
   int64_t add(const std::string& key, int64_t delta) override;
   std::string compare_set(const std::string& key, std::string_view expected,
                           std::string_view desired) override;
@@ -45,7 +46,9 @@ class TcpStore : public Store {
   void wait(const std::vector<std::string>& keys, Duration timeout) override;
   int64_t num_keys() override;
   bool delete_key(const std::string& key) override;
-  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
+  using Store::multi_get;
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     Duration timeout) override;
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   void append(const std::string& key, std::string_view value) override;

@@ -12,8 +12,8 @@ struct QueryEntry {
   Op op;
 };
 constexpr QueryEntry kV1Queries[] = {
-    {0, Op::kSet},    {1, Op::kCompareSet}, {2, Op::kGet},      {3, Op::kAdd},       {4, Op::kCheck},
-    {5, Op::kWait},   {6, Op::kNumKeys},    {7, Op::kWatchKey}, {8, Op::kDeleteKey},
+    {0, Op::kSet},  {1, Op::kCompareSet}, {2, Op::kGet},      {3, Op::kAdd},       {4, Op::kCheck},
+    {5, Op::kWait}, {6, Op::kNumKeys},    {7, Op::kWatchKey}, {8, Op::kDeleteKey},
 };
 constexpr QueryEntry kV2Queries[] = {
     {0, Op::kValidate},
@@ -219,8 +219,8 @@ DecodeResult decode(std::string_view data, Dialect dialect, const Limits& limits
   if (data.empty()) return result;
   uint8_t byte = static_cast<uint8_t>(data[0]);
   Op op;
-  bool known = dialect == Dialect::kV1 ? Lookup(kV1Queries, byte, &op)
-                                       : Lookup(kV2Queries, byte, &op);
+  bool known =
+      dialect == Dialect::kV1 ? Lookup(kV1Queries, byte, &op) : Lookup(kV2Queries, byte, &op);
   if (!known) {
     result.status = Status::kMalformed;
     result.error = "unknown query type " + std::to_string(byte);
@@ -249,7 +249,9 @@ int query_byte(Op op, Dialect dialect) {
   return dialect == Dialect::kV1 ? find(kV1Queries) : find(kV2Queries);
 }
 
-Encoder& Encoder::query(Op op, Dialect dialect) { return u8(static_cast<uint8_t>(query_byte(op, dialect))); }
+Encoder& Encoder::query(Op op, Dialect dialect) {
+  return u8(static_cast<uint8_t>(query_byte(op, dialect)));
+}
 Encoder& Encoder::u8(uint8_t v) {
   out_->push_back(static_cast<char>(v));
   return *this;

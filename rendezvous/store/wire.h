@@ -32,7 +32,7 @@ enum class Op : uint8_t {
   kCheck,
   kWait,
   kNumKeys,
-  kWatchKey,  // 1.13 only; accepted and never answered (trun does not implement watches).
+  kWatchKey,  // 1.13 only; confirmed (KEY_CALLBACK_REGISTERED) but never notified.
   kDeleteKey,
   kAppend,
   kMultiGet,
@@ -60,7 +60,7 @@ inline constexpr uint8_t kWaitCanceled = 1;  // WaitResponseType::WAIT_CANCELED
 inline constexpr uint8_t kWaitTimedOut = 2;  // trun extension (kWaitKeys only)
 
 struct Limits {
-  uint64_t max_key_bytes = 64 * 1024;             // one key
+  uint64_t max_key_bytes = 64 * 1024;              // one key
   uint64_t max_value_bytes = 64ull * 1024 * 1024;  // one value, also the result of an append
   uint64_t max_keys_per_request = 64 * 1024;       // check / wait / multi_get / multi_set
 };

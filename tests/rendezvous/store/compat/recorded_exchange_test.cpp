@@ -1,0 +1,331 @@
+// Recorded exchanges: the exact bytes PyTorch's TCPStore clients send (2.x "validated" protocol and
+// 1.13), replayed over raw sockets against an in-process StoreServer, asserting the exact reply
+// bytes and that requests without a reply get none. PyTorch 2.x cannot be installed here, so the
+// 2.x sequences are derived from its TCPStore sources, as written down in
+// docs/tcpstore-protocol.md (sections 4, 6 and 7); the 1.13 ones were also seen from the real
+// 1.13 client on this machine.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <memory>
+#include <thread>
+
+#include "rendezvous/store/server.h"
+#include "tests/rendezvous/store/compat/raw_socket.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using trun::rendezvous::StoreServer;
+using trun::rendezvous::StoreServerOptions;
+using trun::test::hex;
+using trun::test::RawSocket;
+using trun::test::to_hex;
+
+// Wire fragments: a `str` is a u64 LE length followed by the bytes. Keys carry the client's "/"
+// prefix, as on the wire.
+const char* const kKey = "04 00 00 00 00 00 00 00 2f 6b 65 79";       // "/key"
+const char* const kValue = "05 00 00 00 00 00 00 00 76 61 6c 75 65";  // "value"
+const char* const kCnt = "04 00 00 00 00 00 00 00 2f 63 6e 74";       // "/cnt"
+const char* const kMiss = "05 00 00 00 00 00 00 00 2f 6d 69 73 73";   // "/miss"
+const char* const kInit = "05 00 00 00 00 00 00 00 69 6e 69 74 2f";   // "init/" (no "/" prefix)
+const char* const kEmpty = "00 00 00 00 00 00 00 00";                 // ""
+const char* const kOne = "01 00 00 00 00 00 00 00";                   // u64/i64 1
+const char* const kTwo = "02 00 00 00 00 00 00 00";                   // u64/i64 2
+const char* const kZero = "00 00 00 00 00 00 00 00";                  // u64/i64 0
+const char* const kValidate = "00 ce f7 85 3c";                       // VALIDATE + magic
+const char* const kPing12345 = "0d 39 30 00 00";                      // PING, nonce 12345
+const char* const kPong12345 = "39 30 00 00";
+
+std::string cat(std::initializer_list<const char*> parts) {
+  std::string all;
+  for (const char* p : parts) all += hex(p);
+  return all;
+}
+
+struct Fixture {
+  Fixture() {
+    StoreServerOptions opts;
+    opts.host = "127.0.0.1";
+    server = StoreServer::start(opts);
+  }
+  ~Fixture() { server->stop(); }
+
+  // A 2.x client after its connect sequence (VALIDATE, PING echoed).
+  std::unique_ptr<RawSocket> v2_client() {
+    auto s = std::make_unique<RawSocket>(server->port());
+    s->send_bytes(cat({kValidate, kPing12345}));
+    REQUIRE(to_hex(s->recv_bytes(4)) == to_hex(hex(kPong12345)));
+    return s;
+  }
+
+  // Expects exactly `reply` (hex) and then nothing more for a moment.
+  static void expect_reply(RawSocket& s, const std::string& reply) {
+    std::string want = hex(reply);
+    CHECK(to_hex(s.recv_bytes(want.size())) == to_hex(want));
+    CHECK(s.silent_for(50ms));
+  }
+
+  // Sends a request that PyTorch's server never answers, and checks that none comes back.
+  static void expect_no_reply(RawSocket& s, const std::string& request) {
+    s.send_bytes(request);
+    CHECK(s.silent_for(100ms));
+  }
+
+  bool wait_connections(size_t n) {
+    for (int i = 0; i < 500 && server->num_connections() != n; ++i)
+      std::this_thread::sleep_for(10ms);
+    return server->num_connections() == n;
+  }
+
+  std::unique_ptr<StoreServer> server;
+};
+
+TEST_CASE_METHOD(Fixture, "a 2.x client's connect sequence gets only the ping echo",
+                 "[store][compat][v2]") {
+  RawSocket s(server->port());
+  // VALIDATE has no reply; PING echoes the nonce (the client's pid), sent without waiting.
+  s.send_bytes(cat({kValidate, "0d 2a 10 01 00"}));
+  expect_reply(s, "2a 10 01 00");
+  // Worker registration: ADD "init/" 1 (no "/" prefix), answered with the new count.
+  s.send_bytes(cat({"04", kInit, kOne}));
+  expect_reply(s, kOne);
+  RawSocket t(server->port());
+  t.send_bytes(cat({kValidate, kPing12345, "04", kInit, kOne}));
+  expect_reply(t, std::string(kPong12345) + kTwo);
+}
+
+TEST_CASE_METHOD(Fixture, "the connect sequence split into single bytes is still understood",
+                 "[store][compat][v2]") {
+  RawSocket s(server->port());
+  std::string bytes = cat({kValidate, kPing12345, "04", kInit, kOne});
+  for (char b : bytes) {
+    s.send_bytes(std::string(1, b));
+    std::this_thread::sleep_for(2ms);
+  }
+  expect_reply(s, std::string(kPong12345) + kOne);
+}
+
+TEST_CASE_METHOD(Fixture, "2.x set, wait then get, add, check and num_keys",
+                 "[store][compat][v2]") {
+  auto s = v2_client();
+  expect_no_reply(*s, cat({"01", kKey, kValue}));  // SET "/key" "value"
+  s->send_bytes(cat({"06", kOne, kKey}));          // get(): WAIT ["/key"] ...
+  expect_reply(*s, "00");                          // STOP_WAITING
+  s->send_bytes(cat({"03", kKey}));                // ... then GET "/key"
+  expect_reply(*s, kValue);
+
+  s->send_bytes(cat({"04", kCnt, "05 00 00 00 00 00 00 00"}));  // ADD "/cnt" 5 on a new key
+  expect_reply(*s, "05 00 00 00 00 00 00 00");
+  s->send_bytes(cat({"04", kCnt, "f9 ff ff ff ff ff ff ff"}));  // ADD "/cnt" -7
+  expect_reply(*s, "fe ff ff ff ff ff ff ff");                  // -2
+  s->send_bytes(cat({"03", kCnt}));                             // stored as decimal text
+  expect_reply(*s, "02 00 00 00 00 00 00 00 2d 32");            // "-2"
+
+  s->send_bytes(cat({"05", kOne, kKey}));  // CHECK ["/key"]
+  expect_reply(*s, "00");                  // READY
+  s->send_bytes(cat({"05", kTwo, kKey, kMiss}));
+  expect_reply(*s, "01");  // NOT_READY: one key missing
+  s->send_bytes(cat({"05", kZero}));
+  expect_reply(*s, "00");  // no keys: READY
+
+  s->send_bytes(hex("07"));  // GETNUMKEYS: "/key" and "/cnt"
+  expect_reply(*s, kTwo);
+}
+
+TEST_CASE_METHOD(Fixture, "2.x compare_set in its four cases", "[store][compat][v2]") {
+  auto s = v2_client();
+  const char* k = "02 00 00 00 00 00 00 00 2f 6b";  // "/k"
+  const char* x = "01 00 00 00 00 00 00 00 78";     // "x"
+  const char* y = "01 00 00 00 00 00 00 00 79";     // "y"
+  const char* z = "01 00 00 00 00 00 00 00 7a";     // "z"
+  // Missing key, expected not empty: nothing stored, the expected value comes back.
+  s->send_bytes(cat({"02", k, y, x}));
+  expect_reply(*s, y);
+  s->send_bytes(cat({"05", kOne, k}));
+  expect_reply(*s, "01");
+  // Missing key, empty expected: stores desired and returns it.
+  s->send_bytes(cat({"02", k, kEmpty, x}));
+  expect_reply(*s, x);
+  // Present and equal: swaps.
+  s->send_bytes(cat({"02", k, x, y}));
+  expect_reply(*s, y);
+  // Present and different: unchanged, current value returned.
+  s->send_bytes(cat({"02", k, x, z}));
+  expect_reply(*s, y);
+  s->send_bytes(cat({"03", k}));
+  expect_reply(*s, y);
+}
+
+TEST_CASE_METHOD(Fixture, "2.x delete_key, append, multi_set and multi_get",
+                 "[store][compat][v2]") {
+  auto s = v2_client();
+  expect_no_reply(*s, cat({"01", kKey, kValue}));
+  s->send_bytes(cat({"08", kKey}));  // DELETE_KEY: one deleted
+  expect_reply(*s, kOne);
+  s->send_bytes(cat({"08", kKey}));  // again: none
+  expect_reply(*s, kZero);
+
+  const char* app = "04 00 00 00 00 00 00 00 2f 61 70 70";                 // "/app"
+  expect_no_reply(*s, cat({"09", app, "02 00 00 00 00 00 00 00 61 62"}));  // APPEND "ab"
+  expect_no_reply(*s, cat({"09", app, "02 00 00 00 00 00 00 00 63 64"}));  // APPEND "cd"
+  s->send_bytes(cat({"03", app}));
+  expect_reply(*s, "04 00 00 00 00 00 00 00 61 62 63 64");  // "abcd"
+
+  const char* a = "02 00 00 00 00 00 00 00 2f 61";         // "/a"
+  const char* b = "02 00 00 00 00 00 00 00 2f 62";         // "/b"
+  const char* one = "01 00 00 00 00 00 00 00 31";          // "1"
+  const char* two = "01 00 00 00 00 00 00 00 32";          // "2"
+  expect_no_reply(*s, cat({"0b", kTwo, a, one, b, two}));  // MULTI_SET
+  s->send_bytes(cat({"06", kTwo, b, a}));                  // multi_get(): WAIT ["/b", "/a"] ...
+  expect_reply(*s, "00");
+  s->send_bytes(cat({"0a", kTwo, b, a}));  // ... then MULTI_GET: values in request order
+  expect_reply(*s, std::string(two) + one);
+  s->send_bytes(hex("07"));  // "/app", "/a", "/b"
+  expect_reply(*s, "03 00 00 00 00 00 00 00");
+}
+
+TEST_CASE_METHOD(Fixture, "a 2.x wait is answered when its last key appears",
+                 "[store][compat][v2]") {
+  auto waiter = v2_client();
+  auto setter = v2_client();
+  const char* a = "02 00 00 00 00 00 00 00 2f 61";
+  const char* b = "02 00 00 00 00 00 00 00 2f 62";
+  waiter->send_bytes(cat({"06", kTwo, a, b}));
+  CHECK(waiter->silent_for(100ms));
+  expect_no_reply(*setter, cat({"01", a, kValue}));
+  CHECK(waiter->silent_for(100ms));  // one of two keys: still waiting
+  expect_no_reply(*setter, cat({"01", b, kValue}));
+  expect_reply(*waiter, "00");
+}
+
+TEST_CASE_METHOD(Fixture, "a 2.x wait timeout: CANCEL_WAIT is answered with WAIT_CANCELED",
+                 "[store][compat][v2]") {
+  auto s = v2_client();
+  s->send_bytes(cat({"06", kOne, kMiss}));  // WAIT ["/miss"]
+  CHECK(s->silent_for(200ms));              // ... the client's timeout expires ...
+  s->send_bytes(hex("0c"));                 // CANCEL_WAIT
+  expect_reply(*s, "01");                   // WAIT_CANCELED
+  // The registration is gone: setting the key later sends nothing to this connection, and the
+  // connection serves the next request normally.
+  auto other = v2_client();
+  expect_no_reply(*other, cat({"01", kMiss, kValue}));
+  CHECK(s->silent_for(100ms));
+  s->send_bytes(hex(kPing12345));
+  expect_reply(*s, kPong12345);
+  // CANCEL_WAIT with nothing pending is still answered.
+  s->send_bytes(hex("0c"));
+  expect_reply(*s, "01");
+}
+
+TEST_CASE_METHOD(Fixture, "a key that arrives before CANCEL_WAIT: 00 then 01",
+                 "[store][compat][v2]") {
+  auto s = v2_client();
+  auto other = v2_client();
+  s->send_bytes(cat({"06", kOne, kMiss}));
+  CHECK(s->silent_for(100ms));
+  other->send_bytes(cat({"01", kMiss, kValue}));
+  // The client's timeout expired just as the key arrived: the late STOP_WAITING is in flight
+  // when it sends CANCEL_WAIT, and it reads 00 and then expects 01.
+  std::this_thread::sleep_for(100ms);
+  s->send_bytes(hex("0c"));
+  expect_reply(*s, "00 01");
+}
+
+TEST_CASE_METHOD(Fixture, "a 2.x connection with a bad validation magic is closed",
+                 "[store][compat][v2]") {
+  RawSocket bad(server->port());
+  // Not the magic: read as a 1.13 SET whose key length (0x...efbeadde) is far over the limit.
+  bad.send_bytes(hex("00 de ad be ef 00 00 00 00"));
+  CHECK(bad.closed_by_peer());
+  auto good = v2_client();  // the server keeps serving
+  good->send_bytes(hex("07"));
+  expect_reply(*good, kZero);
+}
+
+TEST_CASE_METHOD(Fixture, "1.13 exchanges: the legacy numbering on the same store",
+                 "[store][compat][v113]") {
+  RawSocket s(server->port());
+  s.send_bytes(cat({"03", kInit, kOne}));  // ADD "init/" 1: the 1.13 connect sequence
+  expect_reply(s, kOne);
+  // SET starts with 00 like VALIDATE, but the next bytes are a key length, not the magic.
+  expect_no_reply(s, cat({"00", kKey, kValue}));
+  s.send_bytes(cat({"05", kOne, kKey}));  // WAIT
+  expect_reply(s, "00");
+  s.send_bytes(cat({"02", kKey}));  // GET
+  expect_reply(s, kValue);
+  s.send_bytes(cat({"01", kKey, kValue, kEmpty}));  // COMPARE_SET "value" -> ""
+  expect_reply(s, kEmpty);
+  s.send_bytes(cat({"04", kOne, kKey}));  // CHECK
+  expect_reply(s, "00");
+  s.send_bytes(hex("06"));  // GETNUMKEYS: "init/" and "/key"
+  expect_reply(s, kTwo);
+  s.send_bytes(cat({"08", kKey}));  // DELETE_KEY
+  expect_reply(s, kOne);
+  // The 2.x client on the same store sees the same data.
+  auto v2 = v2_client();
+  v2->send_bytes(cat({"03", kInit}));
+  expect_reply(*v2, "01 00 00 00 00 00 00 00 31");  // "1"
+}
+
+TEST_CASE_METHOD(Fixture,
+                 "1.13 wait timeout: the client sends nothing and keeps using the "
+                 "connection, like on PyTorch's 1.13 server",
+                 "[store][compat][v113]") {
+  RawSocket s(server->port());
+  s.send_bytes(cat({"05", kOne, kMiss}));  // WAIT ["/miss"]; the client times out silently
+  CHECK(s.silent_for(200ms));
+  s.send_bytes(hex("06"));  // the next request (num_keys) is served right away
+  expect_reply(s, kZero);
+  s.send_bytes(cat({"03", kCnt, kTwo}));
+  expect_reply(s, kTwo);
+  // The registration stays: when the key appears, the server sends the late STOP_WAITING.
+  RawSocket other(server->port());
+  expect_no_reply(other, cat({"00", kMiss, kValue}));
+  expect_reply(s, "00");
+}
+
+TEST_CASE_METHOD(Fixture, "a 1.13 WATCH_KEY on the callback socket is confirmed",
+                 "[store][compat][v113]") {
+  RawSocket callback(server->port());
+  callback.send_bytes(cat({"07", kKey}));  // WATCH_KEY "/key" (C++ watchKey() only)
+  expect_reply(callback, "03");            // KEY_CALLBACK_REGISTERED
+  // trun sends no change notifications; the connection stays usable and silent.
+  RawSocket main(server->port());
+  expect_no_reply(main, cat({"00", kKey, kValue}));
+  CHECK(callback.silent_for(100ms));
+}
+
+TEST_CASE_METHOD(Fixture, "an unknown 1.13 query closes only that connection",
+                 "[store][compat][v113]") {
+  RawSocket good(server->port());
+  expect_no_reply(good, cat({"00", kKey, kValue}));
+  RawSocket bad(server->port());
+  bad.send_bytes(hex("0d 39 30 00 00"));  // PING does not exist in 1.13
+  CHECK(bad.closed_by_peer());
+  good.send_bytes(cat({"02", kKey}));
+  expect_reply(good, kValue);
+}
+
+TEST_CASE_METHOD(Fixture, "the 1.13 callback socket that never sends anything disturbs nothing",
+                 "[store][compat][v113]") {
+  // A 1.13 client opens its idle callback connection next to its main one.
+  auto callback = std::make_unique<RawSocket>(server->port());
+  RawSocket main(server->port());
+  REQUIRE(wait_connections(2));
+  main.send_bytes(cat({"03", kInit, kOne}));
+  expect_reply(main, kOne);
+  // Another client (2.x) is served normally, including a wait that blocks and is woken.
+  auto waiter = v2_client();
+  waiter->send_bytes(cat({"06", kOne, kKey}));
+  expect_no_reply(main, cat({"00", kKey, kValue}));
+  expect_reply(*waiter, "00");
+  CHECK(callback->silent_for(100ms));  // nothing is ever sent to it
+  CHECK(server->num_connections() == 3);
+  // Closing it frees it; the others stay.
+  callback.reset();
+  CHECK(wait_connections(2));
+  main.send_bytes(hex("06"));
+  expect_reply(main, kTwo);
+}
+
+}  // namespace

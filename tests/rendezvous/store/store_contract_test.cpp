@@ -1,0 +1,234 @@
+// The Store contract, run against every implementation: the TCP client talking to a real server
+// over loopback, a PrefixStore over it, and the in-memory store used by unit tests.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "rendezvous/store/in_memory_store.h"
+#include "rendezvous/store/prefix_store.h"
+#include "rendezvous/store/server.h"
+#include "rendezvous/store/tcp_store.h"
+
+using namespace trun::rendezvous;
+using namespace std::chrono_literals;
+
+namespace {
+
+StoreServerOptions loopback() {
+  StoreServerOptions o;
+  o.host = "127.0.0.1";
+  return o;
+}
+
+struct TcpFixture {
+  std::unique_ptr<StoreServer> server = StoreServer::start(loopback());
+  std::shared_ptr<Store> make() {
+    TcpStoreOptions o;
+    o.port = server->port();
+    o.timeout = 5s;
+    return std::make_shared<TcpStore>(o);
+  }
+};
+
+struct PrefixFixture {
+  TcpFixture tcp;
+  std::shared_ptr<Store> make() { return std::make_shared<PrefixStore>("job/round_3", tcp.make()); }
+};
+
+struct MemoryFixture {
+  std::shared_ptr<InMemoryStore> mem = std::make_shared<InMemoryStore>();
+  MemoryFixture() { mem->set_timeout(5s); }
+  // One store shared by every "client": set_timeout on it is not thread-safe (by contract).
+  std::shared_ptr<Store> make() { return mem; }
+};
+
+using Clock = std::chrono::steady_clock;
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("set then get returns the value, including empty and binary values",
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  s->set("a", "hello");
+  CHECK(s->get("a") == "hello");
+  s->set("a", "");
+  CHECK(s->get("a").empty());
+  std::string binary("\0\x01\xff\n", 4);
+  s->set("bin", binary);
+  CHECK(s->get("bin") == binary);
+  std::string big(3 << 20, 'x');
+  s->set("big", big);
+  CHECK(s->get("big") == big);
+}
+
+TEMPLATE_TEST_CASE("get blocks until another client sets the key", "[store][contract]", TcpFixture,
+                   PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto reader = f.make();
+  auto writer = f.make();
+  std::thread t([&] {
+    std::this_thread::sleep_for(100ms);
+    writer->set("late", "arrived");
+  });
+  auto start = Clock::now();
+  CHECK(reader->get("late") == "arrived");
+  CHECK(Clock::now() - start >= 90ms);
+  t.join();
+}
+
+TEMPLATE_TEST_CASE("get of a key that never appears times out with StoreTimeoutError",
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  s->set_timeout(200ms);
+  auto start = Clock::now();
+  CHECK_THROWS_AS(s->get("never"), StoreTimeoutError);
+  CHECK(Clock::now() - start >= 190ms);
+  // The store stays usable after a timeout.
+  s->set("after", "1");
+  CHECK(s->get("after") == "1");
+}
+
+TEMPLATE_TEST_CASE("add is atomic across clients and counts from zero", "[store][contract]",
+                   TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  CHECK(f.make()->add("fresh", 5) == 5);
+  CHECK(f.make()->add("fresh", -7) == -2);
+  constexpr int kThreads = 8, kAdds = 200;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&f] {
+      auto s = f.make();
+      for (int j = 0; j < kAdds; ++j) s->add("counter", 1);
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto s = f.make();
+  CHECK(s->add("counter", 0) == kThreads * kAdds);
+  CHECK(s->get("counter") == std::to_string(kThreads * kAdds));
+}
+
+TEMPLATE_TEST_CASE("compare_set follows c10d's rules", "[store][contract]", TcpFixture,
+                   PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  // Missing key, empty expected: set.
+  CHECK(s->compare_set("k", "", "first") == "first");
+  CHECK(s->get("k") == "first");
+  // Missing key, non-empty expected: returns expected, does not set.
+  CHECK(s->compare_set("absent", "x", "y") == "x");
+  CHECK_FALSE(s->check({"absent"}));
+  // Match: swap.
+  CHECK(s->compare_set("k", "first", "second") == "second");
+  // Mismatch: current value back, unchanged.
+  CHECK(s->compare_set("k", "first", "third") == "second");
+  CHECK(s->get("k") == "second");
+}
+
+TEMPLATE_TEST_CASE("compare_set wakes a waiter on the key", "[store][contract]", TcpFixture,
+                   PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto waiter = f.make();
+  auto writer = f.make();
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    writer->compare_set("cas", "", "v");
+  });
+  waiter->wait({"cas"}, 5s);
+  t.join();
+  CHECK(waiter->get("cas") == "v");
+}
+
+TEMPLATE_TEST_CASE("check reports whether all keys exist without blocking", "[store][contract]",
+                   TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  CHECK(s->check({}));
+  CHECK_FALSE(s->check({"x"}));
+  s->set("x", "1");
+  CHECK(s->check({"x"}));
+  CHECK_FALSE(s->check({"x", "y"}));
+  s->set("y", "2");
+  CHECK(s->check({"x", "y"}));
+}
+
+TEMPLATE_TEST_CASE("wait returns once every key exists and times out otherwise",
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  auto writer = f.make();
+  s->set("w1", "1");
+  s->wait({"w1"}, 1s);  // already there
+  std::thread t([&] {
+    std::this_thread::sleep_for(50ms);
+    writer->set("w2", "2");
+    std::this_thread::sleep_for(50ms);
+    writer->set("w3", "3");
+  });
+  auto start = Clock::now();
+  s->wait({"w1", "w2", "w3", "w2"}, 5s);
+  CHECK(Clock::now() - start >= 90ms);
+  t.join();
+
+  start = Clock::now();
+  CHECK_THROWS_AS(s->wait({"w1", "missing"}, 300ms), StoreTimeoutError);
+  auto took = Clock::now() - start;
+  CHECK(took >= 290ms);
+  CHECK(took < 5s);
+  // A key that arrives after the timeout does not confuse the next call on the same client.
+  writer->set("missing", "now");
+  CHECK(s->add("after_timeout", 1) == 1);
+  CHECK(s->get("missing") == "now");
+}
+
+TEMPLATE_TEST_CASE("num_keys and delete_key", "[store][contract]", TcpFixture, PrefixFixture,
+                   MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  int64_t base = s->num_keys();
+  s->set("n1", "1");
+  s->set("n2", "2");
+  s->add("n3", 1);
+  CHECK(s->num_keys() == base + 3);
+  CHECK(s->delete_key("n1"));
+  CHECK_FALSE(s->delete_key("n1"));
+  CHECK(s->num_keys() == base + 2);
+  CHECK_FALSE(s->check({"n1"}));
+}
+
+TEMPLATE_TEST_CASE("multi_set and multi_get keep the order of keys", "[store][contract]",
+                   TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  s->multi_set({"m1", "m2", "m3"}, {"one", "", "three"});
+  CHECK(s->multi_get({"m3", "m1", "m2"}) == std::vector<std::string>{"three", "one", ""});
+  CHECK(s->multi_get({}).empty());
+  s->set_timeout(200ms);
+  CHECK_THROWS_AS(s->multi_get({"m1", "nope"}), StoreTimeoutError);
+}
+
+TEMPLATE_TEST_CASE("append creates and extends a value", "[store][contract]", TcpFixture,
+                   PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  s->append("log", "a");
+  s->append("log", "bc");
+  CHECK(s->get("log") == "abc");
+}
+
+TEST_CASE("a prefix view sees only its own keys but counts the whole store", "[store]") {
+  TcpFixture f;
+  auto base = f.make();
+  PrefixStore one("one", base);
+  PrefixStore two("two", base);
+  one.set("k", "1");
+  two.set("k", "2");
+  CHECK(one.get("k") == "1");
+  CHECK(two.get("k") == "2");
+  CHECK(base->get("one/k") == "1");
+  CHECK(one.num_keys() == base->num_keys());
+  PrefixStore nested("inner", std::make_shared<PrefixStore>("outer", base));
+  nested.set("x", "y");
+  CHECK(base->get("outer/inner/x") == "y");
+}
