@@ -7,6 +7,9 @@ name=${1:-}
 case "$name" in
   store) exec bash scripts/bench_store.sh "${@:2}" ;;
   rdzv) exec bash scripts/bench_rdzv.sh "${@:2}" ;;
+  allreduce) exec bash scripts/bench_allreduce.sh "${@:2}" ;;
+  ddp) exec bash scripts/bench_ddp.sh "${@:2}" ;;
+  checkpoint) exec bash scripts/bench_checkpoint.sh "${@:2}" ;;
   launch)
     # trun vs torchrun 1.13 in the same run: launch latency (N=1,2,4,8), restart latency (N=4),
     # the agent's RSS/CPU over 10 s with idle workers. Extra arguments go to launch_bench
@@ -18,7 +21,7 @@ case "$name" in
       --probe "$build/bench/launch_probe" "${@:2}"
     ;;
   *)
-    echo "usage: scripts/bench.sh NAME   (NAME: store, rdzv, launch)" >&2
+    echo "usage: scripts/bench.sh NAME   (NAME: store, rdzv, allreduce, ddp, checkpoint, launch)" >&2
     exit 2
     ;;
 esac

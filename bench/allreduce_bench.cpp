@@ -1,0 +1,194 @@
+// allreduce bandwidth of libtrun_worker's CPU backend on one node, next to single-thread memcpy
+// bandwidth measured in the same run (the peer PyTorch gloo numbers come from
+// allreduce_torch.py; scripts/bench_allreduce.sh runs both and prints the comparison).
+//
+//   allreduce_bench [--ranks N] [--sizes-mib 1,4,16,64,256] [--dtype float32]
+//
+// Starts a store server, launches N copies of itself as ranks (the environment a trun agent
+// would set), and prints one line per size:
+//   trun ranks=N size_mib=S algbw_gbps=A busbw_gbps=B memcpy_gbps=M
+// algbw = bytes / time of one allreduce (the slowest rank's median), busbw = algbw * 2(n-1)/n.
+// cpu_busbw and cpu_memcpy use CPU time instead of wall-clock time (informative: what the run
+// would show on an idle machine with a core per rank).
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <time.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "rendezvous/store/server.h"
+#include "trun/worker.h"
+
+using Clock = std::chrono::steady_clock;
+using namespace trun::worker;
+
+namespace {
+
+std::vector<size_t> parse_sizes(const std::string& s) {
+  std::vector<size_t> out;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t comma = s.find(',', pos);
+    out.push_back(std::stoull(s.substr(pos, comma - pos)));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return out;
+}
+
+int iterations_for(size_t bytes) {
+  // About 1 GiB of traffic per size, at least 5 and at most 50 timed iterations.
+  size_t it = (1ull << 30) / std::max<size_t>(bytes, 1);
+  return static_cast<int>(std::clamp<size_t>(it, 5, 50));
+}
+
+// CPU seconds of the calling thread / the whole process: on a busy machine wall-clock numbers
+// mostly measure the scheduler, CPU time measures the work.
+double cpu_seconds(clockid_t clock) {
+  timespec ts{};
+  clock_gettime(clock, &ts);
+  return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// {wall-clock GB/s, CPU-time GB/s}
+std::pair<double, double> memcpy_gbps(size_t bytes) {
+  std::vector<char> src(bytes, 1), dst(bytes, 2);
+  std::vector<double> t, c;
+  for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
+    auto t0 = Clock::now();
+    double c0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+    std::memcpy(dst.data(), src.data(), bytes);
+    c.push_back(cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0);
+    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    src[i % bytes] = static_cast<char>(dst[(i * 7) % bytes] + 1);  // keep the copies live
+  }
+  t.erase(t.begin(), t.begin() + 2);
+  c.erase(c.begin(), c.begin() + 2);
+  return {bytes / median(t) / 1e9, bytes / median(c) / 1e9};
+}
+
+int run_rank(const std::vector<size_t>& sizes_mib) {
+  Worker w = init();
+  ProcessGroup& pg = w.process_group();
+  const int n = pg.size();
+  for (size_t mib : sizes_mib) {
+    const size_t bytes = mib << 20, count = bytes / 4;
+    std::vector<float> buf(count, 1.0f);
+    const int iters = iterations_for(bytes);
+    for (int i = 0; i < 2; ++i) pg.allreduce(buf.data(), count, DataType::kFloat32);
+    std::vector<double> times, cpu;
+    for (int i = 0; i < iters; ++i) {
+      pg.barrier();
+      auto t0 = Clock::now();
+      double c0 = cpu_seconds(CLOCK_PROCESS_CPUTIME_ID);
+      pg.allreduce(buf.data(), count, DataType::kFloat32);
+      double t[2] = {std::chrono::duration<double>(Clock::now() - t0).count(),
+                     cpu_seconds(CLOCK_PROCESS_CPUTIME_ID) - c0};
+      pg.allreduce(t, 2, DataType::kFloat64, ReduceOp::kMax);  // the slowest rank's
+      times.push_back(t[0]);
+      cpu.push_back(t[1]);
+    }
+    if (pg.rank() == 0) {
+      double algbw = bytes / median(times) / 1e9;
+      double busbw = algbw * 2.0 * (n - 1) / n;
+      double cpu_busbw = bytes / median(cpu) / 1e9 * 2.0 * (n - 1) / n;
+      std::printf(
+          "trun ranks=%d size_mib=%zu algbw_gbps=%.3f busbw_gbps=%.3f cpu_busbw_gbps=%.3f "
+          "backend=%s\n",
+          n, mib, algbw, busbw, cpu_busbw, pg.backend_description().c_str());
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int ranks = 2;
+  std::string sizes = "1,4,16,64,256";
+  bool worker = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--ranks" && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+    } else if (a == "--sizes-mib" && i + 1 < argc) {
+      sizes = argv[++i];
+    } else if (a == "--worker") {
+      worker = true;
+    } else {
+      std::fprintf(stderr, "usage: allreduce_bench [--ranks N] [--sizes-mib 1,4,...]\n");
+      return 2;
+    }
+  }
+  std::vector<size_t> sizes_mib;
+  try {
+    sizes_mib = parse_sizes(sizes);
+  } catch (const std::exception&) {
+    std::fprintf(stderr, "allreduce_bench: bad --sizes-mib '%s'\n", sizes.c_str());
+    return 2;
+  }
+  if (worker) return run_rank(sizes_mib);
+  if (ranks < 1 || ranks > 64) {
+    std::fprintf(stderr, "allreduce_bench: --ranks must be in [1, 64]\n");
+    return 2;
+  }
+
+  for (size_t mib : sizes_mib) {
+    auto [wall, cpu] = memcpy_gbps(mib << 20);
+    std::printf("memcpy size_mib=%zu memcpy_gbps=%.3f cpu_memcpy_gbps=%.3f\n", mib, wall, cpu);
+  }
+  std::fflush(stdout);
+
+  trun::rendezvous::StoreServerOptions so;
+  so.host = "127.0.0.1";
+  auto server = trun::rendezvous::StoreServer::start(so);
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (pid == 0) {
+      std::string port = std::to_string(server->port());
+      ::setenv("RANK", std::to_string(r).c_str(), 1);
+      ::setenv("WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+      ::setenv("LOCAL_RANK", std::to_string(r).c_str(), 1);
+      ::setenv("LOCAL_WORLD_SIZE", std::to_string(ranks).c_str(), 1);
+      ::setenv("GROUP_RANK", "0", 1);
+      ::setenv("GROUP_WORLD_SIZE", "1", 1);
+      ::setenv("MASTER_ADDR", "127.0.0.1", 1);
+      ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::setenv("TORCHELASTIC_RUN_ID", ("bench" + std::to_string(::getppid())).c_str(), 1);
+      ::execl("/proc/self/exe", argv[0], "--worker", "--sizes-mib", sizes.c_str(),
+              static_cast<char*>(nullptr));
+      std::perror("execl");
+      ::_exit(127);
+    }
+    pids.push_back(pid);
+  }
+  int failed = 0;
+  for (pid_t p : pids) {
+    int status = 0;
+    ::waitpid(p, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  server->stop();
+  if (failed) std::fprintf(stderr, "allreduce_bench: %d rank(s) failed\n", failed);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,325 @@
+// train_mlp: elastic data-parallel training of an MLP with libtrun_worker, the C++ counterpart of
+// PyTorch's elastic DDP tutorial (ToyModel 10 -> 10 -> 5, SGD, MSE on synthetic data).
+//
+//   trun --standalone --nproc-per-node=4 --max-restarts=3 build/examples/train_mlp/train_mlp
+//
+// Every K steps rank 0 saves a checkpoint (parameters, momentum, sampler position); on start
+// every rank resumes from the newest valid one, whatever the world size was when it was saved.
+// See examples/train_mlp/README.md.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "examples/train_mlp/mlp.h"
+#include "trun/checkpoint.h"
+#include "trun/ddp.h"
+#include "trun/error_file.h"
+#include "trun/sampler.h"
+#include "trun/worker.h"
+
+using namespace trun::worker;
+using trun::examples::Mlp;
+using trun::examples::Sgd;
+
+namespace {
+
+struct Args {
+  std::string sizes = "10,10,5";
+  uint64_t dataset_size = 2048;
+  size_t batch_size = 32;  // per rank
+  uint64_t epochs = 10;
+  float lr = 0.01f;
+  float momentum = 0.9f;
+  uint64_t seed = 0;
+  std::string ckpt_dir;  // default: $TMPDIR/train_mlp-<run id>
+  uint64_t ckpt_every = 20;
+  int keep = 3;
+  bool async_ckpt = false;
+  bool no_ckpt = false;
+  double bucket_cap_mb = 25.0;
+  std::string backend = "cpu";
+  uint64_t stop_after_steps = 0;  // 0: never
+  int64_t crash_at_step = -1;     // rank crash_rank exits 1 at this step on the first attempt
+  int crash_rank = 0;
+  int step_sleep_ms = 0;
+  std::string sample_log;  // prefix of per-process sample logs
+};
+
+void usage() {
+  std::fprintf(stderr,
+               "usage: train_mlp [options]\n"
+               "  --sizes A,B,...        layer sizes (default 10,10,5)\n"
+               "  --dataset-size N       synthetic samples (default 2048)\n"
+               "  --batch-size B         samples per rank per step (default 32)\n"
+               "  --epochs E             (default 10)\n"
+               "  --lr X --momentum M    SGD (default 0.01, 0.9)\n"
+               "  --seed S               init and shuffle seed (default 0)\n"
+               "  --ckpt-dir DIR         checkpoints (default $TMPDIR/train_mlp-<run id>)\n"
+               "  --ckpt-every K         save every K steps (default 20)\n"
+               "  --keep K               checkpoints to keep (default 3)\n"
+               "  --async-ckpt           write checkpoints on a background thread\n"
+               "  --no-ckpt              neither save nor resume\n"
+               "  --bucket-cap-mb X      DDP bucket cap (default 25)\n"
+               "  --backend cpu|nccl|auto  (default cpu; the model runs on the CPU)\n"
+               "  --step-sleep-ms T      sleep per step (to watch restarts)\n"
+               "  --stop-after-steps N   exit 0 after N steps of this run (a preemption)\n"
+               "  --crash-at-step N [--crash-rank R]  rank R exits 1 at step N on attempt 0\n"
+               "  --sample-log PREFIX    append the sample indices of each step to PREFIX.<pid>\n");
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  for (int i = 1; i < argc; ++i) {
+    const std::string k = argv[i];
+    auto val = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "train_mlp: %s needs a value\n", k.c_str());
+        usage();
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    auto num = [&](const std::string& v) -> double {
+      char* end = nullptr;
+      const double d = std::strtod(v.c_str(), &end);
+      if (v.empty() || *end) {
+        std::fprintf(stderr, "train_mlp: %s: '%s' is not a number\n", k.c_str(), v.c_str());
+        std::exit(2);
+      }
+      return d;
+    };
+    auto count = [&](const std::string& v) -> uint64_t {
+      const double d = num(v);
+      if (d < 0 || d != static_cast<double>(static_cast<uint64_t>(d))) {
+        std::fprintf(stderr, "train_mlp: %s: '%s' is not a non-negative integer\n", k.c_str(),
+                     v.c_str());
+        std::exit(2);
+      }
+      return static_cast<uint64_t>(d);
+    };
+    if (k == "--sizes")
+      a.sizes = val();
+    else if (k == "--dataset-size")
+      a.dataset_size = count(val());
+    else if (k == "--batch-size")
+      a.batch_size = count(val());
+    else if (k == "--epochs")
+      a.epochs = count(val());
+    else if (k == "--lr")
+      a.lr = static_cast<float>(num(val()));
+    else if (k == "--momentum")
+      a.momentum = static_cast<float>(num(val()));
+    else if (k == "--seed")
+      a.seed = count(val());
+    else if (k == "--ckpt-dir")
+      a.ckpt_dir = val();
+    else if (k == "--ckpt-every")
+      a.ckpt_every = count(val());
+    else if (k == "--keep")
+      a.keep = static_cast<int>(count(val()));
+    else if (k == "--async-ckpt")
+      a.async_ckpt = true;
+    else if (k == "--no-ckpt")
+      a.no_ckpt = true;
+    else if (k == "--bucket-cap-mb")
+      a.bucket_cap_mb = num(val());
+    else if (k == "--backend")
+      a.backend = val();
+    else if (k == "--step-sleep-ms")
+      a.step_sleep_ms = static_cast<int>(count(val()));
+    else if (k == "--stop-after-steps")
+      a.stop_after_steps = count(val());
+    else if (k == "--crash-at-step")
+      a.crash_at_step = static_cast<int64_t>(count(val()));
+    else if (k == "--crash-rank")
+      a.crash_rank = static_cast<int>(count(val()));
+    else if (k == "--sample-log")
+      a.sample_log = val();
+    else if (k == "-h" || k == "--help") {
+      usage();
+      std::exit(0);
+    } else {
+      std::fprintf(stderr, "train_mlp: unknown option '%s'\n", k.c_str());
+      usage();
+      std::exit(2);
+    }
+  }
+  if (a.batch_size == 0 || a.dataset_size == 0 || a.ckpt_every == 0 || a.keep < 1) {
+    std::fprintf(stderr,
+                 "train_mlp: --batch-size, --dataset-size, --ckpt-every and --keep must "
+                 "be positive\n");
+    std::exit(2);
+  }
+  return a;
+}
+
+int run(int argc, char** argv) {
+  const Args args = parse(argc, argv);
+  Mlp model(trun::examples::parse_sizes(args.sizes));
+
+  InitOptions io;
+  io.backend = parse_backend(args.backend);
+  Worker worker = init(io);
+  ProcessGroup& pg = worker.process_group();
+  const WorkerEnv& env = worker.env();
+  const int rank = worker.rank(), world = worker.world_size();
+
+  // Each rank starts from its own random weights; DDP broadcasts rank 0's.
+  model.init(args.seed + static_cast<uint64_t>(rank));
+  std::vector<Parameter> params;
+  for (size_t i = 0; i < model.num_params(); ++i)
+    params.push_back({model.param_name(i), model.param(i), model.param_numel(i), DataType::kFloat32,
+                      Device::kCpu});
+  DdpOptions dopt;
+  dopt.bucket_cap_mb = args.bucket_cap_mb;
+  DistributedDataParallel ddp(pg, params, dopt);
+
+  Sgd opt(args.lr, args.momentum);
+  opt.ensure_buffers(model);
+  SamplerOptions so;
+  so.seed = args.seed;
+  DistributedSampler sampler(args.dataset_size, rank, world, so);
+
+  std::unique_ptr<Checkpointer> ckpt;
+  uint64_t step = 0;
+  if (!args.no_ckpt) {
+    std::string dir = args.ckpt_dir;
+    if (dir.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/train_mlp-" + env.run_id;
+    }
+    CheckpointerOptions co;
+    co.group = &pg;
+    co.keep_last = args.keep;
+    co.async = args.async_ckpt;
+    ckpt = std::make_unique<Checkpointer>(dir, co);
+    if (auto c = ckpt->load_latest()) {
+      for (size_t i = 0; i < model.num_params(); ++i) {
+        c->copy_to("model", model.param_name(i), model.param(i), model.param_numel(i),
+                   DataType::kFloat32);
+        c->copy_to("optimizer", model.param_name(i) + ".momentum", opt.momentum_buffers()[i].data(),
+                   model.param_numel(i), DataType::kFloat32);
+      }
+      if (c->sampler) sampler.load_state(*c->sampler);
+      step = c->step;
+      if (rank == 0)
+        std::printf("[%d] resumed from %s (step %" PRIu64 ", epoch %" PRIu64
+                    ", sample offset %" PRIu64 ", saved at world size %d, now %d)\n",
+                    static_cast<int>(::getpid()), c->path.c_str(), step, sampler.epoch(),
+                    sampler.offset(), c->world_size, world);
+    } else if (rank == 0) {
+      std::printf("[%d] no checkpoint in %s: starting from scratch\n", static_cast<int>(::getpid()),
+                  dir.c_str());
+    }
+  }
+  std::fflush(stdout);
+
+  std::FILE* sample_log = nullptr;
+  if (!args.sample_log.empty()) {
+    const std::string path = args.sample_log + "." + std::to_string(::getpid());
+    sample_log = std::fopen(path.c_str(), "a");
+    if (!sample_log) {
+      std::fprintf(stderr, "train_mlp: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
+      return 1;
+    }
+  }
+
+  auto save = [&] {
+    if (!ckpt) return;
+    SaveRequest req;
+    req.step = step;
+    for (size_t i = 0; i < model.num_params(); ++i) {
+      req.model.push_back(
+          {model.param_name(i), DataType::kFloat32, model.param_shape(i), model.param(i)});
+      req.optimizer.push_back({model.param_name(i) + ".momentum", DataType::kFloat32,
+                               model.param_shape(i), opt.momentum_buffers()[i].data()});
+    }
+    req.sampler = sampler.state();
+    req.metadata =
+        "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " + std::to_string(world) + "}";
+    ckpt->save(req);
+  };
+
+  std::vector<float> x, target;
+  std::vector<float*> grads(model.num_params());
+  std::vector<const float*> cgrads(model.num_params());
+  for (size_t i = 0; i < model.num_params(); ++i) {
+    grads[i] = ddp.grad_as<float>(i);
+    cgrads[i] = grads[i];
+  }
+  uint64_t steps_this_run = 0;
+  if (sampler.epoch_done()) sampler.set_epoch(sampler.epoch() + 1);
+  while (sampler.epoch() < args.epochs) {
+    double loss_sum = 0.0;
+    uint64_t loss_n = 0;
+    while (!sampler.epoch_done()) {
+      const std::vector<uint64_t> idx = sampler.next_batch(args.batch_size);
+      if (sample_log) {
+        std::fprintf(sample_log, "epoch %" PRIu64 " step %" PRIu64 " world %d rank %d idx",
+                     sampler.epoch(), step + 1, world, rank);
+        for (uint64_t v : idx) std::fprintf(sample_log, " %" PRIu64, v);
+        std::fprintf(sample_log, "\n");
+        std::fflush(sample_log);
+      }
+      model.make_batch(idx, x, target);
+      ddp.zero_grad();
+      loss_sum += model.forward(x.data(), target.data(), idx.size());
+      ++loss_n;
+      model.backward(grads, [&](size_t i) { ddp.mark_ready(i); });
+      ddp.finalize();
+      opt.step(model, cgrads);
+      ++step;
+      ++steps_this_run;
+      if (args.crash_at_step >= 0 && step == static_cast<uint64_t>(args.crash_at_step) &&
+          rank == args.crash_rank && env.restart_count == 0) {
+        std::fprintf(stderr, "[%d] rank %d crashing at step %" PRIu64 " (--crash-at-step)\n",
+                     static_cast<int>(::getpid()), rank, step);
+        std::exit(1);
+      }
+      if (step % args.ckpt_every == 0) save();
+      if (args.step_sleep_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
+      if (args.stop_after_steps && steps_this_run >= args.stop_after_steps) {
+        if (ckpt) ckpt->wait();
+        std::printf("[%d] stopping after %" PRIu64 " steps (--stop-after-steps), at step %" PRIu64
+                    "\n",
+                    static_cast<int>(::getpid()), steps_this_run, step);
+        return 0;
+      }
+    }
+    std::printf("[%d] epoch %" PRIu64 " (rank %d, local_rank %d) loss %.6f\n",
+                static_cast<int>(::getpid()), sampler.epoch(), rank, env.local_rank,
+                loss_n ? loss_sum / static_cast<double>(loss_n) : 0.0);
+    std::fflush(stdout);
+    sampler.set_epoch(sampler.epoch() + 1);
+  }
+  if (ckpt && step % args.ckpt_every != 0) save();
+  if (ckpt) ckpt->wait();
+  if (sample_log) std::fclose(sample_log);
+  if (rank == 0)
+    std::printf("[%d] done: %" PRIu64 " steps, world size %d\n", static_cast<int>(::getpid()), step,
+                world);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return record([&] { return run(argc, argv); });
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_mlp: %s\n", e.what());
+    return 1;
+  }
+}

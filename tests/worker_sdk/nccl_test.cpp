@@ -1,0 +1,182 @@
+// The NCCL backend. Without a GPU (this machine): detection, the CPU fallback, error paths and
+// what NCCL answers without a device. With GPUs (scripts/gpu-check.sh): every collective on
+// device buffers, world size 1 (and 2 ranks as threads when two devices are visible).
+
+#include <catch2/catch.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/store/in_memory_store.h"
+#include "trun/config.h"
+#include "trun/process_group.h"
+
+#if TRUN_HAVE_NCCL
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "worker_sdk/src/nccl/nccl_info.h"
+#endif
+
+using namespace trun::worker;
+
+#if !TRUN_HAVE_NCCL
+TEST_CASE("NCCL backend is not built", "[worker_sdk][nccl]") {
+  WARN("skipped: libtrun_worker was configured without CUDA/NCCL");
+  ProcessGroupOptions o;
+  o.backend = Backend::kNccl;
+  CHECK_THROWS_AS(ProcessGroup(o), CollectiveError);
+  CHECK_FALSE(nccl_available());
+}
+#else
+
+TEST_CASE("NCCL reports the version it was built against", "[worker_sdk][nccl]") {
+  std::string v = detail::nccl_runtime_version();
+  CHECK(v.rfind(std::to_string(NCCL_MAJOR) + "." + std::to_string(NCCL_MINOR) + ".", 0) == 0);
+}
+
+TEST_CASE("ncclGetUniqueId works without a device and ids differ", "[worker_sdk][nccl]") {
+  std::string a = detail::nccl_new_unique_id(), b = detail::nccl_new_unique_id();
+  CHECK(a.size() == NCCL_UNIQUE_ID_BYTES);
+  CHECK(a != b);
+}
+
+TEST_CASE("NCCL and CUDA errors name host, rank, file:line and the error string",
+          "[worker_sdk][nccl]") {
+  std::string n = detail::nccl_error_for_test(ncclSystemError);
+  CHECK(n.find("[host ") == 0);
+  CHECK(n.find(" rank ") != std::string::npos);
+  CHECK(n.find("nccl_backend.cpp:") != std::string::npos);
+  CHECK(n.find("ncclTestCall() failed: ") != std::string::npos);
+  CHECK(n.find(ncclGetErrorString(ncclSystemError)) != std::string::npos);
+  CHECK(n.find("NCCL: ") != std::string::npos);
+  std::string c = detail::cuda_error_for_test(cudaErrorInsufficientDriver);
+  CHECK(c.find("cudaErrorInsufficientDriver") != std::string::npos);
+  CHECK(c.find(cudaGetErrorString(cudaErrorInsufficientDriver)) != std::string::npos);
+}
+
+TEST_CASE("without a CUDA device: auto falls back to CPU, nccl fails clearly",
+          "[worker_sdk][nccl]") {
+  std::string why;
+  if (detail::cuda_device_count(&why) > 0) {
+    WARN("skipped: this machine has a CUDA device (covered by the GPU tests)");
+    return;
+  }
+  CHECK_FALSE(nccl_available());
+  CHECK_FALSE(why.empty());
+  ProcessGroupOptions o;  // world of size 1
+  ProcessGroup auto_pg(o);
+  CHECK(auto_pg.backend() == Backend::kCpu);
+  o.backend = Backend::kNccl;
+  try {
+    ProcessGroup pg(o);
+    FAIL("NCCL group without a device must fail");
+  } catch (const CollectiveError& e) {
+    INFO(e.what());
+    CHECK(std::string(e.what()).find("no CUDA device") != std::string::npos);
+    CHECK(std::string(e.what()).find("cudaGetDeviceCount") != std::string::npos);
+  }
+}
+
+namespace {
+
+template <typename T>
+T* device_copy(const std::vector<T>& host) {
+  T* d = nullptr;
+  REQUIRE(cudaMalloc(&d, host.size() * sizeof(T) + 1) == cudaSuccess);
+  REQUIRE(cudaMemcpy(d, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  return d;
+}
+
+template <typename T>
+std::vector<T> host_copy(const T* d, size_t n) {
+  std::vector<T> h(n);
+  REQUIRE(cudaMemcpy(h.data(), d, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  return h;
+}
+
+// One rank's share of the GPU checks: every op on float32 device buffers.
+void gpu_rank_checks(ProcessGroup& pg) {
+  const int world = pg.size(), rank = pg.rank();
+  for (size_t n : {size_t{0}, size_t{1}, size_t{1000003}}) {
+    std::vector<float> x(n);
+    for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>((rank + 1) * (i % 7));
+    float* d = device_copy(x);
+    pg.allreduce(d, n, DataType::kFloat32, ReduceOp::kSum);
+    auto got = host_copy(d, n);
+    for (size_t i = 0; i < n; ++i)
+      REQUIRE(got[i] == static_cast<float>(world * (world + 1) / 2 * (i % 7)));
+    pg.broadcast(d, n, DataType::kFloat32, world - 1);
+    float* all = nullptr;
+    REQUIRE(cudaMalloc(&all, n * world * sizeof(float) + 1) == cudaSuccess);
+    pg.allgather(d, all, n, DataType::kFloat32);
+    pg.reduce_scatter(all, d, n, DataType::kFloat32, ReduceOp::kMax);
+    pg.barrier();
+    cudaFree(all);
+    cudaFree(d);
+  }
+  std::vector<int64_t> v = {rank, -rank};
+  int64_t* dv = device_copy(v);
+  pg.allreduce(dv, 2, DataType::kInt64, ReduceOp::kMin);
+  auto got = host_copy(dv, 2);
+  CHECK(got[0] == 0);
+  CHECK(got[1] == -(world - 1));
+  cudaFree(dv);
+}
+
+}  // namespace
+
+TEST_CASE("GPU: every collective on device buffers, world size 1", "[worker_sdk][nccl][gpu]") {
+  if (!nccl_available()) {
+    WARN("skipped: no CUDA device visible (run scripts/gpu-check.sh on a GPU machine)");
+    return;
+  }
+  ProcessGroupOptions o;
+  o.backend = Backend::kNccl;
+  o.timeout = std::chrono::seconds(120);
+  ProcessGroup pg(o);
+  CHECK(pg.backend() == Backend::kNccl);
+  gpu_rank_checks(pg);
+}
+
+TEST_CASE("GPU: two ranks on two devices", "[worker_sdk][nccl][gpu]") {
+  int n = 0;
+  if (!nccl_available() || cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+    WARN("skipped: needs two CUDA devices");
+    return;
+  }
+  auto store = std::make_shared<trun::rendezvous::InMemoryStore>();
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(2);
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        ProcessGroupOptions o;
+        o.store = store;
+        o.rank = r;
+        o.world_size = 2;
+        o.cuda_device = r;
+        o.backend = Backend::kNccl;
+        o.timeout = std::chrono::seconds(120);
+        ProcessGroup pg(o);
+        cudaSetDevice(r);
+        std::vector<float> x(1 << 20, 1.0f);
+        float* d = nullptr;
+        cudaMalloc(&d, x.size() * sizeof(float));
+        cudaMemcpy(d, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice);
+        pg.allreduce(d, x.size(), DataType::kFloat32);
+        cudaMemcpy(x.data(), d, x.size() * sizeof(float), cudaMemcpyDeviceToHost);
+        cudaFree(d);
+        if (x[0] != 2.0f || x.back() != 2.0f) errors[r] = "wrong allreduce result";
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+#endif

@@ -1,0 +1,328 @@
+// A worker for the SDK's multi-process tests: reads the launcher environment through
+// trun::worker::init() and runs one scenario, checking results against a serial reference.
+//
+//   pg_worker matrix [size...]   every op x dtype x size; exit 0 when all match
+//   pg_worker big                a few 64 MiB collectives
+//   pg_worker stall <victim> <timeout_ms>
+//                                the victim never joins; the others must time out (exit 10)
+//   pg_worker loop               allreduce until failure, printing READY after the first;
+//                                exit 11 on CollectiveError
+//   pg_worker abort              rank 0 aborts while the others wait; others exit 12
+//   pg_worker throw | segv       die by an uncaught exception / SIGSEGV (error-file tests)
+//
+// Exit codes: 0 pass, 1 mismatch, 2 usage, 3 unexpected exception.
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cinttypes>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "trun/error_file.h"
+#include "trun/worker.h"
+#include "worker_sdk/src/reduce.h"
+
+using namespace trun::worker;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr DataType kDtypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                                DataType::kBFloat16, DataType::kInt32,   DataType::kInt64};
+constexpr ReduceOp kOps[] = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax};
+
+// Small integers: exact in every dtype, and sums of up to 8 ranks stay exact in bfloat16.
+int64_t value(int rank, size_t i) {
+  return static_cast<int64_t>((static_cast<uint64_t>(rank) * 7 + i * 13) % 29) - 14;
+}
+
+// Stores `v` (exact, or the quotient of an average) as dtype at index i.
+void store(void* buf, size_t i, DataType dt, double v) {
+  switch (dt) {
+    case DataType::kFloat32:
+      static_cast<float*>(buf)[i] = static_cast<float>(v);
+      break;
+    case DataType::kFloat64:
+      static_cast<double*>(buf)[i] = v;
+      break;
+    case DataType::kFloat16:
+      static_cast<uint16_t*>(buf)[i] = detail::float_to_half(static_cast<float>(v));
+      break;
+    case DataType::kBFloat16:
+      static_cast<uint16_t*>(buf)[i] = detail::float_to_bfloat16(static_cast<float>(v));
+      break;
+    case DataType::kInt32:
+      static_cast<int32_t*>(buf)[i] = static_cast<int32_t>(v);
+      break;
+    case DataType::kInt64:
+      static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
+      break;
+  }
+}
+
+std::vector<char> make(size_t n, DataType dt) { return std::vector<char>(n * dtype_size(dt) + 1); }
+
+void fill(std::vector<char>& buf, size_t n, DataType dt, int rank, size_t base = 0) {
+  for (size_t i = 0; i < n; ++i)
+    store(buf.data(), i, dt, static_cast<double>(value(rank, base + i)));
+}
+
+// Expected reduction of element `i` over all ranks, as the library defines it.
+double reduce_ref(int world, size_t i, DataType dt, ReduceOp op) {
+  int64_t s = 0, mn = INT64_MAX, mx = INT64_MIN;
+  for (int r = 0; r < world; ++r) {
+    int64_t v = value(r, i);
+    s += v;
+    mn = std::min(mn, v);
+    mx = std::max(mx, v);
+  }
+  switch (op) {
+    case ReduceOp::kSum:
+      return static_cast<double>(s);
+    case ReduceOp::kMin:
+      return static_cast<double>(mn);
+    case ReduceOp::kMax:
+      return static_cast<double>(mx);
+    case ReduceOp::kAvg:
+      if (dt == DataType::kInt32 || dt == DataType::kInt64) return static_cast<double>(s / world);
+      if (dt == DataType::kFloat64) return static_cast<double>(s) / world;
+      return static_cast<double>(static_cast<float>(s) / static_cast<float>(world));
+  }
+  return 0;
+}
+
+int g_failures = 0;
+
+void check(const std::string& what, const std::vector<char>& got, const std::vector<char>& want,
+           size_t n, DataType dt) {
+  size_t es = dtype_size(dt);
+  if (std::memcmp(got.data(), want.data(), n * es) == 0) return;
+  for (size_t i = 0; i < n; ++i) {
+    if (std::memcmp(got.data() + i * es, want.data() + i * es, es) != 0) {
+      std::fprintf(stderr, "MISMATCH %s at element %zu of %zu\n", what.c_str(), i, n);
+      break;
+    }
+  }
+  ++g_failures;
+}
+
+std::string label(const char* op, DataType dt, size_t n, const char* extra = "") {
+  return std::string(op) + "(" + dtype_name(dt) + ", n=" + std::to_string(n) + extra + ")";
+}
+
+void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
+  const int world = pg.size(), rank = pg.rank();
+  for (DataType dt : kDtypes) {
+    for (size_t n : sizes) {
+      for (ReduceOp op : kOps) {
+        auto buf = make(n, dt), want = make(n, dt);
+        fill(buf, n, dt, rank);
+        for (size_t i = 0; i < n; ++i) store(want.data(), i, dt, reduce_ref(world, i, dt, op));
+        pg.allreduce(buf.data(), n, dt, op);
+        check(label("allreduce", dt, n, reduce_op_name(op)), buf, want, n, dt);
+      }
+      {
+        int root = static_cast<int>(n % world);
+        auto buf = make(n, dt), want = make(n, dt);
+        fill(buf, n, dt, rank);
+        fill(want, n, dt, root);
+        pg.broadcast(buf.data(), n, dt, root);
+        check(label("broadcast", dt, n), buf, want, n, dt);
+      }
+      {
+        auto send = make(n, dt), recv = make(n * world, dt), want = make(n * world, dt);
+        fill(send, n, dt, rank);
+        for (int r = 0; r < world; ++r)
+          for (size_t i = 0; i < n; ++i)
+            store(want.data(), r * n + i, dt, static_cast<double>(value(r, i)));
+        pg.allgather(send.data(), recv.data(), n, dt);
+        check(label("allgather", dt, n), recv, want, n * world, dt);
+      }
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+        auto send = make(n * world, dt), recv = make(n, dt), want = make(n, dt);
+        fill(send, n * world, dt, rank);
+        for (size_t i = 0; i < n; ++i)
+          store(want.data(), i, dt, reduce_ref(world, rank * n + i, dt, op));
+        pg.reduce_scatter(send.data(), recv.data(), n, dt, op);
+        check(label("reduce_scatter", dt, n, reduce_op_name(op)), recv, want, n, dt);
+      }
+    }
+  }
+  pg.barrier();
+  // Async: several collectives in flight, completed in order.
+  const size_t n = 1001;
+  std::vector<std::vector<char>> bufs;
+  std::vector<Work> works;
+  for (int k = 0; k < 4; ++k) {
+    bufs.push_back(make(n, DataType::kFloat32));
+    fill(bufs.back(), n, DataType::kFloat32, rank);
+  }
+  for (auto& b : bufs) works.push_back(pg.allreduce_async(b.data(), n, DataType::kFloat32));
+  works.push_back(pg.barrier_async());
+  for (auto& w : works) w.wait();
+  auto want = make(n, DataType::kFloat32);
+  for (size_t i = 0; i < n; ++i)
+    store(want.data(), i, DataType::kFloat32,
+          reduce_ref(world, i, DataType::kFloat32, ReduceOp::kSum));
+  for (size_t k = 0; k < works.size(); ++k) {
+    if (!works[k].is_completed() || works[k].error()) {
+      std::fprintf(stderr, "MISMATCH async work %zu not completed cleanly\n", k);
+      ++g_failures;
+    }
+    if (k < bufs.size()) check("allreduce_async", bufs[k], want, n, DataType::kFloat32);
+  }
+}
+
+void run_big(ProcessGroup& pg) {
+  const int world = pg.size(), rank = pg.rank();
+  const DataType dt = DataType::kFloat32;
+  const size_t n = (64u << 20) / 4;  // 64 MiB of float32
+  {
+    auto buf = make(n, dt), want = make(n, dt);
+    fill(buf, n, dt, rank);
+    for (size_t i = 0; i < n; ++i)
+      store(want.data(), i, dt, reduce_ref(world, i, dt, ReduceOp::kSum));
+    pg.allreduce(buf.data(), n, dt);
+    check(label("allreduce", dt, n), buf, want, n, dt);
+  }
+  {
+    const size_t per = n / world;  // 64 MiB in, 64 MiB / world out
+    auto send = make(per * world, dt), recv = make(per, dt), want = make(per, dt);
+    fill(send, per * world, dt, rank);
+    for (size_t i = 0; i < per; ++i)
+      store(want.data(), i, dt, reduce_ref(world, rank * per + i, dt, ReduceOp::kSum));
+    pg.reduce_scatter(send.data(), recv.data(), per, dt);
+    check(label("reduce_scatter", dt, per), recv, want, per, dt);
+    auto all = make(per * world, dt), want_all = make(per * world, dt);
+    pg.allgather(recv.data(), all.data(), per, dt);
+    for (size_t i = 0; i < per * world; ++i)
+      store(want_all.data(), i, dt, reduce_ref(world, i, dt, ReduceOp::kSum));
+    check(label("allgather", dt, per), all, want_all, per * world, dt);
+  }
+}
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: pg_worker matrix|big|stall|loop|abort|throw|segv ...\n");
+    return 2;
+  }
+  std::string scenario = argv[1];
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  if (scenario == "throw") {
+    install_error_handler();
+    throw std::runtime_error("model diverged at step 42");
+  }
+  if (scenario == "segv") {
+    install_error_handler();
+    std::raise(SIGSEGV);
+    return 3;
+  }
+  try {
+    InitOptions io;
+    if (const char* b = std::getenv("PG_WORKER_BACKEND")) io.backend = parse_backend(b);
+    if (const char* t = std::getenv("PG_WORKER_TIMEOUT_MS"))
+      io.timeout = std::chrono::milliseconds(std::atoi(t));
+    Worker w = init(io);
+    ProcessGroup& pg = w.process_group();
+    std::printf("rank %d/%d backend %s\n", pg.rank(), pg.size(), pg.backend_description().c_str());
+    if (scenario == "matrix") {
+      std::vector<size_t> sizes;
+      for (int i = 2; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));
+      if (sizes.empty()) sizes = {0, 1, 7, 1000, 300001};
+      run_matrix(pg, sizes);
+    } else if (scenario == "big") {
+      run_big(pg);
+    } else if (scenario == "stall") {
+      int victim = argc > 2 ? std::atoi(argv[2]) : pg.size() - 1;
+      int timeout_ms = argc > 3 ? std::atoi(argv[3]) : 1500;
+      pg.barrier();
+      if (pg.rank() == victim) {
+        std::printf("STALLING\n");
+        std::this_thread::sleep_for(std::chrono::seconds(120));
+        return 0;
+      }
+      std::vector<float> buf(1 << 16, 1.0f);
+      auto t0 = Clock::now();
+      try {
+        pg.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum,
+                     std::chrono::milliseconds(timeout_ms));
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+        // A broken group refuses further work at once.
+        try {
+          pg.barrier();
+        } catch (const CollectiveError& e2) {
+          std::printf("BROKEN: %s\n", e2.what());
+          return 10;
+        }
+        return 4;
+      } catch (const CollectiveError& e) {
+        // A peer that timed out first aborts the node's segment: also a correct outcome.
+        std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+        return 10;
+      }
+      return 5;
+    } else if (scenario == "loop") {
+      std::vector<float> buf(4 << 20, 1.0f);  // 16 MiB
+      auto t0 = Clock::now();
+      for (int it = 0; it < 100000; ++it) {
+        try {
+          pg.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kAvg);
+          if (it == 0) std::printf("READY\n");
+          t0 = Clock::now();
+        } catch (const CollectiveError& e) {
+          std::printf("FAILED after %.3f s in iteration %d: %s\n", seconds_since(t0), it, e.what());
+          return 11;
+        }
+      }
+      return 6;
+    } else if (scenario == "abort") {
+      pg.barrier();
+      if (pg.rank() == 0) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        pg.abort("test abort");
+        try {
+          pg.barrier();
+        } catch (const CollectiveError& e) {
+          std::printf("ROOT BROKEN: %s\n", e.what());
+          return 12;
+        }
+        return 7;
+      }
+      std::vector<float> buf(1024, 1.0f);
+      auto t0 = Clock::now();
+      try {
+        pg.allreduce(buf.data(), buf.size(), DataType::kFloat32);
+      } catch (const CollectiveError& e) {
+        std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+        return 12;
+      }
+      return 8;
+    } else {
+      std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
+      return 2;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "pg_worker: unexpected exception: %s\n", e.what());
+    return 3;
+  }
+  if (g_failures) {
+    std::fprintf(stderr, "pg_worker: %d mismatches\n", g_failures);
+    return 1;
+  }
+  std::printf("PASS\n");
+  return 0;
+}

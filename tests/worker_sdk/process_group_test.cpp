@@ -1,0 +1,208 @@
+// Multi-process tests of ProcessGroup's CPU backend: real processes, a real store server,
+// shared memory and Gloo over loopback. "Nodes" are simulated with GROUP_RANK/LOCAL_WORLD_SIZE
+// so that the shared-memory path, the Gloo path and their combination all run on one machine.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "tests/worker_sdk/job.h"
+
+using namespace trun::worker::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Layout {
+  const char* name;
+  std::vector<int> nodes;
+  bool reverse_local = false;
+  bool no_placement = false;
+  // Small shared-memory slots: many rounds per collective, with a short last one.
+  bool small_slots = false;
+};
+
+void expect_all_exit(const std::vector<RankResult>& results, const Job& job, int code) {
+  for (auto& r : results) {
+    INFO(job.describe(results));
+    REQUIRE(r.exited);
+    REQUIRE(r.exit_code == code);
+  }
+}
+
+void run_scenario(const Layout& layout, std::vector<std::string> args,
+                  std::chrono::milliseconds timeout = 240s) {
+  Job job;
+  JobSpec spec;
+  spec.argv = {worker_binary()};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.nodes = layout.nodes;
+  spec.reverse_local = layout.reverse_local;
+  spec.no_placement = layout.no_placement;
+  if (layout.small_slots) spec.env["TRUN_SHM_SLOT_BYTES"] = "16384";
+  spec.run_id = unique_run_id("pg");
+  job.start(spec);
+  auto results = job.wait(timeout);
+  expect_all_exit(results, job, 0);
+  CHECK(shm_segments(spec.run_id).empty());
+}
+
+}  // namespace
+
+TEST_CASE("every collective matches a serial reference for every dtype and size",
+          "[worker_sdk][collectives]") {
+  const Layout layouts[] = {
+      {"2 ranks, one node (shared memory)", {2}},
+      {"3 ranks, one node (shared memory)", {3}},
+      {"3 ranks, one node, 16 KiB slots (many rounds)", {3}, false, false, true},
+      {"8 ranks, one node (shared memory)", {8}},
+      {"4 ranks, one node, local ranks in reverse order", {4}, true},
+      {"4 ranks on 2 nodes of 2 (shared memory + gloo)", {2, 2}},
+      {"5 ranks on uneven nodes 2+3, 16 KiB slots", {2, 3}, false, false, true},
+      {"3 ranks, no placement (gloo only)", {1, 1, 1}, false, true},
+      {"8 ranks on 4 nodes of 2", {2, 2, 2, 2}},
+  };
+  for (const Layout& layout : layouts) {
+    DYNAMIC_SECTION(layout.name) { run_scenario(layout, {"matrix"}); }
+  }
+}
+
+TEST_CASE("64 MiB collectives match the reference", "[worker_sdk][collectives][big]") {
+  SECTION("2 ranks, one node") { run_scenario({"", {2}}, {"big"}); }
+  SECTION("4 ranks on 2 nodes") { run_scenario({"", {2, 2}}, {"big"}); }
+}
+
+TEST_CASE("a world of size 1 runs every collective locally", "[worker_sdk][collectives]") {
+  run_scenario({"", {1}}, {"matrix", "0", "1", "1000"});
+}
+
+namespace {
+
+// A rank that never joins: every other rank fails with a timeout, and nobody hangs.
+void stalled_peer(const Layout& layout) {
+  Job job;
+  JobSpec spec;
+  int world = 0;
+  for (int n : layout.nodes) world += n;
+  const int victim = world - 1;
+  spec.argv = {worker_binary(), "stall", std::to_string(victim), "1500"};
+  spec.nodes = layout.nodes;
+  spec.no_placement = layout.no_placement;
+  spec.run_id = unique_run_id("stall");
+  job.start(spec);
+  REQUIRE(job.wait_for_output(victim, "STALLING", 60s));
+  // Everyone else must give up on its own; the victim is still asleep.
+  for (int r = 0; r < world; ++r) {
+    if (r == victim) continue;
+    INFO("rank " << r << " output:\n" << job.output(r));
+    REQUIRE(job.wait_for_output(r, "after", 60s));
+  }
+  job.kill_rank(victim, SIGKILL);
+  auto results = job.wait(30s);
+  INFO(job.describe(results));
+  for (auto& r : results) {
+    if (r.rank == victim) continue;
+    REQUIRE(r.exited);
+    REQUIRE(r.exit_code == 10);
+  }
+  CHECK(shm_segments(spec.run_id).empty());
+}
+
+// A rank SIGKILLed in the middle of a stream of allreduces: every other rank fails (the group
+// timeout is 60 s, so a failure within the 45 s allowed here is detection, not the deadline).
+void killed_peer(const Layout& layout, int victim) {
+  Job job;
+  JobSpec spec;
+  int world = 0;
+  for (int n : layout.nodes) world += n;
+  spec.argv = {worker_binary(), "loop"};
+  spec.nodes = layout.nodes;
+  spec.no_placement = layout.no_placement;
+  spec.run_id = unique_run_id("kill");
+  spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";
+  job.start(spec);
+  for (int r = 0; r < world; ++r) REQUIRE(job.wait_for_output(r, "READY", 60s));
+  std::this_thread::sleep_for(200ms);
+  job.kill_rank(victim, SIGKILL);
+  auto results = job.wait(45s);
+  INFO(job.describe(results));
+  for (auto& r : results) {
+    if (r.rank == victim) {
+      CHECK(r.signal == SIGKILL);
+      continue;
+    }
+    REQUIRE(r.exited);
+    REQUIRE(r.exit_code == 11);
+  }
+  CHECK(shm_segments(spec.run_id).empty());
+}
+
+}  // namespace
+
+TEST_CASE("a stalled peer makes every other rank time out instead of hanging",
+          "[worker_sdk][failures]") {
+  SECTION("shared memory") { stalled_peer({"", {3}}); }
+  SECTION("gloo") { stalled_peer({"", {1, 1, 1}, false, true}); }
+  SECTION("shared memory + gloo") { stalled_peer({"", {2, 2}}); }
+}
+
+TEST_CASE("a peer SIGKILLed mid-collective makes every other rank fail", "[worker_sdk][failures]") {
+  SECTION("shared memory, 4 ranks") { killed_peer({"", {4}}, 2); }
+  SECTION("gloo, 3 ranks") { killed_peer({"", {1, 1, 1}, false, true}, 1); }
+  SECTION("shared memory + gloo, non-leader killed") { killed_peer({"", {2, 2}}, 3); }
+  SECTION("shared memory + gloo, leader killed") { killed_peer({"", {2, 2}}, 0); }
+}
+
+TEST_CASE("abort() makes the peers fail at once and breaks the group", "[worker_sdk][failures]") {
+  for (const Layout& layout : {Layout{"shm", {3}}, Layout{"gloo", {1, 1}, false, true}}) {
+    DYNAMIC_SECTION(layout.name) {
+      Job job;
+      JobSpec spec;
+      spec.argv = {worker_binary(), "abort"};
+      spec.nodes = layout.nodes;
+      spec.no_placement = layout.no_placement;
+      spec.run_id = unique_run_id("abort");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";
+      job.start(spec);
+      auto results = job.wait(45s);
+      expect_all_exit(results, job, 12);
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
+TEST_CASE("a group re-created after a restart works on the same store", "[worker_sdk][restart]") {
+  Job store_host;  // one store for both rounds, as the agent keeps it across restarts
+  const std::string run_id = unique_run_id("restart");
+  {
+    Job job(store_host.port());
+    JobSpec spec;
+    spec.argv = {worker_binary(), "loop"};
+    spec.nodes = {2, 1};
+    spec.run_id = run_id;
+    spec.restart_count = 0;
+    spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";
+    job.start(spec);
+    for (int r = 0; r < 3; ++r) REQUIRE(job.wait_for_output(r, "READY", 60s));
+    job.kill_rank(1, SIGKILL);
+    auto results = job.wait(45s);
+    INFO(job.describe(results));
+    REQUIRE(results[0].exit_code == 11);
+    REQUIRE(results[2].exit_code == 11);
+  }
+  {
+    Job job(store_host.port());
+    JobSpec spec;
+    spec.argv = {worker_binary(), "matrix", "0", "5", "4099"};
+    spec.nodes = {2, 1};
+    spec.run_id = run_id;
+    spec.restart_count = 1;
+    job.start(spec);
+    auto results = job.wait(120s);
+    expect_all_exit(results, job, 0);
+  }
+  CHECK(shm_segments(run_id).empty());
+}

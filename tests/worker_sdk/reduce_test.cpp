@@ -1,0 +1,72 @@
+// The reduction kernels and the float16/bfloat16 conversions, against known bit patterns.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "worker_sdk/src/reduce.h"
+
+using namespace trun::worker;
+using namespace trun::worker::detail;
+
+TEST_CASE("float16 conversion round-trips known values", "[worker_sdk][reduce]") {
+  CHECK(float_to_half(0.0f) == 0x0000);
+  CHECK(float_to_half(-0.0f) == 0x8000);
+  CHECK(float_to_half(1.0f) == 0x3c00);
+  CHECK(float_to_half(-2.0f) == 0xc000);
+  CHECK(float_to_half(65504.0f) == 0x7bff);                          // largest finite
+  CHECK(float_to_half(65520.0f) == 0x7c00);                          // rounds to inf
+  CHECK(float_to_half(std::ldexp(1.0f, -24)) == 0x0001);             // smallest subnormal
+  CHECK(float_to_half(std::ldexp(1.0f, -25)) == 0x0000);             // tie to even: zero
+  CHECK(float_to_half(std::ldexp(3.0f, -25)) == 0x0002);             // tie to even: 2
+  CHECK(float_to_half(1.0f + std::ldexp(1.0f, -11)) == 0x3c00);      // tie to even (down)
+  CHECK(float_to_half(1.0f + 3 * std::ldexp(1.0f, -11)) == 0x3c02);  // tie to even (up)
+  CHECK((float_to_half(std::numeric_limits<float>::quiet_NaN()) & 0x7fff) > 0x7c00);
+  CHECK(half_to_float(0x3555) == Approx(0.333251953125f).epsilon(0));
+  CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24));
+  CHECK(half_to_float(0x03ff) == std::ldexp(1023.0f, -24));
+  CHECK(std::isinf(half_to_float(0xfc00)));
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue;  // NaNs
+    REQUIRE(float_to_half(half_to_float(static_cast<uint16_t>(h))) == h);
+  }
+}
+
+TEST_CASE("bfloat16 conversion rounds to nearest even", "[worker_sdk][reduce]") {
+  CHECK(float_to_bfloat16(1.0f) == 0x3f80);
+  CHECK(bfloat16_to_float(0x3f80) == 1.0f);
+  CHECK(float_to_bfloat16(1.0f + std::ldexp(1.0f, -8)) == 0x3f80);      // tie: even (down)
+  CHECK(float_to_bfloat16(1.0f + 3 * std::ldexp(1.0f, -8)) == 0x3f82);  // tie: even (up)
+  CHECK(float_to_bfloat16(-3.0f) == 0xc040);
+  CHECK((float_to_bfloat16(std::numeric_limits<float>::quiet_NaN()) & 0x7fff) > 0x7f80);
+}
+
+TEST_CASE("reduce3 applies sum, min and max per dtype, in place", "[worker_sdk][reduce]") {
+  std::vector<int64_t> a = {1, -5, 9, 4}, b = {3, 2, -9, 4};
+  reduce3(a.data(), a.data(), b.data(), 4, DataType::kInt64, ReduceOp::kSum);
+  CHECK(a == std::vector<int64_t>{4, -3, 0, 8});
+  std::vector<float> x = {1.5f, -2.0f}, y = {0.5f, -3.0f}, out(2);
+  reduce3(out.data(), x.data(), y.data(), 2, DataType::kFloat32, ReduceOp::kMin);
+  CHECK(out == std::vector<float>{0.5f, -3.0f});
+  reduce3(out.data(), x.data(), y.data(), 2, DataType::kFloat32, ReduceOp::kMax);
+  CHECK(out == std::vector<float>{1.5f, -2.0f});
+  std::vector<uint16_t> h = {float_to_half(1.5f), float_to_half(-4.0f)};
+  std::vector<uint16_t> g = {float_to_half(2.25f), float_to_half(1.0f)};
+  reduce3(h.data(), h.data(), g.data(), 2, DataType::kFloat16, ReduceOp::kSum);
+  CHECK(half_to_float(h[0]) == 3.75f);
+  CHECK(half_to_float(h[1]) == -3.0f);
+  std::vector<uint16_t> p = {float_to_bfloat16(8.0f)}, q = {float_to_bfloat16(-1.0f)};
+  reduce3(p.data(), p.data(), q.data(), 1, DataType::kBFloat16, ReduceOp::kMax);
+  CHECK(bfloat16_to_float(p[0]) == 8.0f);
+}
+
+TEST_CASE("divide implements avg: truncation for integers", "[worker_sdk][reduce]") {
+  std::vector<int32_t> i = {7, -7, 8};
+  divide(i.data(), 3, DataType::kInt32, 2);
+  CHECK(i == std::vector<int32_t>{3, -3, 4});
+  std::vector<double> d = {1.0, 3.0};
+  divide(d.data(), 2, DataType::kFloat64, 4);
+  CHECK(d == std::vector<double>{0.25, 0.75});
+}

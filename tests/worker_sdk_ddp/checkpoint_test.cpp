@@ -1,0 +1,312 @@
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "tests/worker_sdk_ddp/ckpt_content.h"
+#include "trun/checkpoint.h"
+
+using namespace trun::worker;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char tmpl[] = "/tmp/trun-ckpt-test-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+void flip_byte(const std::string& file, uint64_t offset, unsigned char mask = 0x10) {
+  int fd = ::open(file.c_str(), O_RDWR);
+  REQUIRE(fd >= 0);
+  unsigned char c = 0;
+  REQUIRE(::pread(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  c ^= mask;
+  REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(offset)) == 1);
+  ::close(fd);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string writer_binary() {
+  return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk_ddp/ckpt_writer";
+}
+
+// Runs ckpt_writer; kills it with SIGKILL after `kill_after` (if it still runs). Returns its
+// output; `status` gets the wait status.
+std::string run_writer(const std::string& dir, int max_saves, const std::string& phase,
+                       std::chrono::microseconds kill_after, int* status) {
+  const std::string out = dir + ".out";
+  pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(fd, 1);
+    ::dup2(fd, 2);
+    std::string bin = writer_binary(), n = std::to_string(max_saves);
+    if (phase.empty())
+      ::execl(bin.c_str(), bin.c_str(), dir.c_str(), n.c_str(), (char*)nullptr);
+    else
+      ::execl(bin.c_str(), bin.c_str(), dir.c_str(), n.c_str(), phase.c_str(), (char*)nullptr);
+    ::_exit(127);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kill_after;
+  int st = 0;
+  for (;;) {
+    pid_t r = ::waitpid(pid, &st, WNOHANG);
+    if (r == pid) break;
+    if (std::chrono::steady_clock::now() >= deadline) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &st, 0);
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  *status = st;
+  std::string text = read_file(out);
+  ::unlink(out.c_str());
+  return text;
+}
+
+}  // namespace
+
+TEST_CASE("crc32c: matches the standard check value", "[checkpoint]") {
+  REQUIRE(crc32c("123456789", 9) == 0xE3069283u);
+  REQUIRE(crc32c("", 0) == 0u);
+  // Incremental == one shot, including unaligned splits.
+  std::string s(1000, 'x');
+  for (size_t i = 0; i < s.size(); ++i) s[i] = static_cast<char>(i * 31);
+  for (size_t split : {0, 1, 7, 8, 33, 999, 1000})
+    REQUIRE(crc32c(s.data() + split, s.size() - split, crc32c(s.data(), split)) ==
+            crc32c(s.data(), s.size()));
+}
+
+TEST_CASE("checkpoint: save and load round-trip every field", "[checkpoint]") {
+  TempDir d;
+  Checkpointer ck(d.path);
+  REQUIRE_FALSE(ck.load_latest().has_value());
+  trun::test::ContentBuffers buf;
+  ck.save(trun::test::make_request(7, buf));
+  REQUIRE(read_file(d.path + "/latest") == "step_7\n");
+  auto c = ck.load_latest();
+  REQUIRE(c.has_value());
+  std::string why;
+  REQUIRE(trun::test::check_content(*c, &why));
+  REQUIRE(c->world_size == 1);
+  REQUIRE(c->path == d.path + "/step_7");
+  std::vector<float> w(trun::test::kWeightNumel);
+  c->copy_to("model", "weight", w.data(), w.size(), DataType::kFloat32);
+  REQUIRE(w[5] == trun::test::weight_at(7, 5));
+  REQUIRE_THROWS_WITH(c->copy_to("model", "weight", w.data(), 3, DataType::kFloat32),
+                      Catch::Contains("expects float32 x 3"));
+  REQUIRE_THROWS_WITH(c->copy_to("model", "nope", w.data(), 3, DataType::kFloat32),
+                      Catch::Contains("no model tensor 'nope'"));
+  // No temporary leftovers.
+  for (auto& e : fs::directory_iterator(d.path))
+    REQUIRE(e.path().filename().string().rfind(".tmp", 0) != 0);
+}
+
+TEST_CASE("checkpoint: bad save requests are rejected with a clear message", "[checkpoint]") {
+  TempDir d;
+  Checkpointer ck(d.path);
+  float x = 1;
+  SaveRequest r;
+  r.model.push_back({"a", DataType::kFloat32, {1}, &x});
+  r.model.push_back({"a", DataType::kFloat32, {1}, &x});
+  REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("duplicate model tensor 'a'"));
+  r.model.pop_back();
+  r.metadata = "{oops";
+  REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("metadata is not JSON"));
+  r.metadata = "{}";
+  r.model.push_back({"b", DataType::kFloat32, {4}, nullptr});
+  REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("'b' has no data"));
+  CheckpointerOptions zero;
+  zero.keep_last = 0;
+  REQUIRE_THROWS_WITH(Checkpointer(d.path, zero), Catch::Contains("keep_last"));
+}
+
+TEST_CASE("checkpoint: a flipped byte is detected and load_latest falls back", "[checkpoint]") {
+  TempDir d;
+  Checkpointer ck(d.path);
+  trun::test::ContentBuffers buf;
+  ck.save(trun::test::make_request(1, buf));
+  ck.save(trun::test::make_request(2, buf));
+  SECTION("in a tensor's data") {
+    flip_byte(d.path + "/step_2/data", 12345);
+    REQUIRE_THROWS_WITH(Checkpointer::load(d.path + "/step_2"),
+                        Catch::Contains("tensor 'weight': CRC32C mismatch"));
+  }
+  SECTION("in the manifest") {
+    const std::string m = d.path + "/step_2/manifest.json";
+    const std::string text = read_file(m);
+    // A digit of the step: still valid JSON, caught by the manifest's checksum.
+    const auto pos = text.find("\"step\": 2");
+    REQUIRE(pos != std::string::npos);
+    flip_byte(m, pos + 8, 0x01);  // '2' -> '3'
+
+    REQUIRE_THROWS_WITH(Checkpointer::load(d.path + "/step_2"),
+                        Catch::Contains("manifest CRC32C mismatch"));
+  }
+  SECTION("a truncated data file") {
+    REQUIRE(::truncate((d.path + "/step_2/data").c_str(), 1000) == 0);
+    REQUIRE_THROWS_WITH(Checkpointer::load(d.path + "/step_2"),
+                        Catch::Contains("the manifest says"));
+  }
+  SECTION("a missing manifest") {
+    fs::remove(d.path + "/step_2/manifest.json");
+    REQUIRE_THROWS_WITH(Checkpointer::load(d.path + "/step_2"),
+                        Catch::Contains("cannot open manifest.json"));
+  }
+  auto c = ck.load_latest();
+  REQUIRE(c.has_value());
+  REQUIRE(c->step == 1);
+  std::string why;
+  REQUIRE(trun::test::check_content(*c, &why));
+}
+
+TEST_CASE("checkpoint: keeps the last K and drops an abandoned future", "[checkpoint]") {
+  TempDir d;
+  CheckpointerOptions o;
+  o.keep_last = 2;
+  Checkpointer ck(d.path, o);
+  trun::test::ContentBuffers buf;
+  for (uint64_t s : {10, 20, 30, 40}) ck.save(trun::test::make_request(s, buf));
+  REQUIRE(ck.list_steps() == std::vector<uint64_t>{30, 40});
+  // Resumed from 30 (say 40 was damaged) and saved 35: 40 is from an abandoned history.
+  ck.save(trun::test::make_request(35, buf));
+  REQUIRE(ck.list_steps() == std::vector<uint64_t>{30, 35});
+  REQUIRE(ck.load_latest()->step == 35);
+  // Saving the same step again replaces it atomically.
+  ck.save(trun::test::make_request(35, buf));
+  REQUIRE(ck.list_steps() == std::vector<uint64_t>{30, 35});
+  REQUIRE(ck.load_latest()->step == 35);
+}
+
+TEST_CASE("checkpoint: async mode snapshots, writes in the background and reports",
+          "[checkpoint]") {
+  TempDir d;
+  CheckpointerOptions o;
+  o.async = true;
+  Checkpointer ck(d.path, o);
+  trun::test::ContentBuffers buf;
+  for (uint64_t s = 1; s <= 5; ++s) {
+    ck.save(trun::test::make_request(s, buf));
+    // The snapshot is taken: scribbling over the caller's memory must not reach the file.
+    std::fill(buf.weight.begin(), buf.weight.end(), -1.0f);
+  }
+  ck.wait();
+  auto c = ck.load_latest();
+  REQUIRE(c.has_value());
+  REQUIRE(c->step == 5);
+  std::string why;
+  REQUIRE(trun::test::check_content(*c, &why));
+  REQUIRE(ck.last_write().count() > 0);
+}
+
+TEST_CASE("checkpoint: async failures surface on the next call", "[checkpoint]") {
+  TempDir d;
+  CheckpointerOptions o;
+  o.async = true;
+  Checkpointer ck(d.path + "/sub", o);
+  trun::test::ContentBuffers buf;
+  fs::remove_all(d.path + "/sub");
+  {
+    std::ofstream f(d.path + "/sub");  // a file where the directory was
+  }
+  ck.save(trun::test::make_request(1, buf));
+  REQUIRE_THROWS_AS(ck.wait(), CheckpointError);
+}
+
+TEST_CASE("checkpoint: a writer killed at every phase leaves a loadable checkpoint",
+          "[checkpoint][crash]") {
+  TempDir d;
+  const std::string dir = d.path + "/ck";
+  int st = 0;
+  std::string out = run_writer(dir, 3, "", std::chrono::seconds(60), &st);
+  REQUIRE(WIFEXITED(st));
+  REQUIRE(WEXITSTATUS(st) == 0);
+  uint64_t last = 3;
+  for (const char* phase :
+       {"data_written", "manifest_written", "synced", "renamed", "latest_written", "done"}) {
+    INFO("phase " << phase);
+    out = run_writer(dir, 3, phase, std::chrono::seconds(60), &st);
+    REQUIRE(WIFSIGNALED(st));
+    REQUIRE(WTERMSIG(st) == SIGKILL);
+    REQUIRE(out.find("resumed " + std::to_string(last)) != std::string::npos);
+    Checkpointer reader(dir);
+    auto c = reader.load_latest();
+    REQUIRE(c.has_value());
+    std::string why;
+    REQUIRE(trun::test::check_content(*c, &why));
+    // `latest` decides: until it is replaced the previous step is the one loaded (a renamed but
+    // unreferenced step_<n> is complete, and replaced when the step is saved again).
+    const bool visible = std::string(phase) == "latest_written" || std::string(phase) == "done";
+    REQUIRE(c->step == (visible ? last + 1 : last));
+    last = c->step;
+  }
+}
+
+TEST_CASE("checkpoint: SIGKILL at 50 random moments never leaves a bad latest checkpoint",
+          "[checkpoint][crash]") {
+  TempDir d;
+  const std::string dir = d.path + "/ck";
+  // Calibrate: one clean run (start, load, one save) takes T here (much more under ASan); kill
+  // at random moments between 0.3 T and 3 T, so kills land in start-up, loading and saves.
+  int st0 = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  run_writer(dir, 1, "", std::chrono::seconds(60), &st0);
+  REQUIRE(WIFEXITED(st0));
+  REQUIRE(WEXITSTATUS(st0) == 0);
+  const auto t_us =
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0)
+          .count();
+  std::mt19937 rng(12345);
+  std::uniform_int_distribution<long> delay_us(t_us * 3 / 10, t_us * 3);
+  uint64_t last = 1;
+  int killed = 0, progressed = 0;
+  for (int i = 0; i < 50; ++i) {
+    int st = 0;
+    const int us = delay_us(rng);
+    std::string out = run_writer(dir, 1000, "", std::chrono::microseconds(us), &st);
+    INFO("iteration " << i << ", killed after " << us << " us; writer said: " << out);
+    REQUIRE_FALSE((WIFEXITED(st) && WEXITSTATUS(st) != 0));  // 1: it loaded wrong contents
+    killed += WIFSIGNALED(st) ? 1 : 0;
+    Checkpointer reader(dir);
+    auto c = reader.load_latest();
+    REQUIRE(c.has_value());  // step 1 was complete before the first kill
+    std::string why;
+    REQUIRE(trun::test::check_content(*c, &why));
+    REQUIRE(c->step >= last);  // never goes backwards
+    progressed += c->step > last;
+    last = c->step;
+  }
+  WARN("random kills: " << killed << " of 50 writers killed, " << progressed
+                        << " iterations made progress, final step " << last << " (T = " << t_us
+                        << " us)");
+  REQUIRE(killed >= 40);
+  REQUIRE(progressed >= 5);  // the kills did land while checkpoints were being written
+}

@@ -1,0 +1,61 @@
+// A checkpoint writer for the crash-consistency tests: resumes from DIR's newest valid checkpoint
+// (checking that its contents match its step) and saves steps after it, as fast as it can, until
+// it has saved MAX_SAVES or is killed.
+//
+//   ckpt_writer DIR MAX_SAVES [CRASH_PHASE]
+//
+// With CRASH_PHASE (one of the Checkpointer's phases), it SIGKILLs itself at that phase of its
+// first save. Prints "resumed STEP" (or "fresh") first. Exit codes: 0 done, 1 a loaded
+// checkpoint had wrong contents, 2 usage, 3 exception.
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "tests/worker_sdk_ddp/ckpt_content.h"
+#include "trun/checkpoint.h"
+
+using namespace trun::worker;
+
+int main(int argc, char** argv) {
+  if (argc < 3) return 2;
+  try {
+    const std::string dir = argv[1];
+    const int max_saves = std::atoi(argv[2]);
+    const std::string crash = argc > 3 ? argv[3] : "";
+    CheckpointerOptions o;
+    o.keep_last = 2;
+    if (!crash.empty())
+      o.on_phase = [crash](const char* phase) {
+        if (crash == phase) ::kill(::getpid(), SIGKILL);
+      };
+    Checkpointer ck(dir, o);
+    uint64_t step = 0;
+    if (auto c = ck.load_latest()) {
+      std::string why;
+      if (!trun::test::check_content(*c, &why)) {
+        std::fprintf(stderr, "loaded checkpoint step %llu is wrong: %s\n",
+                     static_cast<unsigned long long>(c->step), why.c_str());
+        return 1;
+      }
+      step = c->step;
+      std::printf("resumed %llu\n", static_cast<unsigned long long>(step));
+    } else {
+      std::printf("fresh\n");
+    }
+    std::fflush(stdout);
+    trun::test::ContentBuffers buf;
+    for (int i = 0; i < max_saves; ++i) {
+      ++step;
+      ck.save(trun::test::make_request(step, buf));
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "exception: %s\n", e.what());
+    return 3;
+  }
+}

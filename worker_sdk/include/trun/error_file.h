@@ -1,0 +1,49 @@
+#pragma once
+// The error file: how a worker tells its agent why it failed, in the JSON that PyTorch's
+// @record writes, so trun's (and torchrun's) failure summary shows a C++ worker's error too:
+//
+//   {"message": {"message": "<type>: <what>",
+//                "extraInfo": {"py_callstack": "<stack trace>", "timestamp": "<unix seconds>"}}}
+//
+// The path comes from TORCHELASTIC_ERROR_FILE. An existing file is replaced.
+
+#include <string>
+
+namespace trun::worker {
+
+// Writes the error file at `path` (no-op when empty). Returns false (and logs on stderr) when it
+// cannot be written. Not async-signal-safe.
+bool write_error_file(const std::string& path, const std::string& message,
+                      const std::string& stack_trace);
+
+// The calling thread's stack, one frame a line (backtrace(3) and symbol names where known).
+std::string current_stack_trace(int skip_frames = 0);
+
+// Installs, for `error_file_path` (default: $TORCHELASTIC_ERROR_FILE; nothing when unset):
+// - a std::terminate handler: an uncaught exception's type and what() plus the stack is
+//   written, then the process aborts as it would have;
+// - handlers for SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT that write the signal and the stack
+//   with async-signal-safe calls only, then re-raise the signal with its default action, so the
+//   exit status still says which signal killed the worker.
+// Idempotent; the latest path wins. Returns false when no path was given or set.
+bool install_error_handler(const std::string& error_file_path = "");
+
+// Runs `fn`; on an exception writes the error file (like @record) and rethrows.
+template <typename Fn>
+auto record(Fn&& fn) -> decltype(fn());
+
+namespace detail {
+void record_current_exception();
+}
+
+template <typename Fn>
+auto record(Fn&& fn) -> decltype(fn()) {
+  try {
+    return fn();
+  } catch (...) {
+    detail::record_current_exception();
+    throw;
+  }
+}
+
+}  // namespace trun::worker

@@ -1,0 +1,178 @@
+#pragma once
+// ProcessGroup: collectives among the ranks of a trun job (or any set of processes that share a
+// Store).
+//
+// Backends: "nccl" (CUDA device buffers; compiled when CUDA and NCCL were found at build time, see
+// trun/config.h) and "cpu" (host buffers: a shared-memory path among the ranks of one node and
+// Gloo over TCP between nodes). Backend::kAuto picks NCCL when it was compiled in and the process
+// sees a CUDA device, the CPU backend otherwise.
+//
+// Ordering: every rank must issue the same collectives in the same order with matching counts,
+// dtypes, ops and roots. Collectives run one at a time, in issue order, on the group's
+// communication thread; the *_async forms return at once with a Work handle, the plain forms
+// wait for it.
+//
+// Buffers: contiguous, `count` elements of `dtype`, owned by the caller and left untouched by the
+// caller until the Work completes. allreduce and broadcast work in place. allgather writes
+// count * size() elements (rank r's contribution at offset r * count); reduce_scatter reads
+// count * size() elements and writes the reduced block of this rank (count elements); their
+// send and receive buffers must not overlap. Sizes may be 0.
+//
+// Reductions: kAvg divides the sum by size() (integer types: truncated toward zero). float16 and
+// bfloat16 are summed in float and rounded after each step.
+//
+// Timeouts and failures: each collective has a deadline (the group's timeout, or the one passed to
+// the call). A peer that died, stalled or aborted makes the collective fail on every other rank
+// with CollectiveError (CollectiveTimeoutError when the deadline passed) instead of hanging. After
+// any failure the group is broken: every later collective fails at once with the same cause; the
+// worker should exit (the agent restarts it) or build a new group. abort() breaks it on purpose.
+//
+// Signals: a group that uses Gloo (ranks on several nodes) sets SIGPIPE to SIG_IGN if it still has
+// its default action, so that a peer's closed connection is an error and not a fatal signal.
+//
+// Thread safety: every method may be called from any thread; calls are queued in the order they
+// are made. Destroying the group waits for queued collectives (each bounded by its timeout).
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+#include "rendezvous/store/store.h"
+
+namespace trun::worker {
+
+enum class DataType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64 };
+enum class ReduceOp { kSum, kAvg, kMin, kMax };
+enum class Backend { kAuto, kCpu, kNccl };
+
+size_t dtype_size(DataType dtype);
+const char* dtype_name(DataType dtype);
+const char* reduce_op_name(ReduceOp op);
+const char* backend_name(Backend backend);
+// "auto", "cpu", "nccl" (case-insensitive); std::invalid_argument otherwise.
+Backend parse_backend(const std::string& name);
+
+// A collective failed: a peer died, closed its connection, aborted, or a transport error. The
+// message names the operation, this rank and, when known, the peer.
+class CollectiveError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// The collective's deadline passed (a peer stalled, or never arrived).
+class CollectiveTimeoutError : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
+// Handle on one queued collective. Cheap to copy; all copies share the state.
+class Work {
+ public:
+  Work() = default;
+  // True once the collective finished, successfully or not. Never blocks.
+  bool is_completed() const;
+  // Blocks until the collective finished; rethrows its error (CollectiveError or a subclass).
+  // Bounded by the collective's timeout.
+  void wait() const;
+  // The failure, or nullptr while pending or after success. Never blocks.
+  std::exception_ptr error() const;
+
+  struct State;  // private
+  explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
+
+ private:
+  std::shared_ptr<State> state_;
+};
+
+struct ProcessGroupOptions {
+  // Namespaced for this group and round (a re-created group needs a fresh prefix). Required when
+  // world_size > 1; not owned exclusively: the group keeps a reference.
+  std::shared_ptr<rendezvous::Store> store;
+  int rank = 0;
+  int world_size = 1;
+  // Node layout: ranks that share node_rank share a machine (shared memory). -1: unknown, and
+  // every rank is treated as a node of its own.
+  int node_rank = -1;
+  int local_rank = -1;
+  Backend backend = Backend::kAuto;
+  // Default deadline for each collective, and for building the group.
+  std::chrono::milliseconds timeout = std::chrono::minutes(10);
+  // Part of shared-memory segment names (job id and round); any bytes, sanitized.
+  std::string tag = "default";
+  // NCCL: CUDA device to use; -1: local_rank modulo the number of devices.
+  int cuda_device = -1;
+  // Gloo: local address to bind and advertise. Empty: the address this host uses to reach
+  // `gloo_peer_hint` (the store's host), else 127.0.0.1.
+  std::string gloo_host;
+  std::string gloo_peer_hint;
+};
+
+class ProcessGroup {
+ public:
+  // Collective over every rank: blocks until all ranks constructed their group (bounded by
+  // options.timeout). Throws std::invalid_argument for bad options, CollectiveError (or a
+  // StoreError) when the group cannot be built, e.g. Backend::kNccl without a device.
+  explicit ProcessGroup(ProcessGroupOptions options);
+  ~ProcessGroup();
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  using Timeout = std::chrono::milliseconds;
+  static constexpr Timeout kGroupTimeout{0};  // use the group's timeout
+
+  Work allreduce_async(void* data, size_t count, DataType dtype, ReduceOp op = ReduceOp::kSum,
+                       Timeout timeout = kGroupTimeout);
+  Work broadcast_async(void* data, size_t count, DataType dtype, int root,
+                       Timeout timeout = kGroupTimeout);
+  Work allgather_async(const void* send, void* recv, size_t count, DataType dtype,
+                       Timeout timeout = kGroupTimeout);
+  Work reduce_scatter_async(const void* send, void* recv, size_t count, DataType dtype,
+                            ReduceOp op = ReduceOp::kSum, Timeout timeout = kGroupTimeout);
+  Work barrier_async(Timeout timeout = kGroupTimeout);
+
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op = ReduceOp::kSum,
+                 Timeout timeout = kGroupTimeout) {
+    allreduce_async(data, count, dtype, op, timeout).wait();
+  }
+  void broadcast(void* data, size_t count, DataType dtype, int root,
+                 Timeout timeout = kGroupTimeout) {
+    broadcast_async(data, count, dtype, root, timeout).wait();
+  }
+  void allgather(const void* send, void* recv, size_t count, DataType dtype,
+                 Timeout timeout = kGroupTimeout) {
+    allgather_async(send, recv, count, dtype, timeout).wait();
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,
+                      ReduceOp op = ReduceOp::kSum, Timeout timeout = kGroupTimeout) {
+    reduce_scatter_async(send, recv, count, dtype, op, timeout).wait();
+  }
+  void barrier(Timeout timeout = kGroupTimeout) { barrier_async(timeout).wait(); }
+
+  // Breaks the group: the running collective fails as soon as the backend notices (shared memory
+  // and NCCL: at once; a Gloo transfer: when its peer's connection closes or its deadline
+  // passes), queued and later ones fail at once, and the node's peers see the abort. Never
+  // blocks; idempotent.
+  void abort(const std::string& reason = "aborted by the application");
+
+  int rank() const;
+  int size() const;
+  Backend backend() const;
+  // e.g. "cpu(shm)", "cpu(shm+gloo)", "cpu(gloo)", "nccl".
+  std::string backend_description() const;
+  // True once a collective failed or abort() was called.
+  bool broken() const;
+
+  struct Impl;  // private
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// True when this build includes the NCCL backend and the process sees at least one CUDA device.
+bool nccl_available();
+
+}  // namespace trun::worker

@@ -1,0 +1,51 @@
+#pragma once
+// The interface every collective backend implements (private to libtrun_worker). ProcessGroup
+// validates arguments, queues calls and runs them one at a time on its communication thread; a
+// backend only performs one collective synchronously, bounded by `deadline`.
+//
+// Errors: CollectiveTimeoutError when the deadline passes, CollectiveError for anything else.
+// After a failure the ProcessGroup never calls the backend again except abort() and the
+// destructor.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "trun/process_group.h"
+
+namespace trun::worker::detail {
+
+using Clock = std::chrono::steady_clock;
+using Deadline = Clock::time_point;
+
+class BackendImpl {
+ public:
+  virtual ~BackendImpl() = default;
+  virtual std::string description() const = 0;
+  virtual void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                         Deadline deadline) = 0;
+  virtual void broadcast(void* data, size_t count, DataType dtype, int root, Deadline deadline) = 0;
+  virtual void allgather(const void* send, void* recv, size_t count, DataType dtype,
+                         Deadline deadline) = 0;
+  virtual void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,
+                              ReduceOp op, Deadline deadline) = 0;
+  virtual void barrier(Deadline deadline) = 0;
+  // Called from any thread, possibly while a collective runs: make it fail soon.
+  virtual void abort(const std::string& reason) = 0;
+};
+
+// Factories, chosen by ProcessGroup through Backend. Each validates what it needs from options.
+std::unique_ptr<BackendImpl> make_cpu_backend(const ProcessGroupOptions& options,
+                                              Deadline deadline);
+// CollectiveError when this build has no NCCL or the process has no CUDA device.
+std::unique_ptr<BackendImpl> make_nccl_backend(const ProcessGroupOptions& options,
+                                               Deadline deadline);
+
+// Milliseconds left until `deadline` (at least 1 so that callers passing it on never get 0).
+inline std::chrono::milliseconds remaining(Deadline deadline) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return left.count() < 1 ? std::chrono::milliseconds(1) : left;
+}
+
+}  // namespace trun::worker::detail

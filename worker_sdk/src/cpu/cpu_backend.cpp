@@ -1,0 +1,240 @@
+// The CPU backend: shared memory among the ranks of a node (ShmComm), Gloo among nodes
+// (GlooComm, one process per node: local rank 0), composed hierarchically:
+//   allreduce: node allreduce -> leaders allreduce -> node broadcast
+//   broadcast: root's node broadcast -> leaders broadcast -> other nodes broadcast
+//   allgather: node allgather -> leaders allgather (padded to the largest node) -> node broadcast
+//   reduce_scatter: allreduce of a copy, then each rank keeps its block (single node with ranks
+//                   in local order: shared-memory reduce-scatter directly)
+// Every node's segment and every leader's Gloo context belong to this group only.
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "rendezvous/store/prefix_store.h"
+#include "worker_sdk/src/backend.h"
+#include "worker_sdk/src/cpu/gloo_comm.h"
+#include "worker_sdk/src/cpu/shm_comm.h"
+#include "worker_sdk/src/reduce.h"
+
+namespace trun::worker::detail {
+namespace {
+
+struct Placement {
+  int node = 0;   // dense node index
+  int local = 0;  // index within the node, in local_rank order
+};
+
+class CpuBackend : public BackendImpl {
+ public:
+  CpuBackend(const ProcessGroupOptions& o, Deadline deadline) : rank_(o.rank), size_(o.world_size) {
+    if (size_ == 1) {
+      place_.assign(1, Placement{});
+      node_sizes_.assign(1, 1);
+      return;
+    }
+    discover(o, deadline);
+    const Placement& me = place_[rank_];
+    const int node_size = node_sizes_[me.node];
+    if (node_size > 1) {
+      auto node_store =
+          std::make_shared<rendezvous::PrefixStore>("shm/" + std::to_string(me.node), o.store);
+      ShmOptions so;
+      so.store = node_store.get();
+      so.local_rank = me.local;
+      so.local_size = node_size;
+      so.tag = o.tag + "-n" + std::to_string(me.node);
+      shm_ = std::make_unique<ShmComm>(so, deadline);
+    }
+    if (num_nodes() > 1 && me.local == 0) {
+      auto gloo_store = std::make_shared<rendezvous::PrefixStore>("gloo", o.store);
+      std::string host =
+          o.gloo_host.empty() ? local_address_towards(o.gloo_peer_hint) : o.gloo_host;
+      gloo_ = std::make_unique<GlooComm>(*gloo_store, me.node, num_nodes(), host, deadline);
+    }
+    identity_ = num_nodes() == 1;
+    for (int r = 0; r < size_ && identity_; ++r) identity_ = place_[r].local == r;
+  }
+
+  std::string description() const override {
+    if (size_ == 1) return "cpu(local)";
+    bool any_shm = std::any_of(node_sizes_.begin(), node_sizes_.end(), [](int n) { return n > 1; });
+    if (num_nodes() == 1) return "cpu(shm)";
+    return any_shm ? "cpu(shm+gloo)" : "cpu(gloo)";
+  }
+
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                 Deadline deadline) override {
+    if (count == 0) return;
+    ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    guarded([&] {
+      if (shm_) shm_->allreduce(data, count, dtype, base, deadline);
+      if (gloo_) gloo_->allreduce(data, count, dtype, base, deadline);
+      if (shm_ && num_nodes() > 1) shm_->broadcast(data, count * dtype_size(dtype), 0, deadline);
+    });
+    if (op == ReduceOp::kAvg) divide(data, count, dtype, size_);
+  }
+
+  void broadcast(void* data, size_t count, DataType dtype, int root, Deadline deadline) override {
+    const size_t bytes = count * dtype_size(dtype);
+    if (bytes == 0 || size_ == 1) return;
+    const Placement& r = place_[root];
+    const Placement& me = place_[rank_];
+    guarded([&] {
+      if (me.node == r.node && shm_) shm_->broadcast(data, bytes, r.local, deadline);
+      if (gloo_) gloo_->broadcast(data, bytes, r.node, deadline);
+      if (me.node != r.node && shm_) shm_->broadcast(data, bytes, 0, deadline);
+    });
+  }
+
+  void allgather(const void* send, void* recv, size_t count, DataType dtype,
+                 Deadline deadline) override {
+    const size_t bytes = count * dtype_size(dtype);
+    if (bytes == 0) return;
+    if (size_ == 1) {
+      std::memcpy(recv, send, bytes);
+      return;
+    }
+    guarded([&] {
+      if (identity_) return shm_->allgather(send, recv, bytes, deadline);
+      const Placement& me = place_[rank_];
+      const int node_size = node_sizes_[me.node];
+      const int max_node = *std::max_element(node_sizes_.begin(), node_sizes_.end());
+      std::vector<char> node_buf(bytes * node_size);
+      if (shm_)
+        shm_->allgather(send, node_buf.data(), bytes, deadline);
+      else
+        std::memcpy(node_buf.data(), send, bytes);
+      char* out = static_cast<char*>(recv);
+      if (num_nodes() == 1) {  // ranks not in local order: reorder the node's blocks
+        for (int g = 0; g < size_; ++g)
+          std::memcpy(out + g * bytes, node_buf.data() + place_[g].local * bytes, bytes);
+        return;
+      }
+      if (me.local == 0) {
+        node_buf.resize(bytes * max_node);
+        std::vector<char> all(bytes * max_node * num_nodes());
+        gloo_->allgather(node_buf.data(), all.data(), bytes * max_node, deadline);
+        const size_t stride = bytes * max_node;
+        for (int g = 0; g < size_; ++g)
+          std::memcpy(out + g * bytes,
+                      all.data() + place_[g].node * stride + place_[g].local * bytes, bytes);
+      }
+      if (shm_) shm_->broadcast(out, bytes * size_, 0, deadline);
+    });
+  }
+
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      Deadline deadline) override {
+    const size_t es = dtype_size(dtype);
+    if (count == 0) return;
+    if (size_ == 1) {
+      std::memcpy(recv, send, count * es);
+      return;
+    }
+    ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
+    if (identity_) {
+      guarded([&] { shm_->reduce_scatter(send, recv, count, dtype, base, deadline); });
+    } else {
+      std::vector<char> tmp(static_cast<const char*>(send),
+                            static_cast<const char*>(send) + count * size_ * es);
+      allreduce(tmp.data(), count * size_, dtype, base, deadline);
+      std::memcpy(recv, tmp.data() + rank_ * count * es, count * es);
+    }
+    if (op == ReduceOp::kAvg) divide(recv, count, dtype, size_);
+  }
+
+  void barrier(Deadline deadline) override {
+    if (size_ == 1) return;
+    guarded([&] {
+      if (shm_) shm_->barrier(deadline);
+      if (gloo_) gloo_->barrier(deadline);
+      if (shm_ && num_nodes() > 1) shm_->barrier(deadline);
+    });
+  }
+
+  void abort(const std::string& reason) override {
+    if (shm_) shm_->abort(reason);
+  }
+
+ private:
+  int num_nodes() const { return static_cast<int>(node_sizes_.size()); }
+
+  // A leader whose Gloo step fails tells its node at once, so its local peers do not wait for
+  // their deadline.
+  template <typename Fn>
+  void guarded(Fn&& fn) {
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      if (shm_) shm_->abort(e.what());
+      throw;
+    }
+  }
+
+  // Every rank publishes (node_rank, local_rank); all derive the same layout from the full table.
+  void discover(const ProcessGroupOptions& o, Deadline deadline) {
+    std::ostringstream mine;
+    mine << o.node_rank << ' ' << o.local_rank;
+    o.store->set("rank/" + std::to_string(rank_), mine.str());
+    std::vector<std::string> keys;
+    for (int r = 0; r < size_; ++r) keys.push_back("rank/" + std::to_string(r));
+    o.store->wait(keys, remaining(deadline));
+    std::vector<std::string> values = o.store->multi_get(keys);
+    std::map<std::string, std::vector<std::pair<int, int>>> nodes;  // node key -> (local, rank)
+    for (int r = 0; r < size_; ++r) {
+      std::istringstream in(values[r]);
+      int node = -1, local = -1;
+      if (!(in >> node >> local))
+        throw CollectiveError("rank " + std::to_string(r) + " published a malformed placement '" +
+                              values[r] + "'");
+      // Unknown placement: a node of its own.
+      std::string key =
+          node >= 0 && local >= 0 ? "n" + std::to_string(node) : "r" + std::to_string(r);
+      nodes[key].push_back({node >= 0 && local >= 0 ? local : 0, r});
+    }
+    place_.assign(size_, Placement{});
+    // Dense node indices in order of each node's lowest rank, so they agree everywhere.
+    std::vector<std::pair<int, std::vector<std::pair<int, int>>>> ordered;
+    for (auto& [key, members] : nodes) {
+      std::sort(members.begin(), members.end());
+      for (size_t i = 1; i < members.size(); ++i)
+        if (members[i].first == members[i - 1].first)
+          throw CollectiveError("ranks " + std::to_string(members[i - 1].second) + " and " +
+                                std::to_string(members[i].second) + " both claim local rank " +
+                                std::to_string(members[i].first) + " of node " + key);
+      int lowest = size_;
+      for (auto& m : members) lowest = std::min(lowest, m.second);
+      ordered.push_back({lowest, members});
+    }
+    std::sort(ordered.begin(), ordered.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    node_sizes_.clear();
+    for (size_t n = 0; n < ordered.size(); ++n) {
+      const auto& members = ordered[n].second;
+      node_sizes_.push_back(static_cast<int>(members.size()));
+      for (size_t i = 0; i < members.size(); ++i)
+        place_[members[i].second] = Placement{static_cast<int>(n), static_cast<int>(i)};
+    }
+  }
+
+  int rank_;
+  int size_;
+  std::vector<Placement> place_;
+  std::vector<int> node_sizes_;
+  bool identity_ = false;
+  std::unique_ptr<ShmComm> shm_;
+  std::unique_ptr<GlooComm> gloo_;
+};
+
+}  // namespace
+
+std::unique_ptr<BackendImpl> make_cpu_backend(const ProcessGroupOptions& options,
+                                              Deadline deadline) {
+  return std::make_unique<CpuBackend>(options, deadline);
+}
+
+}  // namespace trun::worker::detail

@@ -1,0 +1,46 @@
+#pragma once
+// GlooComm: collectives over Gloo's TCP transport among one process per node (or per rank),
+// with trun's Store standing in for Gloo's rendezvous store. Private to libtrun_worker; Gloo
+// headers stay in gloo_comm.cpp.
+//
+// Failures: a peer whose connection closes makes the collective fail at once (Gloo raises an I/O
+// error); a stalled peer, at the deadline. Both become CollectiveError/CollectiveTimeoutError.
+// SIGPIPE: Gloo does not suppress it, so building a GlooComm sets it to SIG_IGN when it still has
+// its default action (a dead peer then shows up as an error, not as this process's death).
+// Thread safety: one collective at a time.
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "rendezvous/store/store.h"
+#include "worker_sdk/src/backend.h"
+
+namespace trun::worker::detail {
+
+class GlooComm {
+ public:
+  // Collective among the `size` participants; binds `host` (an address of this machine).
+  GlooComm(rendezvous::Store& store, int rank, int size, const std::string& host,
+           Deadline deadline);
+  ~GlooComm();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline);
+  void broadcast(void* data, size_t bytes, int root, Deadline deadline);
+  void allgather(const void* send, void* recv, size_t bytes, Deadline deadline);
+  void barrier(Deadline deadline);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+  int rank_;
+  int size_;
+};
+
+// The local address to advertise to peers: the one this host uses to reach `peer_host` (no
+// packet is sent), 127.0.0.1 when `peer_host` is empty or a loopback name.
+std::string local_address_towards(const std::string& peer_host);
+
+}  // namespace trun::worker::detail

@@ -1,0 +1,84 @@
+#pragma once
+// ShmComm: collectives among the ranks of one node through one shared-memory segment.
+//
+// The segment ("/trun-<tag>-<random>" in /dev/shm) is created by local rank 0, its name passed
+// through the store, and unlinked by whichever rank maps it last, so once a group is built
+// nothing is left in /dev/shm even if every process is SIGKILLed. Each rank owns one slot of
+// `slot_bytes` in it. Large buffers go through in rounds: each rank copies what its peers need
+// into its slot, reduces its own slice straight from its peers' slots, and the peers copy the
+// reduced slices back (reduce-scatter + allgather), with two barriers per round.
+//
+// Barriers spin briefly, then sleep on a futex in the segment. While waiting, a rank checks the
+// deadline, the segment's abort flag and (pidfd) whether its peers are still alive: a peer that
+// died, aborted or timed out makes every rank of the node fail instead of waiting.
+//
+// Thread safety: collectives from one thread at a time; abort() from any thread.
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "rendezvous/store/store.h"
+#include "worker_sdk/src/backend.h"
+
+namespace trun::worker::detail {
+
+struct ShmHeader;
+
+struct ShmOptions {
+  rendezvous::Store* store = nullptr;  // namespaced for this node of this group
+  int local_rank = 0;
+  int local_size = 1;
+  std::string tag;        // part of the segment name; sanitized here
+  size_t slot_bytes = 0;  // 0: TRUN_SHM_SLOT_BYTES, else min(4 MiB, 32 MiB / local_size)
+};
+
+class ShmComm {
+ public:
+  static constexpr int kMaxLocalSize = 512;
+  // Collective among the node's ranks; CollectiveError/CollectiveTimeoutError on failure.
+  ShmComm(const ShmOptions& options, Deadline deadline);
+  ~ShmComm();
+  ShmComm(const ShmComm&) = delete;
+  ShmComm& operator=(const ShmComm&) = delete;
+
+  int local_rank() const { return me_; }
+  int local_size() const { return n_; }
+  const std::string& segment_name() const { return name_; }
+
+  // In place; op is kSum, kMin or kMax.
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline);
+  void broadcast(void* data, size_t bytes, int root, Deadline deadline);
+  // recv holds local_size() blocks of `bytes`, in local rank order.
+  void allgather(const void* send, void* recv, size_t bytes, Deadline deadline);
+  // send holds local_size() blocks of `count` elements, in local rank order.
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      Deadline deadline);
+  void barrier(Deadline deadline);
+  void abort(const std::string& reason);
+
+ private:
+  char* slot(int r) const { return data_ + static_cast<size_t>(r) * slot_bytes_; }
+  void arrive_and_wait(Deadline deadline, const char* what);
+  void wait_for_all(uint32_t target, Deadline deadline, const char* what);
+  [[noreturn]] void fail_aborted(const char* what);
+  void check_peers_alive(const char* what);
+  void set_abort(const std::string& reason);
+
+  int me_ = 0;
+  int n_ = 1;
+  std::string name_;
+  size_t slot_bytes_ = 0;
+  size_t map_bytes_ = 0;
+  void* map_ = nullptr;
+  ShmHeader* hdr_ = nullptr;
+  char* data_ = nullptr;
+  uint32_t seq_ = 0;
+  int spin_limit_ = 0;
+  std::vector<int> pidfds_;  // per local rank; -1 for self or when unavailable
+  std::vector<int> pids_;
+};
+
+}  // namespace trun::worker::detail

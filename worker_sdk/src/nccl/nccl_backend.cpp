@@ -1,0 +1,298 @@
+// The NCCL backend: one communicator per group, its unique id passed through the store, work on
+// a dedicated non-blocking stream. The communicator is created non-blocking, so that neither
+// its creation nor a collective can hang the process: the communication thread polls the
+// stream's completion event and ncclCommGetAsyncError, and past the deadline (or on abort())
+// aborts the communicator and raises.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include "worker_sdk/src/backend.h"
+#include "worker_sdk/src/nccl/cuda_check.h"
+#include "worker_sdk/src/nccl/nccl_info.h"
+
+namespace trun::worker {
+
+bool nccl_available() { return detail::cuda_device_count(nullptr) > 0; }
+
+namespace detail {
+namespace {
+
+std::atomic<int> g_rank{-1};
+
+std::string host_name() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+ncclDataType_t to_nccl(DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return ncclFloat32;
+    case DataType::kFloat64:
+      return ncclFloat64;
+    case DataType::kFloat16:
+      return ncclFloat16;
+    case DataType::kBFloat16:
+      return ncclBfloat16;
+    case DataType::kInt32:
+      return ncclInt32;
+    case DataType::kInt64:
+      return ncclInt64;
+  }
+  throw std::invalid_argument("unknown dtype");
+}
+
+ncclRedOp_t to_nccl(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return ncclSum;
+    case ReduceOp::kAvg:
+      return ncclAvg;
+    case ReduceOp::kMin:
+      return ncclMin;
+    case ReduceOp::kMax:
+      return ncclMax;
+  }
+  throw std::invalid_argument("unknown reduce op");
+}
+
+class NcclBackend : public BackendImpl {
+ public:
+  NcclBackend(const ProcessGroupOptions& o, Deadline deadline)
+      : rank_(o.rank), size_(o.world_size) {
+    std::string why;
+    int n = cuda_device_count(&why);
+    if (n == 0)
+      throw CollectiveError("NCCL backend on rank " + std::to_string(rank_) +
+                            ": no CUDA device: " + why);
+    device_ = o.cuda_device >= 0 ? o.cuda_device : std::max(o.local_rank, 0) % n;
+    if (device_ >= n)
+      throw std::invalid_argument("NCCL backend: cuda_device " + std::to_string(device_) +
+                                  " but only " + std::to_string(n) + " devices are visible");
+    set_cuda_check_rank(rank_);
+    TRUN_CUDA_CHECK(cudaSetDevice(device_));
+    TRUN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    TRUN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    TRUN_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+
+    ncclUniqueId id;
+    if (rank_ == 0) {
+      TRUN_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+      if (size_ > 1) o.store->set("nccl/unique_id", std::string_view(id.internal, sizeof id));
+    } else {
+      o.store->wait({"nccl/unique_id"}, remaining(deadline));
+      std::string bytes = o.store->get("nccl/unique_id");
+      if (bytes.size() != sizeof id)
+        throw CollectiveError("NCCL unique id from the store has " + std::to_string(bytes.size()) +
+                              " bytes, expected " + std::to_string(sizeof id));
+      std::memcpy(id.internal, bytes.data(), sizeof id);
+    }
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    TRUN_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), comm_);
+    wait_comm_ready("ncclCommInitRankConfig", deadline);
+  }
+
+  ~NcclBackend() override {
+    if (comm_) {
+      bool clean = !failed_ && !aborted_;
+      if (clean) {
+        // Non-blocking finalize: give it a bounded time, abort if it does not finish.
+        clean = ncclCommFinalize(comm_) != ncclInternalError;
+        auto limit = Clock::now() + std::chrono::seconds(10);
+        ncclResult_t state = ncclInProgress;
+        while (clean && Clock::now() < limit) {
+          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        clean = clean && state == ncclSuccess;
+      }
+      if (clean)
+        ncclCommDestroy(comm_);
+      else
+        ncclCommAbort(comm_);
+    }
+    if (scratch_) cudaFree(scratch_);
+    if (event_) cudaEventDestroy(event_);
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+
+  std::string description() const override { return "nccl"; }
+
+  void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                 Deadline deadline) override {
+    if (count == 0) return;
+    run("ncclAllReduce", deadline, [&] {
+      return ncclAllReduce(data, data, count, to_nccl(dtype), to_nccl(op), comm_, stream_);
+    });
+  }
+  void broadcast(void* data, size_t count, DataType dtype, int root, Deadline deadline) override {
+    if (count == 0) return;
+    run("ncclBroadcast", deadline,
+        [&] { return ncclBroadcast(data, data, count, to_nccl(dtype), root, comm_, stream_); });
+  }
+  void allgather(const void* send, void* recv, size_t count, DataType dtype,
+                 Deadline deadline) override {
+    if (count == 0) return;
+    run("ncclAllGather", deadline,
+        [&] { return ncclAllGather(send, recv, count, to_nccl(dtype), comm_, stream_); });
+  }
+  void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
+                      Deadline deadline) override {
+    if (count == 0) return;
+    run("ncclReduceScatter", deadline, [&] {
+      return ncclReduceScatter(send, recv, count, to_nccl(dtype), to_nccl(op), comm_, stream_);
+    });
+  }
+  void barrier(Deadline deadline) override {
+    run("barrier (ncclAllReduce)", deadline,
+        [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
+  }
+  void abort(const std::string& reason) override { aborted_ = true; }
+
+ private:
+  // Polls until the communicator has no operation in progress.
+  void wait_comm_ready(const char* what, Deadline deadline) {
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      TRUN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_);
+      if (state == ncclSuccess) return;
+      if (state != ncclInProgress) fail(nccl_error_message(what, state, comm_, __FILE__, __LINE__));
+      check_abort_and_deadline(what, deadline);
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+
+  void check_abort_and_deadline(const char* what, Deadline deadline) {
+    if (aborted_)
+      fail(cuda_check_where(__FILE__, __LINE__) + " " + what +
+           ": the process group was aborted; NCCL communicator aborted");
+    if (Clock::now() >= deadline) {
+      failed_ = true;
+      ncclCommAbort(comm_);
+      comm_ = nullptr;
+      throw CollectiveTimeoutError(cuda_check_where(__FILE__, __LINE__) + " " + what +
+                                   " timed out; NCCL communicator aborted");
+    }
+  }
+
+  [[noreturn]] void fail(const std::string& msg) {
+    failed_ = true;
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    throw CollectiveError(msg);
+  }
+
+  template <typename Launch>
+  void run(const char* what, Deadline deadline, Launch&& launch) {
+    if (!comm_) throw CollectiveError(std::string(what) + ": NCCL communicator is gone");
+    TRUN_CUDA_CHECK(cudaSetDevice(device_));
+    ncclResult_t res = launch();
+    if (res != ncclSuccess && res != ncclInProgress)
+      fail(nccl_error_message(what, res, comm_, __FILE__, __LINE__));
+    wait_comm_ready(what, deadline);
+    TRUN_CUDA_CHECK(cudaEventRecord(event_, stream_));
+    for (;;) {
+      cudaError_t q = cudaEventQuery(event_);
+      if (q == cudaSuccess) return;
+      if (q != cudaErrorNotReady) fail(cuda_error_message(what, q, __FILE__, __LINE__));
+      ncclResult_t state = ncclSuccess;
+      ncclCommGetAsyncError(comm_, &state);
+      if (state != ncclSuccess && state != ncclInProgress)
+        fail(nccl_error_message(what, state, comm_, __FILE__, __LINE__));
+      check_abort_and_deadline(what, deadline);
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+
+  int rank_;
+  int size_;
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t event_ = nullptr;
+  void* scratch_ = nullptr;
+  ncclComm_t comm_ = nullptr;
+  std::atomic<bool> aborted_{false};
+  bool failed_ = false;
+};
+
+}  // namespace
+
+void set_cuda_check_rank(int rank) { g_rank = rank; }
+
+std::string cuda_check_where(const char* file, int line) {
+  const char* base = std::strrchr(file, '/');
+  return "[host " + host_name() + " rank " + std::to_string(g_rank.load()) + "] " +
+         (base ? base + 1 : file) + ":" + std::to_string(line) + ":";
+}
+
+std::string cuda_error_message(const char* call, cudaError_t err, const char* file, int line) {
+  return cuda_check_where(file, line) + " " + call + " failed: " + cudaGetErrorString(err) + " (" +
+         cudaGetErrorName(err) + " " + std::to_string(static_cast<int>(err)) + ")";
+}
+
+std::string nccl_error_message(const char* call, ncclResult_t res, ncclComm_t comm,
+                               const char* file, int line) {
+  const char* last = ncclGetLastError(comm);
+  return cuda_check_where(file, line) + " " + call + " failed: " + ncclGetErrorString(res) +
+         " (ncclResult " + std::to_string(static_cast<int>(res)) +
+         "); NCCL: " + (last && *last ? last : "(no further detail)");
+}
+
+void throw_cuda_error(const char* call, cudaError_t err, const char* file, int line) {
+  throw CollectiveError(cuda_error_message(call, err, file, line));
+}
+
+void throw_nccl_error(const char* call, ncclResult_t res, ncclComm_t comm, const char* file,
+                      int line) {
+  throw CollectiveError(nccl_error_message(call, res, comm, file, line));
+}
+
+int cuda_device_count(std::string* why) {
+  int n = 0;  // without a driver the runtime returns an error and leaves `n` untouched
+  cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky-less error so later calls do not see it
+    return 0;
+  }
+  if (n == 0 && why) *why = "cudaGetDeviceCount returned 0 devices";
+  return n;
+}
+
+std::string nccl_runtime_version() {
+  int v = 0;
+  TRUN_NCCL_CHECK(ncclGetVersion(&v), nullptr);
+  // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
+  return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
+         std::to_string(v % 100);
+}
+
+std::string nccl_new_unique_id() {
+  ncclUniqueId id;
+  TRUN_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+  return std::string(id.internal, sizeof id);
+}
+
+std::string nccl_error_for_test(int nccl_result) {
+  return nccl_error_message("ncclTestCall()", static_cast<ncclResult_t>(nccl_result), nullptr,
+                            __FILE__, __LINE__);
+}
+
+std::string cuda_error_for_test(int cuda_error) {
+  return cuda_error_message("cudaTestCall()", static_cast<cudaError_t>(cuda_error), __FILE__,
+                            __LINE__);
+}
+
+std::unique_ptr<BackendImpl> make_nccl_backend(const ProcessGroupOptions& options,
+                                               Deadline deadline) {
+  return std::make_unique<NcclBackend>(options, deadline);
+}
+
+}  // namespace detail
+}  // namespace trun::worker

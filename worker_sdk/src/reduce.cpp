@@ -1,0 +1,167 @@
+#include "worker_sdk/src/reduce.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+
+namespace trun::worker::detail {
+namespace {
+
+uint32_t bits_of(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+float float_of(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+struct Sum {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a + b;
+  }
+};
+struct Min {
+  template <typename T>
+  static T apply(T a, T b) {
+    return b < a ? b : a;
+  }
+};
+struct Max {
+  template <typename T>
+  static T apply(T a, T b) {
+    return a < b ? b : a;
+  }
+};
+
+// Plain loops over native types: the compiler vectorizes them (this file is built with -O3).
+template <typename T, typename Op>
+void native(void* dst, const void* a, const void* b, size_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) d[i] = Op::apply(x[i], y[i]);
+}
+
+template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), typename Op>
+void half_like(void* dst, const void* a, const void* b, size_t n) {
+  uint16_t* d = static_cast<uint16_t*>(dst);
+  const uint16_t* x = static_cast<const uint16_t*>(a);
+  const uint16_t* y = static_cast<const uint16_t*>(b);
+  for (size_t i = 0; i < n; ++i) d[i] = FromF(Op::apply(ToF(x[i]), ToF(y[i])));
+}
+
+template <typename Op>
+void dispatch(void* dst, const void* a, const void* b, size_t n, DataType dtype) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return native<float, Op>(dst, a, b, n);
+    case DataType::kFloat64:
+      return native<double, Op>(dst, a, b, n);
+    case DataType::kInt32:
+      return native<int32_t, Op>(dst, a, b, n);
+    case DataType::kInt64:
+      return native<int64_t, Op>(dst, a, b, n);
+    case DataType::kFloat16:
+      return half_like<half_to_float, float_to_half, Op>(dst, a, b, n);
+    case DataType::kBFloat16:
+      return half_like<bfloat16_to_float, float_to_bfloat16, Op>(dst, a, b, n);
+  }
+  throw std::invalid_argument("unknown dtype");
+}
+
+template <typename T>
+void divide_native(void* data, size_t n, int divisor) {
+  T* d = static_cast<T*>(data);
+  const T div = static_cast<T>(divisor);
+  for (size_t i = 0; i < n; ++i) d[i] = d[i] / div;
+}
+
+}  // namespace
+
+float half_to_float(uint16_t h) {
+  uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exp = (h >> 10) & 0x1fu;
+  uint32_t mant = h & 0x3ffu;
+  if (exp == 0) {
+    if (mant == 0) return float_of(sign);
+    // Subnormal half: normalize into a float.
+    int e = -1;
+    do {
+      ++e;
+      mant <<= 1;
+    } while ((mant & 0x400u) == 0);
+    return float_of(sign | ((127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13));
+  }
+  if (exp == 31) return float_of(sign | 0x7f800000u | (mant << 13));
+  return float_of(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+uint16_t float_to_half(float f) {
+  uint32_t u = bits_of(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  u &= 0x7fffffffu;
+  if (u >= 0x47800000u) {  // >= 65536, inf or NaN
+    if (u > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);
+    return static_cast<uint16_t>(sign | 0x7c00u);
+  }
+  if (u < 0x38800000u) {  // below the smallest normal half: let the FPU round the subnormal
+    const float magic = float_of(126u << 23);  // 0.5: aligns the half subnormal step to 1 ulp
+    uint32_t r = bits_of(float_of(u) + magic) - bits_of(magic);
+    return static_cast<uint16_t>(sign | r);
+  }
+  uint32_t odd = (u >> 13) & 1u;
+  u += (static_cast<uint32_t>(15 - 127) << 23) + 0xfffu + odd;
+  return static_cast<uint16_t>(sign | (u >> 13));  // may carry into inf: correct rounding
+}
+
+float bfloat16_to_float(uint16_t b) { return float_of(static_cast<uint32_t>(b) << 16); }
+
+uint16_t float_to_bfloat16(float f) {
+  uint32_t u = bits_of(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return dispatch<Sum>(dst, a, b, n, dtype);
+    case ReduceOp::kMin:
+      return dispatch<Min>(dst, a, b, n, dtype);
+    case ReduceOp::kMax:
+      return dispatch<Max>(dst, a, b, n, dtype);
+  }
+  throw std::invalid_argument("unknown reduce op");
+}
+
+void divide(void* data, size_t n, DataType dtype, int divisor) {
+  switch (dtype) {
+    case DataType::kFloat32:
+      return divide_native<float>(data, n, divisor);
+    case DataType::kFloat64:
+      return divide_native<double>(data, n, divisor);
+    case DataType::kInt32:
+      return divide_native<int32_t>(data, n, divisor);
+    case DataType::kInt64:
+      return divide_native<int64_t>(data, n, divisor);
+    case DataType::kFloat16: {
+      uint16_t* d = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < n; ++i) d[i] = float_to_half(half_to_float(d[i]) / divisor);
+      return;
+    }
+    case DataType::kBFloat16: {
+      uint16_t* d = static_cast<uint16_t*>(data);
+      for (size_t i = 0; i < n; ++i) d[i] = float_to_bfloat16(bfloat16_to_float(d[i]) / divisor);
+      return;
+    }
+  }
+  throw std::invalid_argument("unknown dtype");
+}
+
+}  // namespace trun::worker::detail

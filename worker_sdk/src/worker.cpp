@@ -1,0 +1,59 @@
+#include "trun/worker.h"
+
+#include <cstdio>
+
+#include "rendezvous/store/prefix_store.h"
+#include "rendezvous/store/tcp_store.h"
+#include "trun/error_file.h"
+
+namespace trun::worker {
+
+Worker init(const InitOptions& options) {
+  Worker w;
+  w.env_ = WorkerEnv::from_environment();
+  w.options_ = options;
+  if (options.install_error_handler && !w.env_.error_file.empty())
+    install_error_handler(w.env_.error_file);
+  if (w.env_.standalone) {
+    std::fprintf(stderr,
+                 "[trun.worker] RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set: "
+                 "not launched by trun, running as a world of size 1\n");
+  } else {
+    rendezvous::TcpStoreOptions so;
+    so.host = w.env_.master_addr;
+    so.port = w.env_.master_port;
+    so.timeout = options.timeout;
+    so.connect_timeout = options.timeout;
+    so.token = w.env_.store_token;
+    auto base = std::make_shared<rendezvous::TcpStore>(so);
+    w.store_ = std::make_shared<rendezvous::PrefixStore>("trun/worker/" + w.env_.run_id, base);
+  }
+  w.group_counter_ = std::make_shared<int>(0);
+  if (options.create_default_group) w.default_group_ = w.new_group(options.backend);
+  return w;
+}
+
+ProcessGroup& Worker::process_group() {
+  if (!default_group_)
+    throw CollectiveError("no default process group: init() ran with create_default_group=false");
+  return *default_group_;
+}
+
+std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
+  const int n = (*group_counter_)++;
+  const std::string round =
+      "restart" + std::to_string(env_.restart_count) + "/pg" + std::to_string(n);
+  ProcessGroupOptions o;
+  if (store_) o.store = std::make_shared<rendezvous::PrefixStore>(round, store_);
+  o.rank = env_.rank;
+  o.world_size = env_.world_size;
+  o.node_rank = env_.group_rank;
+  o.local_rank = env_.local_rank;
+  o.backend = backend == Backend::kAuto ? options_.backend : backend;
+  o.timeout = options_.timeout;
+  o.tag = env_.run_id + "-r" + std::to_string(env_.restart_count) + "-pg" + std::to_string(n);
+  o.gloo_peer_hint = env_.master_addr;
+  return std::make_unique<ProcessGroup>(std::move(o));
+}
+
+}  // namespace trun::worker

@@ -1,0 +1,16 @@
+# DDP reducer, checkpoints and the distributed sampler: part of libtrun_worker, kept in their own
+# file so the collectives' build rules stay untouched.
+target_sources(trun_worker PRIVATE
+  src/checkpoint/checkpoint.cpp
+  src/checkpoint/crc32c.cpp
+  src/ddp/ddp.cpp
+  src/sampler/sampler.cpp)
+if(TRUN_HAVE_NCCL)
+  target_sources(trun_worker PRIVATE src/ddp/device_memory_cuda.cpp)
+else()
+  target_sources(trun_worker PRIVATE src/ddp/device_memory_none.cpp)
+endif()
+target_link_libraries(trun_worker PRIVATE nlohmann_json::nlohmann_json)
+if(TRUN_HAVE_NCCL)
+  target_include_directories(trun_worker PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+endif()
