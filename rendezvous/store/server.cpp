@@ -188,7 +188,7 @@ class ServerImpl : public StoreServer {
       boost::system::error_code ec;
       acceptor_.close(ec);
       auto conns = connections_;
-      for (auto& [id, c] : conns) c->close("server stopping");
+      for (auto& [id, c] : conns) c->close("");  // quietly: stopping is not a client's fault
       signals_guard_.reset();
     });
     if (thread_.joinable()) thread_.join();
