@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# GPU check for libtrun_worker's NCCL backend: runs the NCCL tests (device buffers, every
-# collective, world size 1 per GPU; 2 ranks when two GPUs are visible) and prints PASS/FAIL lines.
+# GPU check, one command: libtrun_worker's NCCL tests (device buffers, every collective, world
+# size 1 per GPU; 2 ranks when two GPUs are visible), the DDP reducer's CUDA tests (CUDA
+# parameters, averaging on the device), and, where `python3` has PyTorch (2.x on GPU machines),
+# the store's PyTorch-client compatibility scenario (PyTorch's own server as the oracle) and the
+# DDP ToyModel script under trun. Prints PASS/FAIL/SKIP lines.
 #
 #   scripts/gpu-check.sh                 configure + build build-gpu here (CUDA + NCCL), then run
 #   scripts/gpu-check.sh BUILD_DIR       use prebuilt binaries in BUILD_DIR (no build)
@@ -16,7 +19,9 @@ cd "$(dirname "$0")/.."
 if [[ ${1:-} == --bundle ]]; then
   build=${2:?usage: gpu-check.sh --bundle BUILD_DIR}
   mkdir -p "$build/gpu-libs"
-  for bin in "$build/tests/worker_sdk/worker_sdk_nccl_test" "$build/worker_sdk/libtrun_worker.so"; do
+  for bin in "$build/tests/worker_sdk/worker_sdk_nccl_test" \
+    "$build/tests/worker_sdk_ddp/worker_sdk_ddp_cuda_test" "$build/worker_sdk/libtrun_worker.so" \
+    "$build/launcher/trun"; do
     ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
       case $(basename "$lib") in
         # glibc, the C++ runtime and CUDA/NCCL (hundreds of MiB) are expected on the GPU machine.
@@ -42,40 +47,95 @@ if [[ -z $build ]]; then
     exit 1
   fi
   grep -q "NCCL backend ON" "$build.configure.log" || { echo "FAIL: NCCL backend not configured"; exit 1; }
-  if ! ninja -C "$build" worker_sdk_nccl_test; then echo "FAIL: build"; exit 1; fi
+  if ! ninja -C "$build" worker_sdk_nccl_test worker_sdk_ddp_cuda_test trun; then
+    echo "FAIL: build"
+    exit 1
+  fi
 fi
-test_bin="$build/tests/worker_sdk/worker_sdk_nccl_test"
-[[ -x $test_bin ]] || { echo "FAIL: $test_bin not found"; exit 1; }
-
 # Carried build dirs keep absolute RPATHs from the build machine: point the loader at them.
 export LD_LIBRARY_PATH="$build/worker_sdk:$build/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-if ldd "$test_bin" | grep -q "not found"; then
-  ldd "$test_bin" | grep "not found"
-  echo "FAIL: missing shared libraries (on the build machine run: scripts/gpu-check.sh --bundle $build)"
-  exit 1
-fi
 
 echo "== devices"
 if command -v nvidia-smi >/dev/null; then nvidia-smi -L; else echo "(no nvidia-smi)"; fi
 
 status=0
 gpu_ran=0
-while IFS= read -r name; do
-  [[ -z $name ]] && continue
-  # Catch2 reads commas in a test spec as "or": escape them; -w NoTests fails on no match.
-  out=$(timeout 300 "$test_bin" -w NoTests "${name//,/\\,}" 2>&1)
-  rc=$?
-  if [[ $rc -ne 0 ]]; then
-    echo "FAIL: $name (exit $rc)"
-    echo "$out" | tail -30 | sed 's/^/    /'
+
+# Runs every Catch2 test case of one binary on its own, with a PASS/FAIL/SKIP line each.
+run_catch_binary() {
+  local test_bin=$1
+  if [[ ! -x $test_bin ]]; then
+    echo "FAIL: $test_bin not found"
     status=1
-  elif grep -q "skipped:" <<<"$out"; then
-    echo "SKIP: $name ($(grep -o 'skipped:.*' <<<"$out" | head -1))"
-  else
-    echo "PASS: $name"
-    [[ $name == GPU:* ]] && gpu_ran=1
+    return
   fi
-done < <("$test_bin" --list-test-names-only 2>/dev/null)
+  if ldd "$test_bin" | grep -q "not found"; then
+    ldd "$test_bin" | grep "not found"
+    echo "FAIL: missing shared libraries (on the build machine run: scripts/gpu-check.sh --bundle $build)"
+    status=1
+    return
+  fi
+  local name out rc
+  while IFS= read -r name; do
+    [[ -z $name ]] && continue
+    # Catch2 reads commas in a test spec as "or": escape them; -w NoTests fails on no match.
+    out=$(timeout 300 "$test_bin" -w NoTests "${name//,/\\,}" 2>&1)
+    rc=$?
+    if [[ $rc -ne 0 ]]; then
+      echo "FAIL: $name (exit $rc)"
+      echo "$out" | tail -30 | sed 's/^/    /'
+      status=1
+    elif grep -q "skipped:" <<<"$out"; then
+      echo "SKIP: $name ($(grep -o 'skipped:.*' <<<"$out" | head -1))"
+    else
+      echo "PASS: $name"
+      [[ $name == GPU:* ]] && gpu_ran=1
+    fi
+  done < <("$test_bin" --list-test-names-only 2>/dev/null)
+}
+
+echo "== NCCL collectives"
+run_catch_binary "$build/tests/worker_sdk/worker_sdk_nccl_test"
+echo "== DDP on CUDA"
+run_catch_binary "$build/tests/worker_sdk_ddp/worker_sdk_ddp_cuda_test"
+
+echo "== PyTorch clients"
+py=${PYTHON_EXEC:-python3}
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  echo "SKIP: PyTorch checks ($py has no torch)"
+else
+  echo "torch $("$py" -c 'import torch; print(torch.__version__, torch.cuda.is_available())')"
+  tmp=$(mktemp -d)
+  ops=tests/rendezvous/store/compat/torch_store_ops.py
+  # The store scenario against PyTorch's own server (the oracle) and against `trun store`.
+  coproc ORACLE { "$py" "$ops" serve; }
+  read -r _ oracle_port <&"${ORACLE[0]}"
+  "$build/launcher/trun" store --host 127.0.0.1 --port 0 >"$tmp/trun_store.out" 2>"$tmp/trun_store.err" &
+  trun_store_pid=$!
+  for _ in $(seq 50); do grep -q listening "$tmp/trun_store.out" && break; sleep 0.1; done
+  trun_port=$(grep -o '[0-9]*$' "$tmp/trun_store.out")
+  timeout 120 "$py" "$ops" client 127.0.0.1 "$oracle_port" >"$tmp/oracle.txt" 2>&1
+  timeout 120 "$py" "$ops" client 127.0.0.1 "$trun_port" >"$tmp/trun.txt" 2>&1
+  kill "$trun_store_pid" "$ORACLE_PID" 2>/dev/null
+  wait "$trun_store_pid" "$ORACLE_PID" 2>/dev/null
+  if grep -q '^END' "$tmp/oracle.txt" && diff "$tmp/oracle.txt" "$tmp/trun.txt" >"$tmp/diff.txt"; then
+    echo "PASS: PyTorch $("$py" -c 'import torch; print(torch.__version__)') TCPStore clients get PyTorch's own results from trun's store ($(grep -c . "$tmp/oracle.txt") steps)"
+  else
+    echo "FAIL: PyTorch TCPStore scenario differs between PyTorch's server and trun's"
+    head -40 "$tmp/diff.txt" | sed 's/^/    /'
+    status=1
+  fi
+  # The DDP ToyModel under trun (gloo on CPU, as in the CPU tests; the NCCL path is covered above).
+  if PYTHON_EXEC="$py" timeout 300 "$build/launcher/trun" --standalone --nproc-per-node=2 \
+    tests/launcher/py/ddp_toy.py "$tmp" >"$tmp/ddp.log" 2>&1 && ls "$tmp"/result_*.json >/dev/null 2>&1; then
+    echo "PASS: PyTorch DDP ToyModel under trun --standalone --nproc-per-node=2"
+  else
+    echo "FAIL: PyTorch DDP ToyModel under trun"
+    tail -30 "$tmp/ddp.log" | sed 's/^/    /'
+    status=1
+  fi
+  rm -rf "$tmp"
+fi
 
 if [[ $gpu_ran -eq 0 ]]; then
   echo "FAIL: no GPU test ran (no CUDA device visible to the process?)"
