@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 #include <unordered_map>
 
 #include "agent/decisions.h"
@@ -151,6 +152,7 @@ class Agent {
   void on_round_over_fd();
   std::string failure_detail() const;
   void close_job();
+  bool reconnect(const std::string& why);
 
   bool multi_node() const { return dynamic_ || info_.group_world_size > 1; }
 
@@ -281,6 +283,46 @@ std::string Agent::failure_detail() const {
   return d;
 }
 
+// After losing the store (c10d): drops the handler and joins again with a new one, retrying
+// until join_timeout. A partitioned node rejoins this way once its link is back. Returns false
+// (after printing why, naming the endpoint) when the store stays unreachable or the job ended.
+bool Agent::reconnect(const std::string& why) {
+  const auto deadline = Clock::now() + rdzv_timeout_;
+  std::string last = why;
+  spdlog::warn("lost the rendezvous store at {}: {}; trying to rejoin for up to {} s",
+               store_endpoint_, why, rdzv_timeout_.count() / 1000);
+  for (int attempt = 0; attempt < 100000 && Clock::now() < deadline; ++attempt) {
+    if (rdzv_) rdzv_->shutdown();
+    rdzv_.reset();
+    if (evfd_ >= 0) {
+      loop_.remove(evfd_);
+      close(evfd_);
+      evfd_ = -1;
+    }
+    {
+      std::lock_guard<std::mutex> lock(ev_mu_);
+      pending_event_.reset();
+    }
+    try {
+      create_rendezvous();
+      rendezvous_round();
+      return true;
+    } catch (const rendezvous::RendezvousClosedError& e) {
+      std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
+                   run_id_.c_str(), e.what());
+      return false;
+    } catch (const std::exception& e) {
+      last = e.what();
+      spdlog::debug("rejoin attempt {}: {}", attempt, last);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::fprintf(stderr, "trun: error: lost the rendezvous store at %s (%s): %s\n",
+               store_endpoint_.c_str(), cfg_.rdzv_backend.c_str(), last.c_str());
+  std::fflush(stderr);
+  return false;
+}
+
 void Agent::close_job() {
   if (!rdzv_ || !multi_node()) return;
   try {
@@ -387,6 +429,10 @@ int Agent::run() {
     if (outcome == GroupOutcome::kRoundOver) {
       using Kind = rendezvous::RoundEvent::Kind;
       const rendezvous::RoundEvent e = *round_over_;
+      if (e.kind == Kind::kStoreLost && dynamic_) {
+        if (!reconnect(e.detail)) return kExitAgentError;
+        continue;
+      }
       if (e.kind == Kind::kStoreLost) {
         spdlog::error("lost the rendezvous store at {} ({}): {}; giving up", store_endpoint_,
                       rdzv_->backend(), e.describe());
@@ -417,9 +463,14 @@ int Agent::run() {
       }
       try {
         rendezvous_round();
-      } catch (const std::exception& ex) {
-        spdlog::error("rendezvous for the restart failed: {}", ex.what());
+      } catch (const rendezvous::RendezvousClosedError& ex) {
+        spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
         return kExitAgentError;
+      } catch (const std::exception& ex) {
+        if (!dynamic_ || !reconnect(ex.what())) {
+          spdlog::error("rendezvous for the restart failed: {}", ex.what());
+          return kExitAgentError;
+        }
       }
       continue;
     }
