@@ -12,7 +12,7 @@ BIN=$1
 TEST=$2
 SRC=$(cd "$(dirname "$0")" && pwd)
 TRUN=$BIN/launcher/trun
-WORKER=$SRC/worker.sh
+WORKER_CMD=("$SRC/worker.sh")
 TAG=t$$
 HUB=${TAG}hub
 TMP=$(mktemp -d /tmp/trun-cluster-XXXXXX)
@@ -74,7 +74,7 @@ start_agent() {
   local i=$1
   shift
   CLUSTER_NODE=n$i ip netns exec "${TAG}n$i" "$TRUN" --local-addr "$(addr "$i")" "$@" \
-    "$WORKER" >"$TMP/agent_$i.log" 2>&1 &
+    "${WORKER_CMD[@]}" >"$TMP/agent_$i.log" 2>&1 &
   AGENT_PID[$i]=$!
 }
 c10d() {  # common options of a c10d agent
@@ -216,6 +216,54 @@ tutorial)  # torchrun tutorial: node0 --nnodes=1:3 --nproc-per-node=4, node1 joi
   wait_for 30 "8 workers with WORLD_SIZE=8" have_world 8
   check_ranks 8
   check_restart 8 0
+  finish_ok
+  ;;
+mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the checkpoint at world 4
+  MLP=$BIN/examples/train_mlp
+  [ -x "$MLP" ] || fail "$MLP is not built"
+  WORKER_CMD=("$MLP" --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5 --epochs 1
+    --ckpt-every 5 --step-sleep-ms 20)
+  for i in 0 1; do add_node $i; done
+  start_agent 0 --nnodes 1:2 --nproc-per-node 2 --max-restarts 0 $(c10d)
+  has_ckpt() { [ -n "$(ls -A "$TMP/ckpt" 2>/dev/null)" ]; }
+  wait_for 30 "a checkpoint from the 2-worker run" has_ckpt
+  log "node 1 joins mid-training"
+  start_agent 1 --nnodes 1:2 --nproc-per-node 2 --max-restarts 0 $(c10d)
+  for i in 0 1; do
+    agent_exit $i
+    [ "$RC" = 0 ] || fail "agent $i exited $RC"
+  done
+  grep -q "resumed from .*step [1-9].*saved at world size 2, now 4" "$TMP/agent_0.log" ||
+    fail "the 4-worker group did not resume from the 2-worker checkpoint"
+  [ "$(grep -c "done: .* world size 4" "$TMP/agent_0.log" "$TMP/agent_1.log" | cut -d: -f2 | paste -sd+ | bc)" = 4 ] ||
+    fail "not all 4 workers finished at world size 4"
+  ;;
+bench)  # cross-node restart latency: a worker dies on node 1 -> replacements running everywhere
+  # LAUNCHER=trun|torchrun, BENCH_REPS (default 5); prints one "latency_ms X" line per repetition.
+  reps=${BENCH_REPS:-5}
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1 2; do
+    if [ "${LAUNCHER:-trun}" = torchrun ]; then
+      CLUSTER_NODE=n$i timeout 300 ip netns exec "${TAG}n$i" /usr/bin/torchrun --nnodes 3:3 \
+        --nproc_per_node 2 --max_restarts "$reps" --rdzv_backend c10d \
+        --rdzv_endpoint "$(addr 0):$PORT" --rdzv_id "job-$TAG" \
+        --rdzv_conf "is_host=$([ "$i" = 0 ] && echo 1 || echo 0)" "${WORKER_CMD[@]}" \
+        >"$TMP/agent_$i.log" 2>&1 &
+      AGENT_PID[$i]=$!
+    else
+      start_agent $i --nnodes 3:3 --nproc-per-node 2 --max-restarts "$reps" $(c10d)
+    fi
+  done
+  wait_for 120 "6 workers" have_world 6
+  for ((r = 0; r < reps; r++)); do
+    sleep 0.5
+    touch "$TMP/crash_n1_$r"
+    restarted() { [ "$(grep -c " world=6 .*restart=$((r + 1)) " "$CLUSTER_LOG")" -ge 6 ]; }
+    wait_for 120 "attempt $((r + 1)) on every node" restarted
+    t0=$(grep "crash restart=$r\$" "$CLUSTER_LOG" | head -n 1 | sed 's/^t=\([0-9.]*\).*/\1/')
+    t1=$(grep " world=6 .*restart=$((r + 1)) " "$CLUSTER_LOG" | sed 's/^t=\([0-9.]*\).*/\1/' | sort -n | tail -n 1)
+    echo "latency_ms $(echo "($t1 - $t0) * 1000" | bc -l | xargs printf '%.0f')"
+  done
   finish_ok
   ;;
 *)

@@ -15,6 +15,7 @@ for _ in $(seq 1 1200); do
     if [ -e "${CLUSTER_CTRL}/crash_${CLUSTER_NODE}_${TORCHELASTIC_RESTART_COUNT}" ] ||
       [ -e "${CLUSTER_CTRL}/crash_${CLUSTER_NODE}_any" ]; then
       echo "worker on ${CLUSTER_NODE} crashing on purpose" >&2
+      echo "t=$(date +%s.%N) node=${CLUSTER_NODE} crash restart=${TORCHELASTIC_RESTART_COUNT}" >>"${CLUSTER_LOG}"
       exit 1
     fi
   fi
