@@ -14,7 +14,9 @@ constexpr int kExitSignalBase = 128;
 enum class GroupPhase { kRunning, kStopping };
 
 // Why a worker group stopped.
-enum class GroupOutcome { kSucceeded, kFailed, kSignaled };
+// kRoundOver: the rendezvous round ended (a node joined or left, a worker failed on another node,
+// the job was closed, the store was lost); the agent decides from the RoundEvent.
+enum class GroupOutcome { kSucceeded, kFailed, kSignaled, kRoundOver };
 
 // What the agent does when one worker exits while the group is running.
 enum class ExitAction { kKeepRunning, kStopGroupFailed, kGroupSucceeded };
@@ -41,6 +43,8 @@ inline AfterStop decide_after_stop(GroupOutcome outcome, int signal, int restart
     case GroupOutcome::kFailed:
       if (restart_count < max_restarts) return {true, 0};
       return {false, kExitWorkersFailed};
+    case GroupOutcome::kRoundOver:
+      break;  // decided by the agent from the round event
   }
   return {false, kExitAgentError};
 }

@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 
@@ -12,8 +13,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <thread>
 #include <unordered_map>
 
 #include "agent/decisions.h"
@@ -23,6 +26,7 @@
 #include "agent/process_supervisor.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/static_rendezvous.h"
+#include "rendezvous/store/store.h"
 
 extern char** environ;
 
@@ -143,6 +147,14 @@ class Agent {
   std::vector<std::string> worker_env(const Worker& w) const;
   void exit_barrier();
   void cleanup();
+  void create_rendezvous();
+  void rendezvous_round();
+  void on_round_over_fd();
+  std::string failure_detail() const;
+  void close_job();
+  bool reconnect(const std::string& why);
+
+  bool multi_node() const { return dynamic_ || info_.group_world_size > 1; }
 
   const LaunchConfig& cfg_;
   EventLoop loop_;
@@ -169,7 +181,156 @@ class Agent {
   int received_signal_ = 0;
   uint64_t failure_seq_ = 0;
   std::vector<WorkerFailure> failures_;  // of the current attempt
+
+  // Round-over events: the handler's callback thread stores the newest one and signals the
+  // eventfd; the loop thread takes it (on_round_over_fd).
+  bool dynamic_ = false;  // c10d: membership may change between rounds
+  std::string store_endpoint_;
+  std::chrono::milliseconds rdzv_timeout_{std::chrono::seconds(300)};
+  int evfd_ = -1;
+  std::mutex ev_mu_;
+  std::optional<rendezvous::RoundEvent> pending_event_;
+  std::optional<rendezvous::RoundEvent> round_over_;  // the event that ended this attempt
 };
+
+void Agent::create_rendezvous() {
+  if (cfg_.rdzv_backend == "c10d" && !cfg_.standalone) {
+    rendezvous::RendezvousOptions o;
+    o.run_id = run_id_;
+    o.endpoint = cfg_.rdzv_endpoint;
+    o.min_nodes = cfg_.min_nodes;
+    o.max_nodes = cfg_.max_nodes;
+    o.local_addr = cfg_.local_addr;
+    if (const char* t = std::getenv("TRUN_STORE_TOKEN")) o.store_token = t;
+    rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &o);
+    rdzv_timeout_ = o.join_timeout;
+    store_endpoint_ = cfg_.rdzv_endpoint;
+    dynamic_ = true;
+    rdzv_ = rendezvous::create_rendezvous_handler("c10d", o);
+  } else {
+    rendezvous::StaticRendezvousOptions ro;
+    ro.run_id = run_id_;
+    ro.host = cfg_.standalone ? "127.0.0.1" : cfg_.master_addr;
+    ro.port = cfg_.standalone ? 0 : static_cast<uint16_t>(cfg_.master_port);
+    ro.rank = cfg_.node_rank;
+    ro.world_size = cfg_.max_nodes;
+    if (auto it = cfg_.rdzv_conf.find("timeout"); it != cfg_.rdzv_conf.end()) {
+      ro.timeout = std::chrono::seconds(std::atoi(it->second.c_str()));
+    }
+    rdzv_timeout_ = ro.timeout;
+    store_endpoint_ = ro.host + ":" + std::to_string(ro.port);
+    rdzv_ = rendezvous::create_static_rendezvous(ro);
+  }
+  evfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (evfd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  loop_.add(evfd_, EPOLLIN, [this](uint32_t) { on_round_over_fd(); });
+  const int fd = evfd_;
+  rdzv_->set_round_over_callback([this, fd](const rendezvous::RoundEvent& e) {
+    {
+      std::lock_guard<std::mutex> lock(ev_mu_);
+      pending_event_ = e;
+    }
+    uint64_t one = 1;
+    ssize_t n = write(fd, &one, sizeof one);
+    (void)n;
+  });
+}
+
+// Forms the next round and this node's worker ranks. Throws RendezvousError and friends.
+void Agent::rendezvous_round() {
+  info_ = rdzv_->next_rendezvous();
+  round_over_.reset();
+  ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, rdzv_timeout_);
+  spdlog::info(
+      "rendezvous done: backend={} run_id={} round={} master={}:{} group_rank={} "
+      "group_world_size={} world_size={}",
+      cfg_.standalone ? "standalone" : rdzv_->backend(), run_id_, info_.round, info_.master_addr,
+      info_.master_port, info_.group_rank, info_.group_world_size, ranks_.world_size);
+}
+
+void Agent::on_round_over_fd() {
+  uint64_t n;
+  while (read(evfd_, &n, sizeof n) > 0) {
+  }
+  std::optional<rendezvous::RoundEvent> e;
+  {
+    std::lock_guard<std::mutex> lock(ev_mu_);
+    e.swap(pending_event_);
+  }
+  if (!e || e->round != info_.round || round_over_) return;
+  using Kind = rendezvous::RoundEvent::Kind;
+  if (e->kind == Kind::kShutdown) return;
+  // Our own report comes back as the round's end: the local failure is already being handled.
+  if (e->kind == Kind::kWorkerFailed && e->node_id == rdzv_->node_id()) return;
+  if (workers_.empty() || outcome_) return;  // the group already stops for a local reason
+  round_over_ = *e;
+  spdlog::warn("{}; stopping the workers", e->describe());
+  outcome_ = GroupOutcome::kRoundOver;
+  begin_stop(SIGTERM);
+}
+
+std::string Agent::failure_detail() const {
+  if (failures_.empty()) return "worker failure on " + hostname_;
+  const auto& f = failures_[root_cause_index(failures_)];
+  std::string d = "rank " + std::to_string(f.rank) + " (local_rank " +
+                  std::to_string(f.local_rank) + ") on " + hostname_ + " exited with " +
+                  (f.exitcode < 0 ? signal_name(-f.exitcode) : std::to_string(f.exitcode));
+  if (!f.message.empty()) {
+    std::string m = f.message.substr(0, 200);
+    for (auto& c : m) c = c == '\n' ? ' ' : c;
+    d += ": " + m;
+  }
+  return d;
+}
+
+// After losing the store (c10d): drops the handler and joins again with a new one, retrying
+// until join_timeout. A partitioned node rejoins this way once its link is back. Returns false
+// (after printing why, naming the endpoint) when the store stays unreachable or the job ended.
+bool Agent::reconnect(const std::string& why) {
+  const auto deadline = Clock::now() + rdzv_timeout_;
+  std::string last = why;
+  spdlog::warn("lost the rendezvous store at {}: {}; trying to rejoin for up to {} s",
+               store_endpoint_, why, rdzv_timeout_.count() / 1000);
+  for (int attempt = 0; attempt < 100000 && Clock::now() < deadline; ++attempt) {
+    if (rdzv_) rdzv_->shutdown();
+    rdzv_.reset();
+    if (evfd_ >= 0) {
+      loop_.remove(evfd_);
+      close(evfd_);
+      evfd_ = -1;
+    }
+    {
+      std::lock_guard<std::mutex> lock(ev_mu_);
+      pending_event_.reset();
+    }
+    try {
+      create_rendezvous();
+      rendezvous_round();
+      return true;
+    } catch (const rendezvous::RendezvousClosedError& e) {
+      std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
+                   run_id_.c_str(), e.what());
+      return false;
+    } catch (const std::exception& e) {
+      last = e.what();
+      spdlog::debug("rejoin attempt {}: {}", attempt, last);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::fprintf(stderr, "trun: error: lost the rendezvous store at %s (%s): %s\n",
+               store_endpoint_.c_str(), cfg_.rdzv_backend.c_str(), last.c_str());
+  std::fflush(stderr);
+  return false;
+}
+
+void Agent::close_job() {
+  if (!rdzv_ || !multi_node()) return;
+  try {
+    rdzv_->set_closed();
+  } catch (const std::exception& e) {
+    spdlog::debug("closing the rendezvous: {}", e.what());
+  }
+}
 
 void Agent::setup_signals() {
   sigset_t set;
@@ -201,28 +362,17 @@ int Agent::run() {
   hostname_ = host_name();
 
   run_id_ = cfg_.standalone ? generate_run_id() : cfg_.run_id;
-  rendezvous::StaticRendezvousOptions ro;
-  ro.run_id = run_id_;
-  ro.host = cfg_.standalone ? "127.0.0.1" : cfg_.master_addr;
-  ro.port = cfg_.standalone ? 0 : static_cast<uint16_t>(cfg_.master_port);
-  ro.rank = cfg_.node_rank;
-  ro.world_size = cfg_.max_nodes;
-  if (auto it = cfg_.rdzv_conf.find("timeout"); it != cfg_.rdzv_conf.end()) {
-    ro.timeout = std::chrono::seconds(std::atoi(it->second.c_str()));
-  }
   try {
-    rdzv_ = rendezvous::create_static_rendezvous(ro);
-    info_ = rdzv_->next_rendezvous();
-    ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, ro.timeout);
+    create_rendezvous();
+    rendezvous_round();
+  } catch (const rendezvous::RendezvousClosedError& e) {
+    spdlog::error("rendezvous failed: the job '{}' has finished (its rendezvous is closed): {}",
+                  run_id_, e.what());
+    return kExitAgentError;
   } catch (const std::exception& e) {
     spdlog::error("rendezvous failed: {}", e.what());
     return kExitAgentError;
   }
-  spdlog::info(
-      "rendezvous done: backend={} run_id={} store={}:{} group_rank={} "
-      "group_world_size={} world_size={}",
-      cfg_.standalone ? "standalone" : rdzv_->backend(), run_id_, info_.master_addr,
-      info_.master_port, info_.group_rank, info_.group_world_size, ranks_.world_size);
 
   // Log and error-file directory.
   try {
@@ -276,8 +426,64 @@ int Agent::run() {
       }
       return kExitAgentError;
     }
+    if (outcome == GroupOutcome::kRoundOver) {
+      using Kind = rendezvous::RoundEvent::Kind;
+      const rendezvous::RoundEvent e = *round_over_;
+      if (e.kind == Kind::kStoreLost && dynamic_) {
+        if (!reconnect(e.detail)) return kExitAgentError;
+        continue;
+      }
+      if (e.kind == Kind::kStoreLost) {
+        spdlog::error("lost the rendezvous store at {} ({}): {}; giving up", store_endpoint_,
+                      rdzv_->backend(), e.describe());
+        std::fprintf(stderr, "trun: error: lost the rendezvous store at %s: %s\n",
+                     store_endpoint_.c_str(), e.detail.c_str());
+        return kExitAgentError;
+      }
+      if (e.kind == Kind::kClosed) {
+        spdlog::error("the job was closed by node {}: {}", e.node_id, e.detail);
+        return kExitWorkersFailed;
+      }
+      if (e.kind == Kind::kWorkerFailed) {
+        if (restart_count_ >= cfg_.max_restarts) {
+          std::fprintf(stderr,
+                       "trun: error: the worker group failed on node %s and no restarts are "
+                       "left (%d/%d)\nroot cause: %s\n",
+                       e.node_id.c_str(), restart_count_, cfg_.max_restarts, e.detail.c_str());
+          std::fflush(stderr);
+          close_job();
+          return kExitWorkersFailed;
+        }
+        ++restart_count_;
+        spdlog::warn("worker failure on node {} ({}); restarting the worker group ({}/{} restarts)",
+                     e.node_id, e.detail, restart_count_, cfg_.max_restarts);
+      } else {
+        spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
+                     restart_count_);
+      }
+      try {
+        rendezvous_round();
+      } catch (const rendezvous::RendezvousClosedError& ex) {
+        spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
+        return kExitAgentError;
+      } catch (const std::exception& ex) {
+        if (!dynamic_ || !reconnect(ex.what())) {
+          spdlog::error("rendezvous for the restart failed: {}", ex.what());
+          return kExitAgentError;
+        }
+      }
+      continue;
+    }
     AfterStop next =
         decide_after_stop(outcome, received_signal_, restart_count_, cfg_.max_restarts);
+    if (outcome == GroupOutcome::kFailed && multi_node()) {
+      // Ends the round on every node: they restart too, or give up with this root cause.
+      try {
+        rdzv_->report_worker_failure(failure_detail());
+      } catch (const std::exception& e) {
+        spdlog::error("cannot report the failure to the other nodes: {}", e.what());
+      }
+    }
     if (next.restart) {
       for (const auto& f : failures_) {
         spdlog::warn("worker group failed (attempt {}): rank {} (local_rank {}) exited with {}",
@@ -287,18 +493,9 @@ int Agent::run() {
       ++restart_count_;
       spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_,
                    cfg_.max_restarts);
-      if (info_.group_world_size > 1) {
-        // Other nodes restart together: end the round for all, then form the next one (the
-        // static backend's round is a barrier of every node). Blocks until they have joined.
+      if (multi_node()) {
         try {
-          std::string detail = "worker failure";
-          if (!failures_.empty()) {
-            detail = "local_rank " + std::to_string(failures_.front().local_rank) + " exited " +
-                     std::to_string(failures_.front().exitcode);
-          }
-          rdzv_->report_worker_failure(detail);
-          info_ = rdzv_->next_rendezvous();
-          ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, ro.timeout);
+          rendezvous_round();
         } catch (const std::exception& e) {
           spdlog::error("rendezvous for the restart failed: {}", e.what());
           return kExitAgentError;
@@ -327,6 +524,7 @@ int Agent::run() {
         spdlog::warn("exit barrier: {}", e.what());
       }
     }
+    if (outcome != GroupOutcome::kSignaled) close_job();
     break;
   }
   return exit_code;
@@ -574,6 +772,11 @@ void Agent::cleanup() {
   if (temp_base_ && !base_dir_.empty()) {
     std::error_code ec;
     fs::remove_all(base_dir_, ec);
+  }
+  if (evfd_ >= 0) {
+    loop_.remove(evfd_);
+    close(evfd_);
+    evfd_ = -1;
   }
   if (sigfd_ >= 0) {
     loop_.remove(sigfd_);

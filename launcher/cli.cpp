@@ -334,7 +334,7 @@ CliResult parse_command_line(int argc, char** argv) {
        "Single node: host the rendezvous store inside trun on a free port with a generated run "
        "id (overrides --rdzv-backend/--rdzv-endpoint/--rdzv-id)",
        kRdzv);
-  opt("rdzv-backend", backend, "Rendezvous backend: static (implemented), c10d, etcd", kRdzv);
+  opt("rdzv-backend", backend, "Rendezvous backend: static or c10d (etcd: not yet)", kRdzv);
   opt("rdzv-endpoint", endpoint,
       "Rendezvous endpoint HOST:PORT (static: defaults to MASTER_ADDR:MASTER_PORT)", kRdzv);
   opt("rdzv-id", rdzv_id, "Job id shared by all nodes (TORCHELASTIC_RUN_ID)", kRdzv);
@@ -450,12 +450,27 @@ CliResult parse_command_line(int argc, char** argv) {
       c.rdzv_backend = backend;
       c.rdzv_endpoint = endpoint;
       c.run_id = rdzv_id;
-      if (backend != "static") {
+      if (backend == "c10d") {
+        if (endpoint.empty()) {
+          throw InvalidInput(
+              "--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT] (the store "
+              "is hosted by the node whose address matches it)");
+        }
+        if (c.max_nodes > 1 && c.run_id == "none") {
+          throw InvalidInput(
+              "--rdzv-id is required for a multi-node c10d job (--nnodes=" + nnodes +
+              "): give every node the same job id, e.g. --rdzv-id=myjob-1; the default 'none' "
+              "lets two jobs on the same store collide");
+        }
+      } else if (backend != "static") {
         throw InvalidInput("--rdzv-backend=" + backend +
-                           ": not available in this build yet; use --standalone (one node) or "
-                           "--rdzv-backend=static with --nnodes=N --node-rank=R");
+                           ": not available in this build yet; use --rdzv-backend=c10d, "
+                           "--standalone (one node) or --rdzv-backend=static with --nnodes=N "
+                           "--node-rank=R");
       }
-      if (c.min_nodes != c.max_nodes) {
+      if (backend == "c10d") {
+        // Validated by the rendezvous module when the agent creates the handler.
+      } else if (c.min_nodes != c.max_nodes) {
         throw InvalidInput("--nnodes=" + nnodes +
                            ": the static backend needs a fixed node count, not a range");
       }
@@ -463,7 +478,7 @@ CliResult parse_command_line(int argc, char** argv) {
         throw InvalidInput("--node-rank=" + std::to_string(node_rank) + ": expected 0.." +
                            std::to_string(c.max_nodes - 1) + " for --nnodes=" + nnodes);
       }
-      if (!endpoint.empty()) {
+      if (!endpoint.empty() && backend == "static") {
         auto colon = endpoint.rfind(':');
         long long port;
         if (colon == std::string::npos || colon == 0 ||
@@ -477,7 +492,7 @@ CliResult parse_command_line(int argc, char** argv) {
         c.master_addr = host;
         c.master_port = static_cast<int>(port);
       }
-      if (c.master_port == 0 && c.max_nodes > 1) {
+      if (backend == "static" && c.master_port == 0 && c.max_nodes > 1) {
         throw InvalidInput("--master-port=0 picks a free port and only works with --nnodes=1");
       }
     }

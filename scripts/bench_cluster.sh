@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Cross-node restart latency (scripts/bench.sh cluster): 3 network namespaces, one trun agent each
+# (--rdzv-backend c10d, 2 workers per node); a worker dies on node 1 and we time from its exit to
+# the last replacement worker running on any node, BENCH_REPS times (default 5). Needs root.
+# Peer: torchrun 1.13 with the same c10d setup when LAUNCHER=torchrun works here (BENCH_PEER=1 to
+# try it; off by default, see the reason printed below).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD_DIR=${TRUN_BUILD_DIR:-build}
+cmake --build "$BUILD_DIR" --target trun >/dev/null
+out=$(LAUNCHER=trun bash tests/cluster/cluster.sh "$BUILD_DIR" bench 2>&1) || {
+  echo "$out" | tail -n 30 >&2
+  echo "bench_cluster: the namespace cluster run failed" >&2
+  exit 1
+}
+mapfile -t lat < <(echo "$out" | awk '/^latency_ms/ {print $2}')
+peer=none
+reason="torchrun 1.13 c10d agents inside the namespaces fail in rendezvous (AttributeError: 'NoneType' object has no attribute 'get'); not measured"
+if [ "${BENCH_PEER:-0}" = 1 ]; then
+  pout=$(LAUNCHER=torchrun BENCH_REPS=3 timeout 300 bash tests/cluster/cluster.sh "$BUILD_DIR" bench 2>&1) &&
+    peer=$(echo "$pout" | awk '/^latency_ms/ {print $2}' | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}') &&
+    reason="measured"
+fi
+median=$(printf '%s\n' "${lat[@]}" | sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}')
+printf '%-28s %s\n' "repetition" "restart latency (ms)"
+for i in "${!lat[@]}"; do printf '%-28s %s\n' "$((i + 1))" "${lat[$i]}"; done
+printf '%-28s %s\n' "trun median" "$median" "torchrun" "$peer ($reason)"
+ratio=none
+[ "$peer" != none ] && ratio=$(echo "$peer / $median" | bc -l | xargs printf '%.2f')
+echo "RESULT name=cluster_restart_latency value=$median unit=ms peer=$peer ratio=$ratio"

@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# Multi-node tests for trun in network namespaces: `cluster.sh TRUN_BINARY_DIR TEST`.
+#
+# Creates a hub namespace holding a bridge and up to 4 node namespaces, each joined to the bridge
+# by a veth pair, on 10.77.0.0/24 (node i is 10.77.0.(i+1)). Every name carries this run's pid, so
+# parallel runs do not collide; addresses exist only inside the namespaces. One trun agent runs per
+# namespace (ip netns exec), with tests/cluster/worker.sh as the worker. On exit (also on failure)
+# every process started here is killed by its pid and the namespaces are deleted.
+# Exit status: 0 pass, 1 fail, 77 skipped (not root, or no `ip netns`).
+set -uo pipefail
+BIN=$1
+TEST=$2
+SRC=$(cd "$(dirname "$0")" && pwd)
+TRUN=$BIN/launcher/trun
+WORKER_CMD=("$SRC/worker.sh")
+TAG=t$$
+HUB=${TAG}hub
+TMP=$(mktemp -d /tmp/trun-cluster-XXXXXX)
+export CLUSTER_LOG=$TMP/workers.log CLUSTER_CTRL=$TMP
+: >"$CLUSTER_LOG"
+declare -A AGENT_PID
+NODES=()
+CONF="last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=3,join_timeout=8,read_timeout=3"
+PORT=29611
+
+skip() { echo "SKIP: $*"; exit 77; }
+fail() {
+  echo "FAIL: $*"
+  echo "--- worker log"; cat "$CLUSTER_LOG"
+  for n in "${NODES[@]}"; do echo "--- agent $n"; tail -n 25 "$TMP/agent_$n.log"; done
+  exit 1
+}
+log() { echo "[$(date +%T.%N | cut -c1-12)] $*"; }
+
+cleanup() {
+  local p
+  for n in "${!AGENT_PID[@]}"; do
+    p=${AGENT_PID[$n]}
+    kill -KILL "$p" 2>/dev/null
+  done
+  # Workers left behind by a SIGKILLed agent: their pids are in the log.
+  for p in $(grep -o 'pid=[0-9]*' "$CLUSTER_LOG" 2>/dev/null | cut -d= -f2 | sort -u); do
+    kill -KILL "$p" 2>/dev/null
+  done
+  for n in "${!AGENT_PID[@]}"; do wait "${AGENT_PID[$n]}" 2>/dev/null; done
+  for n in "${NODES[@]}"; do ip netns del "${TAG}n$n" 2>/dev/null; done
+  ip netns del "$HUB" 2>/dev/null
+  rm -rf "$TMP"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+
+[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
+ip netns add "$HUB" 2>/dev/null || skip "cannot create network namespaces (ip netns add failed)"
+ip -n "$HUB" link add br0 type bridge || fail "cannot create the bridge"
+ip -n "$HUB" link set br0 up
+ip -n "$HUB" link set lo up
+
+add_node() {  # add_node I: namespace ${TAG}nI with 10.77.0.(I+1)
+  local i=$1 ns=${TAG}n$1
+  ip netns add "$ns" || fail "ip netns add $ns"
+  NODES+=("$i")
+  ip -n "$HUB" link add "h$i" type veth peer name eth0 netns "$ns" || fail "veth for node $i"
+  ip -n "$HUB" link set "h$i" master br0
+  ip -n "$HUB" link set "h$i" up
+  ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0
+  ip -n "$ns" link set eth0 up
+  ip -n "$ns" link set lo up
+}
+addr() { echo "10.77.0.$(($1 + 1))"; }
+
+# start_agent I [trun options...]: the agent of node I in the background; output in agent_I.log.
+start_agent() {
+  local i=$1
+  shift
+  CLUSTER_NODE=n$i ip netns exec "${TAG}n$i" "$TRUN" --local-addr "$(addr "$i")" "$@" \
+    "${WORKER_CMD[@]}" >"$TMP/agent_$i.log" 2>&1 &
+  AGENT_PID[$i]=$!
+}
+c10d() {  # common options of a c10d agent
+  echo --rdzv-backend c10d --rdzv-endpoint "$(addr 0):$PORT" --rdzv-id "job-$TAG" --rdzv-conf "$CONF"
+}
+# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.1 s.
+wait_for() {
+  local secs=$1 what=$2
+  shift 2
+  local n=$((secs * 10))
+  for ((k = 0; k < n; k++)); do
+    "$@" && return 0
+    sleep 0.1
+  done
+  fail "timed out after ${secs}s waiting for: $what"
+}
+# count of worker lines with world=W (and restart=R when given)
+lines_with() { grep -c " world=$1 .*restart=${2:-[0-9]*} " "$CLUSTER_LOG"; }
+have_world() { [ "$(grep -c " world=$1 " "$CLUSTER_LOG")" -ge "$1" ]; }
+# The ranks of the last W lines with world=W must be exactly 0..W-1.
+check_ranks() {
+  local w=$1 got want
+  got=$(grep " world=$w " "$CLUSTER_LOG" | tail -n "$w" | grep -o ' rank=[0-9]*' | cut -d= -f2 | sort -n | tr '\n' ' ')
+  want=$(seq 0 $((w - 1)) | tr '\n' ' ')
+  [ "$got" = "$want" ] || fail "ranks for world=$w are '$got', expected '$want'"
+}
+check_restart() {  # all lines with world=W have restart=R
+  local bad
+  bad=$(grep " world=$1 " "$CLUSTER_LOG" | grep -vc " restart=$2 ")
+  [ "$bad" = 0 ] || fail "workers with world=$1 saw a restart count other than $2"
+}
+agent_exit() {  # agent_exit I: waits (<= 30 s) for agent I; its exit status goes to RC
+  local p=${AGENT_PID[$1]} k
+  for ((k = 0; k < 300; k++)); do
+    kill -0 "$p" 2>/dev/null || break
+    sleep 0.1
+  done
+  wait "$p"
+  RC=$?
+  unset "AGENT_PID[$1]"
+}
+finish_ok() {  # stop the workers, every agent exits 0
+  touch "$TMP/stop"
+  for n in "${!AGENT_PID[@]}"; do
+    agent_exit "$n"
+    [ "$RC" = 0 ] || fail "agent $n exited $RC, expected 0"
+  done
+}
+ns_pid_alive() { kill -0 "$1" 2>/dev/null; }
+
+case "$TEST" in
+join)  # two nodes of 2:4, a third joins: all restart with WORLD_SIZE 6, restart count unchanged
+  for i in 0 1 2; do add_node $i; done
+  start_agent 0 --nnodes 2:4 --nproc-per-node 2 --max-restarts 1 $(c10d)
+  start_agent 1 --nnodes 2:4 --nproc-per-node 2 --max-restarts 1 $(c10d)
+  wait_for 30 "4 workers with WORLD_SIZE=4" have_world 4
+  check_ranks 4
+  log "2 nodes running; node 2 joins"
+  start_agent 2 --nnodes 2:4 --nproc-per-node 2 --max-restarts 1 $(c10d)
+  wait_for 30 "6 workers with WORLD_SIZE=6" have_world 6
+  check_ranks 6
+  check_restart 6 0
+  finish_ok
+  ;;
+kill)  # SIGKILL one agent: the others continue smaller without spending a restart
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1 2; do start_agent $i --nnodes 2:4 --nproc-per-node 2 --max-restarts 0 $(c10d); done
+  wait_for 30 "6 workers with WORLD_SIZE=6" have_world 6
+  check_ranks 6
+  log "killing agent 2 (SIGKILL)"
+  kill -KILL "${AGENT_PID[2]}"
+  wait "${AGENT_PID[2]}" 2>/dev/null
+  unset "AGENT_PID[2]"
+  wait_for 30 "4 workers with WORLD_SIZE=4" have_world 4
+  check_ranks 4
+  check_restart 4 0
+  finish_ok
+  ;;
+partition)  # node 2's link goes down: declared dead, the rest continue; link up: it rejoins
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1 2; do start_agent $i --nnodes 2:4 --nproc-per-node 1 --max-restarts 0 $(c10d); done
+  wait_for 30 "3 workers with WORLD_SIZE=3" have_world 3
+  log "link of node 2 down"
+  ip -n "$HUB" link set h2 down
+  wait_for 30 "2 workers with WORLD_SIZE=2" have_world 2
+  check_ranks 2
+  check_restart 2 0
+  before=$(grep -c " world=3 " "$CLUSTER_LOG")
+  log "link of node 2 up"
+  ip -n "$HUB" link set h2 up
+  rejoined() { [ "$(grep -c " world=3 " "$CLUSTER_LOG")" -ge $((before + 3)) ]; }
+  wait_for 40 "node 2 rejoins (3 more workers with WORLD_SIZE=3)" rejoined
+  check_ranks 3
+  finish_ok
+  ;;
+crash)  # a worker crashes on node 1: restart on every node; after --max-restarts all exit != 0
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1 2; do start_agent $i --nnodes 3:3 --nproc-per-node 1 --max-restarts 2 $(c10d); done
+  wait_for 30 "3 workers with WORLD_SIZE=3" have_world 3
+  log "worker on node 1 crashes (attempt 0)"
+  touch "$TMP/crash_n1_0"
+  restarted_all() { [ "$(lines_with 3 1)" -ge 3 ]; }
+  wait_for 30 "every node restarted (restart=1)" restarted_all
+  log "worker on node 1 crashes on every attempt"
+  touch "$TMP/crash_n1_any"
+  for i in 0 1 2; do
+    agent_exit $i
+    [ "$RC" != 0 ] || fail "agent $i exited 0 after the restarts were spent"
+    grep -q "exited with 1\|root cause" "$TMP/agent_$i.log" || fail "agent $i did not print the root cause"
+  done
+  [ "$(lines_with 3 2)" -ge 3 ] || fail "not every node ran attempt 2"
+  for i in 0 2; do
+    grep -q "failed on node .* no restarts are left" "$TMP/agent_$i.log" &&
+      grep -q "root cause: rank [0-9]* (local_rank 0) on .* exited with 1" "$TMP/agent_$i.log" ||
+      fail "agent $i does not print node 1's failure as the root cause"
+  done
+  ;;
+storehost)  # the store host's agent is killed: the others fail naming the lost endpoint
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1 2; do start_agent $i --nnodes 2:3 --nproc-per-node 1 --max-restarts 0 $(c10d); done
+  wait_for 30 "3 workers with WORLD_SIZE=3" have_world 3
+  log "killing the store host's agent (node 0)"
+  kill -KILL "${AGENT_PID[0]}"
+  wait "${AGENT_PID[0]}" 2>/dev/null
+  unset "AGENT_PID[0]"
+  for i in 1 2; do
+    agent_exit $i
+    [ "$RC" != 0 ] || fail "agent $i exited 0 after losing the store"
+    grep -q "lost the rendezvous store at $(addr 0):$PORT" "$TMP/agent_$i.log" ||
+      fail "agent $i did not name the lost endpoint"
+  done
+  ;;
+tutorial)  # torchrun tutorial: node0 --nnodes=1:3 --nproc-per-node=4, node1 joins: ranks 0..7
+  for i in 0 1; do add_node $i; done
+  start_agent 0 --nnodes=1:3 --nproc-per-node=4 --max-restarts=3 $(c10d)
+  wait_for 30 "4 workers with WORLD_SIZE=4" have_world 4
+  sleep 1
+  start_agent 1 --nnodes=1:3 --nproc-per-node=4 --max-restarts=3 $(c10d)
+  wait_for 30 "8 workers with WORLD_SIZE=8" have_world 8
+  check_ranks 8
+  check_restart 8 0
+  finish_ok
+  ;;
+mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the checkpoint at world 4
+  MLP=$BIN/examples/train_mlp
+  [ -x "$MLP" ] || fail "$MLP is not built"
+  WORKER_CMD=("$MLP" --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5 --epochs 1
+    --ckpt-every 5 --step-sleep-ms 20)
+  for i in 0 1; do add_node $i; done
+  start_agent 0 --nnodes 1:2 --nproc-per-node 2 --max-restarts 0 $(c10d)
+  has_ckpt() { [ -n "$(ls -A "$TMP/ckpt" 2>/dev/null)" ]; }
+  wait_for 30 "a checkpoint from the 2-worker run" has_ckpt
+  log "node 1 joins mid-training"
+  start_agent 1 --nnodes 1:2 --nproc-per-node 2 --max-restarts 0 $(c10d)
+  for i in 0 1; do
+    agent_exit $i
+    [ "$RC" = 0 ] || fail "agent $i exited $RC"
+  done
+  grep -q "resumed from .*step [1-9].*saved at world size 2, now 4" "$TMP/agent_0.log" ||
+    fail "the 4-worker group did not resume from the 2-worker checkpoint"
+  [ "$(grep -c "done: .* world size 4" "$TMP/agent_0.log" "$TMP/agent_1.log" | cut -d: -f2 | paste -sd+ | bc)" = 4 ] ||
+    fail "not all 4 workers finished at world size 4"
+  ;;
+bench)  # cross-node restart latency: a worker dies on node 1 -> replacements running everywhere
+  # LAUNCHER=trun|torchrun, BENCH_REPS (default 5); prints one "latency_ms X" line per repetition.
+  reps=${BENCH_REPS:-5}
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1 2; do
+    if [ "${LAUNCHER:-trun}" = torchrun ]; then
+      CLUSTER_NODE=n$i timeout 300 ip netns exec "${TAG}n$i" /usr/bin/torchrun --nnodes 3:3 \
+        --nproc_per_node 2 --max_restarts "$reps" --rdzv_backend c10d \
+        --rdzv_endpoint "$(addr 0):$PORT" --rdzv_id "job-$TAG" \
+        --rdzv_conf "is_host=$([ "$i" = 0 ] && echo 1 || echo 0)" "${WORKER_CMD[@]}" \
+        >"$TMP/agent_$i.log" 2>&1 &
+      AGENT_PID[$i]=$!
+    else
+      start_agent $i --nnodes 3:3 --nproc-per-node 2 --max-restarts "$reps" $(c10d)
+    fi
+  done
+  wait_for 120 "6 workers" have_world 6
+  for ((r = 0; r < reps; r++)); do
+    sleep 0.5
+    touch "$TMP/crash_n1_$r"
+    restarted() { [ "$(grep -c " world=6 .*restart=$((r + 1)) " "$CLUSTER_LOG")" -ge 6 ]; }
+    wait_for 120 "attempt $((r + 1)) on every node" restarted
+    t0=$(grep "crash restart=$r\$" "$CLUSTER_LOG" | head -n 1 | sed 's/^t=\([0-9.]*\).*/\1/')
+    t1=$(grep " world=6 .*restart=$((r + 1)) " "$CLUSTER_LOG" | sed 's/^t=\([0-9.]*\).*/\1/' | sort -n | tail -n 1)
+    echo "latency_ms $(echo "($t1 - $t0) * 1000" | bc -l | xargs printf '%.0f')"
+  done
+  finish_ok
+  ;;
+*)
+  fail "unknown test '$TEST'"
+  ;;
+esac
+log "PASS: $TEST"
+exit 0
