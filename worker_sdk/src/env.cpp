@@ -93,6 +93,14 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup) {
   if (const char* v = get(lookup, "ROLE_NAME")) env.role_name = v;
   if (const char* v = get(lookup, "TORCHELASTIC_RESTART_COUNT"))
     env.restart_count = static_cast<int>(parse_int("TORCHELASTIC_RESTART_COUNT", v, 0, INT_MAX));
+  if (const char* v = get(lookup, "TORCHELASTIC_USE_AGENT_STORE")) {
+    std::string s = v;
+    if (s == "False" || s == "false" || s == "0") {
+      env.use_agent_store = false;
+    } else if (s != "True" && s != "true" && s != "1") {
+      throw EnvError("TORCHELASTIC_USE_AGENT_STORE='" + s + "': expected True or False");
+    }
+  }
   if (const char* v = get(lookup, "TORCHELASTIC_RUN_ID")) {
     env.run_id = v;
     if (env.run_id.empty()) throw EnvError("TORCHELASTIC_RUN_ID is set but empty");

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "rendezvous/store/prefix_store.h"
+#include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
 #include "trun/error_file.h"
 
@@ -19,6 +20,17 @@ Worker init(const InitOptions& options) {
                  "[trun.worker] RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set: "
                  "not launched by trun, running as a world of size 1\n");
   } else {
+    if (!w.env_.use_agent_store && w.env_.rank == 0) {
+      // The agent's store is not for workers (torchrun's c10d backend): rank 0 hosts the job's
+      // store on MASTER_PORT, on every address, as PyTorch's env:// initialization does.
+      rendezvous::StoreServerOptions server_options;
+      server_options.host = "0.0.0.0";
+      server_options.port = w.env_.master_port;
+      server_options.token = w.env_.store_token;
+      std::shared_ptr<rendezvous::StoreServer> server =
+          rendezvous::StoreServer::start(server_options);
+      w.hosted_store_ = server;
+    }
     rendezvous::TcpStoreOptions so;
     so.host = w.env_.master_addr;
     so.port = w.env_.master_port;

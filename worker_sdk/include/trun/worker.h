@@ -50,6 +50,10 @@ struct WorkerEnv {
   std::string run_id = "none";
   std::string error_file;   // empty: not set
   std::string store_token;  // empty: the store does not authenticate
+  // TORCHELASTIC_USE_AGENT_STORE: true (or unset) when MASTER_ADDR/PORT is the agent's store;
+  // "False" (torchrun's c10d backend) means rank 0 hosts the job's store on MASTER_PORT, as
+  // PyTorch's env:// initialization does, and the other ranks connect to it.
+  bool use_agent_store = true;
 
   // Reads the process environment. Throws EnvError.
   static WorkerEnv from_environment();
@@ -85,6 +89,7 @@ class Worker {
   Worker() = default;
   WorkerEnv env_;
   InitOptions options_;
+  std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when !env_.use_agent_store
   std::shared_ptr<rendezvous::Store> store_;
   std::shared_ptr<ProcessGroup> default_group_;
   std::shared_ptr<int> group_counter_;
