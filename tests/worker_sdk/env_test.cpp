@@ -187,3 +187,15 @@ TEST_CASE("init() connects to an authenticating store with TRUN_STORE_TOKEN", "[
     ::unsetenv(v);
   server->stop();
 }
+
+TEST_CASE("TORCHELASTIC_USE_AGENT_STORE says whether rank 0 hosts the job's store",
+          "[worker_sdk][env]") {
+  auto vars = full();
+  CHECK(parse(vars).use_agent_store);  // unset: MASTER_ADDR/PORT is the agent's store
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  CHECK(parse(vars).use_agent_store);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  CHECK_FALSE(parse(vars).use_agent_store);
+  vars["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
+  require_error_naming(vars, "TORCHELASTIC_USE_AGENT_STORE");
+}
