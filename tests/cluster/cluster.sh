@@ -218,6 +218,24 @@ tutorial)  # torchrun tutorial: node0 --nnodes=1:3 --nproc-per-node=4, node1 joi
   check_restart 8 0
   finish_ok
   ;;
+static)  # static backend across nodes: fixed ranks from --node-rank; a crash restarts both nodes
+  for i in 0 1; do add_node $i; done
+  for i in 1 0; do  # node 1 first: it waits for node 0's store
+    start_agent $i --nnodes 2 --node-rank $i --master-addr "$(addr 0)" --master-port "$PORT" \
+      --nproc-per-node 2 --max-restarts 1
+  done
+  wait_for 30 "4 workers with WORLD_SIZE=4" have_world 4
+  check_ranks 4
+  grep " world=4 " "$CLUSTER_LOG" | grep " node=n1 " | grep -q " rank=[23] " ||
+    fail "node 1 (--node-rank 1) did not get ranks 2 and 3"
+  log "a worker on node 1 crashes"
+  touch "$TMP/crash_n1_0"
+  wait_for 30 "8 worker starts (restart on both nodes)" eval '[ "$(grep -c " world=4 " "$CLUSTER_LOG")" -ge 8 ]'
+  check_ranks 4
+  [ "$(grep " world=4 " "$CLUSTER_LOG" | grep -c " restart=1 ")" -ge 4 ] ||
+    fail "not every node restarted its workers with TORCHELASTIC_RESTART_COUNT=1"
+  finish_ok
+  ;;
 mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the checkpoint at world 4
   MLP=$BIN/examples/train_mlp
   [ -x "$MLP" ] || fail "$MLP is not built"
