@@ -10,6 +10,7 @@ case "$name" in
   allreduce) exec bash scripts/bench_allreduce.sh "${@:2}" ;;
   ddp) exec bash scripts/bench_ddp.sh "${@:2}" ;;
   checkpoint) exec bash scripts/bench_checkpoint.sh "${@:2}" ;;
+  cluster) exec bash scripts/bench_cluster.sh "${@:2}" ;;
   launch)
     # trun vs torchrun 1.13 in the same run: launch latency (N=1,2,4,8), restart latency (N=4),
     # the agent's RSS/CPU over 10 s with idle workers. Extra arguments go to launch_bench
@@ -21,7 +22,7 @@ case "$name" in
       --probe "$build/bench/launch_probe" "${@:2}"
     ;;
   *)
-    echo "usage: scripts/bench.sh NAME   (NAME: store, rdzv, allreduce, ddp, checkpoint, launch)" >&2
+    echo "usage: scripts/bench.sh NAME   (NAME: store, launch, rdzv, cluster, allreduce, ddp, checkpoint)" >&2
     exit 2
     ;;
 esac
