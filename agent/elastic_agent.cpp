@@ -39,6 +39,29 @@ using Clock = std::chrono::steady_clock;
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
 
+// libtrun_worker names its shared-memory segments "/trun-<tag>-<nonce>", the tag starting with
+// the run id (characters outside [A-Za-z0-9._-] as '_'), then "-r<restart>-pg<n>". The workers
+// unlink each segment as soon as every local rank mapped it; this removes the ones a local rank 0
+// left behind when it died between creating and sharing one. Called once every worker is gone.
+void remove_worker_shm_segments(const std::string& run_id) {
+  std::string prefix = "trun-";
+  for (char c : run_id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '-' || c == '_' || c == '.';
+    prefix.push_back(ok ? c : '_');
+  }
+  prefix += "-r";
+  std::error_code ec;
+  for (fs::directory_iterator it("/dev/shm", ec), end; !ec && it != end; it.increment(ec)) {
+    std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) continue;
+    std::error_code rm;
+    if (fs::remove(it->path(), rm)) {
+      spdlog::warn("removed shared-memory segment {} left by a worker", name);
+    }
+  }
+}
+
 std::string generate_run_id() {
   std::random_device rd;
   std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
@@ -769,6 +792,7 @@ void Agent::cleanup() {
   logs_.reset();
   if (rdzv_) rdzv_->shutdown();
   sup_.reset();
+  remove_worker_shm_segments(run_id_);
   if (temp_base_ && !base_dir_.empty()) {
     std::error_code ec;
     fs::remove_all(base_dir_, ec);

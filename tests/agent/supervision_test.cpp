@@ -421,3 +421,23 @@ TEST_CASE("a program that cannot be executed fails the job with 127 in the summa
   CHECK(r.err.find("cannot start worker") != std::string::npos);
   CHECK(r.err.find("exitcode  : 127") != std::string::npos);
 }
+
+TEST_CASE("shared-memory segments a job's workers left behind are removed when it ends",
+          "[agent][shm]") {
+  // A worker that "dies" between creating a segment and sharing it: it leaves one named as
+  // libtrun_worker names them. Another job's segment must survive.
+  const std::string other = "/dev/shm/trun-some-other-job-r0-pg0-0123456789abcdef";
+  { std::ofstream(other) << "x"; }
+  auto r = run_trun({"--standalone", "--nproc-per-node", "1", "--no-python", "bash", "-c",
+                     "touch /dev/shm/trun-${TORCHELASTIC_RUN_ID}-r0-pg0-00000000deadbeef && "
+                     "echo run_id=${TORCHELASTIC_RUN_ID}"});
+  REQUIRE(r.exit_code == 0);
+  auto at = r.out.find("run_id=");
+  REQUIRE(at != std::string::npos);
+  std::string run_id = r.out.substr(at + 7, r.out.find('\n', at) - at - 7);
+  REQUIRE_FALSE(run_id.empty());
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/trun-" + run_id + "-r0-pg0-00000000deadbeef"));
+  CHECK_THAT(r.err, Catch::Contains("removed shared-memory segment"));
+  CHECK(std::filesystem::exists(other));
+  std::filesystem::remove(other);
+}
