@@ -27,4 +27,9 @@ ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j "$TEST_JOBS" -LE no_sanitize --timeout 900
 
 echo "== tests =="
-ctest --test-dir build --output-on-failure -j "$TEST_JOBS" --timeout 900
+ctest --test-dir build --output-on-failure -j "$TEST_JOBS" --timeout 900 -LE cluster
+
+echo "== multi-node tests (network namespaces) =="
+# One retry: a rare end-of-job hang of the static backend across namespaces was seen once in
+# about ten runs and is being investigated (see the multi-node issue); a real failure fails twice.
+ctest --test-dir build --output-on-failure -L cluster --timeout 900 --repeat until-pass:2

@@ -73,7 +73,8 @@ addr() { echo "10.77.0.$(($1 + 1))"; }
 start_agent() {
   local i=$1
   shift
-  CLUSTER_NODE=n$i ip netns exec "${TAG}n$i" "$TRUN" --local-addr "$(addr "$i")" "$@" \
+  # TMPDIR inside $TMP: an agent killed by a test cannot remove its own log directory.
+  CLUSTER_NODE=n$i TMPDIR=$TMP ip netns exec "${TAG}n$i" "$TRUN" --local-addr "$(addr "$i")" "$@" \
     "${WORKER_CMD[@]}" >"$TMP/agent_$i.log" 2>&1 &
   AGENT_PID[$i]=$!
 }
@@ -267,7 +268,7 @@ bench)  # cross-node restart latency: a worker dies on node 1 -> replacements ru
   for i in 0 1 2; do add_node $i; done
   for i in 0 1 2; do
     if [ "${LAUNCHER:-trun}" = torchrun ]; then
-      CLUSTER_NODE=n$i timeout 300 ip netns exec "${TAG}n$i" /usr/bin/torchrun --nnodes 3:3 \
+      CLUSTER_NODE=n$i TMPDIR=$TMP timeout 300 ip netns exec "${TAG}n$i" /usr/bin/torchrun --nnodes 3:3 \
         --nproc_per_node 2 --max_restarts "$reps" --rdzv_backend c10d \
         --rdzv_endpoint "$(addr 0):$PORT" --rdzv_id "job-$TAG" \
         --rdzv_conf "is_host=$([ "$i" = 0 ] && echo 1 || echo 0)" "${WORKER_CMD[@]}" \

@@ -67,7 +67,12 @@ RunResult run_torchrun(const std::vector<std::string>& args,
                                 "--tee",
                                 "9:1"};
   argv.insert(argv.end(), args.begin(), args.end());
-  Child c(argv, env, {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS", "PET_MASTER_PORT"});
+  // torchrun leaves its /tmp/torchelastic_* directory behind: give it one of ours to fill.
+  TempDir tmp;
+  std::map<std::string, std::string> full_env = env;
+  full_env["TMPDIR"] = tmp.path();
+  Child c(argv, full_env,
+          {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS", "PET_MASTER_PORT"});
   RunResult r;
   r.finished = c.wait(std::chrono::seconds(180));
   r.exit_code = c.exit_code();
@@ -107,7 +112,8 @@ TEST_CASE(
   // ports, run ids and temporary paths; MASTER_ADDR (torchrun: this host's name, trun: the
   // loopback address of its own store); TORCHELASTIC_USE_AGENT_STORE (trun's workers use the
   // agent's store, torchrun 1.13's standalone workers host their own); "_" and PYTHON_EXEC
-  // and PET_MASTER_PORT (set by the shell / this test harness).
+  // and PET_MASTER_PORT (set by the shell / this test harness); TMPDIR (the harness gives
+  // torchrun a temporary directory of its own, which it would otherwise leave in /tmp).
   const std::set<std::string> differ{"MASTER_PORT",
                                      "MASTER_ADDR",
                                      "TORCHELASTIC_RUN_ID",
@@ -115,7 +121,8 @@ TEST_CASE(
                                      "TORCHELASTIC_USE_AGENT_STORE",
                                      "_",
                                      "PYTHON_EXEC",
-                                     "PET_MASTER_PORT"};
+                                     "PET_MASTER_PORT",
+                                     "TMPDIR"};
   // Set by trun and by torchrun 2.x, not by 1.13.
   const std::set<std::string> newer{"TORCH_NCCL_ASYNC_ERROR_HANDLING"};
   for (int rank = 0; rank < 2; ++rank) {
@@ -127,6 +134,7 @@ TEST_CASE(
     const json& eb = rb["env"];
     for (auto it = eb.begin(); it != eb.end(); ++it) {
       INFO("rank " << rank << " variable " << it.key());
+      if (it.key() == "TMPDIR") continue;  // only torchrun's run has it (see above)
       REQUIRE(ea.contains(it.key()));
       if (!differ.count(it.key())) CHECK(ea[it.key()] == it.value());
     }
