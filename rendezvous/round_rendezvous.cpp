@@ -280,6 +280,7 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
       std::lock_guard<std::mutex> lock(mu_);
       round_ = info.round;
       rank_ = info.group_rank;
+      world_size_ = info.group_world_size;
       in_round_ = true;
       event_.reset();
       cv_.notify_all();
@@ -476,11 +477,13 @@ void RoundRendezvous::shutdown() {
   int64_t k;
   bool leave;
   bool store_lost;
+  int world_size;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return;
     shut_down_ = true;
     k = round_;
+    world_size = world_size_;
     leave = in_round_ && !event_ && !closed_here_;
     // With the store gone, goodbyes would only wait for reconnects that cannot succeed.
     store_lost = local_event_ && local_event_->kind == RoundEvent::Kind::kStoreLost;
@@ -494,6 +497,18 @@ void RoundRendezvous::shutdown() {
                                                           options_.node_id, "agent shut down"}));
     }
     backend_->release_lease();
+    // The node hosting the store stops it only after the others' last requests (above): a
+    // request sent to a stopped store would retry its connection until the join timeout.
+    const std::string gone = over_key(std::max<int64_t>(k, 0)) + "/shut_down";
+    if (!server_) {
+      backend_->add(gone, 1);
+    } else if (k >= 0 && world_size > 1) {
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+      while (backend_->add(gone, 0) < world_size - 1 &&
+             std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+    }
   } catch (const StoreError& e) {
     spdlog::debug("{}: while shutting down: {}", error_prefix(), e.what());
   }

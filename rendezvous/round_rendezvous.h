@@ -93,6 +93,7 @@ class RoundRendezvous : public RendezvousHandler {
   bool closed_here_ = false;  // set_closed() was called on this handler
   int64_t round_ = -1;        // the current (last completed) round
   int rank_ = -1;
+  int world_size_ = 0;               // nodes in round_
   bool in_round_ = false;            // a member of round_, and next_rendezvous was not called since
   std::optional<RoundEvent> event_;  // why round_ ended, once known
   std::optional<RoundEvent> local_event_;  // raised here (store lost), delivered to waiters
