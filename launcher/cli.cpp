@@ -297,25 +297,24 @@ CliResult parse_command_line(int argc, char** argv) {
   bool standalone = false, module = false, no_python = false, run_path = false;
   int max_restarts = 0, node_rank = 0, master_port = 29500;
 
-  // One option, both spellings, with its PET_ variable.
-  auto opt = [&](const std::string& dash_name, auto& var, const std::string& help,
-                 const std::string& group, const std::string& short_name = "") {
+  // Both spellings of an option's name (--a-b and --a_b) and its PET_A_B variable.
+  auto spellings = [](const std::string& dash_name, const std::string& short_name) {
     std::string under = dash_name;
     for (auto& c : under) c = c == '-' ? '_' : c;
     std::string names = (short_name.empty() ? "" : short_name + ",") + "--" + dash_name;
     if (under != dash_name) names += ",--" + under;
     std::string env = "PET_" + under;
     for (auto& c : env) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    return std::make_pair(names, env);
+  };
+  auto opt = [&](const std::string& dash_name, auto& var, const std::string& help,
+                 const std::string& group, const std::string& short_name = "") {
+    auto [names, env] = spellings(dash_name, short_name);
     return app.add_option(names, var, help)->envname(env)->group(group)->capture_default_str();
   };
   auto flag = [&](const std::string& dash_name, bool& var, const std::string& help,
                   const std::string& group, const std::string& short_name = "") {
-    std::string under = dash_name;
-    for (auto& c : under) c = c == '-' ? '_' : c;
-    std::string names = (short_name.empty() ? "" : short_name + ",") + "--" + dash_name;
-    if (under != dash_name) names += ",--" + under;
-    std::string env = "PET_" + under;
-    for (auto& c : env) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    auto [names, env] = spellings(dash_name, short_name);
     return app.add_flag(names, var, help)->envname(env)->group(group);
   };
 
