@@ -25,6 +25,7 @@
 #include "agent/log_mux.h"
 #include "agent/process_supervisor.h"
 #include "rendezvous/handler.h"
+#include "rendezvous/shm_names.h"
 #include "rendezvous/static_rendezvous.h"
 #include "rendezvous/store/store.h"
 
@@ -39,18 +40,12 @@ using Clock = std::chrono::steady_clock;
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
 
-// libtrun_worker names its shared-memory segments "/trun-<tag>-<nonce>", the tag starting with
-// the run id (characters outside [A-Za-z0-9._-] as '_'), then "-r<restart>-pg<n>". The workers
-// unlink each segment as soon as every local rank mapped it; this removes the ones a local rank 0
-// left behind when it died between creating and sharing one. Called once every worker is gone.
+// libtrun_worker shares its segments as unnamed memfds by default; with TRUN_SHM_NAMED=1 (or
+// where memfd_create is missing) it names them in /dev/shm (rendezvous/shm_names.h) and unlinks
+// each as soon as every local rank mapped it. This removes the named ones a local rank 0 left
+// behind when it died between creating and sharing one. Called once every worker is gone.
 void remove_worker_shm_segments(const std::string& run_id) {
-  std::string prefix = "trun-";
-  for (char c : run_id) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_' || c == '.';
-    prefix.push_back(ok ? c : '_');
-  }
-  prefix += "-r";
+  const std::string prefix = rendezvous::shm_run_prefix(run_id);
   std::error_code ec;
   for (fs::directory_iterator it("/dev/shm", ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();

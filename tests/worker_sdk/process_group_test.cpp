@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
 #include <string>
 #include <thread>
 
@@ -23,6 +24,8 @@ struct Layout {
   bool no_placement = false;
   // Small shared-memory slots: many rounds per collective, with a short last one.
   bool small_slots = false;
+  // Share the segment by name in /dev/shm (TRUN_SHM_NAMED=1) instead of as a memfd.
+  bool named = false;
 };
 
 void expect_all_exit(const std::vector<RankResult>& results, const Job& job, int code) {
@@ -43,6 +46,7 @@ void run_scenario(const Layout& layout, std::vector<std::string> args,
   spec.reverse_local = layout.reverse_local;
   spec.no_placement = layout.no_placement;
   if (layout.small_slots) spec.env["TRUN_SHM_SLOT_BYTES"] = "16384";
+  if (layout.named) spec.env["TRUN_SHM_NAMED"] = "1";
   spec.run_id = unique_run_id("pg");
   job.start(spec);
   auto results = job.wait(timeout);
@@ -58,6 +62,7 @@ TEST_CASE("every collective matches a serial reference for every dtype and size"
       {"2 ranks, one node (shared memory)", {2}},
       {"3 ranks, one node (shared memory)", {3}},
       {"3 ranks, one node, 16 KiB slots (many rounds)", {3}, false, false, true},
+      {"3 ranks, one node, segment named in /dev/shm", {3}, false, false, false, true},
       {"8 ranks, one node (shared memory)", {8}},
       {"4 ranks, one node, local ranks in reverse order", {4}, true},
       {"4 ranks on 2 nodes of 2 (shared memory + gloo)", {2, 2}},
@@ -123,6 +128,7 @@ void killed_peer(const Layout& layout, int victim) {
   spec.no_placement = layout.no_placement;
   spec.run_id = unique_run_id("kill");
   spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";
+  if (layout.named) spec.env["TRUN_SHM_NAMED"] = "1";
   job.start(spec);
   for (int r = 0; r < world; ++r) REQUIRE(job.wait_for_output(r, "READY", 60s));
   std::this_thread::sleep_for(200ms);
@@ -151,6 +157,9 @@ TEST_CASE("a stalled peer makes every other rank time out instead of hanging",
 
 TEST_CASE("a peer SIGKILLed mid-collective makes every other rank fail", "[worker_sdk][failures]") {
   SECTION("shared memory, 4 ranks") { killed_peer({"", {4}}, 2); }
+  SECTION("shared memory named in /dev/shm, 3 ranks") {
+    killed_peer({"", {3}, false, false, false, true}, 0);
+  }
   SECTION("gloo, 3 ranks") { killed_peer({"", {1, 1, 1}, false, true}, 1); }
   SECTION("shared memory + gloo, non-leader killed") { killed_peer({"", {2, 2}}, 3); }
   SECTION("shared memory + gloo, leader killed") { killed_peer({"", {2, 2}}, 0); }
@@ -205,4 +214,35 @@ TEST_CASE("a group re-created after a restart works on the same store", "[worker
     expect_all_exit(results, job, 0);
   }
   CHECK(shm_segments(run_id).empty());
+}
+
+// The default segment is an unnamed memfd handed over a Unix socket: while the group runs, every
+// local rank maps "memfd:trun-<run id>..." and /dev/shm holds nothing of the job, so a SIGKILL at
+// any moment cannot leave a segment behind.
+TEST_CASE("the shared-memory segment is a memfd that never appears in /dev/shm",
+          "[worker_sdk][shm]") {
+  Job job;
+  JobSpec spec;
+  spec.argv = {worker_binary(), "loop"};
+  spec.nodes = {3};
+  spec.run_id = unique_run_id("memfd");
+  spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";
+  job.start(spec);
+  for (int r = 0; r < 3; ++r) REQUIRE(job.wait_for_output(r, "READY", 60s));
+  CHECK(shm_segments(spec.run_id).empty());
+  for (int r = 0; r < 3; ++r) {
+    std::ifstream maps("/proc/" + std::to_string(job.pid(r)) + "/maps");
+    std::string line;
+    bool found = false;
+    while (std::getline(maps, line))
+      if (line.find("/memfd:trun-" + spec.run_id) != std::string::npos) found = true;
+    INFO("rank " << r);
+    CHECK(found);
+  }
+  job.kill_rank(0, SIGKILL);  // the creator: the others fail, nothing is left anywhere
+  auto results = job.wait(45s);
+  INFO(job.describe(results));
+  for (auto& r : results)
+    if (r.rank != 0) CHECK(r.exit_code == 11);
+  CHECK(shm_segments(spec.run_id).empty());
 }

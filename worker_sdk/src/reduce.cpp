@@ -4,6 +4,10 @@
 #include <cstring>
 #include <stdexcept>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace trun::worker::detail {
 namespace {
 
@@ -80,7 +84,55 @@ void divide_native(void* data, size_t n, int divisor) {
   for (size_t i = 0; i < n; ++i) d[i] = d[i] / div;
 }
 
+#if defined(__x86_64__)
+// 128 bytes per iteration; unaligned loads and stores (the slices are cache-line aligned in the
+// shared segment, user buffers may not be).
+__attribute__((target("avx2"))) void copy_avx2(char* d, const char* s, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+  }
+  if (i < n) std::memcpy(d + i, s + i, n - i);
+}
+
+void copy_sse2(char* d, const char* s, size_t n) {
+  size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i));
+    __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 16));
+    __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 32));
+    __m128i e = _mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i + 48));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i), a);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 16), b);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 32), c);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i + 48), e);
+  }
+  if (i < n) std::memcpy(d + i, s + i, n - i);
+}
+#endif
+
 }  // namespace
+
+void copy_bytes(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  if (n >= 1024) {
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (avx2)
+      copy_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n);
+    else
+      copy_sse2(static_cast<char*>(dst), static_cast<const char*>(src), n);
+    return;
+  }
+#endif
+  std::memcpy(dst, src, n);
+}
 
 float half_to_float(uint16_t h) {
   uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
@@ -138,6 +190,30 @@ void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, 
       return dispatch<Max>(dst, a, b, n, dtype);
   }
   throw std::invalid_argument("unknown reduce op");
+}
+
+void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t n,
+              DataType dtype, ReduceOp op) {
+  if (nsrc < 1) throw std::invalid_argument("reduce_n: no sources");
+  const size_t es = dtype_size(dtype);
+  // Accumulate a block in a stack buffer that stays in L1, then store it to every destination:
+  // a destination aliasing a source is only written after the block's last read of it.
+  constexpr size_t kBlockBytes = 8192;
+  alignas(64) unsigned char acc[kBlockBytes];
+  const size_t block = kBlockBytes / es;
+  for (size_t i = 0; i < n; i += block) {
+    const size_t m = std::min(block, n - i);
+    const size_t off = i * es;
+    auto src = [&](int j) { return static_cast<const unsigned char*>(srcs[j]) + off; };
+    if (nsrc == 1) {
+      copy_bytes(acc, src(0), m * es);
+    } else {
+      reduce3(acc, src(0), src(1), m, dtype, op);
+      for (int j = 2; j < nsrc; ++j) reduce3(acc, acc, src(j), m, dtype, op);
+    }
+    for (int d = 0; d < ndst; ++d)
+      copy_bytes(static_cast<unsigned char*>(dsts[d]) + off, acc, m * es);
+  }
 }
 
 void divide(void* data, size_t n, DataType dtype, int divisor) {

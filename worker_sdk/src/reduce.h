@@ -12,6 +12,19 @@ namespace trun::worker::detail {
 // summed by the callers and scaled at the end). float16/bfloat16 go through float.
 void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 
+// dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[nsrc-1][i], in that order, written to each
+// of the `ndst` destinations. One pass over the sources in L1-sized blocks: reducing n inputs
+// costs reading them once and writing each destination once (reduce3 in a loop would read and
+// write the accumulator n-1 times). A destination may alias a source. nsrc >= 1.
+void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t n,
+              DataType dtype, ReduceOp op);
+
+// memcpy for the collectives' bulk data (non-overlapping). glibc's memcpy copies mid-sized
+// blocks (about 2 KiB to 512 KiB on x86) with `rep movsb`, which perf showed running about 3x
+// slower than a vector loop when ranks copy slices in and out of shared memory (64 MiB
+// allreduce, 4 ranks: 70% of all cycles). This one always uses the vector loop.
+void copy_bytes(void* dst, const void* src, size_t n);
+
 // data[i] /= divisor (integers: truncated toward zero). For kAvg.
 void divide(void* data, size_t n, DataType dtype, int divisor);
 

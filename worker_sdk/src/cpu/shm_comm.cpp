@@ -6,17 +6,21 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstddef>
 #include <cstring>
 #include <random>
 #include <thread>
 
+#include "rendezvous/shm_names.h"
 #include "worker_sdk/src/reduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -31,8 +35,8 @@ namespace trun::worker::detail {
 namespace {
 constexpr uint64_t kMagic = 0x74727e6e73686d31ull;  // "trun shm 1"
 constexpr size_t kPage = 4096;
-constexpr size_t kDefaultSlotBytes = 4u << 20;
-constexpr size_t kMaxSegmentData = 32u << 20;
+constexpr size_t kMaxSlotBytes = 2u << 20;
+constexpr size_t kSegmentDataBytes = 4u << 20;
 constexpr size_t kLine = 64;
 }  // namespace
 
@@ -58,18 +62,168 @@ static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be l
 
 namespace {
 
-std::string sanitize(const std::string& s) {
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+std::string random_hex(int bytes) {
+  std::random_device rd;
   std::string out;
-  for (char c : s) {
-    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '-' || c == '_' || c == '.';
-    out.push_back(ok ? c : '_');
-    if (out.size() >= 120) break;
+  char b[3];
+  for (int i = 0; i < bytes; ++i) {
+    std::snprintf(b, sizeof b, "%02x", static_cast<unsigned>(rd() & 0xff));
+    out += b;
   }
   return out;
 }
 
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+// TRUN_SHM_NAMED=1: share segments by name in /dev/shm (as before memfds) instead of passing a
+// memfd over an abstract Unix socket; needed only when the ranks of a node share /dev/shm but
+// not a network namespace.
+bool want_named_segment() {
+  const char* v = std::getenv("TRUN_SHM_NAMED");
+  if (!v || !*v || std::strcmp(v, "0") == 0) return false;
+  if (std::strcmp(v, "1") == 0) return true;
+  throw std::invalid_argument(std::string("TRUN_SHM_NAMED: expected 0 or 1, got '") + v + "'");
+}
+
+sockaddr_un abstract_address(const std::string& name, socklen_t* len) {
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  const size_t n = std::min(name.size(), sizeof a.sun_path - 1);
+  std::memcpy(a.sun_path + 1, name.data(), n);  // sun_path[0] == 0: abstract namespace
+  *len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + n);
+  return a;
+}
+
+void set_socket_timeout(int fd, Deadline deadline, std::chrono::milliseconds cap) {
+  auto left = std::min<Clock::duration>(remaining(deadline), cap);
+  auto us =
+      std::max<int64_t>(std::chrono::duration_cast<std::chrono::microseconds>(left).count(), 1000);
+  timeval tv{static_cast<time_t>(us / 1000000), static_cast<suseconds_t>(us % 1000000)};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+}
+
+constexpr size_t kSecretHex = 32;
+
+// Local rank 0's side of the hand-over: a listening abstract socket; each peer connects, shows
+// the secret it read from the store and gets the memfd. Peers must run as the same user (as a
+// 0600 segment in /dev/shm would require). The socket goes away with the object or the process.
+class FdServer {
+ public:
+  explicit FdServer(int backlog) : secret_(random_hex(kSecretHex / 2)) {
+    address_ = "trun-shm-" + std::to_string(::getpid()) + "-" + random_hex(8);
+    fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd_ < 0) throw CollectiveError(errno_text("shared memory hand-over: socket"));
+    socklen_t len = 0;
+    sockaddr_un a = abstract_address(address_, &len);
+    if (::bind(fd_, reinterpret_cast<sockaddr*>(&a), len) != 0 || ::listen(fd_, backlog) != 0) {
+      std::string err = errno_text(("shared memory hand-over: bind/listen @" + address_).c_str());
+      ::close(fd_);
+      throw CollectiveError(err);
+    }
+  }
+  ~FdServer() { ::close(fd_); }
+  FdServer(const FdServer&) = delete;
+  FdServer& operator=(const FdServer&) = delete;
+
+  const std::string& address() const { return address_; }
+  const std::string& secret() const { return secret_; }
+
+  // Hands `segment_fd` to `peers` connections that show the secret, or throws at the deadline.
+  void serve(int segment_fd, int peers, Deadline deadline) {
+    int served = 0;
+    for (int attempts = 0; served < peers; ++attempts) {
+      if (Clock::now() >= deadline || attempts > 64 * peers)
+        throw CollectiveTimeoutError(
+            "shared memory setup timed out on local rank 0: " + std::to_string(served) + " of " +
+            std::to_string(peers) +
+            " local ranks fetched the segment (a local rank exited early?)");
+      pollfd p{fd_, POLLIN, 0};
+      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(remaining(deadline));
+      if (::poll(&p, 1, static_cast<int>(std::clamp<int64_t>(left.count(), 1, 1000))) <= 0)
+        continue;
+      int c = ::accept4(fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (c < 0) continue;
+      if (hand_over(c, segment_fd, deadline)) ++served;
+      ::close(c);
+    }
+  }
+
+ private:
+  bool hand_over(int c, int segment_fd, Deadline deadline) {
+    ucred cred{};
+    socklen_t len = sizeof cred;
+    if (::getsockopt(c, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0 || cred.uid != ::geteuid())
+      return false;
+    set_socket_timeout(c, deadline, std::chrono::seconds(5));
+    char got[kSecretHex];
+    if (::recv(c, got, sizeof got, MSG_WAITALL) != static_cast<ssize_t>(sizeof got) ||
+        std::memcmp(got, secret_.data(), kSecretHex) != 0)
+      return false;
+    char byte = 'F';
+    iovec iov{&byte, 1};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    cm->cmsg_level = SOL_SOCKET;
+    cm->cmsg_type = SCM_RIGHTS;
+    cm->cmsg_len = CMSG_LEN(sizeof(int));
+    std::memcpy(CMSG_DATA(cm), &segment_fd, sizeof(int));
+    return ::sendmsg(c, &msg, MSG_NOSIGNAL) == 1;
+  }
+
+  int fd_ = -1;
+  std::string address_;
+  std::string secret_;
+};
+
+// A peer's side: `published` is "<abstract address> <secret>" from the store.
+int fetch_segment_fd(const std::string& published, int local_rank, Deadline deadline) {
+  const std::string who = "local rank " + std::to_string(local_rank) + ": shared memory hand-over";
+  size_t space = published.find(' ');
+  if (space == std::string::npos || published.size() - space - 1 != kSecretHex)
+    throw CollectiveError(who + ": malformed store entry 'shm_name'");
+  const std::string address = published.substr(0, space);
+  const std::string secret = published.substr(space + 1);
+  int s = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (s < 0) throw CollectiveError(errno_text((who + ": socket").c_str()));
+  set_socket_timeout(s, deadline, std::chrono::hours(1));
+  socklen_t len = 0;
+  sockaddr_un a = abstract_address(address, &len);
+  auto fail = [&](const std::string& what) {
+    std::string err = errno_text((who + ": " + what).c_str());
+    ::close(s);
+    throw CollectiveError(err);
+  };
+  if (::connect(s, reinterpret_cast<sockaddr*>(&a), len) != 0)
+    fail("connect to local rank 0 at @" + address +
+         " (the ranks of a node must share a network namespace for this; TRUN_SHM_NAMED=1 "
+         "shares the segment through /dev/shm instead)");
+  if (::send(s, secret.data(), secret.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(secret.size()))
+    fail("send");
+  char byte = 0;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  msg.msg_control = control;
+  msg.msg_controllen = sizeof control;
+  ssize_t got = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
+  cmsghdr* cm = got == 1 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
+    if (got >= 0) errno = EPROTO;
+    fail("receive the segment from local rank 0");
+  }
+  int fd = -1;
+  std::memcpy(&fd, CMSG_DATA(cm), sizeof fd);
+  ::close(s);
+  return fd;
+}
 
 long futex(std::atomic<uint32_t>* word, int op, uint32_t val, const timespec* ts) {
   return ::syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, val, ts, nullptr, 0);
@@ -84,11 +238,13 @@ int pidfd_open(int pid) {
 #endif
 }
 
-// Default slot: 4 MiB (fewer rounds, so fewer barriers: each costs futex sleeps and wake-ups on
-// a busy machine; measured best of 1/4/8 MiB for 2 and 4 ranks), at most 32 MiB per segment.
+// Default slot: the whole segment's data about 4 MiB (2 MiB slots for 2 ranks, 1 MiB for 4),
+// so that a round stays in the last-level cache while the ranks copy it in, reduce it and copy
+// it out. Measured with 64 MiB allreduces on 2 cores (4 ranks): 1 MiB slots beat 2 and 4 MiB
+// ones; 4 MiB slots (the earlier default) were the worst.
 size_t default_slot_bytes(int local_size) {
-  return std::clamp<size_t>(kMaxSegmentData / static_cast<size_t>(local_size), 256u << 10,
-                            kDefaultSlotBytes);
+  return std::clamp<size_t>(kSegmentDataBytes / static_cast<size_t>(local_size), 256u << 10,
+                            kMaxSlotBytes);
 }
 
 uint64_t pid_namespace() {
@@ -121,28 +277,44 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   const size_t header_bytes = (sizeof(ShmHeader) + kPage - 1) / kPage * kPage;
   map_bytes_ = header_bytes + slot_bytes_ * static_cast<size_t>(n_);
 
+  const std::string stem = rendezvous::shm_segment_stem(o.tag);
   int fd = -1;
+  std::string secret;  // memfd mode: what a peer must present to be handed the segment
   if (me_ == 0) {
-    std::random_device rd;
-    char nonce[17];
-    std::snprintf(nonce, sizeof nonce, "%08x%08x", rd(), rd());
-    name_ = "/trun-" + sanitize(o.tag) + "-" + nonce;
-    fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
-    if (fd < 0) throw CollectiveError(errno_text(("shm_open(" + name_ + ")").c_str()));
+    named_ = want_named_segment();
+    if (!named_) {
+      fd = ::memfd_create(stem.c_str(), MFD_CLOEXEC);
+      if (fd < 0 && errno != ENOSYS && errno != EINVAL)
+        throw CollectiveError(errno_text("memfd_create"));
+      named_ = fd < 0;  // kernel without memfd: fall back to a named segment
+      name_ = "memfd:" + stem;
+    }
+    if (named_) {
+      name_ = "/" + stem + "-" + random_hex(8);
+      fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+      if (fd < 0) throw CollectiveError(errno_text(("shm_open(" + name_ + ")").c_str()));
+    }
     if (::ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) {
       std::string err = errno_text("ftruncate");
       ::close(fd);
-      ::shm_unlink(name_.c_str());
+      if (named_) ::shm_unlink(name_.c_str());
       throw CollectiveError("shared memory segment " + name_ + ": " + err);
     }
   } else {
     std::string key = "shm_name";
     o.store->wait({key}, remaining(deadline));
-    name_ = o.store->get(key);
-    fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
-    if (fd < 0)
-      throw CollectiveError(
-          errno_text(("local rank " + std::to_string(me_) + ": shm_open(" + name_ + ")").c_str()));
+    std::string published = o.store->get(key);
+    named_ = published.empty() || published[0] != '@';
+    if (named_) {
+      name_ = published;
+      fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
+      if (fd < 0)
+        throw CollectiveError(errno_text(
+            ("local rank " + std::to_string(me_) + ": shm_open(" + name_ + ")").c_str()));
+    } else {
+      name_ = "memfd:" + stem;
+      fd = fetch_segment_fd(published.substr(1), me_, deadline);
+    }
     struct stat st {};
     if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != map_bytes_) {
       ::close(fd);
@@ -153,10 +325,10 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   }
   map_ = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int map_errno = errno;
-  ::close(fd);
   if (map_ == MAP_FAILED) {
+    ::close(fd);
     map_ = nullptr;
-    if (me_ == 0) ::shm_unlink(name_.c_str());
+    if (me_ == 0 && named_) ::shm_unlink(name_.c_str());
     errno = map_errno;
     throw CollectiveError(errno_text(("mmap(" + name_ + ")").c_str()));
   }
@@ -172,9 +344,18 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     hdr_->magic = kMagic;
     std::atomic_thread_fence(std::memory_order_release);
     try {
-      o.store->set("shm_name", name_);
+      if (named_) {
+        o.store->set("shm_name", name_);
+      } else {
+        // Unnamed segment: hand the descriptor to each peer over an abstract Unix socket (gone
+        // with this process; nothing to clean up in any file system).
+        FdServer server(n_);
+        o.store->set("shm_name", "@" + server.address() + " " + server.secret());
+        server.serve(fd, n_ - 1, deadline);
+      }
     } catch (...) {
-      ::shm_unlink(name_.c_str());
+      ::close(fd);
+      if (named_) ::shm_unlink(name_.c_str());
       ::munmap(map_, map_bytes_);
       map_ = nullptr;
       throw;
@@ -183,17 +364,20 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     std::atomic_thread_fence(std::memory_order_acquire);
     if (hdr_->magic != kMagic || hdr_->local_size != static_cast<uint32_t>(n_) ||
         hdr_->slot_bytes != slot_bytes_) {
+      ::close(fd);
       ::munmap(map_, map_bytes_);
       map_ = nullptr;
       throw CollectiveError("shared memory segment " + name_ +
                             " does not match this group (local size or slot size differ)");
     }
   }
+  ::close(fd);
   hdr_->ranks[me_].pid.store(static_cast<int32_t>(::getpid()));
   hdr_->ranks[me_].pid_ns.store(pid_namespace());
   // The last rank to map the segment removes its name: from here on nothing in /dev/shm
   // refers to it, and the memory goes away with the last process, however it exits.
-  if (hdr_->mapped.fetch_add(1) + 1 == static_cast<uint32_t>(n_)) ::shm_unlink(name_.c_str());
+  if (hdr_->mapped.fetch_add(1) + 1 == static_cast<uint32_t>(n_) && named_)
+    ::shm_unlink(name_.c_str());
 
   unsigned cpus = std::thread::hardware_concurrency();
   cpu_set_t set;
@@ -207,9 +391,10 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   try {
     arrive_and_wait(deadline, "shared memory setup");
   } catch (...) {
-    ::shm_unlink(name_.c_str());  // in case a peer never mapped it
+    if (named_) ::shm_unlink(name_.c_str());  // in case a peer never mapped it
     throw;
   }
+  srcs_.assign(n_, nullptr);
   pidfds_.assign(n_, -1);
   pids_.assign(n_, 0);
   const uint64_t my_ns = pid_namespace();
@@ -347,22 +532,22 @@ void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, D
     char* mine = slot(me_);
     for (int j = 0; j < n_; ++j) {
       if (j == me_) continue;
-      std::memcpy(mine + j * slice_bytes, buf + (off + j * per) * es, slice_len(j) * es);
+      copy_bytes(mine + j * slice_bytes, buf + (off + j * per) * es, slice_len(j) * es);
     }
     arrive_and_wait(deadline, "allreduce");
     const size_t len = slice_len(me_);
     if (len) {
+      // One pass: read every rank's copy of my slice (mine from my buffer), in rank order, and
+      // store the result both in my buffer and where my peers will copy it from.
       char* dst = buf + (off + me_ * per) * es;
-      for (int j = 0; j < n_; ++j) {
-        if (j == me_) continue;
-        reduce3(dst, dst, slot(j) + me_ * slice_bytes, len, dtype, op);
-      }
-      std::memcpy(mine + me_ * slice_bytes, dst, len * es);
+      for (int j = 0; j < n_; ++j) srcs_[j] = j == me_ ? dst : slot(j) + me_ * slice_bytes;
+      void* dsts[2] = {dst, mine + me_ * slice_bytes};
+      reduce_n(dsts, 2, srcs_.data(), n_, len, dtype, op);
     }
     arrive_and_wait(deadline, "allreduce");
     for (int j = 0; j < n_; ++j) {
       if (j == me_) continue;
-      std::memcpy(buf + (off + j * per) * es, slot(j) + j * slice_bytes, slice_len(j) * es);
+      copy_bytes(buf + (off + j * per) * es, slot(j) + j * slice_bytes, slice_len(j) * es);
     }
   }
   // Nobody may reuse the slots until every rank copied its results out.
@@ -375,9 +560,9 @@ void ShmComm::broadcast(void* data, size_t bytes, int root, Deadline deadline) {
   const size_t cap = slot_bytes_ * n_;
   for (size_t off = 0; off < bytes; off += cap) {
     const size_t m = std::min(cap, bytes - off);
-    if (me_ == root) std::memcpy(data_, buf + off, m);
+    if (me_ == root) copy_bytes(data_, buf + off, m);
     arrive_and_wait(deadline, "broadcast");
-    if (me_ != root) std::memcpy(buf + off, data_, m);
+    if (me_ != root) copy_bytes(buf + off, data_, m);
     arrive_and_wait(deadline, "broadcast");
   }
 }
@@ -386,14 +571,14 @@ void ShmComm::allgather(const void* send, void* recv, size_t bytes, Deadline dea
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
   if (n_ == 1 || bytes == 0) {
-    if (bytes) std::memcpy(out, in, bytes);
+    if (bytes) copy_bytes(out, in, bytes);
     return;
   }
   for (size_t off = 0; off < bytes; off += slot_bytes_) {
     const size_t m = std::min(slot_bytes_, bytes - off);
-    std::memcpy(slot(me_), in + off, m);
+    copy_bytes(slot(me_), in + off, m);
     arrive_and_wait(deadline, "allgather");
-    for (int j = 0; j < n_; ++j) std::memcpy(out + j * bytes + off, slot(j), m);
+    for (int j = 0; j < n_; ++j) copy_bytes(out + j * bytes + off, slot(j), m);
     arrive_and_wait(deadline, "allgather");
   }
 }
@@ -405,7 +590,7 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
   char* out = static_cast<char*>(recv);
   if (count == 0) return;
   if (n_ == 1) {
-    std::memcpy(out, in, count * es);
+    copy_bytes(out, in, count * es);
     return;
   }
   const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
@@ -414,17 +599,13 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
     const size_t m = std::min(sub, count - off);
     for (int d = 0; d < n_; ++d) {
       if (d == me_) continue;
-      std::memcpy(slot(me_) + d * sub_bytes, in + (d * count + off) * es, m * es);
+      copy_bytes(slot(me_) + d * sub_bytes, in + (d * count + off) * es, m * es);
     }
     arrive_and_wait(deadline, "reduce_scatter");
-    const char* own = in + (me_ * count + off) * es;
-    char* dst = out + off * es;
-    bool first = true;
-    for (int j = 0; j < n_; ++j) {
-      if (j == me_) continue;
-      reduce3(dst, first ? own : dst, slot(j) + me_ * sub_bytes, m, dtype, op);
-      first = false;
-    }
+    for (int j = 0; j < n_; ++j)
+      srcs_[j] = j == me_ ? in + (me_ * count + off) * es : slot(j) + me_ * sub_bytes;
+    void* dst = out + off * es;
+    reduce_n(&dst, 1, srcs_.data(), n_, m, dtype, op);
     arrive_and_wait(deadline, "reduce_scatter");
   }
 }

@@ -1,12 +1,18 @@
 #pragma once
 // ShmComm: collectives among the ranks of one node through one shared-memory segment.
 //
-// The segment ("/trun-<tag>-<random>" in /dev/shm) is created by local rank 0, its name passed
-// through the store, and unlinked by whichever rank maps it last, so once a group is built
-// nothing is left in /dev/shm even if every process is SIGKILLed. Each rank owns one slot of
-// `slot_bytes` in it. Large buffers go through in rounds: each rank copies what its peers need
-// into its slot, reduces its own slice straight from its peers' slots, and the peers copy the
-// reduced slices back (reduce-scatter + allgather), with two barriers per round.
+// The segment is created by local rank 0 as an unnamed memfd and handed to the other local ranks
+// over an abstract Unix socket (address and a secret passed through the store; peers must run as
+// the same user): it never appears in any file system, so nothing can be left behind, whenever
+// and however the processes die. With TRUN_SHM_NAMED=1 (or a kernel without memfd_create) it is
+// "/trun-<tag>-<random>" in /dev/shm instead (rendezvous/shm_names.h), unlinked by whichever rank
+// maps it last; a trun agent removes the run's leftovers when the job ends.
+//
+// Each rank owns one slot of `slot_bytes` in it. Large buffers go through in rounds: each rank
+// copies what its peers need into its slot, reduces its own slice in one pass over every rank's
+// copy of it, and the peers copy the reduced slices back (reduce-scatter + allgather), with two
+// barriers per round. Slots are small (a few MiB for the whole segment) so that a round's data
+// stays in the last-level cache.
 //
 // Barriers spin briefly, then sleep on a futex in the segment. While waiting, a rank checks the
 // deadline, the segment's abort flag and (pidfd) whether its peers are still alive: a peer that
@@ -32,7 +38,7 @@ struct ShmOptions {
   int local_rank = 0;
   int local_size = 1;
   std::string tag;        // part of the segment name; sanitized here
-  size_t slot_bytes = 0;  // 0: TRUN_SHM_SLOT_BYTES, else min(4 MiB, 32 MiB / local_size)
+  size_t slot_bytes = 0;  // 0: TRUN_SHM_SLOT_BYTES, else see default_slot_bytes()
 };
 
 class ShmComm {
@@ -69,6 +75,7 @@ class ShmComm {
 
   int me_ = 0;
   int n_ = 1;
+  bool named_ = false;  // segment shared by name in /dev/shm (else an unnamed memfd)
   std::string name_;
   size_t slot_bytes_ = 0;
   size_t map_bytes_ = 0;
@@ -79,6 +86,7 @@ class ShmComm {
   int spin_limit_ = 0;
   std::vector<int> pidfds_;  // per local rank; -1 for self or when unavailable
   std::vector<int> pids_;
+  std::vector<const void*> srcs_;  // scratch for the reduce step
 };
 
 }  // namespace trun::worker::detail
