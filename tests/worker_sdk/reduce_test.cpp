@@ -1,5 +1,6 @@
 // The reduction kernels and the float16/bfloat16 conversions, against known bit patterns.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -69,4 +70,56 @@ TEST_CASE("divide implements avg: truncation for integers", "[worker_sdk][reduce
   std::vector<double> d = {1.0, 3.0};
   divide(d.data(), 2, DataType::kFloat64, 4);
   CHECK(d == std::vector<double>{0.25, 0.75});
+}
+
+TEST_CASE("reduce_n folds sources in rank order into every destination", "[worker_sdk][reduce]") {
+  // Sizes around the 8 KiB block (2048 floats); a destination that is also a source.
+  for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{2047}, size_t{2048}, size_t{5000}}) {
+    for (int nsrc = 1; nsrc <= 5; ++nsrc) {
+      std::vector<std::vector<int32_t>> src(nsrc, std::vector<int32_t>(n));
+      for (int j = 0; j < nsrc; ++j)
+        for (size_t i = 0; i < n; ++i)
+          src[j][i] = static_cast<int32_t>((i * 31 + j * 7) % 101) - 50;
+      std::vector<int32_t> want_sum(n), want_max(n);
+      for (size_t i = 0; i < n; ++i) {
+        want_sum[i] = want_max[i] = src[0][i];
+        for (int j = 1; j < nsrc; ++j) {
+          want_sum[i] += src[j][i];
+          want_max[i] = std::max(want_max[i], src[j][i]);
+        }
+      }
+      INFO("n=" << n << " nsrc=" << nsrc);
+      std::vector<int32_t> out(n, -1);
+      std::vector<const void*> srcs;
+      for (auto& v : src) srcs.push_back(v.data());
+      void* dsts[2] = {out.data(), src[nsrc - 1].data()};  // the second aliases the last source
+      std::vector<int32_t> saved_last = src[nsrc - 1];
+      reduce_n(dsts, 2, srcs.data(), nsrc, n, DataType::kInt32, ReduceOp::kSum);
+      CHECK(out == want_sum);
+      CHECK(src[nsrc - 1] == want_sum);
+      src[nsrc - 1] = saved_last;
+      reduce_n(dsts, 1, srcs.data(), nsrc, n, DataType::kInt32, ReduceOp::kMax);
+      CHECK(out == want_max);
+    }
+  }
+  CHECK_THROWS_AS(reduce_n(nullptr, 0, nullptr, 0, 1, DataType::kInt32, ReduceOp::kSum),
+                  std::invalid_argument);
+}
+
+TEST_CASE("copy_bytes copies every length and alignment exactly", "[worker_sdk][reduce]") {
+  std::vector<unsigned char> src(6000), dst(6000);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 13 + 5);
+  for (size_t len : {size_t{0}, size_t{1}, size_t{63}, size_t{1023}, size_t{1024}, size_t{1025},
+                     size_t{4096 + 77}}) {
+    for (size_t so : {0, 1, 17}) {
+      for (size_t d_off : {0, 3, 64}) {
+        std::fill(dst.begin(), dst.end(), 0xAA);
+        copy_bytes(dst.data() + d_off, src.data() + so, len);
+        INFO("len=" << len << " src+" << so << " dst+" << d_off);
+        REQUIRE(std::memcmp(dst.data() + d_off, src.data() + so, len) == 0);
+        for (size_t i = 0; i < d_off; ++i) REQUIRE(dst[i] == 0xAA);  // nothing before
+        for (size_t i = d_off + len; i < dst.size(); ++i) REQUIRE(dst[i] == 0xAA);  // or after
+      }
+    }
+  }
 }
