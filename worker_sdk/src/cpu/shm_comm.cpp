@@ -498,10 +498,20 @@ void ShmComm::wait_for_all(uint32_t target, Deadline deadline, const char* what)
   }
 }
 
+bool ShmComm::all_arrived(uint32_t target) const {
+  for (int r = 0; r < n_; ++r)
+    if (static_cast<int32_t>(hdr_->ranks[r].arrived.load() - target) < 0) return false;
+  return true;
+}
+
 void ShmComm::arrive_and_wait(Deadline deadline, const char* what) {
   ++seq_;
-  hdr_->ranks[me_].arrived.store(seq_);  // seq_cst: ordered before the waiters load below
-  if (hdr_->waiters.load() > 0) {
+  hdr_->ranks[me_].arrived.store(seq_);  // seq_cst: ordered before the loads below
+  // Only the rank that completes the barrier wakes the sleepers: waking them at every arrival
+  // costs each a context switch to find the barrier still closed (4 ranks on 2 cores: most of
+  // the wake-ups). Of ranks arriving at once, the last store in the total order sees all the
+  // others (seq_cst on both sides), so some rank always wakes them.
+  if (hdr_->waiters.load() > 0 && all_arrived(seq_)) {
     hdr_->wake.fetch_add(1);
     futex(&hdr_->wake, FUTEX_WAKE, INT_MAX, nullptr);
   }

@@ -68,6 +68,7 @@ class ShmComm {
  private:
   char* slot(int r) const { return data_ + static_cast<size_t>(r) * slot_bytes_; }
   void arrive_and_wait(Deadline deadline, const char* what);
+  bool all_arrived(uint32_t target) const;
   void wait_for_all(uint32_t target, Deadline deadline, const char* what);
   [[noreturn]] void fail_aborted(const char* what);
   void check_peers_alive(const char* what);
