@@ -105,6 +105,22 @@ void set_socket_timeout(int fd, Deadline deadline, std::chrono::milliseconds cap
 
 constexpr size_t kSecretHex = 32;
 
+// A one-byte message with room for one descriptor (SCM_RIGHTS). Not copyable: msg points into it.
+struct FdMessage {
+  explicit FdMessage(char b) : byte(b) {
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof control;
+  }
+  FdMessage(const FdMessage&) = delete;
+  FdMessage& operator=(const FdMessage&) = delete;
+  char byte;
+  iovec iov{&byte, 1};
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  msghdr msg{};
+};
+
 // Local rank 0's side of the hand-over: a listening abstract socket; each peer connects, shows
 // the secret it read from the store and gets the memfd. Peers must run as the same user (as a
 // 0600 segment in /dev/shm would require). The socket goes away with the object or the process.
@@ -160,20 +176,13 @@ class FdServer {
     if (::recv(c, got, sizeof got, MSG_WAITALL) != static_cast<ssize_t>(sizeof got) ||
         std::memcmp(got, secret_.data(), kSecretHex) != 0)
       return false;
-    char byte = 'F';
-    iovec iov{&byte, 1};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof control;
-    cmsghdr* cm = CMSG_FIRSTHDR(&msg);
+    FdMessage m('F');
+    cmsghdr* cm = CMSG_FIRSTHDR(&m.msg);
     cm->cmsg_level = SOL_SOCKET;
     cm->cmsg_type = SCM_RIGHTS;
     cm->cmsg_len = CMSG_LEN(sizeof(int));
     std::memcpy(CMSG_DATA(cm), &segment_fd, sizeof(int));
-    return ::sendmsg(c, &msg, MSG_NOSIGNAL) == 1;
+    return ::sendmsg(c, &m.msg, MSG_NOSIGNAL) == 1;
   }
 
   int fd_ = -1;
@@ -205,16 +214,9 @@ int fetch_segment_fd(const std::string& published, int local_rank, Deadline dead
          "shares the segment through /dev/shm instead)");
   if (::send(s, secret.data(), secret.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(secret.size()))
     fail("send");
-  char byte = 0;
-  iovec iov{&byte, 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof control;
-  ssize_t got = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
-  cmsghdr* cm = got == 1 ? CMSG_FIRSTHDR(&msg) : nullptr;
+  FdMessage m(0);
+  ssize_t got = ::recvmsg(s, &m.msg, MSG_CMSG_CLOEXEC);
+  cmsghdr* cm = got == 1 ? CMSG_FIRSTHDR(&m.msg) : nullptr;
   if (!cm || cm->cmsg_level != SOL_SOCKET || cm->cmsg_type != SCM_RIGHTS) {
     if (got >= 0) errno = EPROTO;
     fail("receive the segment from local rank 0");
