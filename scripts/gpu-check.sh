@@ -24,9 +24,11 @@ if [[ ${1:-} == --bundle ]]; then
     "$build/launcher/trun"; do
     ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
       case $(basename "$lib") in
-        # glibc, the C++ runtime and CUDA/NCCL (hundreds of MiB) are expected on the GPU machine.
+        # glibc, the C++ runtime and the CUDA driver are expected on the GPU machine; the CUDA 13
+        # runtime (0.7 MB) is carried.
         libc.so* | libm.so* | libpthread.so* | libdl.so* | librt.so* | ld-linux* | libcuda.so*) ;;
-        libstdc++.so* | libgcc_s.so* | libnccl.so* | libcudart.so*) ;;
+        # libnccl (218 MB) is not carried: the GPU machine's PyTorch ships one (see below).
+        libstdc++.so* | libgcc_s.so* | libnccl.so*) ;;
         libtrun_worker.so*) ;;
         *) cp -L "$lib" "$build/gpu-libs/" ;;
       esac
@@ -54,6 +56,14 @@ if [[ -z $build ]]; then
 fi
 # Carried build dirs keep absolute RPATHs from the build machine: point the loader at them.
 export LD_LIBRARY_PATH="$build/worker_sdk:$build/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# No libnccl.so.2 here? Use the one PyTorch's pip packages ship (nvidia-nccl-*): same ABI.
+if ldd "$build/worker_sdk/libtrun_worker.so" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
+  nccl_dir=$(${PYTHON_EXEC:-python3} -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+  if [[ -n $nccl_dir && -e $nccl_dir/libnccl.so.2 ]]; then
+    echo "using NCCL from PyTorch's environment: $nccl_dir"
+    export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_dir"
+  fi
+fi
 
 echo "== devices"
 if command -v nvidia-smi >/dev/null; then nvidia-smi -L; else echo "(no nvidia-smi)"; fi
@@ -133,6 +143,19 @@ else
     echo "FAIL: PyTorch DDP ToyModel under trun"
     tail -30 "$tmp/ddp.log" | sed 's/^/    /'
     status=1
+  fi
+  if "$py" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)'; then
+    ngpu=$("$py" -c 'import torch; print(min(torch.cuda.device_count(), 2))')
+    rm -f "$tmp"/result_*.json
+    if DDP_TOY_BACKEND=nccl PYTHON_EXEC="$py" timeout 300 "$build/launcher/trun" --standalone \
+      --nproc-per-node="$ngpu" tests/launcher/py/ddp_toy.py "$tmp" >"$tmp/ddp_nccl.log" 2>&1 &&
+      ls "$tmp"/result_*.json >/dev/null 2>&1; then
+      echo "PASS: PyTorch DDP ToyModel with NCCL on $ngpu GPU(s) under trun --standalone"
+    else
+      echo "FAIL: PyTorch DDP ToyModel with NCCL under trun"
+      tail -30 "$tmp/ddp_nccl.log" | sed 's/^/    /'
+      status=1
+    fi
   fi
   rm -rf "$tmp"
 fi

@@ -1,5 +1,6 @@
-# The PyTorch DDP tutorial's ToyModel, trained for a few steps with gloo on CPU. Unmodified
-# torchrun-style program: it reads everything from the environment the launcher sets.
+# The PyTorch DDP tutorial's ToyModel, trained for a few steps with gloo on CPU (or, with
+# DDP_TOY_BACKEND=nccl, with NCCL on GPU local_rank % device_count). Unmodified torchrun-style
+# program: it reads everything from the environment the launcher sets.
 # Writes <out dir>/result_<rank>.json with a parameter checksum and the worker environment.
 import json
 import os
@@ -25,18 +26,24 @@ class ToyModel(nn.Module):
 
 def main():
     out_dir = sys.argv[1]
-    dist.init_process_group("gloo")
+    backend = os.environ.get("DDP_TOY_BACKEND", "gloo")
+    dist.init_process_group(backend)
     rank = dist.get_rank()
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
     torch.manual_seed(0)
-    model = ToyModel()
-    ddp_model = DDP(model)
+    model = ToyModel().to(device)
+    ddp_model = DDP(model, device_ids=[device.index] if backend == "nccl" else None)
     loss_fn = nn.MSELoss()
     optimizer = optim.SGD(ddp_model.parameters(), lr=0.01)
     for step in range(5):
         torch.manual_seed(1000 + 10 * step + rank)  # different data on each rank
         optimizer.zero_grad()
-        outputs = ddp_model(torch.randn(20, 10))
-        loss_fn(outputs, torch.randn(20, 5)).backward()
+        inputs, targets = torch.randn(20, 10), torch.randn(20, 5)
+        outputs = ddp_model(inputs.to(device))
+        loss_fn(outputs, targets.to(device)).backward()
         optimizer.step()
     checksum = sum(float(p.double().sum()) for p in model.parameters())
     result = {
