@@ -78,6 +78,7 @@ class NcclBackend : public BackendImpl {
     TRUN_CUDA_CHECK(cudaSetDevice(device_));
     TRUN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     TRUN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    TRUN_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
     TRUN_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
 
     ncclUniqueId id;
@@ -119,6 +120,7 @@ class NcclBackend : public BackendImpl {
     }
     if (scratch_) cudaFree(scratch_);
     if (event_) cudaEventDestroy(event_);
+    if (inputs_ready_) cudaEventDestroy(inputs_ready_);
     if (stream_) cudaStreamDestroy(stream_);
   }
 
@@ -192,6 +194,11 @@ class NcclBackend : public BackendImpl {
   void run(const char* what, Deadline deadline, Launch&& launch) {
     if (!comm_) throw CollectiveError(std::string(what) + ": NCCL communicator is gone");
     TRUN_CUDA_CHECK(cudaSetDevice(device_));
+    // Our stream does not synchronize with the default stream by itself (it is non-blocking):
+    // make it wait for what the caller queued on the legacy default stream (which every
+    // blocking stream synchronizes with), e.g. the kernel that wrote the buffer.
+    TRUN_CUDA_CHECK(cudaEventRecord(inputs_ready_, cudaStreamLegacy));
+    TRUN_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
     ncclResult_t res = launch();
     if (res != ncclSuccess && res != ncclInProgress)
       fail(nccl_error_message(what, res, comm_, __FILE__, __LINE__));
@@ -214,7 +221,8 @@ class NcclBackend : public BackendImpl {
   int size_;
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
-  cudaEvent_t event_ = nullptr;
+  cudaEvent_t event_ = nullptr;         // recorded after the collective: completion
+  cudaEvent_t inputs_ready_ = nullptr;  // recorded on the legacy stream before it
   void* scratch_ = nullptr;
   ncclComm_t comm_ = nullptr;
   std::atomic<bool> aborted_{false};
