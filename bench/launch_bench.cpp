@@ -5,11 +5,8 @@
 // Workers are bench/launch_probe (a C++ binary, --no-python for both launchers), which stamps
 // CLOCK_MONOTONIC when it starts, so the figures measure the launchers, not Python imports.
 // Usage: launch_bench --trun PATH --probe PATH [--torchrun PATH] [--reps N] [--quick]
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -28,7 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "tests/launcher/free_port.h"
+
 namespace fs = std::filesystem;
+using trun::testing::free_port;
 
 namespace {
 
@@ -43,19 +43,6 @@ std::optional<long long> read_stamp(const std::string& path) {
   long long v;
   if (in >> v) return v;
   return std::nullopt;
-}
-
-// A loopback port that was free a moment ago.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 struct Launcher {

@@ -6,15 +6,13 @@
 # Usage: scripts/bench_checkpoint.sh [build dir]   (env: SIZE_MIB=256 REPEATS=7 BENCH_DIR=/tmp)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 BUILD=${1:-build}
 SIZE=${SIZE_MIB:-256}
 REPEATS=${REPEATS:-7}
-PY=/usr/bin/python3
+PY=$TORCH_PY
 
-if [[ ! -f "$BUILD/build.ninja" ]]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
-ninja -C "$BUILD" checkpoint_bench >/dev/null
+bench_build "$BUILD" checkpoint_bench
 
 dir=$(mktemp -d "${BENCH_DIR:-/tmp}/trun-bench-ckpt-XXXXXX")
 out=$(mktemp /tmp/trun-bench-ckpt-out-XXXXXX)

@@ -6,8 +6,9 @@
 # try it; off by default, see the reason printed below).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 BUILD_DIR=${TRUN_BUILD_DIR:-build}
-cmake --build "$BUILD_DIR" --target trun >/dev/null
+bench_build "$BUILD_DIR" trun
 out=$(LAUNCHER=trun bash tests/cluster/cluster.sh "$BUILD_DIR" bench 2>&1) || {
   echo "$out" | tail -n 30 >&2
   echo "bench_cluster: the namespace cluster run failed" >&2

@@ -6,23 +6,19 @@
 #   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 RANKS=2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 BUILD=${1:-build}
 SIZES=${SIZES:-1024,2560,2048,1024}
 BATCH=${BATCH:-8}
 STEPS=${STEPS:-12}
 CAPS=${CAPS:-1,5,25,100}
 RANKS=${RANKS:-2}
-PY=/usr/bin/python3
-TORCHRUN=/usr/bin/torchrun
+PY=$TORCH_PY
 
-if [[ ! -f "$BUILD/build.ninja" ]]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
-ninja -C "$BUILD" ddp_bench >/dev/null
+bench_build "$BUILD" ddp_bench
 
 out=$(mktemp /tmp/trun-bench-ddp-XXXXXX)
 trap 'rm -f "$out"' EXIT
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 echo "== trun DDP, $RANKS ranks, layers $SIZES, batch $BATCH per rank" >&2
 "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" --batch "$BATCH" --steps "$STEPS" \

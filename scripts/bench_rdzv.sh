@@ -8,11 +8,9 @@
 # RDZV_PROCS (agent processes for trun, default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 BUILD_DIR=${TRUN_BUILD_DIR:-build}
-if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
-cmake --build "$BUILD_DIR" --target rdzv_bench >/dev/null
+bench_build "$BUILD_DIR" rdzv_bench
 
 peer_file=$(mktemp /tmp/trun-rdzv-peer.XXXXXX)
 trap 'rm -f "$peer_file"' EXIT

@@ -15,6 +15,7 @@
 #   TRUN_BENCH_PYTHON     Python with torch 1.13 (default: /usr/bin/python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 
 BUILD_DIR=${TRUN_BUILD_DIR:-build}
 SECONDS_PER_ROW=${TRUN_BENCH_SECONDS:-1}
@@ -31,10 +32,7 @@ if ! [[ "$ROUNDS" =~ ^[1-9]$ ]]; then
 fi
 
 echo "== build ($BUILD_DIR) =="
-if [[ ! -f "$BUILD_DIR/build.ninja" ]]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
-cmake --build "$BUILD_DIR" --target trun store_bench >/dev/null
+bench_build "$BUILD_DIR" trun store_bench
 TRUN="$BUILD_DIR/launcher/trun"
 BENCH="$BUILD_DIR/bench/store_bench"
 

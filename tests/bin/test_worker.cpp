@@ -39,6 +39,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "rendezvous/store/prefix_store.h"
 #include "rendezvous/store/tcp_store.h"
 
@@ -63,36 +65,9 @@ void write_file(const std::string& path, const std::string& content) {
   std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
 }
 
-std::string json_escape(const std::string& s) {
-  std::string out;
-  for (unsigned char c : s) {
-    switch (c) {
-      case '"':
-        out += "\\\"";
-        break;
-      case '\\':
-        out += "\\\\";
-        break;
-      case '\n':
-        out += "\\n";
-        break;
-      case '\t':
-        out += "\\t";
-        break;
-      case '\r':
-        out += "\\r";
-        break;
-      default:
-        if (c < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "\\u%04x", c);
-          out += buf;
-        } else {
-          out.push_back(static_cast<char>(c));
-        }
-    }
-  }
-  return out;
+// Invalid UTF-8 (an environment value, a message) is replaced, not an exception.
+std::string to_json(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 void sleep_seconds(double s) {
@@ -240,10 +215,15 @@ int main(int argc, char** argv) {
       if (ts == "now") ts = std::to_string(std::time(nullptr));
       std::string file = env_or("TORCHELASTIC_ERROR_FILE", "");
       if (!file.empty()) {
-        write_file(file, "{\"message\": {\"message\": \"" + json_escape(msg) +
-                             "\", \"extraInfo\": {\"py_callstack\": \"Traceback (most recent "
-                             "call last):\\n  File \\\"worker.py\\\", line 1\\n" +
-                             json_escape(msg) + "\\n\", \"timestamp\": \"" + ts + "\"}}}");
+        nlohmann::json record = {{"message",
+                                  {{"message", msg},
+                                   {"extraInfo",
+                                    {{"py_callstack",
+                                      "Traceback (most recent call last):\n  File \"worker.py\", "
+                                      "line 1\n" +
+                                          msg + "\n"},
+                                     {"timestamp", ts}}}}}};
+        write_file(file, to_json(record));
       }
     } else if (act == "flood") {
       need(1);
@@ -266,18 +246,13 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     } else if (act == "env") {
       need(1);
-      std::string out = "{";
-      bool first = true;
+      nlohmann::json vars = nlohmann::json::object();
       for (char** e = environ; *e; ++e) {
         const char* eq = std::strchr(*e, '=');
         if (!eq) continue;
-        if (!first) out += ",";
-        first = false;
-        out += "\"" + json_escape(std::string(*e, static_cast<size_t>(eq - *e))) + "\":\"" +
-               json_escape(eq + 1) + "\"";
+        vars[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
       }
-      out += "}";
-      write_file(a[i++] + "/env_" + attempt() + "_" + rank() + ".json", out);
+      write_file(a[i++] + "/env_" + attempt() + "_" + rank() + ".json", to_json(vars));
     } else if (act == "store-check") {
       try {
         trun::rendezvous::TcpStoreOptions o;

@@ -6,6 +6,13 @@
 # parallel runs do not collide; addresses exist only inside the namespaces. One trun agent runs per
 # namespace (ip netns exec), with tests/cluster/worker.sh as the worker. On exit (also on failure)
 # every process started here is killed by its pid and the namespaces are deleted.
+#
+# A run killed with SIGKILL (CTest at its TIMEOUT before 3.27) cannot clean up, so:
+# - CLUSTER_TIME_LIMIT=S (seconds; CTest sets it below the test's TIMEOUT) starts a watchdog that
+#   makes the run fail, and clean up, after S seconds;
+# - before it starts, a run removes what dead runs left: namespaces t<pid>hub / t<pid>n<i> and
+#   temp dirs /tmp/trun-cluster-<pid>-* whose <pid> is no longer a running cluster.sh (processes
+#   still inside such a namespace are killed by pid first). A live run's are never touched.
 # Exit status: 0 pass, 1 fail, 77 skipped (not root, or no `ip netns`).
 set -uo pipefail
 BIN=$1
@@ -15,11 +22,39 @@ TRUN=$BIN/launcher/trun
 WORKER_CMD=("$SRC/worker.sh")
 TAG=t$$
 HUB=${TAG}hub
-TMP=$(mktemp -d /tmp/trun-cluster-XXXXXX)
+
+# run_alive PID: PID is a running cluster.sh (a reused pid of another program does not count).
+run_alive() {
+  [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q 'cluster\.sh'
+}
+# Leftovers of dead runs (see the header). Bounded: one pass over what exists now.
+remove_stale() {
+  local d pid ns p
+  for d in /tmp/trun-cluster-*-*; do
+    [ -d "$d" ] || continue
+    pid=${d#/tmp/trun-cluster-}
+    pid=${pid%%-*}
+    [[ $pid =~ ^[0-9]+$ ]] || continue
+    run_alive "$pid" || { echo "removing $d (its run, pid $pid, is gone)"; rm -rf "$d"; }
+  done
+  [ "$(id -u)" = 0 ] || return 0
+  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
+    [[ $ns =~ ^t([0-9]+)(hub|n[0-9]+)$ ]] || continue
+    pid=${BASH_REMATCH[1]}
+    run_alive "$pid" && continue
+    echo "removing namespace $ns (its run, pid $pid, is gone)"
+    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null
+  done
+}
+remove_stale
+
+TMP=$(mktemp -d "/tmp/trun-cluster-$$-XXXXXX")
 export CLUSTER_LOG=$TMP/workers.log CLUSTER_CTRL=$TMP
 : >"$CLUSTER_LOG"
 declare -A AGENT_PID
 NODES=()
+WATCHDOG=
 CONF="last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=3,join_timeout=8,read_timeout=3"
 PORT=29611
 
@@ -43,12 +78,35 @@ cleanup() {
     kill -KILL "$p" 2>/dev/null
   done
   for n in "${!AGENT_PID[@]}"; do wait "${AGENT_PID[$n]}" 2>/dev/null; done
+  if [ -n "$WATCHDOG" ]; then
+    kill -KILL "$WATCHDOG" 2>/dev/null
+    wait "$WATCHDOG" 2>/dev/null
+  fi
   for n in "${NODES[@]}"; do ip netns del "${TAG}n$n" 2>/dev/null; done
   ip netns del "$HUB" 2>/dev/null
   rm -rf "$TMP"
 }
 trap cleanup EXIT
 trap 'exit 1' INT TERM
+
+# The watchdog polls once a second so that it ends with this run: if this shell dies, the
+# watchdog's parent changes and it exits without signalling a pid that may have been reused. It
+# waits with `read -t 1` on a pipe it holds open (no sleep child that would outlive a kill).
+LIMIT=${CLUSTER_TIME_LIMIT:-0}
+[[ $LIMIT =~ ^[0-9]+$ ]] || { echo "CLUSTER_TIME_LIMIT must be a whole number of seconds, got '$LIMIT'"; exit 1; }
+if [ "$LIMIT" -gt 0 ]; then
+  trap 'fail "the run exceeded CLUSTER_TIME_LIMIT=${LIMIT}s (watchdog)"' USR1
+  (
+    trap - EXIT INT TERM USR1
+    exec {tick}<> <(:)
+    for ((s = 0; s < LIMIT; s++)); do
+      read -r -t 1 -u "$tick"
+      read -r _ _ _ ppid _ <"/proc/$BASHPID/stat" && [ "$ppid" = "$$" ] || exit 0
+    done
+    kill -USR1 "$$"
+  ) &
+  WATCHDOG=$!
+fi
 
 [ "$(id -u)" = 0 ] || skip "needs root to create network namespaces"
 ip netns add "$HUB" 2>/dev/null || skip "cannot create network namespaces (ip netns add failed)"

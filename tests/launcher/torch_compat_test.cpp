@@ -1,14 +1,11 @@
 // Unmodified PyTorch programs (PyTorch 1.13 for /usr/bin/python3, gloo on CPU) under trun and
 // under /usr/bin/torchrun in the same test: same results, same worker environment apart from
 // the documented differences, same failure report.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 
 using namespace trun::testing;
@@ -34,19 +31,6 @@ bool torch_available(std::string& why) {
     return false;
   }
   return true;
-}
-
-// A port that was free a moment ago.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
 }
 
 RunResult run_torchrun(const std::vector<std::string>& args,

@@ -4,10 +4,8 @@
 
 #include <catch2/catch.hpp>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "rendezvous/store/in_memory_store.h"
 #include "trun/config.h"
 #include "trun/process_group.h"
 
@@ -15,6 +13,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include "tests/worker_sdk/gpu_ranks.h"
 #include "worker_sdk/src/nccl/nccl_info.h"
 #endif
 
@@ -132,49 +131,26 @@ TEST_CASE("GPU: every collective on device buffers, world size 1", "[worker_sdk]
     WARN("skipped: no CUDA device visible (run scripts/gpu-check.sh on a GPU machine)");
     return;
   }
-  ProcessGroupOptions o;
-  o.backend = Backend::kNccl;
-  o.timeout = std::chrono::seconds(120);
-  ProcessGroup pg(o);
+  ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
   CHECK(pg.backend() == Backend::kNccl);
   gpu_rank_checks(pg);
 }
 
 TEST_CASE("GPU: two ranks on two devices", "[worker_sdk][nccl][gpu]") {
-  int n = 0;
-  if (!nccl_available() || cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+  if (!test::have_cuda_devices(2)) {
     WARN("skipped: needs two CUDA devices");
     return;
   }
-  auto store = std::make_shared<trun::rendezvous::InMemoryStore>();
-  std::vector<std::thread> threads;
-  std::vector<std::string> errors(2);
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        ProcessGroupOptions o;
-        o.store = store;
-        o.rank = r;
-        o.world_size = 2;
-        o.cuda_device = r;
-        o.backend = Backend::kNccl;
-        o.timeout = std::chrono::seconds(120);
-        ProcessGroup pg(o);
-        cudaSetDevice(r);
-        std::vector<float> x(1 << 20, 1.0f);
-        float* d = nullptr;
-        cudaMalloc(&d, x.size() * sizeof(float));
-        cudaMemcpy(d, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice);
-        pg.allreduce(d, x.size(), DataType::kFloat32);
-        cudaMemcpy(x.data(), d, x.size() * sizeof(float), cudaMemcpyDeviceToHost);
-        cudaFree(d);
-        if (x[0] != 2.0f || x.back() != 2.0f) errors[r] = "wrong allreduce result";
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  auto errors = test::run_nccl_ranks(2, [](ProcessGroup& pg, int) -> std::string {
+    std::vector<float> x(1 << 20, 1.0f);
+    float* d = nullptr;
+    cudaMalloc(&d, x.size() * sizeof(float));
+    cudaMemcpy(d, x.data(), x.size() * sizeof(float), cudaMemcpyHostToDevice);
+    pg.allreduce(d, x.size(), DataType::kFloat32);
+    cudaMemcpy(x.data(), d, x.size() * sizeof(float), cudaMemcpyDeviceToHost);
+    cudaFree(d);
+    return x[0] == 2.0f && x.back() == 2.0f ? "" : "wrong allreduce result";
+  });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
 }

@@ -8,6 +8,10 @@
 //   pg_worker loop               allreduce until failure, printing READY after the first;
 //                                exit 11 on CollectiveError
 //   pg_worker abort              rank 0 aborts while the others wait; others exit 12
+//   pg_worker abort_inflight <first_absent>
+//                                ranks >= first_absent never join; the others allreduce and a
+//                                second thread of rank 0 aborts it: exit 13 when it failed
+//                                naming the abort, 4 on a timeout
 //   pg_worker throw | segv       die by an uncaught exception / SIGSEGV (error-file tests)
 //
 // Exit codes: 0 pass, 1 mismatch, 2 usage, 3 unexpected exception.
@@ -216,7 +220,8 @@ double seconds_since(Clock::time_point t) {
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: pg_worker matrix|big|stall|loop|abort|throw|segv ...\n");
+    std::fprintf(stderr,
+                 "usage: pg_worker matrix|big|stall|loop|abort|abort_inflight|throw|segv ...\n");
     return 2;
   }
   std::string scenario = argv[1];
@@ -311,6 +316,34 @@ int main(int argc, char** argv) {
         return 12;
       }
       return 8;
+    } else if (scenario == "abort_inflight") {
+      const int first_absent = argc > 2 ? std::atoi(argv[2]) : pg.size() - 1;
+      pg.barrier();
+      if (pg.rank() >= first_absent) {
+        std::printf("STALLING\n");
+        std::this_thread::sleep_for(std::chrono::seconds(120));
+        return 0;
+      }
+      std::thread aborter;
+      if (pg.rank() == 0)
+        aborter = std::thread([&pg] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          pg.abort("abort in flight");
+        });
+      std::vector<float> buf(1 << 16, 1.0f);
+      auto t0 = Clock::now();
+      int code = 9;
+      try {
+        pg.allreduce(buf.data(), buf.size(), DataType::kFloat32);
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+        code = 4;
+      } catch (const CollectiveError& e) {
+        std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+        code = std::strstr(e.what(), "abort in flight") ? 13 : 9;
+      }
+      if (aborter.joinable()) aborter.join();
+      return code;
     } else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
       return 2;

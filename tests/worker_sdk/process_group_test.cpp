@@ -183,6 +183,48 @@ TEST_CASE("abort() makes the peers fail at once and breaks the group", "[worker_
   }
 }
 
+// Hidden ("[.]") until CpuBackend::abort() forwards to GlooComm::abort() (one line in
+// worker_sdk/src/cpu/cpu_backend.cpp: `if (gloo_) gloo_->abort(reason);`); GlooComm's own abort is
+// tested in gloo_comm_test.cpp. The group timeout is 120 s: failing within the 60 s allowed here
+// is the abort, not the deadline.
+TEST_CASE("abort() from another thread ends a Gloo allreduce whose peer never joins",
+          "[.][worker_sdk][failures][gloo_abort]") {
+  struct Case {
+    const char* name;
+    Layout layout;
+    int first_absent;
+  };
+  for (const Case& c : {Case{"gloo", {"", {1, 1}, false, true}, 1},
+                        Case{"shared memory + gloo", {"", {2, 2}}, 2}}) {
+    DYNAMIC_SECTION(c.name) {
+      Job job;
+      JobSpec spec;
+      spec.argv = {worker_binary(), "abort_inflight", std::to_string(c.first_absent)};
+      spec.nodes = c.layout.nodes;
+      spec.no_placement = c.layout.no_placement;
+      spec.run_id = unique_run_id("abort-inflight");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "120000";
+      job.start(spec);
+      int world = 0;
+      for (int n : c.layout.nodes) world += n;
+      for (int r = c.first_absent; r < world; ++r) REQUIRE(job.wait_for_output(r, "STALLING", 60s));
+      for (int r = 0; r < c.first_absent; ++r) {
+        INFO("rank " << r << " output:\n" << job.output(r));
+        REQUIRE(job.wait_for_output(r, "FAILED after", 60s));
+      }
+      for (int r = c.first_absent; r < world; ++r) job.kill_rank(r, SIGKILL);
+      auto results = job.wait(30s);
+      INFO(job.describe(results));
+      for (auto& r : results) {
+        if (r.rank >= c.first_absent) continue;
+        REQUIRE(r.exited);
+        REQUIRE(r.exit_code == 13);
+      }
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
 TEST_CASE("a group re-created after a restart works on the same store", "[worker_sdk][restart]") {
   Job store_host;  // one store for both rounds, as the agent keeps it across restarts
   const std::string run_id = unique_run_id("restart");

@@ -7,15 +7,15 @@
 #include <cmath>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
-#include "rendezvous/store/in_memory_store.h"
 #include "trun/config.h"
 #include "trun/ddp.h"
 
 #if TRUN_HAVE_NCCL
 #include <cuda_runtime.h>
+
+#include "tests/worker_sdk/gpu_ranks.h"
 #endif
 
 using namespace trun::worker;
@@ -103,42 +103,17 @@ TEST_CASE("GPU: DDP on device buffers, world size 1", "[ddp][cuda][gpu]") {
     WARN("skipped: no CUDA device visible (scripts/gpu-check-ddp.sh runs this on a GPU machine)");
     return;
   }
-  ProcessGroupOptions o;
-  o.backend = Backend::kNccl;
-  o.cuda_device = 0;
-  o.timeout = std::chrono::seconds(120);
-  ProcessGroup pg(o);
+  ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
   cudaSetDevice(0);
   REQUIRE(rank_checks(pg) == "");
 }
 
 TEST_CASE("GPU: DDP on device buffers, two ranks on two devices", "[ddp][cuda][gpu]") {
-  int n = 0;
-  if (!nccl_available() || cudaGetDeviceCount(&n) != cudaSuccess || n < 2) {
+  if (!test::have_cuda_devices(2)) {
     WARN("skipped: needs two CUDA devices");
     return;
   }
-  auto store = std::make_shared<trun::rendezvous::InMemoryStore>();
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      try {
-        ProcessGroupOptions o;
-        o.store = store;
-        o.rank = r;
-        o.world_size = 2;
-        o.cuda_device = r;
-        o.backend = Backend::kNccl;
-        o.timeout = std::chrono::seconds(120);
-        ProcessGroup pg(o);
-        cudaSetDevice(r);
-        errors[r] = rank_checks(pg);
-      } catch (const std::exception& e) {
-        errors[r] = e.what();
-      }
-    });
-  for (auto& t : threads) t.join();
+  auto errors = test::run_nccl_ranks(2, [](ProcessGroup& pg, int) { return rank_checks(pg); });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
 }

@@ -1,12 +1,17 @@
 #include "worker_sdk/src/cpu/gloo_comm.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <vector>
 
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
@@ -14,6 +19,7 @@
 #include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "worker_sdk/src/reduce.h"
@@ -46,14 +52,95 @@ class StoreAdapter : public gloo::rendezvous::Store {
   Deadline deadline_;
 };
 
+}  // namespace
+
+struct GlooComm::State {
+  std::shared_ptr<gloo::transport::Device> device;
+  std::shared_ptr<gloo::rendezvous::Context> context;
+  // This side's address of each connection (getsockname), recorded once connected; abort()
+  // finds the sockets by it and touches no Gloo object.
+  std::vector<sockaddr_storage> local_addrs;
+  std::mutex abort_mu;
+  std::string abort_reason;  // non-empty once abort() was called; guarded by abort_mu
+};
+
+namespace {
+
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  if (a.ss_family == AF_INET6) {
+    auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+    auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+    return x.sin6_port == y.sin6_port &&
+           std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+  }
+  return false;
+}
+
+// Shuts down (both directions) every connected TCP socket of this process whose local address is
+// one of `locals`. Each candidate is dup'ed first and checked on the duplicate, so a descriptor
+// number that another thread closes and reuses meanwhile is never shut down by mistake. Gloo's
+// event loop then reads end-of-stream on each connection and fails what is pending on it, exactly
+// as when a peer closes; the peers read end-of-stream as well. Returns how many were shut down.
+int shutdown_sockets(const std::vector<sockaddr_storage>& locals) {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return 0;
+  int done = 0;
+  const int dir_fd = ::dirfd(dir);
+  while (dirent* e = ::readdir(dir)) {
+    char* end = nullptr;
+    long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dir_fd) continue;
+    int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+    if (dup < 0) continue;
+    sockaddr_storage self{}, peer{};
+    socklen_t self_len = sizeof self, peer_len = sizeof peer;
+    int type = 0;
+    socklen_t type_len = sizeof type;
+    if (::getsockopt(dup, SOL_SOCKET, SO_TYPE, &type, &type_len) == 0 && type == SOCK_STREAM &&
+        ::getsockname(dup, reinterpret_cast<sockaddr*>(&self), &self_len) == 0 &&
+        ::getpeername(dup, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0) {
+      for (const auto& l : locals) {
+        if (same_endpoint(self, l)) {
+          if (::shutdown(dup, SHUT_RDWR) == 0) ++done;
+          break;
+        }
+      }
+    }
+    ::close(dup);
+  }
+  ::closedir(dir);
+  return done;
+}
+
+std::string abort_reason(GlooComm::State& st) {
+  std::lock_guard<std::mutex> lock(st.abort_mu);
+  return st.abort_reason;
+}
+
 template <typename Fn>
-void run_gloo(const char* what, int rank, Deadline deadline, Fn&& fn) {
+void run_gloo(const char* what, int rank, GlooComm::State* st, Deadline deadline, Fn&& fn) {
+  auto aborted = [&](const std::string& reason) {
+    return CollectiveError(std::string(what) + " failed on node rank " + std::to_string(rank) +
+                           " (gloo): aborted: " + reason);
+  };
+  if (st) {
+    if (std::string reason = abort_reason(*st); !reason.empty()) throw aborted(reason);
+  }
   if (Clock::now() >= deadline)
     throw CollectiveTimeoutError(std::string(what) + " timed out on node rank " +
                                  std::to_string(rank) + " before it started (gloo)");
   try {
     fn();
   } catch (const std::exception& e) {
+    if (st) {
+      if (std::string reason = abort_reason(*st); !reason.empty()) throw aborted(reason);
+    }
     std::string msg =
         std::string(what) + " failed on node rank " + std::to_string(rank) + " (gloo): " + e.what();
     // Gloo reports its own deadline as an I/O error; tell the two apart by the clock.
@@ -70,11 +157,6 @@ struct Bytes {
 
 }  // namespace
 
-struct GlooComm::State {
-  std::shared_ptr<gloo::transport::Device> device;
-  std::shared_ptr<gloo::rendezvous::Context> context;
-};
-
 GlooComm::GlooComm(rendezvous::Store& store, int rank, int size, const std::string& host,
                    Deadline deadline)
     : state_(std::make_unique<State>()), rank_(rank), size_(size) {
@@ -84,7 +166,7 @@ GlooComm::GlooComm(rendezvous::Store& store, int rank, int size, const std::stri
   if (::sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL &&
       !(old.sa_flags & SA_SIGINFO))
     ::signal(SIGPIPE, SIG_IGN);
-  run_gloo("gloo connect", rank, deadline, [&] {
+  run_gloo("gloo connect", rank, nullptr, deadline, [&] {
     gloo::transport::tcp::attr attr;
     attr.hostname = host;
     state_->device = gloo::transport::tcp::CreateDevice(attr);
@@ -92,14 +174,31 @@ GlooComm::GlooComm(rendezvous::Store& store, int rank, int size, const std::stri
     state_->context->setTimeout(remaining(deadline));
     StoreAdapter adapter(store, deadline);
     state_->context->connectFullMesh(adapter, state_->device);
+    for (int i = 0; i < size; ++i) {
+      if (i == rank) continue;
+      auto& address = state_->context->getPair(i)->address();
+      if (auto* tcp = dynamic_cast<const gloo::transport::tcp::Address*>(&address))
+        state_->local_addrs.push_back(tcp->getSockaddr());
+    }
   });
 }
 
 GlooComm::~GlooComm() = default;
 
+void GlooComm::abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(state_->abort_mu);
+    if (!state_->abort_reason.empty()) return;
+    state_->abort_reason = reason.empty() ? "aborted" : reason;
+  }
+  // Not Context::closeConnections(): it closes the sockets without waking a collective that
+  // waits on them, which then runs on to its deadline.
+  shutdown_sockets(state_->local_addrs);
+}
+
 void GlooComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline) {
   if (count == 0 || size_ == 1) return;
-  run_gloo("allreduce", rank_, deadline, [&] {
+  run_gloo("allreduce", rank_, state_.get(), deadline, [&] {
     gloo::AllreduceOptions opts(state_->context);
     opts.setTimeout(remaining(deadline));
     switch (dtype_size(dtype)) {
@@ -122,7 +221,7 @@ void GlooComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, 
 
 void GlooComm::broadcast(void* data, size_t bytes, int root, Deadline deadline) {
   if (bytes == 0 || size_ == 1) return;
-  run_gloo("broadcast", rank_, deadline, [&] {
+  run_gloo("broadcast", rank_, state_.get(), deadline, [&] {
     gloo::BroadcastOptions opts(state_->context);
     opts.setTimeout(remaining(deadline));
     opts.setOutput(static_cast<char*>(data), bytes);
@@ -137,7 +236,7 @@ void GlooComm::allgather(const void* send, void* recv, size_t bytes, Deadline de
     std::memcpy(recv, send, bytes);
     return;
   }
-  run_gloo("allgather", rank_, deadline, [&] {
+  run_gloo("allgather", rank_, state_.get(), deadline, [&] {
     gloo::AllgatherOptions opts(state_->context);
     opts.setTimeout(remaining(deadline));
     opts.setInput(const_cast<char*>(static_cast<const char*>(send)), bytes);
@@ -148,7 +247,7 @@ void GlooComm::allgather(const void* send, void* recv, size_t bytes, Deadline de
 
 void GlooComm::barrier(Deadline deadline) {
   if (size_ == 1) return;
-  run_gloo("barrier", rank_, deadline, [&] {
+  run_gloo("barrier", rank_, state_.get(), deadline, [&] {
     gloo::BarrierOptions opts(state_->context);
     opts.setTimeout(remaining(deadline));
     gloo::barrier(opts);

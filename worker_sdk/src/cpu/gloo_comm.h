@@ -5,9 +5,15 @@
 //
 // Failures: a peer whose connection closes makes the collective fail at once (Gloo raises an I/O
 // error); a stalled peer, at the deadline. Both become CollectiveError/CollectiveTimeoutError.
+// abort() shuts down this participant's connections (shutdown(2) on its own sockets, found by
+// their local addresses): Gloo's event loop reads end-of-stream and fails the operations pending
+// on them, so a collective waiting for a peer fails at once with a CollectiveError naming the
+// reason, and each peer reads end-of-stream too. Gloo's Context::closeConnections() is not used:
+// it closes the sockets without waking a waiting collective (it runs on to its deadline).
 // SIGPIPE: Gloo does not suppress it, so building a GlooComm sets it to SIG_IGN when it still has
 // its default action (a dead peer then shows up as an error, not as this process's death).
-// Thread safety: one collective at a time.
+// Thread safety: one collective at a time; abort() from any thread, also during a collective
+// (never concurrently with the destructor).
 
 #include <cstddef>
 #include <memory>
@@ -31,9 +37,13 @@ class GlooComm {
   void broadcast(void* data, size_t bytes, int root, Deadline deadline);
   void allgather(const void* send, void* recv, size_t bytes, Deadline deadline);
   void barrier(Deadline deadline);
+  // Makes the running collective (if any) and every later one fail with CollectiveError naming
+  // `reason`. Does not block (reads /proc/self/fd); idempotent (the first reason stays).
+  void abort(const std::string& reason);
+
+  struct State;  // defined in gloo_comm.cpp
 
  private:
-  struct State;
   std::unique_ptr<State> state_;
   int rank_;
   int size_;

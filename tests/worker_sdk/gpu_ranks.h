@@ -1,0 +1,62 @@
+#pragma once
+// GPU test helpers shared by the NCCL and the DDP-on-CUDA tests: a process group per CUDA device,
+// with its ranks as threads of the test process sharing an in-process store. Only for builds with
+// NCCL (include it under #if TRUN_HAVE_NCCL).
+
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rendezvous/store/in_memory_store.h"
+#include "trun/process_group.h"
+
+namespace trun::worker::test {
+
+// True when NCCL is usable and at least `n` CUDA devices are visible.
+inline bool have_cuda_devices(int n) {
+  int count = 0;
+  return nccl_available() && cudaGetDeviceCount(&count) == cudaSuccess && count >= n;
+}
+
+// Options for rank `rank` of `world` on CUDA device `rank`, NCCL backend, a 120 s timeout.
+inline ProcessGroupOptions nccl_rank_options(int rank, int world,
+                                             std::shared_ptr<rendezvous::Store> store) {
+  ProcessGroupOptions o;
+  o.store = std::move(store);
+  o.rank = rank;
+  o.world_size = world;
+  o.cuda_device = rank;
+  o.backend = Backend::kNccl;
+  o.timeout = std::chrono::seconds(120);
+  return o;
+}
+
+// Runs `body` on `world` ranks, one thread and one device each (the thread's current device is
+// set to its rank). Returns each rank's outcome: what `body` returned, or the exception's message;
+// "" means success. Catch2 assertions are not thread-safe: `body` reports through its result.
+inline std::vector<std::string> run_nccl_ranks(
+    int world, const std::function<std::string(ProcessGroup&, int)>& body) {
+  auto store = std::make_shared<rendezvous::InMemoryStore>();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ProcessGroup pg(nccl_rank_options(r, world, store));
+        cudaSetDevice(r);
+        errors[r] = body(pg, r);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+}  // namespace trun::worker::test
