@@ -183,12 +183,10 @@ TEST_CASE("abort() makes the peers fail at once and breaks the group", "[worker_
   }
 }
 
-// Hidden ("[.]") until CpuBackend::abort() forwards to GlooComm::abort() (one line in
-// worker_sdk/src/cpu/cpu_backend.cpp: `if (gloo_) gloo_->abort(reason);`); GlooComm's own abort is
-// tested in gloo_comm_test.cpp. The group timeout is 120 s: failing within the 60 s allowed here
-// is the abort, not the deadline.
+// GlooComm's own abort is tested in gloo_comm_test.cpp. The group timeout is 120 s: failing
+// within the 60 s allowed here is the abort, not the deadline.
 TEST_CASE("abort() from another thread ends a Gloo allreduce whose peer never joins",
-          "[.][worker_sdk][failures][gloo_abort]") {
+          "[worker_sdk][failures][gloo_abort]") {
   struct Case {
     const char* name;
     Layout layout;

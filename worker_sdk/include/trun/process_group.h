@@ -152,10 +152,10 @@ class ProcessGroup {
   }
   void barrier(Timeout timeout = kGroupTimeout) { barrier_async(timeout).wait(); }
 
-  // Breaks the group: the running collective fails as soon as the backend notices (shared memory
-  // and NCCL: at once; a Gloo transfer: when its peer's connection closes or its deadline
-  // passes), queued and later ones fail at once, and the node's peers see the abort. Never
-  // blocks; idempotent.
+  // Breaks the group: the running collective fails at once (shared memory: the segment's abort
+  // flag; Gloo: this process's connections are shut down; NCCL: the communicator is aborted),
+  // queued and later ones fail at once, and the peers see the abort (or the closed
+  // connections). Never blocks; idempotent.
   void abort(const std::string& reason = "aborted by the application");
 
   int rank() const;

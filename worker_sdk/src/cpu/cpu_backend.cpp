@@ -158,6 +158,7 @@ class CpuBackend : public BackendImpl {
 
   void abort(const std::string& reason) override {
     if (shm_) shm_->abort(reason);
+    if (gloo_) gloo_->abort(reason);
   }
 
  private:
