@@ -5,9 +5,10 @@
 // Connecting retries with exponential backoff and jitter until `connect_timeout` passes, so
 // agents and workers may start before the server. Each failure raises StoreError naming the
 // endpoint and the operation; a deadline raises StoreTimeoutError. After a transport failure the
-// next call reconnects, retrying for `reconnect_timeout` only (a store that went away fails the
-// call promptly instead of after the whole connect_timeout; callers that must outlast an outage,
-// like the agent rejoining after a partition, retry at their level).
+// next call reconnects, retrying for `reconnect_timeout` only: a store that went away fails that
+// call promptly with a StoreError (deliberately not StoreTimeoutError: no key is late) instead of
+// after the whole connect_timeout. Callers that must outlast an outage, like the agent rejoining
+// after a partition, retry at their own level with new clients.
 //
 // Dialects (TcpStoreOptions::dialect): trun's server with its extensions, a plain PyTorch 2.x
 // server, or a PyTorch 1.13 server; kAuto finds out on the first connect with a probe that none
@@ -29,7 +30,7 @@
 
 namespace trun::rendezvous {
 
-// A lease (trun extension; needs a trun StoreServer, a PyTorch server closes the connection): a
+// A lease (trun extension; needs trun's StoreServer: other dialects fail with StoreError): a
 // notification bound to this client's connection. When the connection closes (the process died,
 // or the client was destroyed) or no lease call arrives for `ttl` (a partition, a hung process),
 // the server fires it once: if `a_key` is non-empty and missing it is set to `a_value`; otherwise
