@@ -686,6 +686,7 @@ void trun_client_rows(const Options& o) {
   to.port = static_cast<uint16_t>(o.port);
   to.timeout = std::chrono::seconds(30);
   to.connect_timeout = std::chrono::seconds(10);
+  to.dialect = rendezvous::StoreDialect::kTrun;  // measured against trun's server only
   std::string value(kValueBytes, 'v');
   for (const auto& op : o.ops) {
     std::string name = "tcpstore_" + op + "_1c";

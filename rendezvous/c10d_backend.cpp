@@ -85,6 +85,7 @@ class StoreBackend : public RendezvousBackend {
     t.token = options_.token;
     t.timeout = options_.read_timeout;
     t.connect_timeout = options_.connect_timeout;
+    t.dialect = StoreDialect::kTrun;  // rendezvous stores are trun's (leases, server-side waits)
     return t;
   }
 

@@ -66,6 +66,10 @@ class Reader {
  public:
   Reader(int fd, Clock::time_point deadline) : fd_(fd), deadline_(deadline) {}
 
+  int fd() const { return fd_; }
+  Clock::time_point deadline() const { return deadline_; }
+  void set_deadline(Clock::time_point deadline) { deadline_ = deadline; }
+
   void exact(void* buf, size_t len) {
     auto* p = static_cast<char*>(buf);
     size_t off = 0;
@@ -158,11 +162,38 @@ int open_socket(const std::string& host, uint16_t port, Clock::time_point deadli
   return fd;
 }
 
-std::string encode(Op op) {
+wire::Dialect wire_dialect(StoreDialect d) {
+  return d == StoreDialect::kTorch1_13 ? wire::Dialect::kV1 : wire::Dialect::kV2;
+}
+
+std::string encode(Op op, StoreDialect d) {
   std::string s;
-  wire::Encoder(&s).query(op);
+  wire::Encoder(&s).query(op, wire_dialect(d));
   return s;
 }
+
+const char* server_name(StoreDialect d) {
+  switch (d) {
+    case StoreDialect::kTorch1_13:
+      return "PyTorch 1.13's TCPStore server";
+    case StoreDialect::kTorch2:
+      return "PyTorch 2.x's TCPStore server";
+    default:
+      return "trun's store server";
+  }
+}
+
+// The auto-detection probe (docs/tcpstore-protocol.md §12). Sent in one write:
+//   VALIDATE magic | PING kProbeNonce | LEASE_RELEASE
+// trun's server answers the echo and then 0 (no lease armed); PyTorch >= 2.4 answers the echo
+// and closes on the unknown LEASE_RELEASE; PyTorch 2.2/2.3 close on PING. PyTorch 1.13 reads
+// VALIDATE as a SET whose key length spans bytes 1-8: the nonce's third byte (0xA5) makes that
+// length over 2^63, so its server fails the allocation at once and closes this connection (a
+// shorter message would leave its single thread blocked reading the rest of a key). When the
+// probe gets nothing back, 1.13 and 2.2/2.3 are told apart on a new connection by 1.13's
+// GETNUMKEYS (0x06), which a 2.x server refuses as a first message.
+constexpr uint32_t kProbeNonce = 0x54A5554E;
+static_assert(((kProbeNonce >> 16) & 0xFF) >= 0x80, "the 1.13 key length must exceed 2^63");
 
 std::string quoted(const std::string& key) { return "('" + key + "')"; }
 
@@ -174,51 +205,138 @@ TcpStore::TcpStore(TcpStoreOptions options)
                                                               : options_.host) +
                 ":" + std::to_string(options_.port)) {
   timeout_ = options_.timeout;
+  dialect_ = options_.dialect;
+  if (!options_.token.empty() && dialect_ == StoreDialect::kAuto) dialect_ = StoreDialect::kTrun;
+  if (!options_.token.empty() && dialect_ != StoreDialect::kTrun) {
+    throw std::invalid_argument("store " + endpoint_ + ": a store token needs trun's server, but " +
+                                "the dialect is " + to_string(dialect_));
+  }
   std::lock_guard<std::mutex> lock(mu_);
   connect_locked("connect");
+}
+
+const char* to_string(StoreDialect dialect) {
+  switch (dialect) {
+    case StoreDialect::kAuto:
+      return "auto";
+    case StoreDialect::kTrun:
+      return "trun";
+    case StoreDialect::kTorch2:
+      return "torch2";
+    case StoreDialect::kTorch1_13:
+      return "torch1.13";
+  }
+  return "?";
+}
+
+std::optional<StoreDialect> parse_store_dialect(std::string_view name) {
+  for (auto d : {StoreDialect::kAuto, StoreDialect::kTrun, StoreDialect::kTorch2,
+                 StoreDialect::kTorch1_13}) {
+    if (name == to_string(d)) return d;
+  }
+  return std::nullopt;
 }
 
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
+int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::string* error) {
+  int fd = open_socket(options_.host, options_.port, deadline, error);
+  if (fd < 0) return -1;
+  auto hs_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(30));
+  try {
+    if (dialect_ == StoreDialect::kAuto) {
+      std::string probe;
+      wire::Encoder(&probe)
+          .query(Op::kValidate)
+          .u32(wire::kValidationMagic)
+          .query(Op::kPing)
+          .u32(kProbeNonce)
+          .query(Op::kLeaseRelease);
+      Reader r(fd, hs_deadline);
+      int answered = 0;  // bytes of the expected answer (4 echo + 1) that arrived
+      try {
+        write_all(fd, probe, hs_deadline);
+        if (r.u32() != kProbeNonce) throw IoError{false, "unexpected answer to the probe"};
+        answered = 4;
+        r.u8();
+        answered = 5;
+      } catch (const IoError& e) {
+        if (e.timed_out || e.what == "unexpected answer to the probe") throw;
+      }
+      if (answered == 5) {
+        dialect_ = StoreDialect::kTrun;  // keep this connection: validated, nothing pending
+        return fd;
+      }
+      ::close(fd);
+      fd = -1;
+      if (answered == 4) {
+        dialect_ = StoreDialect::kTorch2;
+        return open_locked(op, deadline, error);
+      }
+      fd = open_socket(options_.host, options_.port, deadline, error);
+      if (fd < 0) return -1;
+      write_all(fd, encode(Op::kNumKeys, StoreDialect::kTorch1_13), hs_deadline);
+      Reader r2(fd, hs_deadline);
+      try {
+        r2.i64();
+        dialect_ = StoreDialect::kTorch1_13;  // keep this one too: its answer was read
+        return fd;
+      } catch (const IoError& e) {
+        if (e.timed_out) throw;
+      }
+      ::close(fd);
+      fd = -1;
+      dialect_ = StoreDialect::kTorch2;
+      return open_locked(op, deadline, error);
+    }
+    if (dialect_ == StoreDialect::kTorch1_13) return fd;  // 1.13 has no handshake
+    std::string hello;
+    wire::Encoder(&hello).query(Op::kValidate).u32(wire::kValidationMagic);
+    if (!options_.token.empty()) wire::Encoder(&hello).query(Op::kAuthHello);
+    write_all(fd, hello, hs_deadline);
+    if (!options_.token.empty()) {
+      Reader r(fd, hs_deadline);
+      std::string challenge = r.bytes();
+      std::string proof;
+      wire::Encoder(&proof)
+          .query(Op::kAuthProof)
+          .bytes(auth::hmac_sha256(options_.token, challenge));
+      write_all(fd, proof, hs_deadline);
+      if (r.u8() != 1) throw IoError{false, "wrong token"};
+    }
+    return fd;
+  } catch (const IoError& e) {
+    if (fd >= 0) ::close(fd);
+    if (!options_.token.empty()) {
+      throw StoreError("store " + endpoint_ + ": " + op + ": authentication failed: " + e.what +
+                       " (is TRUN_STORE_TOKEN the server's token?)");
+    }
+    *error = e.what;
+    return -1;
+  }
+}
+
 void TcpStore::connect_locked(const char* op) {
-  auto deadline = Clock::now() + options_.connect_timeout;
+  // A reconnect (the connection was lost or dropped) gets a short budget: the server most
+  // likely went away, and callers that must outlast an outage retry at their own level.
+  const bool reconnect = connected_once_;
+  const Duration budget = reconnect ? std::min(options_.connect_timeout, options_.reconnect_timeout)
+                                    : options_.connect_timeout;
+  auto deadline = Clock::now() + budget;
   std::mt19937 rng(std::random_device{}());
   auto backoff = std::chrono::milliseconds(10);
   std::string error;
   int attempts = 0;
   for (;;) {
     ++attempts;
-    int fd = open_socket(options_.host, options_.port, deadline, &error);
+    int fd = open_locked(op, deadline, &error);
     if (fd >= 0) {
-      try {
-        auto hs_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(30));
-        std::string hello;
-        wire::Encoder(&hello).query(Op::kValidate).u32(wire::kValidationMagic);
-        if (!options_.token.empty()) wire::Encoder(&hello).query(Op::kAuthHello);
-        write_all(fd, hello, hs_deadline);
-        if (!options_.token.empty()) {
-          Reader r(fd, hs_deadline);
-          std::string challenge = r.bytes();
-          std::string proof;
-          wire::Encoder(&proof)
-              .query(Op::kAuthProof)
-              .bytes(auth::hmac_sha256(options_.token, challenge));
-          write_all(fd, proof, hs_deadline);
-          if (r.u8() != 1) throw IoError{false, "wrong token"};
-        }
-        std::lock_guard<std::mutex> fd_lock(fd_mu_);
-        fd_ = fd;
-        return;
-      } catch (const IoError& e) {
-        ::close(fd);
-        if (!options_.token.empty()) {
-          throw StoreError("store " + endpoint_ + ": " + op + ": authentication failed: " + e.what +
-                           " (is TRUN_STORE_TOKEN the server's token?)");
-        }
-        error = e.what;
-      }
+      std::lock_guard<std::mutex> fd_lock(fd_mu_);
+      fd_ = fd;
+      connected_once_ = true;
+      return;
     }
     if (Clock::now() + backoff >= deadline) break;
     // Exponential backoff with +-50% jitter, so a storm of clients does not retry in lockstep.
@@ -227,9 +345,16 @@ void TcpStore::connect_locked(const char* op) {
         std::chrono::duration_cast<std::chrono::microseconds>(backoff * jitter(rng)));
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
   }
+  std::string detail = std::to_string(attempts) + " attempts; last error: " + error;
+  if (reconnect) {
+    // Not a StoreTimeoutError: no key is late, the server is gone (callers that treat a timeout
+    // as "not there yet" must not retry this forever).
+    throw StoreError("store " + endpoint_ + ": " + op +
+                     ": the connection was lost and reconnecting failed within " +
+                     std::to_string(budget.count()) + " ms (" + detail + ")");
+  }
   throw StoreTimeoutError("store " + endpoint_ + ": " + op + ": could not connect within " +
-                          std::to_string(options_.connect_timeout.count()) + " ms (" +
-                          std::to_string(attempts) + " attempts; last error: " + error + ")");
+                          std::to_string(budget.count()) + " ms (" + detail + ")");
 }
 
 template <typename Reply>
@@ -277,44 +402,102 @@ void TcpStore::call_no_reply(const char* op, const std::string& request) {
   call(op, request, timeout_, [](Reader&) { return 0; });
 }
 
+void TcpStore::unsupported(const char* op) const {
+  throw StoreError("store " + endpoint_ + ": " + op + ": " + server_name(dialect_) +
+                   " lacks this operation (dialect " + to_string(dialect_) + ")");
+}
+
 void TcpStore::set(const std::string& key, std::string_view value) {
   std::string req;
-  wire::Encoder(&req).query(Op::kSet).bytes(key).bytes(value);
+  wire::Encoder(&req).query(Op::kSet, wire_dialect(dialect_)).bytes(key).bytes(value);
   call_no_reply("set", req);
 }
 
 // Server-side waits answer at `timeout`; the socket deadline leaves room for that answer.
 static Store::Duration with_grace(Store::Duration t) { return t + std::chrono::seconds(10); }
 
+bool TcpStore::plain_wait(const std::string& op, const std::vector<std::string>& keys,
+                          Duration timeout) {
+  std::string req;
+  wire::Encoder enc(&req);
+  enc.query(Op::kWait, wire_dialect(dialect_)).u64(keys.size());
+  for (auto& k : keys) enc.bytes(k);
+  if (timeout <= Duration(0)) return check(keys);  // a WAIT would always end by its deadline
+  if (dialect_ == StoreDialect::kTorch1_13) {
+    // 1.13 cannot cancel a WAIT: when the deadline passes, call() drops the connection (a late
+    // STOP_WAITING would otherwise be read as the next reply) and the next call reconnects.
+    try {
+      uint8_t status = call(op.c_str(), req, timeout, [](Reader& r) { return r.u8(); });
+      if (status != wire::kWaitStop) {
+        throw StoreError("store " + endpoint_ + ": " + op + ": unexpected wait answer " +
+                         std::to_string(status));
+      }
+      return true;
+    } catch (const StoreTimeoutError&) {
+      return false;
+    }
+  }
+  // PyTorch 2.x: on the deadline send CANCEL_WAIT; the server answers WAIT_CANCELED, possibly
+  // after a STOP_WAITING that crossed it (then the keys did appear).
+  return call(op.c_str(), req, with_grace(timeout), [&](Reader& r) {
+    auto outer = r.deadline();
+    r.set_deadline(std::min(outer, Clock::now() + timeout));
+    uint8_t status;
+    try {
+      status = r.u8();
+    } catch (const IoError& e) {
+      if (!e.timed_out) throw;
+      r.set_deadline(outer);
+      write_all(r.fd(), encode(Op::kCancelWait, dialect_), outer);
+      status = r.u8();
+      if (status == wire::kWaitCanceled) return false;
+      if (r.u8() != wire::kWaitCanceled) throw IoError{false, "unexpected CANCEL_WAIT answer"};
+    }
+    if (status != wire::kWaitStop) throw IoError{false, "unexpected WAIT answer"};
+    return true;
+  });
+}
+
 std::string TcpStore::get(const std::string& key, Duration timeout) {
+  std::string op = "get" + quoted(key);
+  auto timed_out = [&]() {
+    return StoreTimeoutError("store " + endpoint_ + ": " + op + ": key did not appear within " +
+                             std::to_string(timeout.count()) + " ms");
+  };
+  if (dialect_ != StoreDialect::kTrun) {
+    if (!plain_wait(op, {key}, timeout)) throw timed_out();
+    std::string req;
+    wire::Encoder(&req).query(Op::kGet, wire_dialect(dialect_)).bytes(key);
+    return call(op.c_str(), req, timeout_, [](Reader& r) { return r.bytes(); });
+  }
   std::string req;
   wire::Encoder(&req)
       .query(Op::kGetWait)
       .u64(1)
       .bytes(key)
       .i64(std::max<int64_t>(timeout.count(), 0));
-  std::string op = "get" + quoted(key);
   auto [status, value] = call(op.c_str(), req, with_grace(timeout), [](Reader& r) {
     uint8_t status = r.u8();
     return std::make_pair(status, status == wire::kWaitStop ? r.bytes() : std::string());
   });
-  if (status != wire::kWaitStop) {
-    throw StoreTimeoutError("store " + endpoint_ + ": " + op + ": key did not appear within " +
-                            std::to_string(timeout.count()) + " ms");
-  }
+  if (status != wire::kWaitStop) throw timed_out();
   return value;
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
   std::string req;
-  wire::Encoder(&req).query(Op::kAdd).bytes(key).i64(delta);
+  wire::Encoder(&req).query(Op::kAdd, wire_dialect(dialect_)).bytes(key).i64(delta);
   return call(("add" + quoted(key)).c_str(), req, timeout_, [](Reader& r) { return r.i64(); });
 }
 
 std::string TcpStore::compare_set(const std::string& key, std::string_view expected,
                                   std::string_view desired) {
   std::string req;
-  wire::Encoder(&req).query(Op::kCompareSet).bytes(key).bytes(expected).bytes(desired);
+  wire::Encoder(&req)
+      .query(Op::kCompareSet, wire_dialect(dialect_))
+      .bytes(key)
+      .bytes(expected)
+      .bytes(desired);
   return call(("compare_set" + quoted(key)).c_str(), req, timeout_,
               [](Reader& r) { return r.bytes(); });
 }
@@ -322,35 +505,42 @@ std::string TcpStore::compare_set(const std::string& key, std::string_view expec
 bool TcpStore::check(const std::vector<std::string>& keys) {
   std::string req;
   wire::Encoder enc(&req);
-  enc.query(Op::kCheck).u64(keys.size());
+  enc.query(Op::kCheck, wire_dialect(dialect_)).u64(keys.size());
   for (auto& k : keys) enc.bytes(k);
   return call("check", req, timeout_, [](Reader& r) { return r.u8() == wire::kCheckReady; });
 }
 
 void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
-  std::string req;
-  wire::Encoder enc(&req);
-  enc.query(Op::kWaitKeys).u64(keys.size());
-  for (auto& k : keys) enc.bytes(k);
-  enc.i64(std::max<int64_t>(timeout.count(), 0));
-  uint8_t status = call("wait", req, with_grace(timeout), [](Reader& r) { return r.u8(); });
-  if (status != wire::kWaitStop) {
-    std::string names;
-    for (size_t i = 0; i < keys.size() && i < 4; ++i) names += (i ? ", '" : "'") + keys[i] + "'";
-    if (keys.size() > 4) names += ", ...";
-    throw StoreTimeoutError("store " + endpoint_ + ": wait(" + names +
-                            "): keys did not appear within " + std::to_string(timeout.count()) +
-                            " ms");
+  std::string names;
+  for (size_t i = 0; i < keys.size() && i < 4; ++i) names += (i ? ", '" : "'") + keys[i] + "'";
+  if (keys.size() > 4) names += ", ...";
+  const std::string op = "wait(" + names + ")";
+  bool ok;
+  if (dialect_ != StoreDialect::kTrun) {
+    ok = plain_wait(op, keys, timeout);
+  } else {
+    std::string req;
+    wire::Encoder enc(&req);
+    enc.query(Op::kWaitKeys).u64(keys.size());
+    for (auto& k : keys) enc.bytes(k);
+    enc.i64(std::max<int64_t>(timeout.count(), 0));
+    ok =
+        call("wait", req, with_grace(timeout), [](Reader& r) { return r.u8(); }) == wire::kWaitStop;
+  }
+  if (!ok) {
+    throw StoreTimeoutError("store " + endpoint_ + ": " + op + ": keys did not appear within " +
+                            std::to_string(timeout.count()) + " ms");
   }
 }
 
 int64_t TcpStore::num_keys() {
-  return call("num_keys", encode(Op::kNumKeys), timeout_, [](Reader& r) { return r.i64(); });
+  return call("num_keys", encode(Op::kNumKeys, dialect_), timeout_,
+              [](Reader& r) { return r.i64(); });
 }
 
 bool TcpStore::delete_key(const std::string& key) {
   std::string req;
-  wire::Encoder(&req).query(Op::kDeleteKey).bytes(key);
+  wire::Encoder(&req).query(Op::kDeleteKey, wire_dialect(dialect_)).bytes(key);
   return call(("delete_key" + quoted(key)).c_str(), req, timeout_,
               [](Reader& r) { return r.i64() > 0; });
 }
@@ -360,8 +550,13 @@ std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& key
   wait(keys, timeout);
   std::string req;
   wire::Encoder enc(&req);
-  enc.query(Op::kMultiGet).u64(keys.size());
-  for (auto& k : keys) enc.bytes(k);
+  if (dialect_ == StoreDialect::kTorch1_13) {
+    // No MULTI_GET in 1.13: one GET per key, sent in one write.
+    for (auto& k : keys) enc.query(Op::kGet, wire::Dialect::kV1).bytes(k);
+  } else {
+    enc.query(Op::kMultiGet).u64(keys.size());
+    for (auto& k : keys) enc.bytes(k);
+  }
   return call("multi_get", req, timeout_, [n = keys.size()](Reader& r) {
     std::vector<std::string> values;
     values.reserve(n);
@@ -378,21 +573,36 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
   }
   std::string req;
   wire::Encoder enc(&req);
-  enc.query(Op::kMultiSet).u64(keys.size());
-  for (size_t i = 0; i < keys.size(); ++i) enc.bytes(keys[i]).bytes(values[i]);
+  if (dialect_ == StoreDialect::kTorch1_13) {
+    // No MULTI_SET in 1.13: one SET per pair, in order, in one write (not atomic).
+    for (size_t i = 0; i < keys.size(); ++i) {
+      enc.query(Op::kSet, wire::Dialect::kV1).bytes(keys[i]).bytes(values[i]);
+    }
+  } else {
+    enc.query(Op::kMultiSet).u64(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) enc.bytes(keys[i]).bytes(values[i]);
+  }
   call_no_reply("multi_set", req);
 }
 
 void TcpStore::append(const std::string& key, std::string_view value) {
+  // 1.13 has no APPEND, and a compare_set loop cannot stand in for it: compare_set's answer is
+  // the same when another client appended the same bytes first, so an append would be lost.
+  if (dialect_ == StoreDialect::kTorch1_13) unsupported(("append" + quoted(key)).c_str());
   std::string req;
   wire::Encoder(&req).query(Op::kAppend).bytes(key).bytes(value);
   call_no_reply(("append" + quoted(key)).c_str(), req);
 }
 
 Store::Duration TcpStore::ping() {
+  auto start = Clock::now();
+  if (dialect_ != StoreDialect::kTrun) {
+    // PyTorch 1.13 has no PING and 2.2/2.3 servers refuse it; GETNUMKEYS is a round trip too.
+    num_keys();
+    return std::chrono::duration_cast<Duration>(Clock::now() - start);
+  }
   std::string req;
   wire::Encoder(&req).query(Op::kPing).u32(0x5452554e);
-  auto start = Clock::now();
   uint32_t echo = call("ping", req, timeout_, [](Reader& r) { return r.u32(); });
   if (echo != 0x5452554e) throw StoreError("store " + endpoint_ + ": ping: wrong echo");
   return std::chrono::duration_cast<Duration>(Clock::now() - start);
@@ -403,6 +613,7 @@ Store::Duration TcpStore::ping() {
 namespace trun::rendezvous {
 
 void TcpStore::lease_arm(const LeaseSpec& lease) {
+  if (dialect_ != StoreDialect::kTrun) unsupported("lease_arm");
   std::string req;
   wire::Encoder(&req)
       .query(Op::kLeaseArm)
@@ -418,13 +629,15 @@ void TcpStore::lease_arm(const LeaseSpec& lease) {
 }
 
 bool TcpStore::lease_renew(std::chrono::milliseconds ttl) {
+  if (dialect_ != StoreDialect::kTrun) unsupported("lease_renew");
   std::string req;
   wire::Encoder(&req).query(Op::kLeaseRenew).i64(ttl.count());
   return call("lease_renew", req, timeout_, [](Reader& r) { return r.u8(); }) == 1;
 }
 
 bool TcpStore::lease_release() {
-  return call("lease_release", encode(Op::kLeaseRelease), timeout_,
+  if (dialect_ != StoreDialect::kTrun) unsupported("lease_release");
+  return call("lease_release", encode(Op::kLeaseRelease, dialect_), timeout_,
               [](Reader& r) { return r.u8(); }) == 1;
 }
 

@@ -5,7 +5,16 @@
 // Connecting retries with exponential backoff and jitter until `connect_timeout` passes, so
 // agents and workers may start before the server. Each failure raises StoreError naming the
 // endpoint and the operation; a deadline raises StoreTimeoutError. After a transport failure the
-// next call reconnects.
+// next call reconnects, retrying for `reconnect_timeout` only: a store that went away fails that
+// call promptly with a StoreError (deliberately not StoreTimeoutError: no key is late) instead of
+// after the whole connect_timeout. Callers that must outlast an outage, like the agent rejoining
+// after a partition, retry at their own level with new clients.
+//
+// Dialects (TcpStoreOptions::dialect): trun's server with its extensions, a plain PyTorch 2.x
+// server, or a PyTorch 1.13 server; kAuto finds out on the first connect with a probe that none
+// of the three servers is harmed by (docs/tcpstore-protocol.md §12). Operations a dialect's
+// server lacks are emulated from basic ones where the semantics allow, and otherwise fail with a
+// StoreError that names the operation and the server.
 //
 // Thread safety: calls on one TcpStore are serialized by a mutex; use one per thread for
 // parallelism.
@@ -13,13 +22,15 @@
 #include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <string_view>
 
 #include "rendezvous/store/store.h"
 
 namespace trun::rendezvous {
 
-// A lease (trun extension; needs a trun StoreServer, a PyTorch server closes the connection): a
+// A lease (trun extension; needs trun's StoreServer: other dialects fail with StoreError): a
 // notification bound to this client's connection. When the connection closes (the process died,
 // or the client was destroyed) or no lease call arrives for `ttl` (a partition, a hung process),
 // the server fires it once: if `a_key` is non-empty and missing it is set to `a_value`; otherwise
@@ -33,17 +44,44 @@ struct LeaseSpec {
   std::chrono::milliseconds ttl{0};  // 0: bound to the connection only
 };
 
+// Which server the client talks to, hence which wire dialect it speaks.
+enum class StoreDialect : uint8_t {
+  // Probe on the first connect (skipped when a token is set: only trun's server authenticates);
+  // later reconnects keep the answer.
+  kAuto,
+  // trun's StoreServer: PyTorch 2.x's protocol plus trun's extensions (server-side timeouts,
+  // leases, authentication). Every operation is native.
+  kTrun,
+  // PyTorch >= 2.2's server: VALIDATE handshake, 2.x numbering, no extensions. get/wait use
+  // WAIT with a client-side deadline and CANCEL_WAIT; leases are unavailable.
+  kTorch2,
+  // PyTorch 1.13's server: no handshake, 1.13 numbering, no APPEND/MULTI_*/CANCEL_WAIT/PING.
+  // get/wait use WAIT bounded by the client's deadline; a wait that times out leaves the
+  // connection out of step, so it is dropped (the next call reconnects). multi_get and
+  // multi_set are emulated with WAIT + GETs and SETs (not atomic: another client may see part
+  // of a multi_set); append and leases fail with StoreError.
+  kTorch1_13,
+};
+
+// "auto", "trun", "torch2", "torch1.13"; parse_store_dialect returns nullopt for anything else.
+const char* to_string(StoreDialect dialect);
+std::optional<StoreDialect> parse_store_dialect(std::string_view name);
+
 struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   uint16_t port = 29500;
   Store::Duration timeout = Store::kDefaultTimeout;            // each operation
-  Store::Duration connect_timeout = std::chrono::seconds(60);  // retrying included
-  std::string token;  // shared secret; empty: do not authenticate
+  Store::Duration connect_timeout = std::chrono::seconds(60);  // the first connect, retrying
+  // Retrying budget of a reconnect after a lost connection; min(connect_timeout, this) applies.
+  Store::Duration reconnect_timeout = std::chrono::seconds(5);
+  std::string token;  // shared secret (kTrun/kAuto only); empty: do not authenticate
+  StoreDialect dialect = StoreDialect::kAuto;
 };
 
 class TcpStore : public Store {
  public:
-  // Connects (with retries) before returning.
+  // Connects (with retries) before returning. Throws StoreError (StoreTimeoutError when
+  // connect_timeout passed), or std::invalid_argument for a token with a PyTorch dialect.
   explicit TcpStore(TcpStoreOptions options);
   ~TcpStore() override;
   TcpStore(const TcpStore&) = delete;
@@ -66,11 +104,13 @@ class TcpStore : public Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   void append(const std::string& key, std::string_view value) override;
-  // Round trip with the server; returns how long it took.
+  // Round trip with the server; returns how long it took. (PING on trun's server, GETNUMKEYS on
+  // PyTorch's.)
   Duration ping();
 
   // Leases (see LeaseSpec). They live on the current connection: after a transport failure the
-  // client reconnects without one, and lease_renew() reports false.
+  // client reconnects without one, and lease_renew() reports false. kTrun only: other dialects
+  // fail with StoreError.
   void lease_arm(const LeaseSpec& lease);
   // Restarts the lease's ttl (and changes it when `ttl` > 0). False when no lease is armed on this
   // connection any more (it lapsed and fired, or the connection was replaced).
@@ -84,6 +124,8 @@ class TcpStore : public Store {
   void interrupt();
 
   const std::string& endpoint() const { return endpoint_; }
+  // The dialect in use: never kAuto (the probe ran in the constructor).
+  StoreDialect dialect() const { return dialect_; }
 
  private:
   // Sends `request` and, when `reply` is given, lets it read the response; all under the
@@ -93,6 +135,13 @@ class TcpStore : public Store {
   auto call(const char* op, const std::string& request, Duration deadline, Reply reply);
   void call_no_reply(const char* op, const std::string& request);
   void connect_locked(const char* op);
+  // Opens and handshakes one connection in dialect_ (resolving kAuto); -1 with *error set when
+  // this attempt failed and may be retried.
+  int open_locked(const char* op, std::chrono::steady_clock::time_point deadline,
+                  std::string* error);
+  // WAIT without a server-side timeout (kTorch2, kTorch1_13); false when `timeout` passed.
+  bool plain_wait(const std::string& op, const std::vector<std::string>& keys, Duration timeout);
+  [[noreturn]] void unsupported(const char* op) const;
 
   TcpStoreOptions options_;
   std::string endpoint_;
@@ -100,6 +149,8 @@ class TcpStore : public Store {
   std::mutex fd_mu_;  // guards fd_ changes against interrupt(); taken inside mu_
   int fd_ = -1;
   bool interrupted_ = false;  // under fd_mu_
+  bool connected_once_ = false;
+  StoreDialect dialect_;
 };
 
 }  // namespace trun::rendezvous

@@ -199,3 +199,15 @@ TEST_CASE("TORCHELASTIC_USE_AGENT_STORE says whether rank 0 hosts the job's stor
   vars["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
   require_error_naming(vars, "TORCHELASTIC_USE_AGENT_STORE");
 }
+
+TEST_CASE("TRUN_STORE_DIALECT names the store's protocol; unset means probe", "[worker_sdk][env]") {
+  using trun::rendezvous::StoreDialect;
+  auto vars = full();
+  CHECK(parse(vars).store_dialect == StoreDialect::kAuto);
+  vars["TRUN_STORE_DIALECT"] = "torch1.13";
+  CHECK(parse(vars).store_dialect == StoreDialect::kTorch1_13);
+  vars["TRUN_STORE_DIALECT"] = "trun";
+  CHECK(parse(vars).store_dialect == StoreDialect::kTrun);
+  vars["TRUN_STORE_DIALECT"] = "torch1.12";
+  require_error_naming(vars, "TRUN_STORE_DIALECT");
+}

@@ -243,6 +243,8 @@ int main(int argc, char** argv) {
     Worker w = init(io);
     ProcessGroup& pg = w.process_group();
     std::printf("rank %d/%d backend %s\n", pg.rank(), pg.size(), pg.backend_description().c_str());
+    std::printf("rank %d store %s\n", pg.rank(),
+                w.env().use_agent_store ? "agent" : "hosted by rank 0");
     if (scenario == "matrix") {
       std::vector<size_t> sizes;
       for (int i = 2; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));

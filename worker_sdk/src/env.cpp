@@ -43,6 +43,14 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup) {
 
   if (const char* v = get(lookup, "TORCHELASTIC_ERROR_FILE")) env.error_file = v;
   if (const char* v = get(lookup, "TRUN_STORE_TOKEN")) env.store_token = v;
+  if (const char* v = get(lookup, "TRUN_STORE_DIALECT")) {
+    auto d = rendezvous::parse_store_dialect(v);
+    if (!d) {
+      throw EnvError(std::string("TRUN_STORE_DIALECT='") + v +
+                     "': expected auto, trun, torch2 or torch1.13");
+    }
+    env.store_dialect = *d;
+  }
   if (!first_set) return env;  // standalone: a world of size 1
 
   for (const char* n : kCore)

@@ -37,6 +37,9 @@ Worker init(const InitOptions& options) {
     so.timeout = options.timeout;
     so.connect_timeout = options.timeout;
     so.token = w.env_.store_token;
+    // The store rank 0 hosts is trun's; the agent's may be trun's or a foreign torchrun's
+    // (PyTorch 1.13 or 2.x), which the probe tells apart.
+    so.dialect = w.env_.use_agent_store ? w.env_.store_dialect : rendezvous::StoreDialect::kTrun;
     auto base = std::make_shared<rendezvous::TcpStore>(so);
     w.store_ = std::make_shared<rendezvous::PrefixStore>("trun/worker/" + w.env_.run_id, base);
   }

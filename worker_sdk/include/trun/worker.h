@@ -8,7 +8,9 @@
 // Environment (set by the agent, as torchrun does): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 // (the agent's store), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,
 // ROLE_NAME, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID, TORCHELASTIC_ERROR_FILE, and
-// TRUN_STORE_TOKEN when the store requires authentication. With none of RANK, WORLD_SIZE,
+// TRUN_STORE_TOKEN when the store requires authentication. TRUN_STORE_DIALECT (auto, trun,
+// torch2, torch1.13; default auto) names the store's protocol when the probe should be skipped
+// (docs/worker_sdk.md); the agent does not set it. With none of RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT set, the worker is a world of size 1 (logged once on stderr). With
 // some set but not all, or a malformed value, init throws EnvError naming the variable.
 //
@@ -22,6 +24,7 @@
 #include <string>
 
 #include "rendezvous/store/store.h"
+#include "rendezvous/store/tcp_store.h"
 #include "trun/process_group.h"
 
 namespace trun::worker {
@@ -54,6 +57,10 @@ struct WorkerEnv {
   // "False" (torchrun's c10d backend) means rank 0 hosts the job's store on MASTER_PORT, as
   // PyTorch's env:// initialization does, and the other ranks connect to it.
   bool use_agent_store = true;
+  // TRUN_STORE_DIALECT: how to talk to MASTER_ADDR/PORT's store. kAuto probes on connect: trun's
+  // agent store, PyTorch 2.x's and PyTorch 1.13's (a foreign torchrun's agent store) all work.
+  // Ignored when rank 0 hosts the store itself (use_agent_store false): that store is trun's.
+  rendezvous::StoreDialect store_dialect = rendezvous::StoreDialect::kAuto;
 
   // Reads the process environment. Throws EnvError.
   static WorkerEnv from_environment();

@@ -1,0 +1,84 @@
+// A TcpStore whose server went away: the call that finds the connection closed fails, and the
+// next one (a reconnect) fails after the short reconnect budget, not the whole connect_timeout,
+// with a message naming the endpoint. A server that comes back is found again.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <thread>
+
+#include "rendezvous/store/server.h"
+#include "rendezvous/store/tcp_store.h"
+
+using namespace trun::rendezvous;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+StoreServerOptions loopback(uint16_t port = 0) {
+  StoreServerOptions o;
+  o.host = "127.0.0.1";
+  o.port = port;
+  return o;
+}
+
+// Calls until one fails with StoreError (the first may still find the closed connection's data
+// path open) and returns that error; bounded to a few calls.
+std::string next_failure(TcpStore& store) {
+  for (int i = 0; i < 3; ++i) {
+    try {
+      store.num_keys();
+    } catch (const StoreError& e) {
+      return e.what();
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a client whose store stopped fails promptly on reconnect, naming the endpoint",
+          "[store][reconnect]") {
+  auto server = StoreServer::start(loopback());
+  const uint16_t port = server->port();
+  TcpStoreOptions o;
+  o.port = port;
+  o.timeout = 60s;
+  o.connect_timeout = 60s;  // the first connect's budget; a reconnect must not use it
+  SECTION("default reconnect budget") {}
+  SECTION("a configured reconnect budget") { o.reconnect_timeout = 1s; }
+  TcpStore store(o);
+  store.set("k", "v");
+  CHECK(store.get("k") == "v");
+  server->stop();
+  server.reset();
+
+  // The call that finds the connection closed fails at once.
+  std::string first = next_failure(store);
+  REQUIRE_FALSE(first.empty());
+  CHECK(first.find(store.endpoint()) != std::string::npos);
+
+  // The next call reconnects, within the reconnect budget only.
+  auto t0 = Clock::now();
+  bool timeout_error = false;
+  std::string msg;
+  try {
+    store.get("k", 1s);
+  } catch (const StoreTimeoutError& e) {
+    timeout_error = true;
+    msg = e.what();
+  } catch (const StoreError& e) {
+    msg = e.what();
+  }
+  auto took = Clock::now() - t0;
+  INFO(msg);
+  CHECK_FALSE(timeout_error);  // not "the key is late": the server is gone
+  CHECK(msg.find("store 127.0.0.1:" + std::to_string(port)) != std::string::npos);
+  CHECK(msg.find("reconnecting failed") != std::string::npos);
+  CHECK(took < 20s);  // generous; the budget is 5 s (or 1 s), the connect_timeout 60 s
+
+  // A server back on the same port is found by the next call.
+  auto again = StoreServer::start(loopback(port));
+  store.set("k2", "v2");
+  CHECK(store.get("k2") == "v2");
+}
