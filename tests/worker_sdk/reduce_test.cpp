@@ -92,13 +92,20 @@ TEST_CASE("reduce_n folds sources in rank order into every destination", "[worke
       std::vector<int32_t> out(n, -1);
       std::vector<const void*> srcs;
       for (auto& v : src) srcs.push_back(v.data());
-      void* dsts[2] = {out.data(), src[nsrc - 1].data()};  // the second aliases the last source
-      std::vector<int32_t> saved_last = src[nsrc - 1];
-      reduce_n(dsts, 2, srcs.data(), nsrc, n, DataType::kInt32, ReduceOp::kSum);
-      CHECK(out == want_sum);
-      CHECK(src[nsrc - 1] == want_sum);
-      src[nsrc - 1] = saved_last;
-      reduce_n(dsts, 1, srcs.data(), nsrc, n, DataType::kInt32, ReduceOp::kMax);
+      // The first destination is one of the sources (the first or the last), as in an in-place
+      // allreduce; the second is separate.
+      for (int alias : {0, nsrc - 1}) {
+        INFO("first destination aliases source " << alias);
+        std::vector<int32_t> saved = src[alias];
+        std::fill(out.begin(), out.end(), -1);
+        void* dsts[2] = {src[alias].data(), out.data()};
+        reduce_n(dsts, 2, srcs.data(), nsrc, n, DataType::kInt32, ReduceOp::kSum);
+        CHECK(out == want_sum);
+        CHECK(src[alias] == want_sum);
+        src[alias] = saved;
+      }
+      void* only = out.data();
+      reduce_n(&only, 1, srcs.data(), nsrc, n, DataType::kInt32, ReduceOp::kMax);
       CHECK(out == want_max);
     }
   }

@@ -196,8 +196,9 @@ void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, si
               DataType dtype, ReduceOp op) {
   if (nsrc < 1) throw std::invalid_argument("reduce_n: no sources");
   const size_t es = dtype_size(dtype);
-  // Accumulate a block in a stack buffer that stays in L1, then store it to every destination:
-  // a destination aliasing a source is only written after the block's last read of it.
+  // Per L1-sized block: fold all sources but the last into a stack buffer, then the last fold
+  // writes dsts[0] directly and the other destinations copy that block (still in L1). A
+  // destination aliasing a source is written only after the block's last read of it.
   constexpr size_t kBlockBytes = 8192;
   alignas(64) unsigned char acc[kBlockBytes];
   const size_t block = kBlockBytes / es;
@@ -205,14 +206,19 @@ void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, si
     const size_t m = std::min(block, n - i);
     const size_t off = i * es;
     auto src = [&](int j) { return static_cast<const unsigned char*>(srcs[j]) + off; };
+    auto dst = [&](int d) { return static_cast<unsigned char*>(dsts[d]) + off; };
     if (nsrc == 1) {
-      copy_bytes(acc, src(0), m * es);
+      copy_bytes(dst(0), src(0), m * es);
     } else {
-      reduce3(acc, src(0), src(1), m, dtype, op);
-      for (int j = 2; j < nsrc; ++j) reduce3(acc, acc, src(j), m, dtype, op);
+      const void* folded = src(0);
+      if (nsrc > 2) {
+        reduce3(acc, src(0), src(1), m, dtype, op);
+        for (int j = 2; j < nsrc - 1; ++j) reduce3(acc, acc, src(j), m, dtype, op);
+        folded = acc;
+      }
+      reduce3(dst(0), folded, src(nsrc > 2 ? nsrc - 1 : 1), m, dtype, op);
     }
-    for (int d = 0; d < ndst; ++d)
-      copy_bytes(static_cast<unsigned char*>(dsts[d]) + off, acc, m * es);
+    for (int d = 1; d < ndst; ++d) copy_bytes(dst(d), dst(0), m * es);
   }
 }
 

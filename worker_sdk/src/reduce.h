@@ -15,7 +15,8 @@ void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, 
 // dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[nsrc-1][i], in that order, written to each
 // of the `ndst` destinations. One pass over the sources in L1-sized blocks: reducing n inputs
 // costs reading them once and writing each destination once (reduce3 in a loop would read and
-// write the accumulator n-1 times). A destination may alias a source. nsrc >= 1.
+// write the accumulator n-1 times). dsts[0] may be a source (the same address); the other
+// destinations must not overlap any source. nsrc >= 1.
 void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t n,
               DataType dtype, ReduceOp op);
 

@@ -553,7 +553,7 @@ void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, D
       // store the result both in my buffer and where my peers will copy it from.
       char* dst = buf + (off + me_ * per) * es;
       for (int j = 0; j < n_; ++j) srcs_[j] = j == me_ ? dst : slot(j) + me_ * slice_bytes;
-      void* dsts[2] = {dst, mine + me_ * slice_bytes};
+      void* dsts[2] = {dst, mine + me_ * slice_bytes};  // dst is a source too: first
       reduce_n(dsts, 2, srcs_.data(), n_, len, dtype, op);
     }
     arrive_and_wait(deadline, "allreduce");
