@@ -50,6 +50,33 @@ void native(void* dst, const void* a, const void* b, size_t n) {
   for (size_t i = 0; i < n; ++i) d[i] = Op::apply(x[i], y[i]);
 }
 
+#if defined(__x86_64__)
+// The same loop compiled for AVX2 (8 floats per instruction instead of SSE2's 4), chosen at run
+// time.
+template <typename T, typename Op>
+__attribute__((target("avx2"))) void native_avx2(void* dst, const void* a, const void* b,
+                                                 size_t n) {
+  T* d = static_cast<T*>(dst);
+  const T* x = static_cast<const T*>(a);
+  const T* y = static_cast<const T*>(b);
+  for (size_t i = 0; i < n; ++i) d[i] = Op::apply(x[i], y[i]);
+}
+
+template <typename T, typename Op>
+void native_best(void* dst, const void* a, const void* b, size_t n) {
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2)
+    native_avx2<T, Op>(dst, a, b, n);
+  else
+    native<T, Op>(dst, a, b, n);
+}
+#else
+template <typename T, typename Op>
+void native_best(void* dst, const void* a, const void* b, size_t n) {
+  native<T, Op>(dst, a, b, n);
+}
+#endif
+
 template <float (*ToF)(uint16_t), uint16_t (*FromF)(float), typename Op>
 void half_like(void* dst, const void* a, const void* b, size_t n) {
   uint16_t* d = static_cast<uint16_t*>(dst);
@@ -62,13 +89,13 @@ template <typename Op>
 void dispatch(void* dst, const void* a, const void* b, size_t n, DataType dtype) {
   switch (dtype) {
     case DataType::kFloat32:
-      return native<float, Op>(dst, a, b, n);
+      return native_best<float, Op>(dst, a, b, n);
     case DataType::kFloat64:
-      return native<double, Op>(dst, a, b, n);
+      return native_best<double, Op>(dst, a, b, n);
     case DataType::kInt32:
-      return native<int32_t, Op>(dst, a, b, n);
+      return native_best<int32_t, Op>(dst, a, b, n);
     case DataType::kInt64:
-      return native<int64_t, Op>(dst, a, b, n);
+      return native_best<int64_t, Op>(dst, a, b, n);
     case DataType::kFloat16:
       return half_like<half_to_float, float_to_half, Op>(dst, a, b, n);
     case DataType::kBFloat16:
