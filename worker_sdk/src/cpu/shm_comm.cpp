@@ -388,6 +388,8 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   // spinning rank steals the core its peer needs.
   spin_limit_ = (cpus >= static_cast<unsigned>(n_)) ? 1000 : 64;
   if (const char* v = std::getenv("TRUN_SHM_SPIN")) spin_limit_ = std::atoi(v);  // tuning
+  if (const char* v = std::getenv("TRUN_SHM_YIELD_US"))                          // tuning
+    yield_for_ = std::chrono::microseconds(std::atoi(v));
 
   // Everyone mapped (and wrote its pid): wait with the usual barrier machinery.
   try {
@@ -461,6 +463,7 @@ void ShmComm::wait_for_all(uint32_t target, Deadline deadline, const char* what)
   int spins = 0;
   int next = 0;  // first rank not yet known to have arrived
   auto last_check = Clock::now();
+  Clock::time_point yield_until{};
   for (;;) {
     while (next < n_ &&
            static_cast<int32_t>(hdr_->ranks[next].arrived.load(std::memory_order_acquire) -
@@ -485,6 +488,14 @@ void ShmComm::wait_for_all(uint32_t target, Deadline deadline, const char* what)
     if (now - last_check >= std::chrono::milliseconds(20)) {
       last_check = now;
       check_peers_alive(what);
+    }
+    // Then yield the core for a while before sleeping: the peers we wait for are often queued
+    // behind us on this very core (more ranks than cores), and a yield hands it to them at once
+    // with no futex round trip. Long waits (a peer still computing) end up on the futex.
+    if (yield_until == Clock::time_point{}) yield_until = now + yield_for_;
+    if (now < yield_until) {
+      ::sched_yield();
+      continue;
     }
     hdr_->waiters.fetch_add(1);
     uint32_t w = hdr_->wake.load();

@@ -14,7 +14,9 @@
 // barriers per round. Slots are small (a few MiB for the whole segment) so that a round's data
 // stays in the last-level cache.
 //
-// Barriers spin briefly, then sleep on a futex in the segment. While waiting, a rank checks the
+// Barriers spin briefly, then yield the core (sched_yield) for up to 2 ms (with more ranks than
+// cores, the peers being waited for are often queued on this core), then sleep on a futex in the
+// segment that the rank completing the barrier wakes. While waiting, a rank checks the
 // deadline, the segment's abort flag and (pidfd) whether its peers are still alive: a peer that
 // died, aborted or timed out makes every rank of the node fail instead of waiting.
 //
@@ -85,6 +87,7 @@ class ShmComm {
   char* data_ = nullptr;
   uint32_t seq_ = 0;
   int spin_limit_ = 0;
+  Clock::duration yield_for_ = std::chrono::milliseconds(2);  // sched_yield phase of a wait
   std::vector<int> pidfds_;  // per local rank; -1 for self or when unavailable
   std::vector<int> pids_;
   std::vector<const void*> srcs_;  // scratch for the reduce step
