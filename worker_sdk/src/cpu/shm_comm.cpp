@@ -148,8 +148,9 @@ class FdServer {
   // Hands `segment_fd` to `peers` connections that show the secret, or throws at the deadline.
   void serve(int segment_fd, int peers, Deadline deadline) {
     int served = 0;
-    for (int attempts = 0; served < peers; ++attempts) {
-      if (Clock::now() >= deadline || attempts > 64 * peers)
+    // Bounded by the deadline: each pass waits at most a second or serves one connection.
+    while (served < peers) {
+      if (Clock::now() >= deadline)
         throw CollectiveTimeoutError(
             "shared memory setup timed out on local rank 0: " + std::to_string(served) + " of " +
             std::to_string(peers) +
