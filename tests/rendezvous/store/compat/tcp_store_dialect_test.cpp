@@ -17,6 +17,7 @@
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
 #include "tests/rendezvous/store/compat/child_process.h"
+#include "tests/rendezvous/store/compat/torch_server.h"
 
 namespace {
 
@@ -25,28 +26,8 @@ using namespace trun::rendezvous;
 using trun::test::ChildProcess;
 using Clock = std::chrono::steady_clock;
 
-const std::string kPython = "/usr/bin/python3";
-const std::string kScript = TRUN_SOURCE_DIR "/tests/rendezvous/store/compat/torch_store_ops.py";
-
-std::string torch_missing() {
-  if (access(kPython.c_str(), X_OK) != 0) return kPython + " does not exist";
-  if (access("/usr/lib/python3/dist-packages/torch/distributed/__init__.py", R_OK) != 0) {
-    return "python3-torch (PyTorch 1.13 for " + kPython + ") is not installed";
-  }
-  return "";
-}
-
-// PyTorch 1.13's own TCPStore server, in a Python process of its own.
-struct TorchServer {
-  TorchServer() : process({kPython, kScript, "serve"}) {
-    std::string line;
-    REQUIRE(process.read_line(&line, 60s));
-    REQUIRE(line.rfind("PORT ", 0) == 0);
-    port = static_cast<uint16_t>(std::stoi(line.substr(5)));
-  }
-  ChildProcess process;
-  uint16_t port = 0;
-};
+using trun::test::torch_missing;
+using trun::test::TorchServer;
 
 std::unique_ptr<TcpStore> client(uint16_t port, StoreDialect dialect) {
   TcpStoreOptions o;

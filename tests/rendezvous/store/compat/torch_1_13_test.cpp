@@ -18,6 +18,7 @@
 
 #include "rendezvous/store/server.h"
 #include "tests/rendezvous/store/compat/child_process.h"
+#include "tests/rendezvous/store/compat/torch_server.h"
 
 namespace {
 
@@ -26,17 +27,10 @@ using trun::rendezvous::StoreServer;
 using trun::rendezvous::StoreServerOptions;
 using trun::test::ChildProcess;
 
-const std::string kPython = "/usr/bin/python3";
-const std::string kScript = TRUN_SOURCE_DIR "/tests/rendezvous/store/compat/torch_store_ops.py";
-
-// Why PyTorch 1.13 cannot be used here, or empty when it can.
-std::string torch_missing() {
-  if (access(kPython.c_str(), X_OK) != 0) return kPython + " does not exist";
-  if (access("/usr/lib/python3/dist-packages/torch/distributed/__init__.py", R_OK) != 0) {
-    return "python3-torch (PyTorch 1.13 for " + kPython + ") is not installed";
-  }
-  return "";
-}
+using trun::test::torch_missing;
+using trun::test::TorchServer;
+const std::string& kPython = trun::test::kTorchPython;
+const std::string& kScript = trun::test::kTorchStoreOps;
 
 std::vector<std::string> split_lines(const std::string& s) {
   std::vector<std::string> lines;
@@ -44,18 +38,6 @@ std::vector<std::string> split_lines(const std::string& s) {
   for (std::string line; std::getline(in, line);) lines.push_back(line);
   return lines;
 }
-
-// PyTorch's own server, in a Python process of its own.
-struct TorchServer {
-  TorchServer() : process({kPython, kScript, "serve"}) {
-    std::string line;
-    REQUIRE(process.read_line(&line, 60s));
-    REQUIRE(line.rfind("PORT ", 0) == 0);
-    port = std::stoi(line.substr(5));
-  }
-  ChildProcess process;
-  int port = 0;
-};
 
 // `trun store --port 0` from this build.
 struct TrunStoreBinary {
