@@ -2,7 +2,7 @@
 // trun::worker::init() and runs one scenario, checking results against a serial reference.
 //
 //   pg_worker matrix [size...]   every op x dtype x size; exit 0 when all match
-//   pg_worker big                a few 64 MiB collectives
+//   pg_worker big                every collective x dtype on 64 MiB buffers
 //   pg_worker stall <victim> <timeout_ms>
 //                                the victim never joins; the others must time out (exit 10)
 //   pg_worker loop               allreduce until failure, printing READY after the first;
@@ -184,31 +184,66 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
   }
 }
 
+// n elements of dt whose element i is f(i % 29): every value in these tests repeats every 29
+// elements, so a 64 MiB buffer is 29 computed elements and doubling copies.
+template <typename F>
+std::vector<char> periodic(size_t n, DataType dt, F f) {
+  const size_t es = dtype_size(dt);
+  auto buf = make(n, dt);
+  const size_t period = std::min<size_t>(29, n);
+  for (size_t i = 0; i < period; ++i) store(buf.data(), i, dt, f(i));
+  for (size_t done = period; done < n;) {
+    const size_t c = std::min(done, n - done);
+    std::memcpy(buf.data() + done * es, buf.data(), c * es);
+    done += c;
+  }
+  return buf;
+}
+
+// Every operation x dtype on 64 MiB buffers (n = 64 MiB / element size), against the reference.
 void run_big(ProcessGroup& pg) {
   const int world = pg.size(), rank = pg.rank();
-  const DataType dt = DataType::kFloat32;
-  const size_t n = (64u << 20) / 4;  // 64 MiB of float32
-  {
-    auto buf = make(n, dt), want = make(n, dt);
-    fill(buf, n, dt, rank);
-    for (size_t i = 0; i < n; ++i)
-      store(want.data(), i, dt, reduce_ref(world, i, dt, ReduceOp::kSum));
-    pg.allreduce(buf.data(), n, dt);
-    check(label("allreduce", dt, n), buf, want, n, dt);
-  }
-  {
-    const size_t per = n / world;  // 64 MiB in, 64 MiB / world out
-    auto send = make(per * world, dt), recv = make(per, dt), want = make(per, dt);
-    fill(send, per * world, dt, rank);
-    for (size_t i = 0; i < per; ++i)
-      store(want.data(), i, dt, reduce_ref(world, rank * per + i, dt, ReduceOp::kSum));
-    pg.reduce_scatter(send.data(), recv.data(), per, dt);
-    check(label("reduce_scatter", dt, per), recv, want, per, dt);
-    auto all = make(per * world, dt), want_all = make(per * world, dt);
-    pg.allgather(recv.data(), all.data(), per, dt);
-    for (size_t i = 0; i < per * world; ++i)
-      store(want_all.data(), i, dt, reduce_ref(world, i, dt, ReduceOp::kSum));
-    check(label("allgather", dt, per), all, want_all, per * world, dt);
+  for (DataType dt : kDtypes) {
+    const size_t n = (64u << 20) / dtype_size(dt);
+    auto mine = [&](size_t base) {
+      return [&, base](size_t i) { return static_cast<double>(value(rank, base + i)); };
+    };
+    for (ReduceOp op : kOps) {
+      auto buf = periodic(n, dt, mine(0));
+      auto want = periodic(n, dt, [&](size_t i) { return reduce_ref(world, i, dt, op); });
+      pg.allreduce(buf.data(), n, dt, op);
+      check(label("allreduce", dt, n, reduce_op_name(op)), buf, want, n, dt);
+    }
+    {
+      const int root = world - 1;
+      auto buf = periodic(n, dt, mine(0));
+      auto want = periodic(n, dt, [&](size_t i) { return static_cast<double>(value(root, i)); });
+      pg.broadcast(buf.data(), n, dt, root);
+      check(label("broadcast", dt, n), buf, want, n, dt);
+    }
+    const size_t per = n / world;  // 64 MiB in (all ranks together), 64 MiB out
+    {
+      auto send = periodic(per, dt, mine(0));
+      auto recv = make(per * world, dt), want = make(per * world, dt);
+      for (int r = 0; r < world; ++r) {
+        auto block = periodic(per, dt, [&](size_t i) { return static_cast<double>(value(r, i)); });
+        std::memcpy(want.data() + r * per * dtype_size(dt), block.data(), per * dtype_size(dt));
+      }
+      pg.allgather(send.data(), recv.data(), per, dt);
+      check(label("allgather", dt, per), recv, want, per * world, dt);
+    }
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
+      auto send = make(per * world, dt);
+      for (int d = 0; d < world; ++d) {
+        auto block = periodic(per, dt, mine(d * per));
+        std::memcpy(send.data() + d * per * dtype_size(dt), block.data(), per * dtype_size(dt));
+      }
+      auto want =
+          periodic(per, dt, [&](size_t i) { return reduce_ref(world, rank * per + i, dt, op); });
+      auto recv = make(per, dt);
+      pg.reduce_scatter(send.data(), recv.data(), per, dt, op);
+      check(label("reduce_scatter", dt, per, reduce_op_name(op)), recv, want, per, dt);
+    }
   }
 }
 
