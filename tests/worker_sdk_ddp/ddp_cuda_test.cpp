@@ -1,5 +1,5 @@
 // DDP on CUDA parameters with the NCCL backend. Without a GPU (this machine) only the checks that
-// need none run; scripts/gpu-check-ddp.sh runs the "GPU:" cases on a GPU machine: world size 1
+// need none run; scripts/gpu-check.sh runs the "GPU:" cases on a GPU machine: world size 1
 // on one device, and 2 ranks as threads when two devices are visible.
 
 #include <catch2/catch.hpp>
@@ -100,7 +100,7 @@ std::string rank_checks(ProcessGroup& pg) {
 
 TEST_CASE("GPU: DDP on device buffers, world size 1", "[ddp][cuda][gpu]") {
   if (!nccl_available()) {
-    WARN("skipped: no CUDA device visible (scripts/gpu-check-ddp.sh runs this on a GPU machine)");
+    WARN("skipped: no CUDA device visible (scripts/gpu-check.sh runs this on a GPU machine)");
     return;
   }
   ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
