@@ -113,6 +113,28 @@ TEST_CASE("reduce_n folds sources in rank order into every destination", "[worke
                   std::invalid_argument);
 }
 
+TEST_CASE("reduce_n is exact whatever the destination's alignment", "[worker_sdk][reduce]") {
+  // Every start offset within a cache line, with the in-place destination and a separate one.
+  const size_t n = 5000;
+  for (size_t shift = 0; shift < 16; ++shift) {
+    std::vector<int32_t> a(n + 16), b(n + 16), c(n + 16), out(n + 16, 0);
+    for (size_t i = 0; i < a.size(); ++i) {
+      a[i] = static_cast<int32_t>(i % 97);
+      b[i] = static_cast<int32_t>(i % 89) * 3;
+      c[i] = -static_cast<int32_t>(i % 83);
+    }
+    std::vector<int32_t> want(n);
+    for (size_t i = 0; i < n; ++i) want[i] = a[shift + i] + b[shift + i] + c[shift + i];
+    const void* srcs[3] = {a.data() + shift, b.data() + shift, c.data() + shift};
+    void* dsts[2] = {b.data() + shift, out.data() + shift};
+    reduce_n(dsts, 2, srcs, 3, n, DataType::kInt32, ReduceOp::kSum);
+    INFO("shift " << shift);
+    REQUIRE(std::equal(want.begin(), want.end(), b.begin() + shift));
+    REQUIRE(std::equal(want.begin(), want.end(), out.begin() + shift));
+    REQUIRE(out[shift + n] == 0);  // nothing written past the end
+  }
+}
+
 TEST_CASE("copy_bytes copies every length and alignment exactly", "[worker_sdk][reduce]") {
   std::vector<unsigned char> src(6000), dst(6000);
   for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 13 + 5);
