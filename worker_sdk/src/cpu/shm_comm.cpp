@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "rendezvous/shm_names.h"
+#include "rendezvous/store/auth.h"
 #include "worker_sdk/src/reduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -175,7 +176,7 @@ class FdServer {
     set_socket_timeout(c, deadline, std::chrono::seconds(5));
     char got[kSecretHex];
     if (::recv(c, got, sizeof got, MSG_WAITALL) != static_cast<ssize_t>(sizeof got) ||
-        std::memcmp(got, secret_.data(), kSecretHex) != 0)
+        !rendezvous::auth::constant_time_equal(std::string_view(got, sizeof got), secret_))
       return false;
     FdMessage m('F');
     cmsghdr* cm = CMSG_FIRSTHDR(&m.msg);
