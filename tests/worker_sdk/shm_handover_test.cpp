@@ -58,24 +58,28 @@ bool ask_for_fd(const std::string& address, const std::string& hello) {
   return have_fd;
 }
 
+// Two local ranks sharing `store`; rank and tag as given.
+ShmOptions pair_options(trun::rendezvous::Store& store, int local_rank, const std::string& tag) {
+  ShmOptions o;
+  o.store = &store;
+  o.local_size = 2;
+  o.local_rank = local_rank;
+  o.tag = tag;
+  return o;
+}
+
 }  // namespace
 
 TEST_CASE("the shared-memory segment goes only to a peer that shows the store's secret",
           "[worker_sdk][shm]") {
   trun::rendezvous::InMemoryStore store;
-  ShmOptions o;
-  o.store = &store;
-  o.local_size = 2;
-  o.tag = "handover-test";
   const Deadline deadline = Clock::now() + 60s;
 
   std::unique_ptr<ShmComm> rank0;
   std::exception_ptr rank0_error;
   std::thread creator([&] {
     try {
-      ShmOptions mine = o;
-      mine.local_rank = 0;
-      rank0 = std::make_unique<ShmComm>(mine, deadline);
+      rank0 = std::make_unique<ShmComm>(pair_options(store, 0, "handover-test"), deadline);
     } catch (...) {
       rank0_error = std::current_exception();
     }
@@ -96,10 +100,9 @@ TEST_CASE("the shared-memory segment goes only to a peer that shows the store's 
   CHECK_FALSE(ask_for_fd(address, ""));
 
   // The real peer still gets it, and the two ranks then work as a group.
-  ShmOptions peer = o;
-  peer.local_rank = 1;
   std::unique_ptr<ShmComm> rank1;
-  REQUIRE_NOTHROW(rank1 = std::make_unique<ShmComm>(peer, deadline));
+  REQUIRE_NOTHROW(rank1 =
+                      std::make_unique<ShmComm>(pair_options(store, 1, "handover-test"), deadline));
   creator.join();
   if (rank0_error) std::rethrow_exception(rank0_error);
   REQUIRE(rank0);
@@ -119,12 +122,8 @@ TEST_CASE("the shared-memory segment goes only to a peer that shows the store's 
 TEST_CASE("local rank 0 gives up at the deadline when a peer never fetches the segment",
           "[worker_sdk][shm]") {
   trun::rendezvous::InMemoryStore store;
-  ShmOptions o;
-  o.store = &store;
-  o.local_size = 2;
-  o.local_rank = 0;
-  o.tag = "handover-timeout";
   auto start = Clock::now();
-  CHECK_THROWS_AS(ShmComm(o, Clock::now() + 1s), CollectiveTimeoutError);
+  CHECK_THROWS_AS(ShmComm(pair_options(store, 0, "handover-timeout"), Clock::now() + 1s),
+                  CollectiveTimeoutError);
   CHECK(Clock::now() - start < 30s);
 }
