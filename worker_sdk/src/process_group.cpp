@@ -144,41 +144,79 @@ struct ProcessGroup::Impl {
   std::atomic<bool> broken{false};
   std::thread thread;
 
+  bool executing = false;  // a task or an inline collective is running (under mu)
+
   void loop() {
     for (;;) {
       Task task;
+      std::string cause;
       {
         std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return stopping || !queue.empty(); });
+        cv.wait(lock, [&] { return !executing && (stopping || !queue.empty()); });
         if (queue.empty()) return;
         task = std::move(queue.front());
         queue.pop_front();
-      }
-      std::string cause;
-      {
-        std::lock_guard<std::mutex> lock(mu);
+        executing = true;
         cause = broken_cause;
       }
-      if (!cause.empty()) {
-        task.state->finish(std::make_exception_ptr(
-            CollectiveError(task.state->what + " on rank " + std::to_string(options.rank) +
-                            ": the process group is broken: " + cause)));
-        continue;
+      task.state->finish(cause.empty()
+                             ? execute(task.state->what, task.run, Clock::now() + task.timeout)
+                             : broken_error(task.state->what, cause));
+      {
+        std::lock_guard<std::mutex> lock(mu);
+        executing = false;
       }
-      try {
-        task.run(Clock::now() + task.timeout);
-        task.state->finish(nullptr);
-      } catch (const CollectiveError& e) {
-        mark_broken(e.what());
-        task.state->finish(std::current_exception());
-      } catch (const std::exception& e) {
-        // Store errors and the like: same contract for the caller.
-        std::string msg =
-            task.state->what + " on rank " + std::to_string(options.rank) + " failed: " + e.what();
-        mark_broken(msg);
-        task.state->finish(std::make_exception_ptr(CollectiveError(msg)));
-      }
+      cv.notify_all();
     }
+  }
+
+  // Runs one collective; its failure as the caller sees it (nullptr: success).
+  std::exception_ptr execute(const std::string& what, const std::function<void(Deadline)>& run,
+                             Deadline deadline) {
+    try {
+      run(deadline);
+      return nullptr;
+    } catch (const CollectiveError& e) {
+      mark_broken(e.what());
+      return std::current_exception();
+    } catch (const std::exception& e) {
+      // Store errors and the like: same contract for the caller.
+      std::string msg = what + " on rank " + std::to_string(options.rank) + " failed: " + e.what();
+      mark_broken(msg);
+      return std::make_exception_ptr(CollectiveError(msg));
+    }
+  }
+
+  std::exception_ptr broken_error(const std::string& what, const std::string& cause) const {
+    return std::make_exception_ptr(CollectiveError(what + " on rank " +
+                                                   std::to_string(options.rank) +
+                                                   ": the process group is broken: " + cause));
+  }
+
+  // A blocking collective: run on the calling thread when nothing is queued or running (no
+  // hand-off to the communication thread and back: tens of microseconds on small buffers),
+  // else queued behind the work in flight, in order.
+  void run_now(std::string what, Timeout timeout, std::function<void(Deadline)> run) {
+    if (timeout.count() <= 0) timeout = options.timeout;
+    std::string cause;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      if (executing || !queue.empty()) {
+        lock.unlock();
+        submit(std::move(what), timeout, std::move(run)).wait();
+        return;
+      }
+      executing = true;
+      cause = broken_cause;
+    }
+    std::exception_ptr error =
+        cause.empty() ? execute(what, run, Clock::now() + timeout) : broken_error(what, cause);
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      executing = false;
+    }
+    cv.notify_all();
+    if (error) std::rethrow_exception(error);
   }
 
   void mark_broken(const std::string& cause) {
@@ -258,61 +296,115 @@ ProcessGroup::~ProcessGroup() {
   if (impl_->thread.joinable()) impl_->thread.join();
 }
 
-Work ProcessGroup::allreduce_async(void* data, size_t count, DataType dtype, ReduceOp op,
-                                   Timeout timeout) {
+// What each collective runs, validated; shared by the blocking and the asynchronous forms.
+namespace {
+
+struct Call {
+  std::string what;
+  std::function<void(Deadline)> run;
+};
+
+Call allreduce_call(detail::BackendImpl* b, void* data, size_t count, DataType dtype, ReduceOp op) {
   check_dtype(dtype);
   check_op(op);
   check_buffer(data, count, "allreduce");
-  auto* b = impl_->backend.get();
-  return impl_->submit(std::string("allreduce(") + dtype_name(dtype) + ", " +
-                           std::to_string(count) + ", " + reduce_op_name(op) + ")",
-                       timeout, [=](Deadline d) { b->allreduce(data, count, dtype, op, d); });
+  return {std::string("allreduce(") + dtype_name(dtype) + ", " + std::to_string(count) + ", " +
+              reduce_op_name(op) + ")",
+          [=](Deadline d) { b->allreduce(data, count, dtype, op, d); }};
 }
 
-Work ProcessGroup::broadcast_async(void* data, size_t count, DataType dtype, int root,
-                                   Timeout timeout) {
+Call broadcast_call(detail::BackendImpl* b, int world, void* data, size_t count, DataType dtype,
+                    int root) {
   check_dtype(dtype);
   check_buffer(data, count, "broadcast");
-  if (root < 0 || root >= size())
+  if (root < 0 || root >= world)
     throw std::invalid_argument("broadcast: root " + std::to_string(root) + " is outside [0, " +
-                                std::to_string(size()) + ")");
-  auto* b = impl_->backend.get();
-  return impl_->submit(std::string("broadcast(") + dtype_name(dtype) + ", " +
-                           std::to_string(count) + ", root " + std::to_string(root) + ")",
-                       timeout, [=](Deadline d) { b->broadcast(data, count, dtype, root, d); });
+                                std::to_string(world) + ")");
+  return {std::string("broadcast(") + dtype_name(dtype) + ", " + std::to_string(count) + ", root " +
+              std::to_string(root) + ")",
+          [=](Deadline d) { b->broadcast(data, count, dtype, root, d); }};
 }
 
-Work ProcessGroup::allgather_async(const void* send, void* recv, size_t count, DataType dtype,
-                                   Timeout timeout) {
+Call allgather_call(detail::BackendImpl* b, int world, const void* send, void* recv, size_t count,
+                    DataType dtype) {
   check_dtype(dtype);
   check_buffer(send, count, "allgather");
   check_buffer(recv, count, "allgather");
   const size_t es = dtype_size(dtype);
-  check_no_overlap(send, count * es, recv, count * es * size(), "allgather");
-  auto* b = impl_->backend.get();
-  return impl_->submit(
-      std::string("allgather(") + dtype_name(dtype) + ", " + std::to_string(count) + ")", timeout,
-      [=](Deadline d) { b->allgather(send, recv, count, dtype, d); });
+  check_no_overlap(send, count * es, recv, count * es * world, "allgather");
+  return {std::string("allgather(") + dtype_name(dtype) + ", " + std::to_string(count) + ")",
+          [=](Deadline d) { b->allgather(send, recv, count, dtype, d); }};
 }
 
-Work ProcessGroup::reduce_scatter_async(const void* send, void* recv, size_t count, DataType dtype,
-                                        ReduceOp op, Timeout timeout) {
+Call reduce_scatter_call(detail::BackendImpl* b, int world, const void* send, void* recv,
+                         size_t count, DataType dtype, ReduceOp op) {
   check_dtype(dtype);
   check_op(op);
   check_buffer(send, count, "reduce_scatter");
   check_buffer(recv, count, "reduce_scatter");
   const size_t es = dtype_size(dtype);
-  check_no_overlap(send, count * es * size(), recv, count * es, "reduce_scatter");
-  auto* b = impl_->backend.get();
-  return impl_->submit(std::string("reduce_scatter(") + dtype_name(dtype) + ", " +
-                           std::to_string(count) + ", " + reduce_op_name(op) + ")",
-                       timeout,
-                       [=](Deadline d) { b->reduce_scatter(send, recv, count, dtype, op, d); });
+  check_no_overlap(send, count * es * world, recv, count * es, "reduce_scatter");
+  return {std::string("reduce_scatter(") + dtype_name(dtype) + ", " + std::to_string(count) + ", " +
+              reduce_op_name(op) + ")",
+          [=](Deadline d) { b->reduce_scatter(send, recv, count, dtype, op, d); }};
+}
+
+Call barrier_call(detail::BackendImpl* b) {
+  return {"barrier", [=](Deadline d) { b->barrier(d); }};
+}
+
+}  // namespace
+
+Work ProcessGroup::allreduce_async(void* data, size_t count, DataType dtype, ReduceOp op,
+                                   Timeout timeout) {
+  Call c = allreduce_call(impl_->backend.get(), data, count, dtype, op);
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
+                             Timeout timeout) {
+  Call c = allreduce_call(impl_->backend.get(), data, count, dtype, op);
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::broadcast_async(void* data, size_t count, DataType dtype, int root,
+                                   Timeout timeout) {
+  Call c = broadcast_call(impl_->backend.get(), size(), data, count, dtype, root);
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::broadcast(void* data, size_t count, DataType dtype, int root, Timeout timeout) {
+  Call c = broadcast_call(impl_->backend.get(), size(), data, count, dtype, root);
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::allgather_async(const void* send, void* recv, size_t count, DataType dtype,
+                                   Timeout timeout) {
+  Call c = allgather_call(impl_->backend.get(), size(), send, recv, count, dtype);
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::allgather(const void* send, void* recv, size_t count, DataType dtype,
+                             Timeout timeout) {
+  Call c = allgather_call(impl_->backend.get(), size(), send, recv, count, dtype);
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::reduce_scatter_async(const void* send, void* recv, size_t count, DataType dtype,
+                                        ReduceOp op, Timeout timeout) {
+  Call c = reduce_scatter_call(impl_->backend.get(), size(), send, recv, count, dtype, op);
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,
+                                  ReduceOp op, Timeout timeout) {
+  Call c = reduce_scatter_call(impl_->backend.get(), size(), send, recv, count, dtype, op);
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::barrier_async(Timeout timeout) {
-  auto* b = impl_->backend.get();
-  return impl_->submit("barrier", timeout, [=](Deadline d) { b->barrier(d); });
+  Call c = barrier_call(impl_->backend.get());
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::barrier(Timeout timeout) {
+  Call c = barrier_call(impl_->backend.get());
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 void ProcessGroup::abort(const std::string& reason) {

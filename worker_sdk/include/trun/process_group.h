@@ -134,23 +134,17 @@ class ProcessGroup {
                             ReduceOp op = ReduceOp::kSum, Timeout timeout = kGroupTimeout);
   Work barrier_async(Timeout timeout = kGroupTimeout);
 
+  // Blocking forms: the same as X_async(...).wait(), but run on the calling thread when no
+  // other work is queued or running (saves the hand-off to the communication thread and back).
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op = ReduceOp::kSum,
-                 Timeout timeout = kGroupTimeout) {
-    allreduce_async(data, count, dtype, op, timeout).wait();
-  }
+                 Timeout timeout = kGroupTimeout);
   void broadcast(void* data, size_t count, DataType dtype, int root,
-                 Timeout timeout = kGroupTimeout) {
-    broadcast_async(data, count, dtype, root, timeout).wait();
-  }
+                 Timeout timeout = kGroupTimeout);
   void allgather(const void* send, void* recv, size_t count, DataType dtype,
-                 Timeout timeout = kGroupTimeout) {
-    allgather_async(send, recv, count, dtype, timeout).wait();
-  }
+                 Timeout timeout = kGroupTimeout);
   void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,
-                      ReduceOp op = ReduceOp::kSum, Timeout timeout = kGroupTimeout) {
-    reduce_scatter_async(send, recv, count, dtype, op, timeout).wait();
-  }
-  void barrier(Timeout timeout = kGroupTimeout) { barrier_async(timeout).wait(); }
+                      ReduceOp op = ReduceOp::kSum, Timeout timeout = kGroupTimeout);
+  void barrier(Timeout timeout = kGroupTimeout);
 
   // Breaks the group: the running collective fails at once (shared memory: the segment's abort
   // flag; Gloo: this process's connections are shut down; NCCL: the communicator is aborted),
