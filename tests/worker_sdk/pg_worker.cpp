@@ -170,7 +170,18 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
   }
   for (auto& b : bufs) works.push_back(pg.allreduce_async(b.data(), n, DataType::kFloat32));
   works.push_back(pg.barrier_async());
-  for (auto& w : works) w.wait();
+  // A blocking call while async work is queued: it must run after that work, in the same order
+  // on every rank (a different order would pair different buffers across ranks).
+  auto blocking = make(n, DataType::kFloat32);
+  fill(blocking, n, DataType::kFloat32, rank);
+  pg.allreduce(blocking.data(), n, DataType::kFloat32);
+  for (auto& w : works) {
+    if (!w.is_completed()) {
+      std::fprintf(stderr, "MISMATCH a blocking call returned before earlier async work\n");
+      ++g_failures;
+    }
+    w.wait();
+  }
   auto want = make(n, DataType::kFloat32);
   for (size_t i = 0; i < n; ++i)
     store(want.data(), i, DataType::kFloat32,
@@ -182,6 +193,7 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
     }
     if (k < bufs.size()) check("allreduce_async", bufs[k], want, n, DataType::kFloat32);
   }
+  check("allreduce after async work", blocking, want, n, DataType::kFloat32);
 }
 
 // n elements of dt whose element i is f(i % 29): every value in these tests repeats every 29
