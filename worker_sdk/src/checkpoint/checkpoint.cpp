@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <set>
 
+#include "worker_sdk/src/reduce.h"
+
 namespace trun::worker {
 
 namespace fs = std::filesystem;
@@ -144,7 +146,7 @@ void Checkpoint::copy_to(const std::string& section, const std::string& name, vo
                           dtype_name(t->dtype) + " x " + std::to_string(t->numel()) +
                           ", the caller expects " + dtype_name(dtype) + " x " +
                           std::to_string(numel));
-  if (!t->bytes.empty()) std::memcpy(dst, t->bytes.data(), t->bytes.size());
+  if (!t->bytes.empty()) detail::copy_bytes(dst, t->bytes.data(), t->bytes.size());
 }
 
 // What the writer needs: the manifest without offsets' checksums, and where each tensor's bytes
@@ -258,7 +260,7 @@ void Checkpointer::save(const SaveRequest& req) {
       const size_t bytes = numel_of(t.shape, t.name) * dtype_size(t.dtype);
       const auto* src = static_cast<const unsigned char*>(t.data);
       if (options_.async && bytes > 0) {
-        std::memcpy(snap->staging.get() + offset, src, bytes);
+        detail::copy_bytes(snap->staging.get() + offset, src, bytes);
         src = snap->staging.get() + offset;
       }
       snap->pieces.push_back({section, t.name, t.dtype, t.shape, src, bytes, offset});

@@ -95,7 +95,7 @@ class CpuBackend : public BackendImpl {
     const size_t bytes = count * dtype_size(dtype);
     if (bytes == 0) return;
     if (size_ == 1) {
-      std::memcpy(recv, send, bytes);
+      copy_bytes(recv, send, bytes);
       return;
     }
     guarded([&] {
@@ -107,11 +107,11 @@ class CpuBackend : public BackendImpl {
       if (shm_)
         shm_->allgather(send, node_buf.data(), bytes, deadline);
       else
-        std::memcpy(node_buf.data(), send, bytes);
+        copy_bytes(node_buf.data(), send, bytes);
       char* out = static_cast<char*>(recv);
       if (num_nodes() == 1) {  // ranks not in local order: reorder the node's blocks
         for (int g = 0; g < size_; ++g)
-          std::memcpy(out + g * bytes, node_buf.data() + place_[g].local * bytes, bytes);
+          copy_bytes(out + g * bytes, node_buf.data() + place_[g].local * bytes, bytes);
         return;
       }
       if (me.local == 0) {
@@ -120,8 +120,8 @@ class CpuBackend : public BackendImpl {
         gloo_->allgather(node_buf.data(), all.data(), bytes * max_node, deadline);
         const size_t stride = bytes * max_node;
         for (int g = 0; g < size_; ++g)
-          std::memcpy(out + g * bytes,
-                      all.data() + place_[g].node * stride + place_[g].local * bytes, bytes);
+          copy_bytes(out + g * bytes,
+                     all.data() + place_[g].node * stride + place_[g].local * bytes, bytes);
       }
       if (shm_) shm_->broadcast(out, bytes * size_, 0, deadline);
     });
@@ -132,7 +132,7 @@ class CpuBackend : public BackendImpl {
     const size_t es = dtype_size(dtype);
     if (count == 0) return;
     if (size_ == 1) {
-      std::memcpy(recv, send, count * es);
+      copy_bytes(recv, send, count * es);
       return;
     }
     ReduceOp base = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
@@ -142,7 +142,7 @@ class CpuBackend : public BackendImpl {
       std::vector<char> tmp(static_cast<const char*>(send),
                             static_cast<const char*>(send) + count * size_ * es);
       allreduce(tmp.data(), count * size_, dtype, base, deadline);
-      std::memcpy(recv, tmp.data() + rank_ * count * es, count * es);
+      copy_bytes(recv, tmp.data() + rank_ * count * es, count * es);
     }
     if (op == ReduceOp::kAvg) divide(recv, count, dtype, size_);
   }

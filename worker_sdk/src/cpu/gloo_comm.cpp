@@ -233,7 +233,7 @@ void GlooComm::broadcast(void* data, size_t bytes, int root, Deadline deadline) 
 void GlooComm::allgather(const void* send, void* recv, size_t bytes, Deadline deadline) {
   if (bytes == 0) return;
   if (size_ == 1) {
-    std::memcpy(recv, send, bytes);
+    copy_bytes(recv, send, bytes);
     return;
   }
   run_gloo("allgather", rank_, state_.get(), deadline, [&] {

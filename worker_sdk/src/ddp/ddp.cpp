@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "worker_sdk/src/ddp/device_memory.h"
+#include "worker_sdk/src/reduce.h"
 
 namespace trun::worker {
 
@@ -379,7 +380,7 @@ void DistributedDataParallel::broadcast_parameters() {
       if (b.info.device == Device::kCuda)
         detail::device_copy(slot, p.data, bytes, m.options.cuda_stream);
       else
-        std::memcpy(slot, p.data, bytes);
+        detail::copy_bytes(slot, p.data, bytes);
     }
     m.group->broadcast(b.data, b.info.numel, b.info.dtype, 0, m.options.timeout);
     for (size_t idx : b.info.params) {
@@ -390,7 +391,7 @@ void DistributedDataParallel::broadcast_parameters() {
       if (b.info.device == Device::kCuda)
         detail::device_copy(p.data, slot, bytes, m.options.cuda_stream);
       else
-        std::memcpy(p.data, slot, bytes);
+        detail::copy_bytes(p.data, slot, bytes);
     }
     if (b.info.device == Device::kCuda)
       detail::device_zero(b.data, b.info.bytes, m.options.cuda_stream);
