@@ -256,15 +256,20 @@ int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::strin
           .query(Op::kLeaseRelease);
       Reader r(fd, hs_deadline);
       int answered = 0;  // bytes of the expected answer (4 echo + 1) that arrived
+      bool wrong_echo = false;
       try {
         write_all(fd, probe, hs_deadline);
-        if (r.u32() != kProbeNonce) throw IoError{false, "unexpected answer to the probe"};
-        answered = 4;
-        r.u8();
-        answered = 5;
+        if (r.u32() != kProbeNonce) {
+          wrong_echo = true;
+        } else {
+          answered = 4;
+          r.u8();
+          answered = 5;
+        }
       } catch (const IoError& e) {
-        if (e.timed_out || e.what == "unexpected answer to the probe") throw;
+        if (e.timed_out) throw;  // no answer at all: a failed attempt (retried)
       }
+      if (wrong_echo) throw IoError{false, "unexpected answer to the probe"};
       if (answered == 5) {
         dialect_ = StoreDialect::kTrun;  // keep this connection: validated, nothing pending
         return fd;
@@ -418,11 +423,11 @@ static Store::Duration with_grace(Store::Duration t) { return t + std::chrono::s
 
 bool TcpStore::plain_wait(const std::string& op, const std::vector<std::string>& keys,
                           Duration timeout) {
+  if (timeout <= Duration(0)) return check(keys);  // a WAIT would always end by its deadline
   std::string req;
   wire::Encoder enc(&req);
   enc.query(Op::kWait, wire_dialect(dialect_)).u64(keys.size());
   for (auto& k : keys) enc.bytes(k);
-  if (timeout <= Duration(0)) return check(keys);  // a WAIT would always end by its deadline
   if (dialect_ == StoreDialect::kTorch1_13) {
     // 1.13 cannot cancel a WAIT: when the deadline passes, call() drops the connection (a late
     // STOP_WAITING would otherwise be read as the next reply) and the next call reconnects.

@@ -125,22 +125,20 @@ std::string abort_reason(GlooComm::State& st) {
 
 template <typename Fn>
 void run_gloo(const char* what, int rank, GlooComm::State* st, Deadline deadline, Fn&& fn) {
-  auto aborted = [&](const std::string& reason) {
-    return CollectiveError(std::string(what) + " failed on node rank " + std::to_string(rank) +
-                           " (gloo): aborted: " + reason);
+  auto throw_if_aborted = [&] {
+    if (!st) return;
+    if (std::string reason = abort_reason(*st); !reason.empty())
+      throw CollectiveError(std::string(what) + " failed on node rank " + std::to_string(rank) +
+                            " (gloo): aborted: " + reason);
   };
-  if (st) {
-    if (std::string reason = abort_reason(*st); !reason.empty()) throw aborted(reason);
-  }
+  throw_if_aborted();
   if (Clock::now() >= deadline)
     throw CollectiveTimeoutError(std::string(what) + " timed out on node rank " +
                                  std::to_string(rank) + " before it started (gloo)");
   try {
     fn();
   } catch (const std::exception& e) {
-    if (st) {
-      if (std::string reason = abort_reason(*st); !reason.empty()) throw aborted(reason);
-    }
+    throw_if_aborted();  // the failure is the abort's doing: say so
     std::string msg =
         std::string(what) + " failed on node rank " + std::to_string(rank) + " (gloo): " + e.what();
     // Gloo reports its own deadline as an I/O error; tell the two apart by the clock.
