@@ -6,8 +6,13 @@
 //
 // Starts a store server, launches N copies of itself as ranks (the environment a trun agent
 // would set), and prints one line per size:
-//   trun ranks=N size_mib=S algbw_gbps=A busbw_gbps=B memcpy_gbps=M
+//   trun ranks=N size_mib=S algbw_gbps=A busbw_gbps=B cpu_busbw_gbps=C memcpy_gbps=M ...
 // algbw = bytes / time of one allreduce (the slowest rank's median), busbw = algbw * 2(n-1)/n.
+// memcpy is timed by rank 0 just before and just after each size's allreduces (the other ranks
+// wait in a barrier), and its median taken over both: on a machine whose memory bandwidth
+// drifts from minute to minute, the two figures then come from the same second or two. (Timing
+// memcpy between single allreduces was tried: the ranks then sleep in the barrier every time,
+// and with more ranks than cores the wake-ups pile them onto one core for the next allreduce.)
 // cpu_busbw and cpu_memcpy use CPU time instead of wall-clock time (informative: what the run
 // would show on an idle machine with a core per rank).
 
@@ -64,32 +69,43 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// {wall-clock GB/s, CPU-time GB/s}
-std::pair<double, double> memcpy_gbps(size_t bytes) {
-  std::vector<char> src(bytes, 1), dst(bytes, 2);
-  std::vector<double> t, c;
-  for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
-    auto t0 = Clock::now();
-    double c0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
-    std::memcpy(dst.data(), src.data(), bytes);
-    c.push_back(cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0);
-    t.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    src[i % bytes] = static_cast<char>(dst[(i * 7) % bytes] + 1);  // keep the copies live
-  }
-  t.erase(t.begin(), t.begin() + 2);
-  c.erase(c.begin(), c.begin() + 2);
-  return {bytes / median(t) / 1e9, bytes / median(c) / 1e9};
+// One timed single-thread memcpy of src into dst: {wall-clock s, thread CPU s}.
+std::pair<double, double> time_memcpy(std::vector<char>& dst, std::vector<char>& src, int i) {
+  auto t0 = Clock::now();
+  double c0 = cpu_seconds(CLOCK_THREAD_CPUTIME_ID);
+  std::memcpy(dst.data(), src.data(), src.size());
+  double c = cpu_seconds(CLOCK_THREAD_CPUTIME_ID) - c0;
+  double t = std::chrono::duration<double>(Clock::now() - t0).count();
+  src[i % src.size()] = static_cast<char>(dst[(i * 7) % dst.size()] + 1);  // keep the copies live
+  return {t, c};
 }
 
 int run_rank(const std::vector<size_t>& sizes_mib) {
   Worker w = init();
   ProcessGroup& pg = w.process_group();
   const int n = pg.size();
+  const bool timer = pg.rank() == 0;  // rank 0 also times memcpy
   for (size_t mib : sizes_mib) {
     const size_t bytes = mib << 20, count = bytes / 4;
-    std::vector<float> buf(count, 1.0f);
     const int iters = iterations_for(bytes);
-    for (int i = 0; i < 2; ++i) pg.allreduce(buf.data(), count, DataType::kFloat32);
+    std::vector<float> buf(count, 1.0f);
+    std::vector<char> src, dst;
+    std::vector<double> mem, mem_cpu;
+    auto time_memcpy_block = [&] {  // rank 0 only; the others wait in the barrier after it
+      if (!timer) return;
+      if (src.empty()) src.assign(bytes, 1), dst.assign(bytes, 2);
+      for (int i = 0; i < iters / 2 + 2; ++i) {
+        auto [t, c] = time_memcpy(dst, src, i);
+        if (i < 2) continue;  // warm-up
+        mem.push_back(t);
+        mem_cpu.push_back(c);
+      }
+    };
+    time_memcpy_block();
+    pg.barrier();
+    // Warm-up, which also gives the scheduler time to spread the ranks over the cores again
+    // after they slept in the barrier.
+    for (int i = 0; i < 3; ++i) pg.allreduce(buf.data(), count, DataType::kFloat32);
     std::vector<double> times, cpu;
     for (int i = 0; i < iters; ++i) {
       pg.barrier();
@@ -102,14 +118,17 @@ int run_rank(const std::vector<size_t>& sizes_mib) {
       times.push_back(t[0]);
       cpu.push_back(t[1]);
     }
-    if (pg.rank() == 0) {
+    time_memcpy_block();
+    pg.barrier();
+    if (timer) {
       double algbw = bytes / median(times) / 1e9;
       double busbw = algbw * 2.0 * (n - 1) / n;
       double cpu_busbw = bytes / median(cpu) / 1e9 * 2.0 * (n - 1) / n;
       std::printf(
           "trun ranks=%d size_mib=%zu algbw_gbps=%.3f busbw_gbps=%.3f cpu_busbw_gbps=%.3f "
-          "backend=%s\n",
-          n, mib, algbw, busbw, cpu_busbw, pg.backend_description().c_str());
+          "memcpy_gbps=%.3f cpu_memcpy_gbps=%.3f backend=%s\n",
+          n, mib, algbw, busbw, cpu_busbw, bytes / median(mem) / 1e9, bytes / median(mem_cpu) / 1e9,
+          pg.backend_description().c_str());
       std::fflush(stdout);
     }
   }
@@ -147,12 +166,6 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "allreduce_bench: --ranks must be in [1, 64]\n");
     return 2;
   }
-
-  for (size_t mib : sizes_mib) {
-    auto [wall, cpu] = memcpy_gbps(mib << 20);
-    std::printf("memcpy size_mib=%zu memcpy_gbps=%.3f cpu_memcpy_gbps=%.3f\n", mib, wall, cpu);
-  }
-  std::fflush(stdout);
 
   trun::rendezvous::StoreServerOptions so;
   so.host = "127.0.0.1";

@@ -1,80 +1,122 @@
 #!/usr/bin/env bash
 # allreduce benchmark: libtrun_worker's CPU backend vs PyTorch 1.13 gloo (same machine, same
 # run) vs single-thread memcpy, float32, 1..256 MiB, 2 and 4 ranks on one node.
-# Usage: scripts/bench_allreduce.sh [build dir]    (env: SIZES_MIB=1,4,16,64,256 RANKS="2 4")
+# Usage: scripts/bench_allreduce.sh [build dir]
+#   env: SIZES_MIB=1,4,16,64,256  RANKS="2 4"  TRIALS=5 (runs of the 64 MiB headline size)
+#
+# Trial 1 is the whole sweep; trials 2..TRIALS repeat only 64 MiB, trun and gloo back to back.
+# memcpy is timed inside each trun run, just before and after its allreduces (see
+# bench/allreduce_bench.cpp).
+# A RESULT line reports the trial with the median ratio (its value, peer and ratio), so that
+# one slow minute of this machine neither makes nor breaks the figure; every trial is printed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/lib.sh
 BUILD=${1:-build}
 SIZES=${SIZES_MIB:-1,4,16,64,256}
 RANKS=${RANKS:-2 4}
-PY=/usr/bin/python3
-TORCHRUN=/usr/bin/torchrun
+TRIALS=${TRIALS:-5}
+HEADLINE_MIB=64
+[[ $TRIALS =~ ^[1-9][0-9]?$ ]] || { echo "TRIALS: expected 1..99, got '$TRIALS'" >&2; exit 2; }
 
-if [[ ! -x "$BUILD/bench/allreduce_bench" ]]; then
-  cmake -S . -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
-fi
-ninja -C "$BUILD" allreduce_bench >/dev/null
+bench_build "$BUILD" allreduce_bench
 
 out=$(mktemp /tmp/trun-bench-allreduce-XXXXXX)
 trap 'rm -f "$out"' EXIT
 
-free_port() { $PY -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+have_torch=0
+if [[ -x $TORCHRUN ]] && "$TORCH_PY" -c 'import torch' 2>/dev/null; then have_torch=1; fi
 
-for n in $RANKS; do
-  echo "== trun, $n ranks" >&2
-  "$BUILD/bench/allreduce_bench" --ranks "$n" --sizes-mib "$SIZES" | tee -a "$out" >&2
-  echo "== PyTorch gloo, $n ranks" >&2
-  if [[ -x $TORCHRUN ]] && $PY -c 'import torch' 2>/dev/null; then
+# run_trial TRIAL RANKS SIZES: one trun run and one gloo run, lines tagged with the trial.
+run_trial() {
+  local trial=$1 n=$2 sizes=$3
+  echo "== trial $trial: trun, $n ranks, $sizes MiB" >&2
+  "$BUILD/bench/allreduce_bench" --ranks "$n" --sizes-mib "$sizes" | sed "s/^/trial=$trial /" |
+    tee -a "$out" >&2
+  echo "== trial $trial: PyTorch gloo, $n ranks, $sizes MiB" >&2
+  if ((have_torch)); then
     # torchrun 1.13 on Python 3.11 crashes with the default --redirects/--tee; 9:1 names a local
     # rank that does not exist and keeps the plain console (see docs/worker_sdk.md).
-    OMP_NUM_THREADS=1 $PY $TORCHRUN --nnodes 1 --nproc_per_node "$n" --master_addr 127.0.0.1 \
-      --master_port "$(free_port)" --monitor_interval 0.1 --redirects 9:1 --tee 9:1 \
-      bench/allreduce_torch.py "$SIZES" 2>/dev/null | grep '^torch ' | tee -a "$out" >&2 || true
+    OMP_NUM_THREADS=1 "$TORCH_PY" "$TORCHRUN" --nnodes 1 --nproc_per_node "$n" \
+      --master_addr 127.0.0.1 --master_port "$(free_port)" --monitor_interval 0.1 \
+      --redirects 9:1 --tee 9:1 bench/allreduce_torch.py "$sizes" 2>/dev/null |
+      grep '^torch ' | sed "s/^/trial=$trial /" | tee -a "$out" >&2 || true
   else
     echo "(PyTorch not available: peer column empty)" >&2
   fi
-done
+}
 
-$PY - "$out" <<'PYEOF'
+for n in $RANKS; do run_trial 1 "$n" "$SIZES"; done
+if [[ ",$SIZES," == *",$HEADLINE_MIB,"* ]]; then
+  for ((t = 2; t <= TRIALS; ++t)); do
+    for n in $RANKS; do run_trial "$t" "$n" "$HEADLINE_MIB"; done
+  done
+fi
+
+"$TORCH_PY" - "$out" "$HEADLINE_MIB" <<'PYEOF'
 import sys
-rows, mem = {}, {}
 nan = float("nan")
+headline = int(sys.argv[2])
+runs = {}  # (trial, ranks, MiB) -> {"trun": {...}, "torch": {...}}
 for line in open(sys.argv[1]):
     words = line.split()
-    if not words:
+    if len(words) < 2 or words[1] not in ("trun", "torch"):
         continue
-    f = dict(kv.split("=", 1) for kv in words[1:] if "=" in kv)
-    if words[0] == "memcpy":
-        mem[int(f["size_mib"])] = (float(f["memcpy_gbps"]), float(f.get("cpu_memcpy_gbps", nan)))
-    elif words[0] in ("trun", "torch"):
-        rows.setdefault((int(f["ranks"]), int(f["size_mib"])), {})[words[0]] = (
-            float(f["algbw_gbps"]), float(f["busbw_gbps"]), float(f.get("cpu_busbw_gbps", nan)))
+    f = dict(kv.split("=", 1) for kv in words if "=" in kv)
+    key = (int(f["trial"]), int(f["ranks"]), int(f["size_mib"]))
+    runs.setdefault(key, {})[words[1]] = {k: float(v) for k, v in f.items()
+                                          if k.endswith("_gbps")}
+
+def get(r, who, field):
+    return r.get(who, {}).get(field, nan)
 
 def div(a, b):
     return a / b if b == b and b else nan
 
 print()
-print("GB/s; 'cpu' columns use CPU time instead of wall-clock time (what an idle machine with a core")
-print("per rank would show; informative only, the RESULT lines use wall-clock time)")
-print(f"{'ranks':>5} {'MiB':>5} | {'trun algbw':>10} {'busbw':>7} | {'gloo algbw':>10} {'busbw':>7} |"
-      f" {'memcpy':>7} | {'vs gloo':>7} {'vs memcpy':>9} | {'cpu busbw':>9} {'cpu memcpy':>10} {'ratio':>6}")
-for (n, mib), r in sorted(rows.items()):
-    t = r.get("trun", (nan,) * 3)
-    g = r.get("torch", (nan,) * 3)
-    m = mem.get(mib, (nan, nan))
-    print(f"{n:>5} {mib:>5} | {t[0]:>10.2f} {t[1]:>7.2f} | {g[0]:>10.2f} {g[1]:>7.2f} |"
-          f" {m[0]:>7.2f} | {div(t[1], g[1]):>7.2f} {div(t[1], m[0]):>9.2f} |"
-          f" {t[2]:>9.2f} {m[1]:>10.2f} {div(t[2], m[1]):>6.2f}")
+print("GB/s; memcpy is timed by rank 0 just before and after the allreduces of its run. 'cpu' columns")
+print("use CPU time instead of wall-clock time (what an idle machine with a core per rank would show;")
+print("informative only, the RESULT lines use wall-clock time)")
+print(f"{'trial':>5} {'ranks':>5} {'MiB':>5} | {'trun algbw':>10} {'busbw':>7} | "
+      f"{'gloo algbw':>10} {'busbw':>7} | {'memcpy':>7} | {'vs gloo':>7} {'vs memcpy':>9} | "
+      f"{'cpu busbw':>9} {'cpu memcpy':>10} {'ratio':>6}")
+for (trial, n, mib), r in sorted(runs.items(), key=lambda kv: (kv[0][0] > 1, kv[0])):
+    tb, gb, mem = get(r, "trun", "busbw_gbps"), get(r, "torch", "busbw_gbps"), \
+        get(r, "trun", "memcpy_gbps")
+    cb, cm = get(r, "trun", "cpu_busbw_gbps"), get(r, "trun", "cpu_memcpy_gbps")
+    print(f"{trial:>5} {n:>5} {mib:>5} | {get(r, 'trun', 'algbw_gbps'):>10.2f} {tb:>7.2f} | "
+          f"{get(r, 'torch', 'algbw_gbps'):>10.2f} {gb:>7.2f} | {mem:>7.2f} | "
+          f"{div(tb, gb):>7.2f} {div(tb, mem):>9.2f} | {cb:>9.2f} {cm:>10.2f} {div(cb, cm):>6.2f}")
+
+def median_trial(pairs):
+    """pairs: [(value, peer)] with a usable ratio; the pair whose ratio is the median (lower
+    median for an even count)."""
+    pairs = sorted(pairs, key=lambda p: p[0] / p[1])
+    return pairs[(len(pairs) - 1) // 2]
+
 print()
-for (n, mib), r in sorted(rows.items()):
-    if mib != 64 or "trun" not in r:
+for n in sorted({k[1] for k in runs}):
+    trials = [r for (t, rn, mib), r in sorted(runs.items()) if rn == n and mib == headline
+              and "trun" in r]
+    if not trials:
         continue
-    busbw = r["trun"][1]
-    peer = r.get("torch", (None, None))[1]
-    print(f"RESULT name=allreduce_busbw_64MiB_{n}ranks_vs_torch_gloo value={busbw:.3f} unit=GB/s "
-          f"peer={f'{peer:.3f}' if peer else 'none'} ratio={f'{busbw / peer:.2f}' if peer else 'none'}")
-    if mib in mem:
-        m = mem[mib][0]
-        print(f"RESULT name=allreduce_busbw_64MiB_{n}ranks_vs_memcpy value={busbw:.3f} unit=GB/s "
-              f"peer={m:.3f} ratio={busbw / m:.2f}")
+    name = f"allreduce_busbw_{headline}MiB_{n}ranks"
+    gloo = [(get(r, "trun", "busbw_gbps"), get(r, "torch", "busbw_gbps")) for r in trials
+            if get(r, "torch", "busbw_gbps") > 0]
+    mem = [(get(r, "trun", "busbw_gbps"), get(r, "trun", "memcpy_gbps")) for r in trials
+           if get(r, "trun", "memcpy_gbps") > 0]
+    print(f"{n} ranks, {headline} MiB, {len(trials)} trial(s): "
+          f"vs gloo {sorted(round(v / p, 2) for v, p in gloo)}, "
+          f"vs memcpy {sorted(round(v / p, 2) for v, p in mem)}")
+    if gloo:
+        v, p = median_trial(gloo)
+        print(f"RESULT name={name}_vs_torch_gloo value={v:.3f} unit=GB/s peer={p:.3f} "
+              f"ratio={v / p:.2f}")
+    else:
+        v = sorted(get(r, "trun", "busbw_gbps") for r in trials)[(len(trials) - 1) // 2]
+        print(f"RESULT name={name}_vs_torch_gloo value={v:.3f} unit=GB/s peer=none ratio=none")
+    if mem:
+        v, p = median_trial(mem)
+        print(f"RESULT name={name}_vs_memcpy value={v:.3f} unit=GB/s peer={p:.3f} "
+              f"ratio={v / p:.2f}")
 PYEOF
