@@ -3,6 +3,7 @@
 # run) vs single-thread memcpy, float32, 1..256 MiB, 2 and 4 ranks on one node.
 # Usage: scripts/bench_allreduce.sh [build dir]
 #   env: SIZES_MIB=1,4,16,64,256  RANKS="2 4"  TRIALS=5 (runs of the 64 MiB headline size)
+#        TORCH_PY=/usr/bin/python3 (the peer's Python: torchrun runs as its torch.distributed.run)
 #
 # Trial 1 is the whole sweep; trials 2..TRIALS repeat only 64 MiB, trun and gloo back to back.
 # memcpy is timed inside each trun run, just before and after its allreduces (see
@@ -19,13 +20,16 @@ TRIALS=${TRIALS:-5}
 HEADLINE_MIB=64
 [[ $TRIALS =~ ^[1-9][0-9]?$ ]] || { echo "TRIALS: expected 1..99, got '$TRIALS'" >&2; exit 2; }
 
-bench_build "$BUILD" allreduce_bench
+# A gpu-check bundle (scripts/gpu-check.sh --bundle) carries the binary but no build system.
+if [[ -f "$BUILD/build.ninja" || ! -x "$BUILD/bench/allreduce_bench" ]]; then
+  bench_build "$BUILD" allreduce_bench
+fi
 
 out=$(mktemp /tmp/trun-bench-allreduce-XXXXXX)
 trap 'rm -f "$out"' EXIT
 
 have_torch=0
-if [[ -x $TORCHRUN ]] && "$TORCH_PY" -c 'import torch' 2>/dev/null; then have_torch=1; fi
+if "$TORCH_PY" -c 'import torch.distributed.run' 2>/dev/null; then have_torch=1; fi
 
 # run_trial TRIAL RANKS SIZES: one trun run and one gloo run, lines tagged with the trial.
 run_trial() {
@@ -37,7 +41,7 @@ run_trial() {
   if ((have_torch)); then
     # torchrun 1.13 on Python 3.11 crashes with the default --redirects/--tee; 9:1 names a local
     # rank that does not exist and keeps the plain console (see docs/worker_sdk.md).
-    OMP_NUM_THREADS=1 "$TORCH_PY" "$TORCHRUN" --nnodes 1 --nproc_per_node "$n" \
+    OMP_NUM_THREADS=1 "$TORCH_PY" -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" \
       --master_addr 127.0.0.1 --master_port "$(free_port)" --monitor_interval 0.1 \
       --redirects 9:1 --tee 9:1 bench/allreduce_torch.py "$sizes" 2>/dev/null |
       grep '^torch ' | sed "s/^/trial=$trial /" | tee -a "$out" >&2 || true

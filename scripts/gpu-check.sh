@@ -7,22 +7,38 @@
 #
 #   scripts/gpu-check.sh                 configure + build build-gpu here (CUDA + NCCL), then run
 #   scripts/gpu-check.sh BUILD_DIR       use prebuilt binaries in BUILD_DIR (no build)
-#   scripts/gpu-check.sh --bundle BUILD_DIR
-#                                        (on the build machine) copy the shared libraries the
-#                                        test binaries need into BUILD_DIR/gpu-libs, so that the
-#                                        build dir can be carried to a GPU machine that has
-#                                        CUDA 13 + NCCL in /usr/local/cuda (not bundled: too big)
+#   scripts/gpu-check.sh --bundle BUILD_DIR [OUT_DIR]
+#                                        (on the build machine) copy what the checks run, with
+#                                        debug info stripped, and the shared libraries they need
+#                                        (not libnccl: 218 MB) into OUT_DIR (default .gpu, git-
+#                                        ignored, about 15 MB): carry OUT_DIR to the GPU machine
+#                                        and run `scripts/gpu-check.sh OUT_DIR` there. A build dir
+#                                        itself is far too big to carry (~570 MB with debug info).
 # Exit status: 0 when every check passed, 1 otherwise.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
+
+# The files a check run needs, relative to a build dir (and to a bundle, which keeps the layout).
+check_bins=(tests/worker_sdk/worker_sdk_nccl_test tests/worker_sdk_ddp/worker_sdk_ddp_cuda_test
+  launcher/trun)
+trun_lib=worker_sdk/libtrun_worker.so.0  # the SONAME the binaries ask for
+bench_bin=bench/allreduce_bench           # bundled when built: the CPU allreduce on many cores
 
 if [[ ${1:-} == --bundle ]]; then
-  build=${2:?usage: gpu-check.sh --bundle BUILD_DIR}
-  mkdir -p "$build/gpu-libs"
-  for bin in "$build/tests/worker_sdk/worker_sdk_nccl_test" \
-    "$build/tests/worker_sdk_ddp/worker_sdk_ddp_cuda_test" "$build/worker_sdk/libtrun_worker.so" \
-    "$build/launcher/trun"; do
-    ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
+  build=${2:?usage: gpu-check.sh --bundle BUILD_DIR [OUT_DIR]}
+  out=${3:-.gpu}
+  for f in "${check_bins[@]}" "$trun_lib"; do
+    [[ -e $build/$f ]] || { echo "gpu-check --bundle: $build/$f not built (ninja -C $build)" >&2; exit 1; }
+  done
+  rm -rf "$out"
+  mkdir -p "$out/gpu-libs"
+  extra=()
+  [[ -x $build/$bench_bin ]] && extra+=("$bench_bin")
+  for f in "${check_bins[@]}" "$trun_lib" "${extra[@]}"; do
+    mkdir -p "$out/$(dirname "$f")"
+    # Debug info off (a stack trace still names functions); copies, not links.
+    strip --strip-debug -o "$out/$f" "$(readlink -f "$build/$f")"
+    ldd "$build/$f" | awk '/=> \// {print $3}' | while read -r lib; do
       case $(basename "$lib") in
         # glibc, the C++ runtime and the CUDA driver are expected on the GPU machine; the CUDA 13
         # runtime (0.7 MB) is carried.
@@ -30,17 +46,22 @@ if [[ ${1:-} == --bundle ]]; then
         # libnccl (218 MB) is not carried: the GPU machine's PyTorch ships one (see below).
         libstdc++.so* | libgcc_s.so* | libnccl.so*) ;;
         libtrun_worker.so*) ;;
-        *) cp -L "$lib" "$build/gpu-libs/" ;;
+        *) cp -L "$lib" "$out/gpu-libs/" ;;
       esac
     done
   done
-  echo "bundled $(ls "$build/gpu-libs" | wc -l) libraries into $build/gpu-libs"
+  kib=$(du -sk "$out" | cut -f1)
+  echo "bundled $(find "$out" -type f | wc -l) files, $((kib / 1024)) MiB, into $out"
+  if ((kib > 60 * 1024)); then
+    echo "gpu-check --bundle: $out is over 60 MiB; the device tool carries at most 64 MiB" >&2
+    exit 1
+  fi
   exit 0
 fi
 
 build=${1:-}
 if [[ -z $build ]]; then
-  build=build-gpu
+  build="build-gpu"
   echo "== building $build (CUDA + NCCL)"
   if ! cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRUN_BUILD_BENCH=OFF \
     >"$build.configure.log" 2>&1; then
@@ -54,19 +75,38 @@ if [[ -z $build ]]; then
     exit 1
   fi
 fi
+[[ -d $build ]] || { echo "FAIL: $build is not a directory"; exit 1; }
+build=$(cd "$build" && pwd)
 # Carried build dirs keep absolute RPATHs from the build machine: point the loader at them.
 export LD_LIBRARY_PATH="$build/worker_sdk:$build/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # No libnccl.so.2 here? Use the one PyTorch's pip packages ship (nvidia-nccl-*): same ABI.
-if ldd "$build/worker_sdk/libtrun_worker.so" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
-  nccl_dir=$(${PYTHON_EXEC:-python3} -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+# (nvidia-nccl-cu12 keeps it in nvidia/nccl/lib; later layouts may move it: search the package.)
+if ldd "$build/$trun_lib" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
+  nccl_dir=$(${PYTHON_EXEC:-python3} - 2>/dev/null <<'PYEOF'
+import glob, os
+import nvidia
+for root in nvidia.__path__:
+    hits = sorted(glob.glob(os.path.join(root, "**", "libnccl.so.2"), recursive=True))
+    if hits:
+        print(os.path.dirname(hits[0]))
+        break
+PYEOF
+  )
   if [[ -n $nccl_dir && -e $nccl_dir/libnccl.so.2 ]]; then
     echo "using NCCL from PyTorch's environment: $nccl_dir"
     export LD_LIBRARY_PATH="$LD_LIBRARY_PATH:$nccl_dir"
+  else
+    echo "no libnccl.so.2 here or in python3's nvidia packages: the NCCL checks will fail"
   fi
 fi
 
 echo "== devices"
-if command -v nvidia-smi >/dev/null; then nvidia-smi -L; else echo "(no nvidia-smi)"; fi
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi -L
+  nvidia-smi --query-gpu=driver_version --format=csv,noheader | sed 's/^/driver /'
+else
+  echo "(no nvidia-smi)"
+fi
 
 status=0
 gpu_ran=0
@@ -81,7 +121,7 @@ run_catch_binary() {
   fi
   if ldd "$test_bin" | grep -q "not found"; then
     ldd "$test_bin" | grep "not found"
-    echo "FAIL: missing shared libraries (on the build machine run: scripts/gpu-check.sh --bundle $build)"
+    echo "FAIL: missing shared libraries (carry a bundle: on the build machine run scripts/gpu-check.sh --bundle BUILD_DIR)"
     status=1
     return
   fi
@@ -89,14 +129,15 @@ run_catch_binary() {
   while IFS= read -r name; do
     [[ -z $name ]] && continue
     # Catch2 reads commas in a test spec as "or": escape them; -w NoTests fails on no match.
-    out=$(timeout 300 "$test_bin" -w NoTests "${name//,/\\,}" 2>&1)
+    # The compact reporter keeps each message on one line (the console one wraps them).
+    out=$(timeout 300 "$test_bin" -r compact -w NoTests "${name//,/\\,}" 2>&1)
     rc=$?
     if [[ $rc -ne 0 ]]; then
       echo "FAIL: $name (exit $rc)"
       echo "$out" | tail -30 | sed 's/^/    /'
       status=1
     elif grep -q "skipped:" <<<"$out"; then
-      echo "SKIP: $name ($(grep -o 'skipped:.*' <<<"$out" | head -1))"
+      echo "SKIP: $name ($(grep -o "skipped:[^']*" <<<"$out" | head -1))"
     else
       echo "PASS: $name"
       [[ $name == GPU:* ]] && gpu_ran=1
@@ -158,6 +199,15 @@ else
     fi
   fi
   rm -rf "$tmp"
+fi
+
+# Informational, not part of the verdict: the CPU allreduce benchmark with a core per rank (this
+# build machine has 2 cores), against the local PyTorch's gloo, 64 MiB, 3 trials.
+if [[ -x $build/$bench_bin ]] && "$py" -c 'import torch.distributed.run' 2>/dev/null; then
+  echo "== CPU allreduce benchmark, $(nproc) cores (informational)"
+  TORCH_PY=$(command -v "$py") SIZES_MIB=64 TRIALS=3 RANKS="2 4 8" timeout 300 \
+    bash scripts/bench_allreduce.sh "$build" 2>/dev/null | grep -E '^ *[0-9]|^RESULT|trial' ||
+    echo "(allreduce benchmark failed or timed out)"
 fi
 
 if [[ $gpu_ran -eq 0 ]]; then

@@ -5,10 +5,11 @@
 #                              yet, then builds TARGET... (output only on failure)
 #   free_port                  prints a loopback TCP port that was free a moment ago
 #   TORCH_PY                   the Python that has PyTorch 1.13 (/usr/bin/python3, not the one on
-#                              PATH); TORCHRUN likewise
+#                              PATH); TORCHRUN likewise. Both can be set from outside (a GPU
+#                              machine's PyTorch lives elsewhere).
 
-export TORCH_PY=/usr/bin/python3
-export TORCHRUN=/usr/bin/torchrun
+export TORCH_PY=${TORCH_PY:-/usr/bin/python3}
+export TORCHRUN=${TORCHRUN:-/usr/bin/torchrun}
 
 bench_build() {
   local dir=$1 log

@@ -24,6 +24,18 @@ inline bool have_cuda_devices(int n) {
   return nccl_available() && cudaGetDeviceCount(&count) == cudaSuccess && count >= n;
 }
 
+// Why the GPU cases skip, for their skip line: on a GPU machine a CUDA error here (an old driver,
+// say) must not read like "no GPU".
+inline std::string no_gpu_reason() {
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess)
+    return std::string("no CUDA device visible: cudaGetDeviceCount: ") + cudaGetErrorName(e) +
+           " (" + cudaGetErrorString(e) + ")";
+  if (count == 0) return "no CUDA device visible";
+  return "NCCL unavailable with " + std::to_string(count) + " CUDA device(s) visible";
+}
+
 // Options for rank `rank` of `world` on CUDA device `rank`, NCCL backend, a 120 s timeout.
 inline ProcessGroupOptions nccl_rank_options(int rank, int world,
                                              std::shared_ptr<rendezvous::Store> store) {

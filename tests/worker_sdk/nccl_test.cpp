@@ -128,7 +128,8 @@ void gpu_rank_checks(ProcessGroup& pg) {
 
 TEST_CASE("GPU: every collective on device buffers, world size 1", "[worker_sdk][nccl][gpu]") {
   if (!nccl_available()) {
-    WARN("skipped: no CUDA device visible (run scripts/gpu-check.sh on a GPU machine)");
+    WARN("skipped: " << test::no_gpu_reason()
+                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
     return;
   }
   ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));

@@ -100,7 +100,8 @@ std::string rank_checks(ProcessGroup& pg) {
 
 TEST_CASE("GPU: DDP on device buffers, world size 1", "[ddp][cuda][gpu]") {
   if (!nccl_available()) {
-    WARN("skipped: no CUDA device visible (scripts/gpu-check.sh runs this on a GPU machine)");
+    WARN("skipped: " << test::no_gpu_reason()
+                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
     return;
   }
   ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
