@@ -6,6 +6,7 @@
 #include <atomic>
 #include <boost/asio.hpp>
 #include <charconv>
+#include <deque>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -88,8 +89,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(ServerImpl* server, tcp::socket socket, uint64_t id);
   void start();
   void close(const std::string& why);
-  // Called by the server when a key this connection waits for has appeared.
-  void on_key_ready(uint64_t wait_id);
+  // Called by the server when a key this connection waits for has appeared. True when that
+  // completed the wait.
+  bool on_key_ready(uint64_t wait_id);
 
   uint64_t id() const { return id_; }
   bool closed() const { return closed_; }
@@ -198,9 +200,17 @@ class ServerImpl : public StoreServer {
 
   // --- the data, touched only on the event-loop thread ---
   std::unordered_map<std::string, std::string> data_;
+  // PyTorch 2.7+'s queues (queue_push/pop/len): FIFOs apart from the key-value map. A non-empty
+  // queue counts as an existing key for CHECK and WAIT, as in PyTorch's libuv server.
+  std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::unordered_map<std::string, std::vector<std::pair<std::weak_ptr<Connection>, uint64_t>>>
       waiters_;
   uint64_t next_wait_id_ = 1;
+
+  bool queued(const std::string& key) const {
+    auto it = queues_.find(key);
+    return it != queues_.end() && !it->second.empty();
+  }
 
   void notify(const std::string& key) {
     auto it = waiters_.find(key);
@@ -210,6 +220,27 @@ class ServerImpl : public StoreServer {
     for (auto& [weak, wait_id] : list) {
       if (auto c = weak.lock()) c->on_key_ready(wait_id);
     }
+  }
+
+  // After a queue push: wakes waiters on `key` in the order they came, up to and including the
+  // first whose wait is then complete (it will pop the element; the others keep waiting). This is
+  // PyTorch's wakeupOneWaitingClient, except that woken waiters leave the list.
+  void notify_one(const std::string& key) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) return;
+    auto list = std::move(it->second);
+    waiters_.erase(it);
+    size_t i = 0;
+    for (; i < list.size(); ++i) {
+      auto c = list[i].first.lock();
+      if (c && c->on_key_ready(list[i].second)) {
+        ++i;
+        break;
+      }
+    }
+    if (i == list.size()) return;
+    auto& rest = waiters_[key];  // those not woken, ahead of any registered meanwhile
+    rest.insert(rest.begin(), list.begin() + i, list.end());
   }
 
   void remove_waiter(const std::string& key, const Connection* conn) {
@@ -464,7 +495,7 @@ bool Connection::execute(wire::Request& r) {
     }
     case Op::kCheck: {
       bool all = true;
-      for (auto& k : r.keys) all = all && data.count(k);
+      for (auto& k : r.keys) all = all && (data.count(k) || server_->queued(k));
       enc.u8(all ? wire::kCheckReady : wire::kCheckNotReady);
       return true;
     }
@@ -525,11 +556,29 @@ bool Connection::execute(wire::Request& r) {
                     r.keys[0]);
       enc.u8(3);  // WatchResponseType::KEY_CALLBACK_REGISTERED
       return true;
-    case Op::kQueuePush:
-    case Op::kQueuePop:
-    case Op::kQueueLen:
-      close(std::string("unsupported query ") + op_name(r.op));
-      return false;
+    case Op::kQueuePush: {
+      auto& q = server_->queues_[r.keys[0]];
+      q.push_back(std::move(r.values[0]));
+      server_->notify_one(r.keys[0]);
+      return true;
+    }
+    case Op::kQueuePop: {
+      // The length before the pop, then the front element when there is one.
+      auto it = server_->queues_.find(r.keys[0]);
+      size_t n = it == server_->queues_.end() ? 0 : it->second.size();
+      enc.i64(static_cast<int64_t>(n));
+      if (n > 0) {
+        enc.bytes(it->second.front());
+        it->second.pop_front();
+        if (it->second.empty()) server_->queues_.erase(it);
+      }
+      return true;
+    }
+    case Op::kQueueLen: {
+      auto it = server_->queues_.find(r.keys[0]);
+      enc.i64(static_cast<int64_t>(it == server_->queues_.end() ? 0 : it->second.size()));
+      return true;
+    }
     case Op::kWait:
     case Op::kWaitKeys:
     case Op::kGet:
@@ -537,8 +586,11 @@ bool Connection::execute(wire::Request& r) {
     case Op::kMultiGet: {
       std::vector<std::string> missing;
       std::unordered_set<std::string_view> seen;
+      // A WAIT is also satisfied by a non-empty queue (queue_pop(block=True) is WAIT + QUEUE_POP).
+      const bool queues_count = r.op == Op::kWait || r.op == Op::kWaitKeys;
       for (auto& k : r.keys) {
-        if (!data.count(k) && seen.insert(k).second) missing.push_back(k);
+        bool present = data.count(k) || (queues_count && server_->queued(k));
+        if (!present && seen.insert(k).second) missing.push_back(k);
       }
       if (!missing.empty()) {
         int64_t timeout_ms = (r.op == Op::kWaitKeys || r.op == Op::kGetWait) ? r.number : -1;
@@ -589,10 +641,11 @@ void Connection::block_on(std::vector<std::string> missing, wire::Request reques
   }
 }
 
-void Connection::on_key_ready(uint64_t wait_id) {
-  if (closed_ || !blocked_ || wait_id != wait_id_) return;
-  if (--wait_remaining_ > 0) return;
+bool Connection::on_key_ready(uint64_t wait_id) {
+  if (closed_ || !blocked_ || wait_id != wait_id_) return false;
+  if (--wait_remaining_ > 0) return false;
   finish_wait(0);
+  return true;
 }
 
 void Connection::finish_wait(uint8_t timed_out_code) {

@@ -150,15 +150,10 @@ void DecodeBody(Op op, Cursor& c, Request* r) {
     case Op::kDeleteKey:
     case Op::kWatchKey:
     case Op::kQueueLen:
+    case Op::kQueuePop:  // just the key: a blocking pop is a WAIT first, sent by the client
       r->keys.resize(1);
       c.Key(&r->keys[0]);
       return;
-    case Op::kQueuePop: {
-      r->keys.resize(1);
-      uint8_t block = 0;
-      if (c.Key(&r->keys[0]) && c.Fixed(&block)) r->number = block;
-      return;
-    }
     case Op::kAdd: {
       r->keys.resize(1);
       int64_t delta = 0;

@@ -184,6 +184,67 @@ TEST_CASE_METHOD(Fixture, "2.x delete_key, append, multi_set and multi_get",
   expect_reply(*s, "03 00 00 00 00 00 00 00");
 }
 
+TEST_CASE_METHOD(Fixture, "2.7+ queue_push, queue_pop and queue_len", "[store][compat][v2]") {
+  auto s = v2_client();
+  const char* q = "02 00 00 00 00 00 00 00 2f 71";  // "/q"
+  const char* x = "01 00 00 00 00 00 00 00 78";     // "x"
+  const char* y = "01 00 00 00 00 00 00 00 79";     // "y"
+  s->send_bytes(cat({"10", q}));                    // QUEUE_LEN of a queue never pushed to
+  expect_reply(*s, kZero);
+  s->send_bytes(cat({"0f", q}));  // QUEUE_POP on an empty queue: the length 0 and nothing else
+  expect_reply(*s, kZero);
+  s->send_bytes(cat({"05", kOne, q}));  // CHECK: an empty queue is not a key
+  expect_reply(*s, "01");
+
+  expect_no_reply(*s, cat({"0e", q, x}));  // QUEUE_PUSH "x": no reply
+  expect_no_reply(*s, cat({"0e", q, y}));  // QUEUE_PUSH "y"
+  s->send_bytes(cat({"10", q}));
+  expect_reply(*s, kTwo);
+  s->send_bytes(cat({"05", kOne, q}));  // CHECK: a non-empty queue counts as present
+  expect_reply(*s, "00");
+  s->send_bytes(hex("07"));  // GETNUMKEYS: queues are not keys
+  expect_reply(*s, kZero);
+  s->send_bytes(cat({"0f", q}));  // first in, first out; the length before the pop comes first
+  expect_reply(*s, std::string(kTwo) + x);
+  s->send_bytes(cat({"06", kOne, q}));  // WAIT on the queue: one element left, so at once
+  expect_reply(*s, "00");
+  s->send_bytes(cat({"0f", q}));
+  expect_reply(*s, std::string(kOne) + y);
+  s->send_bytes(cat({"0f", q}));
+  expect_reply(*s, kZero);
+  // A key and a queue of the same name are separate.
+  expect_no_reply(*s, cat({"01", q, kValue}));
+  s->send_bytes(cat({"10", q}));
+  expect_reply(*s, kZero);
+  s->send_bytes(cat({"03", q}));
+  expect_reply(*s, kValue);
+}
+
+TEST_CASE_METHOD(Fixture, "a queue push wakes one blocked queue_pop at a time, in order",
+                 "[store][compat][v2]") {
+  // queue_pop(block=True) is WAIT on the queue, then QUEUE_POP. Two clients block; each push
+  // must wake exactly one of them, the one that came first, so that no pop finds the queue empty.
+  auto first = v2_client();
+  auto second = v2_client();
+  auto pusher = v2_client();
+  const char* q = "02 00 00 00 00 00 00 00 2f 71";   // "/q"
+  const char* x = "01 00 00 00 00 00 00 00 78";      // "x"
+  const char* y = "01 00 00 00 00 00 00 00 79";      // "y"
+  first->send_bytes(cat({"06", kOne, q, "0f", q}));  // WAIT then QUEUE_POP, pipelined
+  CHECK(first->silent_for(100ms));
+  second->send_bytes(cat({"06", kOne, q, "0f", q}));
+  CHECK(second->silent_for(100ms));
+
+  expect_no_reply(*pusher, cat({"0e", q, x}));
+  expect_reply(*first, std::string("00") + kOne + x);  // woken, popped the only element
+  CHECK(second->silent_for(100ms));                    // still blocked
+
+  expect_no_reply(*pusher, cat({"0e", q, y}));
+  expect_reply(*second, std::string("00") + kOne + y);
+  pusher->send_bytes(cat({"10", q}));
+  expect_reply(*pusher, kZero);
+}
+
 TEST_CASE_METHOD(Fixture, "a 2.x wait is answered when its last key appears",
                  "[store][compat][v2]") {
   auto waiter = v2_client();

@@ -1,4 +1,6 @@
-"""Drives PyTorch 1.13's own TCPStore against a store server, for the compatibility tests.
+"""Drives PyTorch's own TCPStore clients against a store server, for the compatibility tests
+(1.13 here; on a GPU machine, scripts/gpu-check.sh runs it with that machine's PyTorch 2.x, and
+the steps for 2.x-only methods run there).
 
 Run with /usr/bin/python3 (Debian's python3-torch 1.13; the pyenv python3 on PATH has no torch).
 
@@ -150,6 +152,36 @@ class Scenario:
         s("stray_key_set", lambda: set_synced(b, "stray", "1"))
         s("stray_next_reply", e.num_keys)
         s("stray_following_reply", lambda: e.get("stray"))
+
+        # PyTorch 2.x clients only (1.13 has none of these, so its scenario is unchanged). Requests
+        # without a reply are followed by a round trip on the same connection before another
+        # client looks, as in set_synced.
+        if hasattr(a, "multi_get"):
+            s("append_new", lambda: a.append("app", "ab"))
+            s("append_more", lambda: a.append("app", "cd"))
+            s("append_synced", a.num_keys)
+            s("append_get", lambda: b.get("app"))
+            s("multi_set", lambda: a.multi_set(["m1", "m2"], ["1", "2"]))
+            s("multi_set_synced", a.num_keys)
+            s("multi_get", lambda: b.multi_get(["m2", "m1"]))
+            s("check_present", lambda: b.check(["m1", "app"]))
+            s("check_missing", lambda: b.check(["m1", "nope"]))
+        if hasattr(a, "queue_push"):  # 2.7+
+            s("queue_len_unknown", lambda: a.queue_len("q"))
+            s("queue_pop_empty", lambda: a.queue_pop("q", block=False))
+            s("queue_push_1", lambda: a.queue_push("q", "one"))
+            s("queue_push_2", lambda: a.queue_push("q", b"two"))
+            s("queue_len_2", lambda: a.queue_len("q"))
+            s("queue_check", lambda: b.check(["q"]))
+            s("queue_num_keys", b.num_keys)
+            s("queue_pop_first", lambda: b.queue_pop("q", block=False))
+            s("queue_pop_second", lambda: b.queue_pop("q"))
+            s("queue_pop_drained", lambda: b.queue_pop("q", block=False))
+            t = threading.Thread(target=lambda: (time.sleep(0.2), b.queue_push("q2", "late")))
+            t.start()
+            s("queue_pop_blocks_until_push", lambda: a.queue_pop("q2"))
+            t.join()
+            s("queue_pop_times_out", lambda: self.connect(timeout=SHORT).queue_pop("q3"))
 
         # add on a value that is not an integer: PyTorch's server drops that connection.
         f = self.connect()
