@@ -12,10 +12,15 @@
 //                                ranks >= first_absent never join; the others allreduce and a
 //                                second thread of rank 0 aborts it: exit 13 when it failed
 //                                naming the abort, 4 on a timeout
+//   pg_worker abort_midstream    every rank runs 16 MiB allreduces (READY after the first);
+//                                rank 0 aborts when it receives SIGUSR1 (the test first stops a
+//                                peer with SIGSTOP, most likely in the middle of a message): exit
+//                                14 when the allreduce failed naming the abort, 4 on a timeout
 //   pg_worker throw | segv       die by an uncaught exception / SIGSEGV (error-file tests)
 //
 // Exit codes: 0 pass, 1 mismatch, 2 usage, 3 unexpected exception.
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -268,7 +273,8 @@ double seconds_since(Clock::time_point t) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: pg_worker matrix|big|stall|loop|abort|abort_inflight|throw|segv ...\n");
+                 "usage: pg_worker matrix|big|stall|loop|abort|abort_inflight|abort_midstream|"
+                 "throw|segv ...\n");
     return 2;
   }
   std::string scenario = argv[1];
@@ -282,6 +288,11 @@ int main(int argc, char** argv) {
     std::raise(SIGSEGV);
     return 3;
   }
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  // Blocked before init() starts any thread, so that only sigwait() below ever takes it.
+  if (scenario == "abort_midstream") pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   try {
     InitOptions io;
     if (const char* b = std::getenv("PG_WORKER_BACKEND")) io.backend = parse_backend(b);
@@ -392,6 +403,37 @@ int main(int argc, char** argv) {
         code = std::strstr(e.what(), "abort in flight") ? 13 : 9;
       }
       if (aborter.joinable()) aborter.join();
+      return code;
+    } else if (scenario == "abort_midstream") {
+      std::thread aborter;
+      if (pg.rank() == 0)
+        aborter = std::thread([&pg, usr1] {
+          int sig = 0;
+          sigwait(&usr1, &sig);
+          std::printf("ABORTING\n");
+          pg.abort("abort midstream");
+        });
+      std::vector<float> buf(4 << 20, 1.0f);  // 16 MiB
+      int code = 6;
+      for (int it = 0; it < 100000; ++it) {
+        auto t0 = Clock::now();
+        try {
+          pg.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kAvg);
+          if (it == 0) std::printf("READY\n");
+        } catch (const CollectiveTimeoutError& e) {
+          std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+          code = 4;
+          break;
+        } catch (const CollectiveError& e) {
+          std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+          code = std::strstr(e.what(), "abort midstream") ? 14 : 11;
+          break;
+        }
+      }
+      if (aborter.joinable()) {
+        if (code != 14) pthread_kill(aborter.native_handle(), SIGUSR1);  // let it finish
+        aborter.join();
+      }
       return code;
     } else {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());

@@ -223,6 +223,40 @@ TEST_CASE("abort() from another thread ends a Gloo allreduce whose peer never jo
   }
 }
 
+// The peer is stopped (SIGSTOP) while the ranks stream 16 MiB allreduces, so rank 0 is most
+// likely in the middle of receiving a message when it aborts. The group timeout is 120 s: ending
+// within the 30 s allowed here is the abort.
+TEST_CASE("abort() ends a Gloo allreduce whose peer stopped in the middle of a stream",
+          "[worker_sdk][failures][gloo_abort]") {
+  Job job;
+  JobSpec spec;
+  spec.argv = {worker_binary(), "abort_midstream"};
+  spec.nodes = {1, 1};
+  spec.no_placement = true;
+  spec.run_id = unique_run_id("abort-midstream");
+  spec.env["PG_WORKER_TIMEOUT_MS"] = "120000";
+  job.start(spec);
+  for (int r = 0; r < 2; ++r) REQUIRE(job.wait_for_output(r, "READY", 60s));
+  std::this_thread::sleep_for(200ms);
+  job.kill_rank(1, SIGSTOP);
+  std::this_thread::sleep_for(300ms);  // rank 0 is now blocked on the stopped peer
+  job.kill_rank(0, SIGUSR1);
+  INFO("rank 0 output:\n" << job.output(0));
+  bool failed = job.wait_for_output(0, "FAILED after", 30s);
+  job.kill_rank(1, SIGKILL);
+  REQUIRE(failed);
+  auto results = job.wait(30s);
+  INFO(job.describe(results));
+  for (auto& r : results) {
+    if (r.rank == 1) {
+      CHECK(r.signal == SIGKILL);
+      continue;
+    }
+    REQUIRE(r.exited);
+    REQUIRE(r.exit_code == 14);
+  }
+}
+
 TEST_CASE("a group re-created after a restart works on the same store", "[worker_sdk][restart]") {
   Job store_host;  // one store for both rounds, as the agent keeps it across restarts
   const std::string run_id = unique_run_id("restart");
