@@ -104,7 +104,8 @@ class NcclBackend : public BackendImpl {
       bool clean = !failed_ && !aborted_;
       if (clean) {
         // Non-blocking finalize: give it a bounded time, abort if it does not finish.
-        clean = ncclCommFinalize(comm_) != ncclInternalError;
+        ncclResult_t fin = ncclCommFinalize(comm_);
+        clean = fin == ncclSuccess || fin == ncclInProgress;
         auto limit = Clock::now() + std::chrono::seconds(10);
         ncclResult_t state = ncclInProgress;
         while (clean && Clock::now() < limit) {
