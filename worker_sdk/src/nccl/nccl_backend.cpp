@@ -65,6 +65,19 @@ class NcclBackend : public BackendImpl {
  public:
   NcclBackend(const ProcessGroupOptions& o, Deadline deadline)
       : rank_(o.rank), size_(o.world_size) {
+    try {
+      init(o, deadline);
+    } catch (...) {
+      failed_ = true;  // a communicator half made is aborted, not finalized
+      release();       // the destructor does not run for a constructor that throws
+      throw;
+    }
+  }
+
+  ~NcclBackend() override { release(); }
+
+ private:
+  void init(const ProcessGroupOptions& o, Deadline deadline) {
     std::string why;
     int n = cuda_device_count(&why);
     if (n == 0)
@@ -99,7 +112,8 @@ class NcclBackend : public BackendImpl {
     wait_comm_ready("ncclCommInitRankConfig", deadline);
   }
 
-  ~NcclBackend() override {
+  // Finalizes (or, after a failure, aborts) the communicator and frees the CUDA resources.
+  void release() {
     if (comm_) {
       bool clean = !failed_ && !aborted_;
       if (clean) {
@@ -119,12 +133,17 @@ class NcclBackend : public BackendImpl {
       else
         ncclCommAbort(comm_);
     }
+    comm_ = nullptr;
     if (scratch_) cudaFree(scratch_);
     if (event_) cudaEventDestroy(event_);
     if (inputs_ready_) cudaEventDestroy(inputs_ready_);
     if (stream_) cudaStreamDestroy(stream_);
+    scratch_ = nullptr;
+    event_ = inputs_ready_ = nullptr;
+    stream_ = nullptr;
   }
 
+ public:
   std::string description() const override { return "nccl"; }
 
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
