@@ -11,7 +11,7 @@
 #                                        (on the build machine) copy what the checks run, with
 #                                        debug info stripped, and the shared libraries they need
 #                                        (not libnccl: 218 MB) into OUT_DIR (default .gpu, git-
-#                                        ignored, about 15 MB): carry OUT_DIR to the GPU machine
+#                                        ignored, about 7 MB): carry OUT_DIR to the GPU machine
 #                                        and run `scripts/gpu-check.sh OUT_DIR` there. A build dir
 #                                        itself is far too big to carry (~570 MB with debug info).
 # Exit status: 0 when every check passed, 1 otherwise.
