@@ -100,6 +100,12 @@ PYEOF
   fi
 fi
 
+# One run is all a borrowed GPU machine may get: say which libraries were picked, and let NCCL
+# explain its own failures.
+echo "== libraries"
+ldd "$build/$trun_lib" 2>&1 | grep -E "libnccl|libcudart|libgloo|not found" | sed 's/^[[:space:]]*/  /'
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
+
 echo "== devices"
 if command -v nvidia-smi >/dev/null; then
   nvidia-smi -L
@@ -125,7 +131,7 @@ run_catch_binary() {
     status=1
     return
   fi
-  local name out rc
+  local name out rc note
   while IFS= read -r name; do
     [[ -z $name ]] && continue
     # Catch2 reads commas in a test spec as "or": escape them; -w NoTests fails on no match.
@@ -139,7 +145,9 @@ run_catch_binary() {
     elif grep -q "skipped:" <<<"$out"; then
       echo "SKIP: $name ($(grep -o "skipped:[^']*" <<<"$out" | head -1))"
     else
-      echo "PASS: $name"
+      # A case's WARN (the NCCL version in use, say) goes on its PASS line.
+      note=$(grep -o "warning: '[^']*'" <<<"$out" | head -1 | sed "s/^warning: '//; s/'\$//")
+      echo "PASS: $name${note:+ ($note)}"
       [[ $name == GPU:* ]] && gpu_ran=1
     fi
   done < <("$test_bin" --list-test-names-only 2>/dev/null)
