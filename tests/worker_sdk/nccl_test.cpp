@@ -118,11 +118,23 @@ void gpu_rank_checks(ProcessGroup& pg) {
     auto got = host_copy(d, n);
     for (size_t i = 0; i < n; ++i)
       REQUIRE(got[i] == static_cast<float>(world * (world + 1) / 2 * (i % 7)));
+    // Every rank now holds the same values: each later collective must leave them in place.
+    auto expect_sum = [&](const std::vector<float>& h, size_t offset) {
+      for (size_t i = 0; i < n; ++i)
+        REQUIRE(h[offset + i] == static_cast<float>(world * (world + 1) / 2 * (i % 7)));
+    };
+    pg.allreduce(d, n, DataType::kFloat32, ReduceOp::kAvg);  // the average of equal values
+    expect_sum(host_copy(d, n), 0);
     pg.broadcast(d, n, DataType::kFloat32, world - 1);
+    expect_sum(host_copy(d, n), 0);
     float* all = nullptr;
     REQUIRE(cudaMalloc(&all, n * world * sizeof(float) + 1) == cudaSuccess);
     pg.allgather(d, all, n, DataType::kFloat32);
+    auto gathered = host_copy(all, n * world);
+    for (int r = 0; r < world; ++r) expect_sum(gathered, static_cast<size_t>(r) * n);
+    REQUIRE(cudaMemset(d, 0, n * sizeof(float) + 1) == cudaSuccess);
     pg.reduce_scatter(all, d, n, DataType::kFloat32, ReduceOp::kMax);
+    expect_sum(host_copy(d, n), 0);
     pg.barrier();
     cudaFree(all);
     cudaFree(d);
@@ -147,6 +159,38 @@ TEST_CASE("GPU: every collective on device buffers, world size 1", "[worker_sdk]
   ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
   CHECK(pg.backend() == Backend::kNccl);
   gpu_rank_checks(pg);
+}
+
+// The timeout path on real hardware with one GPU: rank 0 of a world of 2 whose rank 1 never
+// comes. The non-blocking ncclCommInitRankConfig stays in progress; at the group's deadline the
+// communicator is aborted and the constructor raises, instead of hanging.
+TEST_CASE("GPU: a peer that never joins: NCCL init times out and aborts",
+          "[worker_sdk][nccl][gpu]") {
+  if (!nccl_available()) {
+    WARN("skipped: " << test::no_gpu_reason()
+                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
+    return;
+  }
+  auto o = test::nccl_rank_options(0, 2, std::make_shared<trun::rendezvous::InMemoryStore>());
+  o.timeout = std::chrono::seconds(5);
+  auto t0 = std::chrono::steady_clock::now();
+  std::string what;
+  bool timed_out = false;
+  try {
+    ProcessGroup pg(o);
+    FAIL("a group whose peer never joins must not form");
+  } catch (const CollectiveTimeoutError& e) {
+    timed_out = true;
+    what = e.what();
+  } catch (const CollectiveError& e) {
+    what = e.what();
+  }
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO(what);
+  CHECK(timed_out);
+  CHECK(what.find("aborted") != std::string::npos);
+  CHECK(s >= 4.5);
+  CHECK(s < 60);
 }
 
 TEST_CASE("GPU: two ranks on two devices", "[worker_sdk][nccl][gpu]") {
