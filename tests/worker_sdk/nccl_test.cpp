@@ -3,8 +3,10 @@
 // device buffers, world size 1 (and 2 ranks as threads when two devices are visible).
 
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdio>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "trun/config.h"
@@ -191,6 +193,42 @@ TEST_CASE("GPU: a peer that never joins: NCCL init times out and aborts",
   CHECK(what.find("aborted") != std::string::npos);
   CHECK(s >= 4.5);
   CHECK(s < 60);
+}
+
+// ProcessGroupOptions::cuda_stream: the program's non-blocking stream is held for 300 ms by a
+// host function and then zeroes the buffer; an out-of-place allgather issued meanwhile must
+// read the zeros. Without the ordering it would copy the old ones (the legacy default stream
+// does not wait for a non-blocking stream).
+TEST_CASE("GPU: with cuda_stream set, a collective starts after the work queued on that stream",
+          "[worker_sdk][nccl][gpu]") {
+  if (!nccl_available()) {
+    WARN("skipped: " << test::no_gpu_reason()
+                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
+    return;
+  }
+  REQUIRE(cudaSetDevice(0) == cudaSuccess);
+  cudaStream_t s = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  {
+    auto o = test::nccl_rank_options(0, 1, nullptr);
+    o.cuda_stream = s;
+    ProcessGroup pg(o);
+    const size_t n = 1 << 20;
+    float* d = device_copy(std::vector<float>(n, 1.0f));
+    float* out = device_copy(std::vector<float>(n, 2.0f));
+    REQUIRE(cudaLaunchHostFunc(
+                s, [](void*) { std::this_thread::sleep_for(std::chrono::milliseconds(300)); },
+                nullptr) == cudaSuccess);
+    REQUIRE(cudaMemsetAsync(d, 0, n * sizeof(float), s) == cudaSuccess);
+    pg.allgather(d, out, n, DataType::kFloat32);
+    auto got = host_copy(out, n);
+    CHECK(got[0] == 0.0f);
+    CHECK(got[n - 1] == 0.0f);
+    REQUIRE(cudaStreamSynchronize(s) == cudaSuccess);
+    cudaFree(d);
+    cudaFree(out);
+  }
+  cudaStreamDestroy(s);
 }
 
 TEST_CASE("GPU: two ranks on two devices", "[worker_sdk][nccl][gpu]") {

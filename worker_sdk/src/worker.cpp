@@ -68,6 +68,7 @@ std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
   o.timeout = options_.timeout;
   o.tag = env_.run_id + "-r" + std::to_string(env_.restart_count) + "-pg" + std::to_string(n);
   o.gloo_peer_hint = env_.master_addr;
+  o.cuda_stream = options_.cuda_stream;
   return std::make_unique<ProcessGroup>(std::move(o));
 }
 

@@ -105,6 +105,12 @@ struct ProcessGroupOptions {
   std::string tag = "default";
   // NCCL: CUDA device to use; -1: local_rank modulo the number of devices.
   int cuda_device = -1;
+  // NCCL: a cudaStream_t (passed as void*, so that this header needs no CUDA). Each collective
+  // starts only after the work queued on it so far, e.g. the kernel that wrote the buffer.
+  // nullptr: the legacy default stream, which orders it after every blocking stream; a program
+  // that writes buffers on a non-blocking stream (libtorch's pool streams are such) passes that
+  // stream here. The stream must outlive the group. CPU groups ignore it.
+  void* cuda_stream = nullptr;
   // Gloo: local address to bind and advertise. Empty: the address this host uses to reach
   // `gloo_peer_hint` (the store's host), else 127.0.0.1.
   std::string gloo_host;

@@ -76,6 +76,8 @@ struct InitOptions {
   bool install_error_handler = true;
   // Build the default process group in init() (a collective over all ranks).
   bool create_default_group = true;
+  // NCCL groups built by init() and new_group(): see ProcessGroupOptions::cuda_stream.
+  void* cuda_stream = nullptr;
 };
 
 class Worker {

@@ -64,7 +64,9 @@ ncclRedOp_t to_nccl(ReduceOp op) {
 class NcclBackend : public BackendImpl {
  public:
   NcclBackend(const ProcessGroupOptions& o, Deadline deadline)
-      : rank_(o.rank), size_(o.world_size) {
+      : rank_(o.rank),
+        size_(o.world_size),
+        order_after_(o.cuda_stream ? static_cast<cudaStream_t>(o.cuda_stream) : cudaStreamLegacy) {
     try {
       init(o, deadline);
     } catch (...) {
@@ -214,10 +216,11 @@ class NcclBackend : public BackendImpl {
   void run(const char* what, Deadline deadline, Launch&& launch) {
     if (!comm_) throw CollectiveError(std::string(what) + ": NCCL communicator is gone");
     TRUN_CUDA_CHECK(cudaSetDevice(device_));
-    // Our stream does not synchronize with the default stream by itself (it is non-blocking):
-    // make it wait for what the caller queued on the legacy default stream (which every
-    // blocking stream synchronizes with), e.g. the kernel that wrote the buffer.
-    TRUN_CUDA_CHECK(cudaEventRecord(inputs_ready_, cudaStreamLegacy));
+    // Our stream does not synchronize with any other by itself (it is non-blocking): make it
+    // wait for what the program queued on its stream (options.cuda_stream), or else on the
+    // legacy default stream, which every blocking stream synchronizes with; e.g. the kernel
+    // that wrote the buffer.
+    TRUN_CUDA_CHECK(cudaEventRecord(inputs_ready_, order_after_));
     TRUN_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
     ncclResult_t res = launch();
     if (res != ncclSuccess && res != ncclInProgress)
@@ -239,6 +242,7 @@ class NcclBackend : public BackendImpl {
 
   int rank_;
   int size_;
+  cudaStream_t order_after_;  // the program's stream that collectives wait for
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t event_ = nullptr;         // recorded after the collective: completion
