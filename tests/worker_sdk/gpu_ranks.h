@@ -36,6 +36,16 @@ inline std::string no_gpu_reason() {
   return "NCCL unavailable with " + std::to_string(count) + " CUDA device(s) visible";
 }
 
+// First statement of a "GPU:" test case: without a usable device it reports why and returns.
+#define TRUN_SKIP_WITHOUT_GPU()                                                  \
+  do {                                                                           \
+    if (!::trun::worker::nccl_available()) {                                     \
+      WARN("skipped: " << ::trun::worker::test::no_gpu_reason()                  \
+                       << " (scripts/gpu-check.sh runs this on a GPU machine)"); \
+      return;                                                                    \
+    }                                                                            \
+  } while (0)
+
 // Options for rank `rank` of `world` on CUDA device `rank`, NCCL backend, a 120 s timeout.
 inline ProcessGroupOptions nccl_rank_options(int rank, int world,
                                              std::shared_ptr<rendezvous::Store> store) {

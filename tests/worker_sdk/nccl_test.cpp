@@ -153,11 +153,7 @@ void gpu_rank_checks(ProcessGroup& pg) {
 }  // namespace
 
 TEST_CASE("GPU: every collective on device buffers, world size 1", "[worker_sdk][nccl][gpu]") {
-  if (!nccl_available()) {
-    WARN("skipped: " << test::no_gpu_reason()
-                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPU();
   ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
   CHECK(pg.backend() == Backend::kNccl);
   gpu_rank_checks(pg);
@@ -168,11 +164,7 @@ TEST_CASE("GPU: every collective on device buffers, world size 1", "[worker_sdk]
 // communicator is aborted and the constructor raises, instead of hanging.
 TEST_CASE("GPU: a peer that never joins: NCCL init times out and aborts",
           "[worker_sdk][nccl][gpu]") {
-  if (!nccl_available()) {
-    WARN("skipped: " << test::no_gpu_reason()
-                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPU();
   auto o = test::nccl_rank_options(0, 2, std::make_shared<trun::rendezvous::InMemoryStore>());
   o.timeout = std::chrono::seconds(5);
   auto t0 = std::chrono::steady_clock::now();
@@ -201,11 +193,7 @@ TEST_CASE("GPU: a peer that never joins: NCCL init times out and aborts",
 // does not wait for a non-blocking stream).
 TEST_CASE("GPU: with cuda_stream set, a collective starts after the work queued on that stream",
           "[worker_sdk][nccl][gpu]") {
-  if (!nccl_available()) {
-    WARN("skipped: " << test::no_gpu_reason()
-                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPU();
   REQUIRE(cudaSetDevice(0) == cudaSuccess);
   cudaStream_t s = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);

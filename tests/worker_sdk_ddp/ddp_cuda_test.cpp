@@ -99,11 +99,7 @@ std::string rank_checks(ProcessGroup& pg) {
 }  // namespace
 
 TEST_CASE("GPU: DDP on device buffers, world size 1", "[ddp][cuda][gpu]") {
-  if (!nccl_available()) {
-    WARN("skipped: " << test::no_gpu_reason()
-                     << " (scripts/gpu-check.sh runs this on a GPU machine)");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPU();
   ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
   cudaSetDevice(0);
   REQUIRE(rank_checks(pg) == "");
