@@ -212,35 +212,24 @@ class ServerImpl : public StoreServer {
     return it != queues_.end() && !it->second.empty();
   }
 
-  void notify(const std::string& key) {
+  // Wakes the connections waiting for `key`, in the order they came. With `first_only` (after a
+  // queue push) it stops after the first whose wait is then complete: that one pops the element,
+  // the rest keep waiting, ahead of any registered meanwhile (PyTorch's wakeupOneWaitingClient,
+  // except that woken waiters leave the list).
+  void notify(const std::string& key, bool first_only = false) {
     auto it = waiters_.find(key);
     if (it == waiters_.end()) return;
     auto list = std::move(it->second);
     waiters_.erase(it);
-    for (auto& [weak, wait_id] : list) {
-      if (auto c = weak.lock()) c->on_key_ready(wait_id);
-    }
-  }
-
-  // After a queue push: wakes waiters on `key` in the order they came, up to and including the
-  // first whose wait is then complete (it will pop the element; the others keep waiting). This is
-  // PyTorch's wakeupOneWaitingClient, except that woken waiters leave the list.
-  void notify_one(const std::string& key) {
-    auto it = waiters_.find(key);
-    if (it == waiters_.end()) return;
-    auto list = std::move(it->second);
-    waiters_.erase(it);
-    size_t i = 0;
-    for (; i < list.size(); ++i) {
+    for (size_t i = 0; i < list.size(); ++i) {
       auto c = list[i].first.lock();
-      if (c && c->on_key_ready(list[i].second)) {
-        ++i;
-        break;
+      if (c && c->on_key_ready(list[i].second) && first_only) {
+        if (i + 1 == list.size()) return;
+        auto& rest = waiters_[key];
+        rest.insert(rest.begin(), list.begin() + i + 1, list.end());
+        return;
       }
     }
-    if (i == list.size()) return;
-    auto& rest = waiters_[key];  // those not woken, ahead of any registered meanwhile
-    rest.insert(rest.begin(), list.begin() + i, list.end());
   }
 
   void remove_waiter(const std::string& key, const Connection* conn) {
@@ -559,7 +548,7 @@ bool Connection::execute(wire::Request& r) {
     case Op::kQueuePush: {
       auto& q = server_->queues_[r.keys[0]];
       q.push_back(std::move(r.values[0]));
-      server_->notify_one(r.keys[0]);
+      server_->notify(r.keys[0], /*first_only=*/true);
       return true;
     }
     case Op::kQueuePop: {

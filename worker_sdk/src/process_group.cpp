@@ -159,22 +159,23 @@ struct ProcessGroup::Impl {
         executing = true;
         cause = broken_cause;
       }
-      task.state->finish(cause.empty()
-                             ? execute(task.state->what, task.run, Clock::now() + task.timeout)
-                             : broken_error(task.state->what, cause));
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        executing = false;
-      }
-      cv.notify_all();
+      // The Work completes before `executing` clears: a blocking call may then run inline only
+      // after every earlier Work reports done.
+      task.state->finish(execute(task.state->what, task.run, task.timeout, cause));
+      done_executing();
     }
   }
 
-  // Runs one collective; its failure as the caller sees it (nullptr: success).
+  // Runs one collective, or fails it at once when the group was broken (`cause`, read when the
+  // collective was claimed); its failure as the caller sees it (nullptr: success).
   std::exception_ptr execute(const std::string& what, const std::function<void(Deadline)>& run,
-                             Deadline deadline) {
+                             Timeout timeout, const std::string& cause) {
+    if (!cause.empty())
+      return std::make_exception_ptr(CollectiveError(what + " on rank " +
+                                                     std::to_string(options.rank) +
+                                                     ": the process group is broken: " + cause));
     try {
-      run(deadline);
+      run(Clock::now() + timeout);
       return nullptr;
     } catch (const CollectiveError& e) {
       mark_broken(e.what());
@@ -187,10 +188,12 @@ struct ProcessGroup::Impl {
     }
   }
 
-  std::exception_ptr broken_error(const std::string& what, const std::string& cause) const {
-    return std::make_exception_ptr(CollectiveError(what + " on rank " +
-                                                   std::to_string(options.rank) +
-                                                   ": the process group is broken: " + cause));
+  void done_executing() {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      executing = false;
+    }
+    cv.notify_all();
   }
 
   // A blocking collective: run on the calling thread when nothing is queued or running (no
@@ -209,13 +212,8 @@ struct ProcessGroup::Impl {
       executing = true;
       cause = broken_cause;
     }
-    std::exception_ptr error =
-        cause.empty() ? execute(what, run, Clock::now() + timeout) : broken_error(what, cause);
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      executing = false;
-    }
-    cv.notify_all();
+    std::exception_ptr error = execute(what, run, timeout, cause);
+    done_executing();
     if (error) std::rethrow_exception(error);
   }
 

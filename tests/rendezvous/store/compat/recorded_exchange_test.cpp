@@ -32,6 +32,9 @@ const char* const kEmpty = "00 00 00 00 00 00 00 00";                 // ""
 const char* const kOne = "01 00 00 00 00 00 00 00";                   // u64/i64 1
 const char* const kTwo = "02 00 00 00 00 00 00 00";                   // u64/i64 2
 const char* const kZero = "00 00 00 00 00 00 00 00";                  // u64/i64 0
+const char* const kQueue = "02 00 00 00 00 00 00 00 2f 71";           // "/q"
+const char* const kX = "01 00 00 00 00 00 00 00 78";                  // "x"
+const char* const kY = "01 00 00 00 00 00 00 00 79";                  // "y"
 const char* const kValidate = "00 ce f7 85 3c";                       // VALIDATE + magic
 const char* const kPing12345 = "0d 39 30 00 00";                      // PING, nonce 12345
 const char* const kPong12345 = "39 30 00 00";
@@ -135,9 +138,9 @@ TEST_CASE_METHOD(Fixture, "2.x set, wait then get, add, check and num_keys",
 TEST_CASE_METHOD(Fixture, "2.x compare_set in its four cases", "[store][compat][v2]") {
   auto s = v2_client();
   const char* k = "02 00 00 00 00 00 00 00 2f 6b";  // "/k"
-  const char* x = "01 00 00 00 00 00 00 00 78";     // "x"
-  const char* y = "01 00 00 00 00 00 00 00 79";     // "y"
-  const char* z = "01 00 00 00 00 00 00 00 7a";     // "z"
+  const char* x = kX;
+  const char* y = kY;
+  const char* z = "01 00 00 00 00 00 00 00 7a";  // "z"
   // Missing key, expected not empty: nothing stored, the expected value comes back.
   s->send_bytes(cat({"02", k, y, x}));
   expect_reply(*s, y);
@@ -186,10 +189,10 @@ TEST_CASE_METHOD(Fixture, "2.x delete_key, append, multi_set and multi_get",
 
 TEST_CASE_METHOD(Fixture, "2.7+ queue_push, queue_pop and queue_len", "[store][compat][v2]") {
   auto s = v2_client();
-  const char* q = "02 00 00 00 00 00 00 00 2f 71";  // "/q"
-  const char* x = "01 00 00 00 00 00 00 00 78";     // "x"
-  const char* y = "01 00 00 00 00 00 00 00 79";     // "y"
-  s->send_bytes(cat({"10", q}));                    // QUEUE_LEN of a queue never pushed to
+  const char* q = kQueue;
+  const char* x = kX;
+  const char* y = kY;
+  s->send_bytes(cat({"10", q}));  // QUEUE_LEN of a queue never pushed to
   expect_reply(*s, kZero);
   s->send_bytes(cat({"0f", q}));  // QUEUE_POP on an empty queue: the length 0 and nothing else
   expect_reply(*s, kZero);
@@ -227,9 +230,9 @@ TEST_CASE_METHOD(Fixture, "a queue push wakes one blocked queue_pop at a time, i
   auto first = v2_client();
   auto second = v2_client();
   auto pusher = v2_client();
-  const char* q = "02 00 00 00 00 00 00 00 2f 71";   // "/q"
-  const char* x = "01 00 00 00 00 00 00 00 78";      // "x"
-  const char* y = "01 00 00 00 00 00 00 00 79";      // "y"
+  const char* q = kQueue;
+  const char* x = kX;
+  const char* y = kY;
   first->send_bytes(cat({"06", kOne, q, "0f", q}));  // WAIT then QUEUE_POP, pipelined
   CHECK(first->silent_for(100ms));
   second->send_bytes(cat({"06", kOne, q, "0f", q}));
