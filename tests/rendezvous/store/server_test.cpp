@@ -247,6 +247,8 @@ TEST_CASE("malformed input closes only that connection", "[store][malformed]") {
     std::string msg = v2_hello();
     Encoder(&msg).query(Op::kAdd).bytes("a_text").i64(1);
     ok.set("a_text", "hello");
+    // SET has no reply: a round trip makes sure it is stored before the raw ADD can arrive.
+    REQUIRE(ok.get("a_text") == "hello");
     raw.send(msg);
     CHECK(raw.closed_by_peer(5s));
     CHECK(ok.get("a_text") == "hello");
