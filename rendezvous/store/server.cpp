@@ -64,6 +64,10 @@ const char* op_name(Op op) {
       return "QUEUE_POP";
     case Op::kQueueLen:
       return "QUEUE_LEN";
+    case Op::kListKeys:
+      return "LIST_KEYS";
+    case Op::kBarrier:
+      return "BARRIER";
     case Op::kAuthHello:
       return "AUTH_HELLO";
     case Op::kAuthProof:
@@ -465,23 +469,46 @@ bool Connection::execute(wire::Request& r) {
       }
       return true;
     }
-    case Op::kAdd: {
-      auto it = data.find(r.keys[0]);
+    case Op::kAdd:
+    case Op::kBarrier: {
+      // BARRIER counts arrivals in the key's decimal value, as ADD does; the arrival that
+      // reaches the world size (r.number) releases everyone waiting on the key.
+      const std::string& key = r.keys[0];
+      auto it = data.find(key);
       int64_t value = 0;
       if (it != data.end()) {
         const std::string& s = it->second;
         auto [p, err] = std::from_chars(s.data(), s.data() + s.size(), value);
         if (err != std::errc() || p != s.data() + s.size()) {
-          close("ADD on key '" + r.keys[0] + "' whose value is not an integer");
+          close(std::string(op_name(r.op)) + " on key '" + key + "' whose value is not an integer");
           return false;
         }
       }
-      value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(r.number));
-      data[r.keys[0]] = std::to_string(value);
-      enc.i64(value);
-      server_->notify(r.keys[0]);
-      return true;
+      const int64_t delta = r.op == Op::kAdd ? r.number : 1;
+      value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(delta));
+      data[key] = std::to_string(value);
+      if (r.op == Op::kAdd) {
+        enc.i64(value);
+        server_->notify(key);
+        return true;
+      }
+      if (value >= r.number) {
+        server_->notify(key);
+        enc.u8(wire::kWaitStop);
+        return true;
+      }
+      // Wait for the next change of the key: then a WAIT on it answers STOP_WAITING. A timed-out
+      // client sends CANCEL_WAIT, as after a WAIT.
+      wire::Request wait;
+      wait.op = Op::kWait;
+      wait.keys = {key};
+      block_on({key}, std::move(wait), -1);
+      return false;
     }
+    case Op::kListKeys:
+      enc.i64(static_cast<int64_t>(data.size()));
+      for (const auto& kv : data) enc.bytes(kv.first);
+      return true;
     case Op::kCheck: {
       bool all = true;
       for (auto& k : r.keys) all = all && (data.count(k) || server_->queued(k));

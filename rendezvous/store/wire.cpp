@@ -33,6 +33,8 @@ constexpr QueryEntry kV2Queries[] = {
     {14, Op::kQueuePush},
     {15, Op::kQueuePop},
     {16, Op::kQueueLen},
+    {17, Op::kListKeys},  // 17 and 18: order of declaration, not seen in a released enum
+    {18, Op::kBarrier},
     {kExtBase + 0, Op::kAuthHello},
     {kExtBase + 1, Op::kAuthProof},
     {kExtBase + 2, Op::kWaitKeys},
@@ -154,10 +156,11 @@ void DecodeBody(Op op, Cursor& c, Request* r) {
       r->keys.resize(1);
       c.Key(&r->keys[0]);
       return;
-    case Op::kAdd: {
+    case Op::kAdd:
+    case Op::kBarrier: {
       r->keys.resize(1);
-      int64_t delta = 0;
-      if (c.Key(&r->keys[0]) && c.Fixed(&delta)) r->number = delta;
+      int64_t n = 0;  // the delta, or the barrier's world size
+      if (c.Key(&r->keys[0]) && c.Fixed(&n)) r->number = n;
       return;
     }
     case Op::kCheck:
@@ -197,6 +200,7 @@ void DecodeBody(Op op, Cursor& c, Request* r) {
       return;
     }
     case Op::kNumKeys:
+    case Op::kListKeys:
     case Op::kCancelWait:
     case Op::kAuthHello:
     case Op::kLeaseRelease:

@@ -42,6 +42,8 @@ enum class Op : uint8_t {
   kQueuePush,
   kQueuePop,
   kQueueLen,
+  kListKeys,  // PyTorch after 2.9: every key (not the queues); the opcode is inferred, see docs
+  kBarrier,   // PyTorch after 2.9: add 1 to the counter at the key, wait until it reaches n
   // trun extensions (V2 dialect only). Query numbers from kExtBase up; PyTorch never sends them.
   kAuthHello,  // client asks for a challenge; server answers 32 random bytes
   kAuthProof,  // client sends HMAC-SHA256(token, challenge); server answers 1 byte (1 = accepted)
@@ -74,7 +76,7 @@ struct Request {
   Op op = Op::kPing;
   std::vector<std::string> keys;
   std::vector<std::string> values;  // set/append: 1; compare_set: expected, desired; multi_set: n
-  int64_t number = 0;               // add: delta; ping: nonce; validate: magic; wait_keys: ms
+  int64_t number = 0;  // add: delta; ping: nonce; validate: magic; wait_keys: ms; barrier: n
 };
 
 enum class Status : uint8_t { kOk, kNeedMore, kMalformed };

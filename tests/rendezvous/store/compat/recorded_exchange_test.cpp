@@ -248,6 +248,73 @@ TEST_CASE_METHOD(Fixture, "a queue push wakes one blocked queue_pop at a time, i
   expect_reply(*pusher, kZero);
 }
 
+// LIST_KEYS (17) and BARRIER (18) exist only in PyTorch after 2.9; their opcodes follow the
+// order of declaration (docs/tcpstore-protocol.md, section 2).
+TEST_CASE_METHOD(Fixture, "list_keys names every key and no queue", "[store][compat][v2]") {
+  auto s = v2_client();
+  s->send_bytes(hex("11"));
+  expect_reply(*s, kZero);
+  expect_no_reply(*s, cat({"01", kKey, kValue}));
+  expect_no_reply(*s, cat({"0e", kQueue, kX}));  // a queue is not a key
+  s->send_bytes(hex("11"));
+  expect_reply(*s, std::string(kOne) + kKey);
+  s->send_bytes(cat({"04", kCnt, kOne, "11"}));  // ADD then LIST_KEYS: two keys, in any order
+  CHECK(to_hex(s->recv_bytes(16)) == to_hex(cat({kOne, kTwo})));
+  std::string names = to_hex(s->recv_bytes(hex(kKey).size() + hex(kCnt).size()));
+  CHECK((names == to_hex(cat({kKey, kCnt})) || names == to_hex(cat({kCnt, kKey}))));
+}
+
+TEST_CASE_METHOD(Fixture, "a barrier releases every waiter when the last one arrives",
+                 "[store][compat][v2]") {
+  const char* b = "02 00 00 00 00 00 00 00 2f 62";  // "/b"
+  const char* three = "03 00 00 00 00 00 00 00";
+  auto first = v2_client();
+  auto second = v2_client();
+  auto last = v2_client();
+  first->send_bytes(cat({"12", b, three}));
+  CHECK(first->silent_for(100ms));
+  second->send_bytes(cat({"12", b, three, "07"}));  // GETNUMKEYS queued behind the barrier
+  CHECK(second->silent_for(100ms));
+  CHECK(first->silent_for(10ms));
+  last->send_bytes(cat({"12", b, three}));
+  expect_reply(*last, "00");
+  expect_reply(*first, "00");
+  expect_reply(*second, std::string("00") + kOne);
+  last->send_bytes(cat({"03", b}));  // the counter is an ordinary key
+  expect_reply(*last, "01 00 00 00 00 00 00 00 33");
+  last->send_bytes(cat({"12", b, three}));  // past the count: passes at once
+  expect_reply(*last, "00");
+}
+
+TEST_CASE_METHOD(Fixture, "a barrier timeout: CANCEL_WAIT, and the arrival still counts",
+                 "[store][compat][v2]") {
+  const char* b = "02 00 00 00 00 00 00 00 2f 62";
+  auto s = v2_client();
+  s->send_bytes(cat({"12", b, kTwo}));
+  CHECK(s->silent_for(100ms));
+  s->send_bytes(hex("0c"));  // the client's timeout: CANCEL_WAIT
+  expect_reply(*s, "01");
+  s->send_bytes(cat({"03", b}));  // PyTorch's server keeps the arrival too
+  expect_reply(*s, "01 00 00 00 00 00 00 00 31");
+  auto other = v2_client();
+  other->send_bytes(cat({"12", b, kTwo}));
+  expect_reply(*other, "00");
+  CHECK(s->silent_for(50ms));  // the cancelled wait is not answered again
+}
+
+TEST_CASE_METHOD(Fixture, "a barrier on a key that is not a counter closes that connection",
+                 "[store][compat][v2]") {
+  auto s = v2_client();
+  auto other = v2_client();
+  expect_no_reply(*other, cat({"01", kKey, kValue}));
+  other->send_bytes(cat({"03", kKey}));  // a round trip: the SET is stored
+  expect_reply(*other, kValue);
+  s->send_bytes(cat({"12", kKey, kTwo}));
+  CHECK(s->closed_by_peer());
+  other->send_bytes(cat({"03", kKey}));
+  expect_reply(*other, kValue);
+}
+
 TEST_CASE_METHOD(Fixture, "a 2.x wait is answered when its last key appears",
                  "[store][compat][v2]") {
   auto waiter = v2_client();

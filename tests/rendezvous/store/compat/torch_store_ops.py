@@ -182,6 +182,15 @@ class Scenario:
             s("queue_pop_blocks_until_push", lambda: a.queue_pop("q2"))
             t.join()
             s("queue_pop_times_out", lambda: self.connect(timeout=SHORT).queue_pop("q3"))
+        if hasattr(a, "list_keys"):  # after 2.9; key order is the server's hash order: sorted
+            s("list_keys", lambda: sorted(b.list_keys()))
+        if hasattr(a, "barrier"):  # after 2.9: the BARRIER query
+            t = threading.Thread(target=lambda: b.barrier("bar", 2, TIMEOUT))
+            t.start()
+            s("barrier_two", lambda: a.barrier("bar", 2, TIMEOUT))
+            t.join()
+            s("barrier_counter", lambda: a.get("bar"))
+            s("barrier_times_out", lambda: self.connect(timeout=SHORT).barrier("bar1", 2, SHORT))
 
         # add on a value that is not an integer: PyTorch's server drops that connection.
         f = self.connect()
