@@ -14,8 +14,14 @@
 // memcpy between single allreduces was tried: the ranks then sleep in the barrier every time,
 // and with more ranks than cores the wake-ups pile them onto one core for the next allreduce.)
 // cpu_busbw and cpu_memcpy use CPU time instead of wall-clock time (informative: what the run
-// would show on an idle machine with a core per rank).
+// would show on an idle machine with a core per rank). xcore_ns is the round trip of one cache
+// line between two threads pinned to the first two CPUs the process may use, also timed by rank
+// 0 before and after (informative: on a VM whose vCPUs the host sometimes places on different
+// core complexes, it jumps from about 120 ns to about 500 ns, and every multi-rank figure of
+// that run drops with it; single-thread memcpy does not notice).
 
+#include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,11 +29,13 @@
 #include <time.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "rendezvous/store/server.h"
@@ -80,6 +88,48 @@ std::pair<double, double> time_memcpy(std::vector<char>& dst, std::vector<char>&
   return {t, c};
 }
 
+// Median round trip (ns) of a cache line bounced between threads pinned to the first two CPUs
+// of this process's affinity mask; 0 when it has only one.
+double cross_core_round_trip_ns() {
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || CPU_COUNT(&allowed) < 2) return 0;
+  int cpus[2], found = 0;
+  for (int c = 0; c < CPU_SETSIZE && found < 2; ++c)
+    if (CPU_ISSET(c, &allowed)) cpus[found++] = c;
+  auto pin = [](int cpu) {
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    pthread_setaffinity_np(pthread_self(), sizeof one, &one);
+  };
+  constexpr int kTrips = 20000, kRounds = 5;
+  alignas(64) std::atomic<int> ball{0};
+  std::vector<double> ns;
+  std::thread echo([&] {
+    pin(cpus[1]);
+    for (int i = 0; i < kTrips * kRounds; ++i) {
+      for (long spin = 0; ball.load(std::memory_order_acquire) != 1 && spin < 100000000; ++spin) {
+      }
+      ball.store(0, std::memory_order_release);
+    }
+  });
+  std::thread serve([&] {
+    pin(cpus[0]);
+    for (int r = 0; r < kRounds; ++r) {
+      auto t0 = Clock::now();
+      for (int i = 0; i < kTrips; ++i) {
+        ball.store(1, std::memory_order_release);
+        for (long spin = 0; ball.load(std::memory_order_acquire) != 0 && spin < 100000000; ++spin) {
+        }
+      }
+      ns.push_back(std::chrono::duration<double, std::nano>(Clock::now() - t0).count() / kTrips);
+    }
+  });
+  serve.join();
+  echo.join();
+  return median(ns);
+}
+
 int run_rank(const std::vector<size_t>& sizes_mib) {
   Worker w = init();
   ProcessGroup& pg = w.process_group();
@@ -90,7 +140,7 @@ int run_rank(const std::vector<size_t>& sizes_mib) {
     const int iters = iterations_for(bytes);
     std::vector<float> buf(count, 1.0f);
     std::vector<char> src, dst;
-    std::vector<double> mem, mem_cpu;
+    std::vector<double> mem, mem_cpu, xcore;
     auto time_memcpy_block = [&] {  // rank 0 only; the others wait in the barrier after it
       if (!timer) return;
       if (src.empty()) src.assign(bytes, 1), dst.assign(bytes, 2);
@@ -100,6 +150,7 @@ int run_rank(const std::vector<size_t>& sizes_mib) {
         mem.push_back(t);
         mem_cpu.push_back(c);
       }
+      xcore.push_back(cross_core_round_trip_ns());
     };
     time_memcpy_block();
     pg.barrier();
@@ -126,9 +177,9 @@ int run_rank(const std::vector<size_t>& sizes_mib) {
       double cpu_busbw = bytes / median(cpu) / 1e9 * 2.0 * (n - 1) / n;
       std::printf(
           "trun ranks=%d size_mib=%zu algbw_gbps=%.3f busbw_gbps=%.3f cpu_busbw_gbps=%.3f "
-          "memcpy_gbps=%.3f cpu_memcpy_gbps=%.3f backend=%s\n",
+          "memcpy_gbps=%.3f cpu_memcpy_gbps=%.3f xcore_ns=%.0f backend=%s\n",
           n, mib, algbw, busbw, cpu_busbw, bytes / median(mem) / 1e9, bytes / median(mem_cpu) / 1e9,
-          pg.backend_description().c_str());
+          *std::max_element(xcore.begin(), xcore.end()), pg.backend_description().c_str());
       std::fflush(stdout);
     }
   }

@@ -61,6 +61,7 @@ fi
 import sys
 nan = float("nan")
 headline = int(sys.argv[2])
+XCORE_APART_NS = 250  # see allreduce_bench.cpp: about 120 ns close, about 500 ns apart
 runs = {}  # (trial, ranks, MiB) -> {"trun": {...}, "torch": {...}}
 for line in open(sys.argv[1]):
     words = line.split()
@@ -69,7 +70,7 @@ for line in open(sys.argv[1]):
     f = dict(kv.split("=", 1) for kv in words if "=" in kv)
     key = (int(f["trial"]), int(f["ranks"]), int(f["size_mib"]))
     runs.setdefault(key, {})[words[1]] = {k: float(v) for k, v in f.items()
-                                          if k.endswith("_gbps")}
+                                          if k.endswith("_gbps") or k.endswith("_ns")}
 
 def get(r, who, field):
     return r.get(who, {}).get(field, nan)
@@ -80,17 +81,20 @@ def div(a, b):
 print()
 print("GB/s; memcpy is timed by rank 0 just before and after the allreduces of its run. 'cpu' columns")
 print("use CPU time instead of wall-clock time (what an idle machine with a core per rank would show;")
-print("informative only, the RESULT lines use wall-clock time)")
+print("informative only, the RESULT lines use wall-clock time). 'xcore ns': the round trip of a cache")
+print("line between the first two CPUs, timed next to memcpy (a VM whose vCPUs the host placed on")
+print(f"different core complexes shows about 500 ns instead of about 120; over {XCORE_APART_NS} counts as apart)")
 print(f"{'trial':>5} {'ranks':>5} {'MiB':>5} | {'trun algbw':>10} {'busbw':>7} | "
       f"{'gloo algbw':>10} {'busbw':>7} | {'memcpy':>7} | {'vs gloo':>7} {'vs memcpy':>9} | "
-      f"{'cpu busbw':>9} {'cpu memcpy':>10} {'ratio':>6}")
+      f"{'cpu busbw':>9} {'cpu memcpy':>10} {'ratio':>6} | {'xcore ns':>8}")
 for (trial, n, mib), r in sorted(runs.items(), key=lambda kv: (kv[0][0] > 1, kv[0])):
     tb, gb, mem = get(r, "trun", "busbw_gbps"), get(r, "torch", "busbw_gbps"), \
         get(r, "trun", "memcpy_gbps")
     cb, cm = get(r, "trun", "cpu_busbw_gbps"), get(r, "trun", "cpu_memcpy_gbps")
     print(f"{trial:>5} {n:>5} {mib:>5} | {get(r, 'trun', 'algbw_gbps'):>10.2f} {tb:>7.2f} | "
           f"{get(r, 'torch', 'algbw_gbps'):>10.2f} {gb:>7.2f} | {mem:>7.2f} | "
-          f"{div(tb, gb):>7.2f} {div(tb, mem):>9.2f} | {cb:>9.2f} {cm:>10.2f} {div(cb, cm):>6.2f}")
+          f"{div(tb, gb):>7.2f} {div(tb, mem):>9.2f} | {cb:>9.2f} {cm:>10.2f} {div(cb, cm):>6.2f} | "
+          f"{get(r, 'trun', 'xcore_ns'):>8.0f}")
 
 def median_trial(pairs):
     """pairs: [(value, peer)] with a usable ratio; the pair whose ratio is the median (lower
@@ -112,6 +116,13 @@ for n in sorted({k[1] for k in runs}):
     print(f"{n} ranks, {headline} MiB, {len(trials)} trial(s): "
           f"vs gloo {sorted(round(v / p, 2) for v, p in gloo)}, "
           f"vs memcpy {sorted(round(v / p, 2) for v, p in mem)}")
+    apart = [r for r in trials if get(r, "trun", "xcore_ns") > XCORE_APART_NS]
+    if apart:
+        together = [r for r in trials if r not in apart]
+        ratios = lambda rs: sorted(round(div(get(r, "trun", "busbw_gbps"),
+                                             get(r, "trun", "memcpy_gbps")), 2) for r in rs)
+        print(f"  vs memcpy with the first two CPUs close: {ratios(together)}; "
+              f"apart: {ratios(apart)} (informative; the RESULT lines use every trial)")
     if gloo:
         v, p = median_trial(gloo)
         print(f"RESULT name={name}_vs_torch_gloo value={v:.3f} unit=GB/s peer={p:.3f} "
