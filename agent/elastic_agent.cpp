@@ -232,8 +232,10 @@ void Agent::create_rendezvous() {
     ro.port = cfg_.standalone ? 0 : static_cast<uint16_t>(cfg_.master_port);
     ro.rank = cfg_.node_rank;
     ro.world_size = cfg_.max_nodes;
-    if (auto it = cfg_.rdzv_conf.find("timeout"); it != cfg_.rdzv_conf.end()) {
-      ro.timeout = std::chrono::seconds(std::atoi(it->second.c_str()));
+    if (cfg_.rdzv_conf.count("timeout") || cfg_.rdzv_conf.count("join_timeout")) {
+      rendezvous::RendezvousOptions parsed;  // validated by the command line already
+      rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &parsed);
+      ro.timeout = parsed.join_timeout;
     }
     rdzv_timeout_ = ro.timeout;
     store_endpoint_ = ro.host + ":" + std::to_string(ro.port);

@@ -13,6 +13,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "rendezvous/handler.h"
+
 namespace trun::launcher {
 namespace {
 
@@ -139,21 +141,6 @@ int parse_nproc_per_node(const std::string& value) {
   }
   throw InvalidInput("--nproc-per-node=" + value +
                      ": expected a positive worker count, cpu, gpu or auto");
-}
-
-std::map<std::string, std::string> parse_rdzv_conf(const std::string& value) {
-  std::map<std::string, std::string> out;
-  if (trim(value).empty()) return out;
-  for (const auto& item : split(value, ',')) {
-    auto eq = item.find('=');
-    std::string key = eq == std::string::npos ? "" : trim(item.substr(0, eq));
-    if (eq == std::string::npos || key.empty()) {
-      throw InvalidInput("--rdzv-conf=" + value + ": malformed entry '" + item +
-                         "'; expected key1=value1,key2=value2,...");
-    }
-    out[key] = trim(item.substr(eq + 1));
-  }
-  return out;
 }
 
 agent::StdSpec parse_std(const char* flag, const std::string& value) {
@@ -426,7 +413,14 @@ CliResult parse_command_line(int argc, char** argv) {
       throw InvalidInput("--rdzv-backend=" + backend +
                          ": unknown backend; expected one of static, c10d, etcd, etcd-v2");
     }
-    c.rdzv_conf = parse_rdzv_conf(rdzv_conf);
+    // Checked here for every backend, so that a bad entry is a usage error before anything runs.
+    try {
+      c.rdzv_conf = rendezvous::parse_rdzv_conf(rdzv_conf);
+      rendezvous::RendezvousOptions checked;
+      rendezvous::apply_rdzv_conf(c.rdzv_conf, &checked);
+    } catch (const rendezvous::RendezvousOptionError& e) {
+      throw InvalidInput(e.what());
+    }
     if (master_port < 0 || master_port > 65535) {
       throw InvalidInput("--master-port=" + std::to_string(master_port) +
                          ": expected a port number 0..65535");

@@ -48,9 +48,15 @@ bool parse_bool(const std::string& key, const std::string& value) {
                               ": expected true or false (also 1/0, yes/no)");
 }
 
-const char* const kConfKeys[] = {
-    "join_timeout",           "last_call_timeout", "close_timeout", "keep_alive_interval",
-    "keep_alive_max_attempt", "read_timeout",      "is_host",       "timeout"};
+const char* const kConfKeys[] = {"join_timeout",
+                                 "last_call_timeout",
+                                 "close_timeout",
+                                 "keep_alive_interval",
+                                 "keep_alive_max_attempt",
+                                 "read_timeout",
+                                 "is_host",
+                                 "timeout",
+                                 "use_libuv"};
 
 }  // namespace
 
@@ -96,6 +102,8 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       o->keep_alive_max_attempt = parse_count(key, value);
     } else if (key == "is_host") {
       o->is_host = parse_bool(key, value);
+    } else if (key == "use_libuv") {
+      parse_bool(key, value);  // torchrun's choice of PyTorch store server; trun's has one kind
     } else {
       std::string known;
       for (const char* k : kConfKeys) known += std::string(known.empty() ? "" : ", ") + k;

@@ -343,11 +343,14 @@ void TcpStore::connect_locked(const char* op) {
       connected_once_ = true;
       return;
     }
-    if (Clock::now() + backoff >= deadline) break;
-    // Exponential backoff with +-50% jitter, so a storm of clients does not retry in lockstep.
+    const auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    // Exponential backoff with +-50% jitter, so a storm of clients does not retry in lockstep;
+    // the last pause is cut short so that the final attempt comes at the deadline, not up to a
+    // second before it.
     std::uniform_real_distribution<double> jitter(0.5, 1.5);
-    std::this_thread::sleep_for(
-        std::chrono::duration_cast<std::chrono::microseconds>(backoff * jitter(rng)));
+    std::this_thread::sleep_for(std::min<Clock::duration>(
+        std::chrono::duration_cast<std::chrono::microseconds>(backoff * jitter(rng)), left));
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
   }
   std::string detail = std::to_string(attempts) + " attempts; last error: " + error;

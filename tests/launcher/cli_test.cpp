@@ -1,4 +1,9 @@
 // The command line, black-box: invalid input, help, PET_* variables, both spellings.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 
 #include "tests/launcher/process_util.h"
@@ -33,6 +38,11 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--nproc-per-node", "-2", w}, "--nproc-per-node=-2");
   expect_usage_error({"--nproc_per_node=zero", w}, "positive worker count");
   expect_usage_error({"--rdzv-conf", "timeout=10,oops", w}, "malformed entry 'oops'");
+  // --rdzv-conf values are checked for every backend, before anything starts.
+  expect_usage_error({"--standalone", "--rdzv-conf", "join_timeout=abc", w}, "join_timeout=abc");
+  expect_usage_error({"--rdzv-conf", "join_timout=5", w}, "unknown key 'join_timout'");
+  expect_usage_error({"--rdzv-conf", "timeout=5,timeout=6", w}, "'timeout' given twice");
+  expect_usage_error({"--rdzv-conf", "use_libuv=maybe", w}, "use_libuv=maybe");
   expect_usage_error({"--rdzv-backend", "zookeeper", w}, "unknown backend");
   expect_usage_error({"--max-restarts", "-1", w}, ">= 0");
   expect_usage_error({"--redirects", "4", w}, "--redirects=4");
@@ -88,6 +98,30 @@ TEST_CASE("options come from PET_ variables, and the command line wins", "[cli]"
   CHECK_FALSE(file_exists(d2 / "env_0_2.json"));
   CHECK(read_file(d2 / "env_0_0.json").find("\"TORCHELASTIC_MAX_RESTARTS\":\"4\"") !=
         std::string::npos);
+}
+
+TEST_CASE("a static node's --rdzv-conf timeout bounds its wait for node 0, fractions included",
+          "[cli]") {
+  // A port nobody listens on: bound and released, so connections to it are refused.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  ::close(fd);
+  auto start = std::chrono::steady_clock::now();
+  auto r =
+      run_trun({"--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1", "--master-port=" + port,
+                "--rdzv-conf", "timeout=1.5,use_libuv=true", test_worker()});
+  auto waited = std::chrono::steady_clock::now() - start;
+  REQUIRE(r.finished);
+  CHECK(waited >= std::chrono::milliseconds(1450));  // it kept trying until the deadline
+  CHECK(r.exit_code == 3);
+  CHECK(r.err.find("cannot reach node 0's store") != std::string::npos);
+  CHECK(r.err.find("within 1500 ms") != std::string::npos);  // not 1 s: the fraction counts
 }
 
 TEST_CASE("trun store still runs the store alone", "[cli]") {
