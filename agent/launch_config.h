@@ -38,6 +38,9 @@ struct LaunchConfig {
   int min_nodes = 1;
   int max_nodes = 1;
   int nproc_per_node = 1;  // the local world size, already resolved from cpu/gpu/auto
+  // torchrun's --virtual-local-rank: each worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES
+  // naming only its own device (TRUN_LOCAL_RANK keeps the real one for libtrun_worker).
+  bool virtual_local_rank = false;
   std::string role = "default";
   int max_restarts = 0;
 

@@ -280,8 +280,10 @@ CliResult parse_command_line(int argc, char** argv) {
               rdzv_conf, monitor = "5", start_method = "spawn", role = "default", log_dir,
               redirects = "0", tee = "0", ranks_filter, master_addr = "127.0.0.1", local_addr,
               shutdown = "30", signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", barrier = "300",
-              prefix_template;
-  bool standalone = false, module = false, no_python = false, run_path = false;
+              prefix_template, event_log_handler = "null", logs_specs, numa_binding, dup_stdout,
+              dup_stderr;
+  bool standalone = false, module = false, no_python = false, run_path = false,
+       virtual_local_rank = false;
   int max_restarts = 0, node_rank = 0, master_port = 29500;
 
   // Both spellings of an option's name (--a-b and --a_b) and its PET_A_B variable.
@@ -313,6 +315,10 @@ CliResult parse_command_line(int argc, char** argv) {
       "auto (gpu if any, else cpu)",
       kGroup);
   opt("role", role, "Name of the workers' role (ROLE_NAME, and the log line prefix)", kGroup);
+  flag("virtual-local-rank", virtual_local_rank,
+       "Each worker sees only its own GPU: LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES set to the "
+       "local rank's entry of this process's CUDA_VISIBLE_DEVICES (or the local rank)",
+       kGroup);
   opt("max-restarts", max_restarts,
       "Restarts of the whole worker group allowed after a failure before the job fails", kGroup);
 
@@ -346,6 +352,16 @@ CliResult parse_command_line(int argc, char** argv) {
   opt("local-ranks-filter", ranks_filter,
       "Show only these local ranks' output on the console, e.g. 0 or 0,1 (log files keep all)",
       kLogs);
+  opt("duplicate-stdout-filters", dup_stdout,
+      "Accepted for compatibility, not supported: torchrun copies tee'd stdout lines matching "
+      "any of these strings to filtered_stdout.log; trun warns and does not",
+      kLogs);
+  opt("duplicate-stderr-filters", dup_stderr,
+      "Accepted for compatibility, not supported (as --duplicate-stdout-filters, for stderr)",
+      kLogs);
+  opt("logs-specs", logs_specs,
+      "Accepted for compatibility: a Python entry point in torchrun; trun's log layout is fixed",
+      kLogs);
   opt("log-line-prefix-template", prefix_template,
       "Console prefix template for tee'd lines, with ${role_name}, ${rank}, ${local_rank} "
       "(default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE or ${role_name}${local_rank})",
@@ -355,6 +371,14 @@ CliResult parse_command_line(int argc, char** argv) {
       "Accepted for compatibility; trun notices worker exits as they happen", kSup);
   opt("start-method", start_method,
       "Accepted for compatibility (spawn, fork, forkserver); workers are always exec'd", kSup);
+  opt("event-log-handler", event_log_handler,
+      "Accepted for compatibility (a Python event handler in torchrun); trun logs its own "
+      "events",
+      kSup);
+  opt("numa-binding", numa_binding,
+      "Accepted for compatibility (node, socket, exclusive, core-complex); trun does not bind "
+      "workers to CPUs",
+      kSup);
   opt("shutdown-timeout", shutdown, "Seconds between SIGTERM and SIGKILL when stopping workers",
       kSup);
   opt("signals-to-handle", signals,
@@ -398,6 +422,15 @@ CliResult parse_command_line(int argc, char** argv) {
 
     parse_nnodes(nnodes, c.min_nodes, c.max_nodes);
     c.nproc_per_node = parse_nproc_per_node(nproc);
+    c.virtual_local_rank = virtual_local_rank;
+    if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES"); virtual_local_rank && cvd) {
+      const size_t listed = split(cvd, ',').size();
+      if (static_cast<size_t>(c.nproc_per_node) > listed) {
+        throw InvalidInput("--virtual-local-rank: " + std::to_string(c.nproc_per_node) +
+                           " workers per node, but CUDA_VISIBLE_DEVICES=" + cvd + " lists " +
+                           std::to_string(listed) + " device(s), one per worker is needed");
+      }
+    }
     if (max_restarts < 0) {
       throw InvalidInput("--max-restarts=" + std::to_string(max_restarts) +
                          ": expected a number >= 0");
@@ -513,6 +546,37 @@ CliResult parse_command_line(int argc, char** argv) {
     if (start_method != "spawn") {
       result.notes.push_back("--start-method=" + start_method +
                              " is ignored: trun always starts workers as new programs (exec)");
+    }
+    if (event_log_handler != "null") {
+      result.notes.push_back("--event-log-handler=" + event_log_handler +
+                             " is ignored: torchrun's event handlers are Python; trun logs its "
+                             "own events");
+    }
+    if (!logs_specs.empty()) {
+      result.notes.push_back("--logs-specs=" + logs_specs +
+                             " is ignored: torchrun's logs specs are Python entry points; trun "
+                             "uses the layout described under --log-dir");
+    }
+    if (!numa_binding.empty()) {
+      static const char* const kModes[] = {"node", "socket", "exclusive", "core-complex"};
+      bool ok = false;
+      for (const char* m : kModes) ok = ok || numa_binding == m;
+      if (!ok) {
+        throw InvalidInput("--numa-binding=" + numa_binding +
+                           ": expected node, socket, exclusive or core-complex");
+      }
+      result.notes.push_back("--numa-binding=" + numa_binding +
+                             " is ignored: trun does not bind workers to CPUs (use numactl or "
+                             "taskset in the worker command if you need it)");
+    }
+    for (const auto& [flag_name, filters] :
+         {std::pair<const char*, const std::string&>{"--duplicate-stdout-filters", dup_stdout},
+          {"--duplicate-stderr-filters", dup_stderr}}) {
+      if (!filters.empty()) {
+        result.notes.push_back(std::string(flag_name) + "=" + filters +
+                               " is not supported: no filtered_*.log is written (the tee'd "
+                               "streams are in --log-dir as usual)");
+      }
     }
     c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
     c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", barrier, true);

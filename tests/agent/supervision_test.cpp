@@ -56,6 +56,7 @@ TEST_CASE("workers get torchrun's environment", "[agent][env]") {
     CHECK(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
     CHECK(e["OMP_NUM_THREADS"] == "1");
     CHECK(e["MY_OWN_VAR"] == "kept");
+    CHECK_FALSE(e.contains("TRUN_LOCAL_RANK"));  // only with --virtual-local-rank
     std::string ef = e["TORCHELASTIC_ERROR_FILE"];
     CHECK(ef.find("/attempt_0/" + std::to_string(lr) + "/error.json") != std::string::npos);
     if (lr == 0) {
@@ -68,6 +69,29 @@ TEST_CASE("workers get torchrun's environment", "[agent][env]") {
   CHECK(run_id.size() == 36);  // a generated UUID
   CHECK(std::stoi(port) > 0);
   CHECK(r.err.find("OMP_NUM_THREADS=1") != std::string::npos);
+}
+
+TEST_CASE("with --virtual-local-rank each worker sees one device as its device 0", "[agent][env]") {
+  TempDir d;
+  auto r = run_trun(job(3, {"--virtual-local-rank"}, {"env", d.path()}),
+                    {{"CUDA_VISIBLE_DEVICES", "4, 6,1"}});
+  REQUIRE(r.exit_code == 0);
+  const char* const kDevice[] = {"4", "6", "1"};  // the local rank's entry, trimmed
+  for (int lr = 0; lr < 3; ++lr) {
+    json e = env_of(d, 0, lr);
+    CHECK(e["LOCAL_RANK"] == "0");
+    CHECK(e["TRUN_LOCAL_RANK"] == std::to_string(lr));
+    CHECK(e["RANK"] == std::to_string(lr));
+    CHECK(e["LOCAL_WORLD_SIZE"] == "3");
+    CHECK(e["CUDA_VISIBLE_DEVICES"] == kDevice[lr]);
+  }
+  // Without CUDA_VISIBLE_DEVICES the device is the local rank itself.
+  TempDir d2;
+  auto r2 = run_trun(job(2, {"--virtual-local-rank"}, {"env", d2.path()}), {},
+                     std::chrono::seconds(60), {"CUDA_VISIBLE_DEVICES"});
+  REQUIRE(r2.exit_code == 0);
+  CHECK(env_of(d2, 0, 1)["CUDA_VISIBLE_DEVICES"] == "1");
+  CHECK(env_of(d2, 0, 1)["LOCAL_RANK"] == "0");
 }
 
 TEST_CASE("a user's OMP_NUM_THREADS and NCCL settings are kept", "[agent][env]") {

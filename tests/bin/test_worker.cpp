@@ -53,7 +53,8 @@ std::string env_or(const char* name, const char* fallback) {
   return v ? v : fallback;
 }
 
-std::string rank() { return env_or("LOCAL_RANK", "0"); }
+// The local rank; under --virtual-local-rank LOCAL_RANK is 0 everywhere, TRUN_LOCAL_RANK is not.
+std::string rank() { return env_or("TRUN_LOCAL_RANK", env_or("LOCAL_RANK", "0").c_str()); }
 std::string attempt() { return env_or("TORCHELASTIC_RESTART_COUNT", "0"); }
 
 void write_file(const std::string& path, const std::string& content) {

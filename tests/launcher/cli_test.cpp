@@ -43,6 +43,7 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--rdzv-conf", "join_timout=5", w}, "unknown key 'join_timout'");
   expect_usage_error({"--rdzv-conf", "timeout=5,timeout=6", w}, "'timeout' given twice");
   expect_usage_error({"--rdzv-conf", "use_libuv=maybe", w}, "use_libuv=maybe");
+  expect_usage_error({"--numa-binding", "everywhere", w}, "--numa-binding=everywhere");
   expect_usage_error({"--rdzv-backend", "zookeeper", w}, "unknown backend");
   expect_usage_error({"--max-restarts", "-1", w}, ">= 0");
   expect_usage_error({"--redirects", "4", w}, "--redirects=4");
@@ -138,4 +139,24 @@ TEST_CASE("accepted-but-ignored options work and say so", "[cli]") {
   CHECK(r.err.find("--start-method=fork is ignored") != std::string::npos);
   auto bad = run_trun({"--start-method=thread", test_worker()});
   CHECK(bad.exit_code == 2);
+  // torchrun 2.x options that name Python plug-ins or GPU placement trun does not do.
+  auto newer = run_trun({"--event-log-handler=console", "--logs-specs=my_specs",
+                         "--numa-binding=socket", "--duplicate-stdout-filters=loss,,acc",
+                         "--duplicate_stderr_filters=error", test_worker()});
+  CHECK(newer.exit_code == 0);
+  for (const char* note :
+       {"--event-log-handler=console is ignored", "--logs-specs=my_specs is ignored",
+        "--numa-binding=socket is ignored", "--duplicate-stdout-filters=loss,,acc is not supported",
+        "--duplicate-stderr-filters=error is not supported"}) {
+    CHECK(newer.err.find(note) != std::string::npos);
+  }
+}
+
+TEST_CASE("with --virtual-local-rank, CUDA_VISIBLE_DEVICES must list a device per worker",
+          "[cli]") {
+  auto r = run_trun({"--nproc-per-node=3", "--virtual-local-rank", test_worker()},
+                    {{"CUDA_VISIBLE_DEVICES", "0,1"}});
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("CUDA_VISIBLE_DEVICES=0,1 lists 2 device(s)") != std::string::npos);
 }

@@ -159,13 +159,17 @@ struct RunResult {
   std::string err;
 };
 
-// Runs trun with `args` to completion (bounded by `timeout`; killed after that).
+// Runs trun with `args` to completion (bounded by `timeout`; killed after that), with `env` added
+// to this process's environment and the `unset` variables removed.
 inline RunResult run_trun(const std::vector<std::string>& args,
                           const std::map<std::string, std::string>& env = {},
-                          std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+                          std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                          const std::vector<std::string>& unset = {}) {
   std::vector<std::string> argv{trun_binary()};
   argv.insert(argv.end(), args.begin(), args.end());
-  Child c(argv, env, {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS"});
+  std::vector<std::string> removed{"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS"};
+  removed.insert(removed.end(), unset.begin(), unset.end());
+  Child c(argv, env, removed);
   RunResult r;
   r.finished = c.wait(timeout);
   if (!r.finished) {

@@ -211,3 +211,13 @@ TEST_CASE("TRUN_STORE_DIALECT names the store's protocol; unset means probe", "[
   vars["TRUN_STORE_DIALECT"] = "torch1.12";
   require_error_naming(vars, "TRUN_STORE_DIALECT");
 }
+
+TEST_CASE("TRUN_LOCAL_RANK (trun --virtual-local-rank) gives the real local rank",
+          "[worker_sdk][env]") {
+  auto vars = full();
+  vars["LOCAL_RANK"] = "0";  // what every worker sees under --virtual-local-rank
+  vars["TRUN_LOCAL_RANK"] = "3";
+  CHECK(parse(vars).local_rank == 3);
+  vars["TRUN_LOCAL_RANK"] = "4";  // LOCAL_WORLD_SIZE is 4
+  require_error_naming(vars, "TRUN_LOCAL_RANK");
+}

@@ -78,6 +78,11 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup) {
         parse_int("LOCAL_WORLD_SIZE", get(lookup, "LOCAL_WORLD_SIZE"), 1, env.world_size));
     env.local_rank = static_cast<int>(
         parse_int("LOCAL_RANK", get(lookup, "LOCAL_RANK"), 0, env.local_world_size - 1));
+    // trun --virtual-local-rank shows every worker LOCAL_RANK=0 (its one GPU is device 0); the
+    // node-local collectives still need the real position, which trun passes here.
+    if (const char* v = get(lookup, "TRUN_LOCAL_RANK"))
+      env.local_rank =
+          static_cast<int>(parse_int("TRUN_LOCAL_RANK", v, 0, env.local_world_size - 1));
     env.group_rank =
         static_cast<int>(parse_int("GROUP_RANK", get(lookup, "GROUP_RANK"), 0, env.world_size - 1));
     if (const char* v = get(lookup, "GROUP_WORLD_SIZE")) {
