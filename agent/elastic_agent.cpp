@@ -615,6 +615,15 @@ void Agent::start_workers() {
     spdlog::warn("replacing the logs of an earlier run in {}", attempt_dir);
     fs::remove_all(attempt_dir, ec);
   }
+  fs::create_directories(attempt_dir);
+  if (!cfg_.duplicate_stdout_filters.empty()) {
+    logs_->duplicate(STDOUT_FILENO, attempt_dir + "/filtered_stdout.log",
+                     cfg_.duplicate_stdout_filters);
+  }
+  if (!cfg_.duplicate_stderr_filters.empty()) {
+    logs_->duplicate(STDERR_FILENO, attempt_dir + "/filtered_stderr.log",
+                     cfg_.duplicate_stderr_filters);
+  }
   std::vector<SpawnRequest> requests(workers_.size());
   for (size_t i = 0; i < workers_.size(); ++i) {
     Worker& w = workers_[i];

@@ -66,6 +66,10 @@ struct LaunchConfig {
   StdSpec tee;
   std::optional<std::set<int>> local_ranks_filter;  // console shows only these local ranks
   std::string log_line_prefix_template;             // "${role_name}${local_rank}" when empty
+  // --duplicate-{stdout,stderr}-filters: tee'd lines containing any of these strings are also
+  // appended to <attempt dir>/filtered_{stdout,stderr}.log. Empty: no such file.
+  std::vector<std::string> duplicate_stdout_filters;
+  std::vector<std::string> duplicate_stderr_filters;
 
   // --- supervision --------------------------------------------------------------------------
   std::chrono::milliseconds monitor_interval{5000};  // accepted; exits are event-driven

@@ -51,6 +51,7 @@ struct LogMux::Tee {
   std::string prefix;
   std::string pending;  // bytes after the last newline
   std::string out;      // scratch for the prefixed batch
+  std::string dup_out;  // scratch for the batch's lines that match a duplicate filter
 };
 
 std::string line_prefix(const std::string& tmpl_in, const std::string& role, int rank,
@@ -84,7 +85,29 @@ LogMux::~LogMux() {
     }
     if (t->file_fd >= 0) close(t->file_fd);
   }
+  for (auto& d : dup_) {
+    if (d.fd >= 0) close(d.fd);
+  }
   close_child_ends();
+}
+
+void LogMux::duplicate(int console_fd, const std::string& file_path,
+                       std::vector<std::string> filters) {
+  Duplicate& d = dup_[console_fd == STDERR_FILENO ? 2 : 1];
+  if (d.fd >= 0) close(d.fd);
+  d.fd = open_log_file(file_path);
+  d.filters = std::move(filters);
+}
+
+void LogMux::collect_duplicate(Tee& t, const std::string& prefixed_line) {
+  const Duplicate& d = dup_[t.console_fd == STDERR_FILENO ? 2 : 1];
+  if (d.fd < 0) return;
+  for (const auto& f : d.filters) {
+    if (prefixed_line.find(f, t.prefix.size()) != std::string::npos) {
+      t.dup_out += prefixed_line;
+      return;
+    }
+  }
 }
 
 int LogMux::prepare(StreamMode mode, int console_fd, const std::string& file_path,
@@ -132,6 +155,11 @@ void LogMux::close_child_ends() {
 
 void LogMux::on_readable(Tee& t) { read_some(t, 4); }
 
+void LogMux::write_duplicates(Tee& t) {
+  const Duplicate& d = dup_[t.console_fd == STDERR_FILENO ? 2 : 1];
+  if (d.fd >= 0 && !t.dup_out.empty()) write_all(d.fd, t.dup_out.data(), t.dup_out.size());
+}
+
 bool LogMux::read_some(Tee& t, int max_reads) {
   char buf[kReadChunk];
   for (int i = 0; i < max_reads && t.read_fd >= 0; ++i) {
@@ -148,16 +176,20 @@ bool LogMux::read_some(Tee& t, int max_reads) {
     if (last_nl == std::string::npos && t.pending.size() < kMaxPendingLine) continue;
     size_t end = last_nl == std::string::npos ? t.pending.size() : last_nl + 1;
     t.out.clear();
+    t.dup_out.clear();
     size_t start = 0;
     while (start < end) {
       size_t nl = t.pending.find('\n', start);
       size_t stop = (nl == std::string::npos || nl >= end) ? end : nl + 1;
+      const size_t line_start = t.out.size();
       t.out += t.prefix;
       t.out.append(t.pending, start, stop - start);
       if (t.out.back() != '\n') t.out.push_back('\n');
+      collect_duplicate(t, t.out.substr(line_start));
       start = stop;
     }
     write_all(t.console_fd, t.out.data(), t.out.size());
+    write_duplicates(t);
     t.pending.erase(0, end);
   }
   return t.read_fd >= 0;
@@ -167,6 +199,9 @@ void LogMux::finish(Tee& t) {
   if (!t.pending.empty()) {
     t.out = t.prefix + t.pending + "\n";
     write_all(t.console_fd, t.out.data(), t.out.size());
+    t.dup_out.clear();
+    collect_duplicate(t, t.out);
+    write_duplicates(t);
     t.pending.clear();
   }
   if (t.read_fd >= 0) {

@@ -12,6 +12,9 @@
 // Console lines are written whole, one write(2) per batch of complete lines, from trun's single
 // thread, so lines of different workers never interleave mid-line. A partial last line is
 // completed with a newline when the worker's end of the pipe closes.
+// With duplicate filters for a console stream (torchrun's --duplicate-stdout-filters), every tee'd
+// line of that stream containing any filter string is also appended, with its prefix, to one file
+// shared by all ranks (filtered_stdout.log / filtered_stderr.log).
 //
 // Thread safety: none; runs on the agent's event loop thread.
 
@@ -36,6 +39,9 @@ class LogMux {
   // as that stream (-1 for inherit). Throws std::system_error when a file or pipe cannot be made.
   int prepare(StreamMode mode, int console_fd, const std::string& file_path,
               const std::string& prefix);
+  // Before prepare(): tee'd lines of `console_fd` (1 or 2) that contain any of `filters` also go
+  // to `file_path` (created now, even if nothing matches). Throws std::system_error.
+  void duplicate(int console_fd, const std::string& file_path, std::vector<std::string> filters);
   // After the workers were spawned: closes trun's copies of their ends.
   void close_child_ends();
   // After the workers (and their groups) are gone: reads what is left in every pipe, writes the
@@ -44,7 +50,14 @@ class LogMux {
 
  private:
   struct Tee;
+  struct Duplicate {
+    int fd = -1;
+    std::vector<std::string> filters;
+  };
   void on_readable(Tee& t);
+  // Appends `line` (prefixed, newline-terminated) to t's duplicate file's batch if it matches.
+  void collect_duplicate(Tee& t, const std::string& prefixed_line);
+  void write_duplicates(Tee& t);
   // Returns true while more may be readable right now.
   bool read_some(Tee& t, int max_reads);
   void finish(Tee& t);
@@ -52,6 +65,7 @@ class LogMux {
   EventLoop& loop_;
   std::vector<std::unique_ptr<Tee>> tees_;
   std::vector<int> child_fds_;  // fds handed to workers (files, pipe ends), closed after spawn
+  Duplicate dup_[3];            // by console fd (1, 2); fd -1 when not duplicating
 };
 
 // "[" + template with ${role_name}, ${rank}, ${local_rank} substituted + "]:".

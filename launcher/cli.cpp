@@ -12,6 +12,7 @@
 #include <cstring>
 #include <sstream>
 #include <stdexcept>
+#include <tuple>
 
 #include "rendezvous/handler.h"
 
@@ -141,6 +142,26 @@ int parse_nproc_per_node(const std::string& value) {
   }
   throw InvalidInput("--nproc-per-node=" + value +
                      ": expected a positive worker count, cpu, gpu or auto");
+}
+
+// torchrun's comma-separated filter list: ",," stands for a comma inside a filter.
+std::vector<std::string> parse_filters(const std::string& value) {
+  std::vector<std::string> out;
+  if (value.empty()) return out;
+  std::string cur;
+  for (size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != ',') {
+      cur.push_back(value[i]);
+    } else if (i + 1 < value.size() && value[i + 1] == ',') {
+      cur.push_back(',');
+      ++i;
+    } else {
+      out.push_back(cur);
+      cur.clear();
+    }
+  }
+  out.push_back(cur);
+  return out;
 }
 
 agent::StdSpec parse_std(const char* flag, const std::string& value) {
@@ -353,11 +374,10 @@ CliResult parse_command_line(int argc, char** argv) {
       "Show only these local ranks' output on the console, e.g. 0 or 0,1 (log files keep all)",
       kLogs);
   opt("duplicate-stdout-filters", dup_stdout,
-      "Accepted for compatibility, not supported: torchrun copies tee'd stdout lines matching "
-      "any of these strings to filtered_stdout.log; trun warns and does not",
+      "Also append tee'd stdout lines containing any of these comma-separated strings (,, for a "
+      "comma) to LOG_DIR/<run id>/attempt_<n>/filtered_stdout.log",
       kLogs);
-  opt("duplicate-stderr-filters", dup_stderr,
-      "Accepted for compatibility, not supported (as --duplicate-stdout-filters, for stderr)",
+  opt("duplicate-stderr-filters", dup_stderr, "The same for stderr, into filtered_stderr.log",
       kLogs);
   opt("logs-specs", logs_specs,
       "Accepted for compatibility: a Python entry point in torchrun; trun's log layout is fixed",
@@ -569,15 +589,8 @@ CliResult parse_command_line(int argc, char** argv) {
                              " is ignored: trun does not bind workers to CPUs (use numactl or "
                              "taskset in the worker command if you need it)");
     }
-    for (const auto& [flag_name, filters] :
-         {std::pair<const char*, const std::string&>{"--duplicate-stdout-filters", dup_stdout},
-          {"--duplicate-stderr-filters", dup_stderr}}) {
-      if (!filters.empty()) {
-        result.notes.push_back(std::string(flag_name) + "=" + filters +
-                               " is not supported: no filtered_*.log is written (the tee'd "
-                               "streams are in --log-dir as usual)");
-      }
-    }
+    c.duplicate_stdout_filters = parse_filters(dup_stdout);
+    c.duplicate_stderr_filters = parse_filters(dup_stderr);
     c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
     c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", barrier, true);
     c.signals_to_handle = parse_signals(signals);
@@ -585,6 +598,23 @@ CliResult parse_command_line(int argc, char** argv) {
     c.log_dir = log_dir;
     c.redirects = parse_std("--redirects", redirects);
     c.tee = parse_std("--tee", tee);
+    for (const auto& [name, filters, stream] :
+         {std::tuple<const char*, const std::vector<std::string>&, int>{
+              "--duplicate-stdout-filters", c.duplicate_stdout_filters, agent::kStdOut},
+          {"--duplicate-stderr-filters", c.duplicate_stderr_filters, agent::kStdErr}}) {
+      if (filters.empty()) continue;
+      bool teed = (c.tee.all & stream) != 0;
+      for (const auto& [rank, mode] : c.tee.per_rank) teed = teed || (mode & stream) != 0;
+      if (!teed) {
+        result.notes.push_back(std::string(name) +
+                               " has no effect: it copies lines of tee'd streams, and --tee "
+                               "does not cover this one");
+      } else if (log_dir.empty()) {
+        result.notes.push_back(std::string(name) +
+                               ": without --log-dir the filtered file is in a temporary "
+                               "directory removed when trun exits");
+      }
+    }
     if (!trim(ranks_filter).empty()) c.local_ranks_filter = parse_ranks_filter(ranks_filter);
     c.log_line_prefix_template = prefix_template;
     if (c.log_line_prefix_template.empty()) {

@@ -1,5 +1,6 @@
 // Worker output: --tee prefixes whole lines, --redirects writes files only, --local-ranks-filter,
 // the log directory layout. Black-box through the trun binary.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <regex>
 
@@ -107,6 +108,37 @@ TEST_CASE("the local ranks filter shows only the chosen ranks; files keep everyt
       run_trun({"--nproc-per-node=3", "--local-ranks-filter=0,2", test_worker(), "print", "plain"});
   REQUIRE(plain.exit_code == 0);
   CHECK(plain.out == "plain\nplain\n");
+}
+
+TEST_CASE("duplicate filters copy matching tee'd lines of every rank into one file", "[logs]") {
+  TempDir d;
+  auto r =
+      run_trun({"--nproc-per-node=2", "--tee=3", "--log-dir", d.path(),
+                "--duplicate-stdout-filters=loss,acc,,top1", "--duplicate_stderr_filters=bad",
+                test_worker(), "print", "step 1 loss 0.5", "print", "noise", "print",
+                "acc,top1 0.9", "eprint", "bad thing", "eprint", "fine", "partial", "last loss"});
+  REQUIRE(r.exit_code == 0);
+  const std::string dir = d.path() + "/none/attempt_0/";
+  auto sorted_lines = [](const std::string& text) {
+    auto l = lines_of(text);
+    std::sort(l.begin(), l.end());
+    return l;
+  };
+  // ",," is a comma inside a filter; a last line without a newline counts too.
+  CHECK(sorted_lines(read_file(dir + "filtered_stdout.log")) ==
+        std::vector<std::string>{"[default0]:acc,top1 0.9", "[default0]:last loss",
+                                 "[default0]:step 1 loss 0.5", "[default1]:acc,top1 0.9",
+                                 "[default1]:last loss", "[default1]:step 1 loss 0.5"});
+  CHECK(sorted_lines(read_file(dir + "filtered_stderr.log")) ==
+        std::vector<std::string>{"[default0]:bad thing", "[default1]:bad thing"});
+  // The console and the per-rank files are unchanged.
+  CHECK(r.out.find("[default1]:noise\n") != std::string::npos);
+  CHECK(read_file(dir + "0/stdout.log") == "step 1 loss 0.5\nnoise\nacc,top1 0.9\nlast loss");
+  // Without --tee there is nothing to copy, and trun says so.
+  auto untee = run_trun({"--nproc-per-node=1", "--log-dir", d.path(), "--rdzv-id", "plain",
+                         "--duplicate-stdout-filters=x", test_worker(), "print", "x"});
+  REQUIRE(untee.exit_code == 0);
+  CHECK(untee.err.find("--duplicate-stdout-filters has no effect") != std::string::npos);
 }
 
 TEST_CASE("the line prefix template is configurable", "[logs]") {
