@@ -592,6 +592,7 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
   env["TORCHELASTIC_RUN_ID"] = run_id_;
   env["TORCHELASTIC_USE_AGENT_STORE"] = info_.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = w.error_file;
+  env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = cfg_.signals_to_handle_text;
   std::vector<std::string> out;
   out.reserve(env.size());
   for (const auto& [k, v] : env) out.push_back(k + "=" + v);

@@ -76,6 +76,8 @@ struct LaunchConfig {
   std::chrono::milliseconds shutdown_timeout{30000};
   std::chrono::milliseconds exit_barrier_timeout{300000};
   std::vector<int> signals_to_handle;  // signal numbers; forwarded to workers, then stop
+  // --signals-to-handle as given; workers see it as TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun 2.x)
+  std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
 };
 
 }  // namespace trun::agent

@@ -140,6 +140,11 @@ int parse_nproc_per_node(const std::string& value) {
     int g = count_gpus();
     return g > 0 ? g : count_cpus();
   }
+  if (value == "xpu") {
+    throw InvalidInput(
+        "--nproc-per-node=xpu: trun does not count Intel XPU devices (torchrun does); give the "
+        "worker count as a number");
+  }
   throw InvalidInput("--nproc-per-node=" + value +
                      ": expected a positive worker count, cpu, gpu or auto");
 }
@@ -594,6 +599,7 @@ CliResult parse_command_line(int argc, char** argv) {
     c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
     c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", barrier, true);
     c.signals_to_handle = parse_signals(signals);
+    c.signals_to_handle_text = signals;
 
     c.log_dir = log_dir;
     c.redirects = parse_std("--redirects", redirects);

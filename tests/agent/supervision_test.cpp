@@ -56,6 +56,7 @@ TEST_CASE("workers get torchrun's environment", "[agent][env]") {
     CHECK(e["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
     CHECK(e["OMP_NUM_THREADS"] == "1");
     CHECK(e["MY_OWN_VAR"] == "kept");
+    CHECK(e["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
     CHECK_FALSE(e.contains("TRUN_LOCAL_RANK"));  // only with --virtual-local-rank
     std::string ef = e["TORCHELASTIC_ERROR_FILE"];
     CHECK(ef.find("/attempt_0/" + std::to_string(lr) + "/error.json") != std::string::npos);

@@ -37,6 +37,7 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--nnodes", "a:b", w}, "MIN:MAX");
   expect_usage_error({"--nproc-per-node", "-2", w}, "--nproc-per-node=-2");
   expect_usage_error({"--nproc_per_node=zero", w}, "positive worker count");
+  expect_usage_error({"--nproc-per-node=xpu", w}, "Intel XPU");
   expect_usage_error({"--rdzv-conf", "timeout=10,oops", w}, "malformed entry 'oops'");
   // --rdzv-conf values are checked for every backend, before anything starts.
   expect_usage_error({"--standalone", "--rdzv-conf", "join_timeout=abc", w}, "join_timeout=abc");

@@ -108,7 +108,8 @@ TEST_CASE(
                                      "PET_MASTER_PORT",
                                      "TMPDIR"};
   // Set by trun and by torchrun 2.x, not by 1.13.
-  const std::set<std::string> newer{"TORCH_NCCL_ASYNC_ERROR_HANDLING"};
+  const std::set<std::string> newer{"TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                    "TORCHELASTIC_SIGNALS_TO_HANDLE"};
   for (int rank = 0; rank < 2; ++rank) {
     json ra = json::parse(read_file(mine / ("result_" + std::to_string(rank) + ".json")));
     json rb = json::parse(read_file(theirs / ("result_" + std::to_string(rank) + ".json")));
