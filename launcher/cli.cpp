@@ -404,8 +404,10 @@ CliResult parse_command_line(int argc, char** argv) {
       "Accepted for compatibility (node, socket, exclusive, core-complex); trun does not bind "
       "workers to CPUs",
       kSup);
-  opt("shutdown-timeout", shutdown, "Seconds between SIGTERM and SIGKILL when stopping workers",
-      kSup);
+  auto* shutdown_opt = opt("shutdown-timeout", shutdown,
+                           "Seconds between SIGTERM and SIGKILL when stopping workers (default: "
+                           "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)",
+                           kSup);
   opt("signals-to-handle", signals,
       "Signals trun forwards to the workers before stopping them and exiting 128+N", kSup);
   opt("exit-barrier-timeout", barrier,
@@ -596,7 +598,14 @@ CliResult parse_command_line(int argc, char** argv) {
     }
     c.duplicate_stdout_filters = parse_filters(dup_stdout);
     c.duplicate_stderr_filters = parse_filters(dup_stderr);
-    c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
+    // As torchrun 2.x: without the option (or PET_SHUTDOWN_TIMEOUT), its own variable applies.
+    const char* shutdown_env = std::getenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT");
+    if (shutdown_opt->count() == 0 && shutdown_env) {
+      c.shutdown_timeout =
+          parse_seconds("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", trim(shutdown_env), true);
+    } else {
+      c.shutdown_timeout = parse_seconds("--shutdown-timeout", shutdown, true);
+    }
     c.exit_barrier_timeout = parse_seconds("--exit-barrier-timeout", barrier, true);
     c.signals_to_handle = parse_signals(signals);
     c.signals_to_handle_text = signals;

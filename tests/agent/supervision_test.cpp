@@ -351,6 +351,26 @@ TEST_CASE("workers that ignore SIGTERM are killed after --shutdown-timeout", "[a
   CHECK(c.err().find("sending SIGKILL") != std::string::npos);
 }
 
+TEST_CASE("TORCH_ELASTIC_SHUTDOWN_TIMEOUT applies when --shutdown-timeout is not given",
+          "[agent][signals]") {
+  // With the variable at 0.3 s the workers are killed long before the 20 s wait; the option,
+  // when given, wins over a variable that would make the wait exceed it.
+  for (bool with_option : {false, true}) {
+    INFO("with the option: " << with_option);
+    TempDir d;
+    std::vector<std::string> argv{trun_binary(), "--nproc-per-node", "1"};
+    if (with_option) argv.insert(argv.end(), {"--shutdown-timeout", "0.3"});
+    argv.insert(argv.end(), {test_worker(), "ignore-term", "pidfile", d.path(), "sleep", "60"});
+    Child c(argv, {{"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", with_option ? "1000" : "0.3"}});
+    REQUIRE(wait_until([&] { return file_exists(d / "pid_0_0"); }));
+    c.signal(SIGTERM);
+    REQUIRE(c.wait(std::chrono::seconds(20)));
+    CHECK(c.exit_code() == 143);
+    CHECK_FALSE(pid_alive(read_pid(d / "pid_0_0")));
+    CHECK(c.err().find("sending SIGKILL") != std::string::npos);
+  }
+}
+
 TEST_CASE("a grandchild left in a worker's group is stopped when the job ends", "[agent]") {
   TempDir d;
   // The worker exits 0 once its grandchild is up; the grandchild would sleep on.
