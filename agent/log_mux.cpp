@@ -99,11 +99,11 @@ void LogMux::duplicate(int console_fd, const std::string& file_path,
   d.filters = std::move(filters);
 }
 
-void LogMux::collect_duplicate(Tee& t, const std::string& prefixed_line) {
+void LogMux::collect_duplicate(Tee& t, std::string_view prefixed_line) {
   const Duplicate& d = dup_[t.console_fd == STDERR_FILENO ? 2 : 1];
   if (d.fd < 0) return;
   for (const auto& f : d.filters) {
-    if (prefixed_line.find(f, t.prefix.size()) != std::string::npos) {
+    if (prefixed_line.find(f, t.prefix.size()) != std::string_view::npos) {
       t.dup_out += prefixed_line;
       return;
     }
@@ -185,7 +185,7 @@ bool LogMux::read_some(Tee& t, int max_reads) {
       t.out += t.prefix;
       t.out.append(t.pending, start, stop - start);
       if (t.out.back() != '\n') t.out.push_back('\n');
-      collect_duplicate(t, t.out.substr(line_start));
+      collect_duplicate(t, std::string_view(t.out).substr(line_start));
       start = stop;
     }
     write_all(t.console_fd, t.out.data(), t.out.size());

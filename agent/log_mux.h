@@ -20,6 +20,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "agent/event_loop.h"
@@ -56,7 +57,7 @@ class LogMux {
   };
   void on_readable(Tee& t);
   // Appends `line` (prefixed, newline-terminated) to t's duplicate file's batch if it matches.
-  void collect_duplicate(Tee& t, const std::string& prefixed_line);
+  void collect_duplicate(Tee& t, std::string_view prefixed_line);
   void write_duplicates(Tee& t);
   // Returns true while more may be readable right now.
   bool read_some(Tee& t, int max_reads);
