@@ -198,8 +198,8 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
 // Applies --rdzv-conf entries: join_timeout, last_call_timeout, close_timeout,
 // keep_alive_interval, read_timeout (seconds, fractions allowed), keep_alive_max_attempt
 // (integer), is_host (true/false/1/0/yes/no), timeout (alias of join_timeout, as torchrun's
-// static backend), use_libuv (true/false, accepted and ignored). Throws RendezvousOptionError
-// naming the key for unknown keys and bad values.
+// static backend), use_libuv (true/false, accepted and ignored), store_type (tcp only). Throws
+// RendezvousOptionError naming the key for unknown keys and bad values.
 void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* options);
 
 // Creates the backend called `name` ("c10d" or "static") and validates `options` for it before

@@ -56,7 +56,8 @@ const char* const kConfKeys[] = {"join_timeout",
                                  "read_timeout",
                                  "is_host",
                                  "timeout",
-                                 "use_libuv"};
+                                 "use_libuv",
+                                 "store_type"};
 
 }  // namespace
 
@@ -102,6 +103,14 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       o->keep_alive_max_attempt = parse_count(key, value);
     } else if (key == "is_host") {
       o->is_host = parse_bool(key, value);
+    } else if (key == "store_type") {
+      // torchrun's c10d also offers a FileStore on a shared file system; trun's is TCP only.
+      std::string v;
+      for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      if (v != "tcp") {
+        throw RendezvousOptionError("--rdzv-conf store_type=" + value +
+                                    ": trun's rendezvous store is TCP only (store_type=tcp)");
+      }
     } else if (key == "use_libuv") {
       parse_bool(key, value);  // torchrun's choice of PyTorch store server; trun's has one kind
     } else {

@@ -44,6 +44,7 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--rdzv-conf", "join_timout=5", w}, "unknown key 'join_timout'");
   expect_usage_error({"--rdzv-conf", "timeout=5,timeout=6", w}, "'timeout' given twice");
   expect_usage_error({"--rdzv-conf", "use_libuv=maybe", w}, "use_libuv=maybe");
+  expect_usage_error({"--rdzv-conf", "store_type=file", w}, "TCP only");
   expect_usage_error({"--numa-binding", "everywhere", w}, "--numa-binding=everywhere");
   expect_usage_error({"--rdzv-backend", "zookeeper", w}, "unknown backend");
   expect_usage_error({"--max-restarts", "-1", w}, ">= 0");
