@@ -563,6 +563,7 @@ StreamMode Agent::stream_mode(int local_rank, int stream) const {
 std::vector<std::string> Agent::worker_env(const Worker& w) const {
   std::map<std::string, std::string> env = base_env_;
   env["LOCAL_RANK"] = std::to_string(w.local_rank);
+  env.erase("TRUN_LOCAL_RANK");  // a trun started by a worker of another must not pass it on
   if (cfg_.virtual_local_rank) {
     // Each worker sees one device, as its device 0: the local rank's entry of our own
     // CUDA_VISIBLE_DEVICES (checked on the command line to have enough), else the local rank.

@@ -34,7 +34,7 @@ json env_of(const TempDir& d, int attempt, int local_rank) {
 TEST_CASE("workers get torchrun's environment", "[agent][env]") {
   TempDir d;
   auto r = run_trun(job(3, {"--max-restarts", "2", "--role", "trainer"}, {"env", d.path()}),
-                    {{"MY_OWN_VAR", "kept"}});
+                    {{"MY_OWN_VAR", "kept"}, {"TRUN_LOCAL_RANK", "7"}});
   REQUIRE(r.exit_code == 0);
   std::string run_id, port;
   for (int lr = 0; lr < 3; ++lr) {
@@ -57,7 +57,7 @@ TEST_CASE("workers get torchrun's environment", "[agent][env]") {
     CHECK(e["OMP_NUM_THREADS"] == "1");
     CHECK(e["MY_OWN_VAR"] == "kept");
     CHECK(e["TORCHELASTIC_SIGNALS_TO_HANDLE"] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT");
-    CHECK_FALSE(e.contains("TRUN_LOCAL_RANK"));  // only with --virtual-local-rank
+    CHECK_FALSE(e.contains("TRUN_LOCAL_RANK"));  // only with --virtual-local-rank, never inherited
     std::string ef = e["TORCHELASTIC_ERROR_FILE"];
     CHECK(ef.find("/attempt_0/" + std::to_string(lr) + "/error.json") != std::string::npos);
     if (lr == 0) {
