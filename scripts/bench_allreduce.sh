@@ -103,6 +103,7 @@ def median_trial(pairs):
     return pairs[(len(pairs) - 1) // 2]
 
 print()
+results = []  # the RESULT lines come last, after every summary line
 for n in sorted({k[1] for k in runs}):
     trials = [r for (t, rn, mib), r in sorted(runs.items()) if rn == n and mib == headline
               and "trun" in r]
@@ -125,13 +126,15 @@ for n in sorted({k[1] for k in runs}):
               f"apart: {ratios(apart)} (informative; the RESULT lines use every trial)")
     if gloo:
         v, p = median_trial(gloo)
-        print(f"RESULT name={name}_vs_torch_gloo value={v:.3f} unit=GB/s peer={p:.3f} "
-              f"ratio={v / p:.2f}")
+        results.append(f"RESULT name={name}_vs_torch_gloo value={v:.3f} unit=GB/s "
+                       f"peer={p:.3f} ratio={v / p:.2f}")
     else:
         v = sorted(get(r, "trun", "busbw_gbps") for r in trials)[(len(trials) - 1) // 2]
-        print(f"RESULT name={name}_vs_torch_gloo value={v:.3f} unit=GB/s peer=none ratio=none")
+        results.append(f"RESULT name={name}_vs_torch_gloo value={v:.3f} unit=GB/s peer=none "
+                       f"ratio=none")
     if mem:
         v, p = median_trial(mem)
-        print(f"RESULT name={name}_vs_memcpy value={v:.3f} unit=GB/s peer={p:.3f} "
-              f"ratio={v / p:.2f}")
+        results.append(f"RESULT name={name}_vs_memcpy value={v:.3f} unit=GB/s peer={p:.3f} "
+                       f"ratio={v / p:.2f}")
+print("\n".join(results))
 PYEOF
