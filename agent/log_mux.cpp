@@ -93,14 +93,14 @@ LogMux::~LogMux() {
 
 void LogMux::duplicate(int console_fd, const std::string& file_path,
                        std::vector<std::string> filters) {
-  Duplicate& d = dup_[console_fd == STDERR_FILENO ? 2 : 1];
+  Duplicate& d = dup_for(console_fd);
   if (d.fd >= 0) close(d.fd);
   d.fd = open_log_file(file_path);
   d.filters = std::move(filters);
 }
 
 void LogMux::collect_duplicate(Tee& t, std::string_view prefixed_line) {
-  const Duplicate& d = dup_[t.console_fd == STDERR_FILENO ? 2 : 1];
+  const Duplicate& d = dup_for(t.console_fd);
   if (d.fd < 0) return;
   for (const auto& f : d.filters) {
     if (prefixed_line.find(f, t.prefix.size()) != std::string_view::npos) {
@@ -156,7 +156,7 @@ void LogMux::close_child_ends() {
 void LogMux::on_readable(Tee& t) { read_some(t, 4); }
 
 void LogMux::write_duplicates(Tee& t) {
-  const Duplicate& d = dup_[t.console_fd == STDERR_FILENO ? 2 : 1];
+  const Duplicate& d = dup_for(t.console_fd);
   if (d.fd >= 0 && !t.dup_out.empty()) write_all(d.fd, t.dup_out.data(), t.dup_out.size());
 }
 

@@ -59,6 +59,7 @@ class LogMux {
   // Appends `line` (prefixed, newline-terminated) to t's duplicate file's batch if it matches.
   void collect_duplicate(Tee& t, std::string_view prefixed_line);
   void write_duplicates(Tee& t);
+  Duplicate& dup_for(int console_fd) { return dup_[console_fd == 2 ? 1 : 0]; }
   // Returns true while more may be readable right now.
   bool read_some(Tee& t, int max_reads);
   void finish(Tee& t);
@@ -66,7 +67,7 @@ class LogMux {
   EventLoop& loop_;
   std::vector<std::unique_ptr<Tee>> tees_;
   std::vector<int> child_fds_;  // fds handed to workers (files, pipe ends), closed after spawn
-  Duplicate dup_[3];            // by console fd (1, 2); fd -1 when not duplicating
+  Duplicate dup_[2];            // stdout, stderr (dup_for); fd -1 when not duplicating
 };
 
 // "[" + template with ${role_name}, ${rank}, ${local_rank} substituted + "]:".

@@ -39,9 +39,14 @@ int parse_count(const std::string& key, const std::string& value) {
   return static_cast<int>(v);
 }
 
-bool parse_bool(const std::string& key, const std::string& value) {
+std::string lowercase(const std::string& value) {
   std::string v;
   for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return v;
+}
+
+bool parse_bool(const std::string& key, const std::string& value) {
+  const std::string v = lowercase(value);
   if (v == "1" || v == "true" || v == "yes" || v == "y" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "n" || v == "off") return false;
   throw RendezvousOptionError("--rdzv-conf " + key + "=" + value +
@@ -105,9 +110,7 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       o->is_host = parse_bool(key, value);
     } else if (key == "store_type") {
       // torchrun's c10d also offers a FileStore on a shared file system; trun's is TCP only.
-      std::string v;
-      for (char c : value) v += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      if (v != "tcp") {
+      if (lowercase(value) != "tcp") {
         throw RendezvousOptionError("--rdzv-conf store_type=" + value +
                                     ": trun's rendezvous store is TCP only (store_type=tcp)");
       }
