@@ -16,7 +16,6 @@
 #include <mutex>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -565,18 +564,12 @@ std::vector<std::string> Agent::worker_env(const Worker& w) const {
   env["LOCAL_RANK"] = std::to_string(w.local_rank);
   env.erase("TRUN_LOCAL_RANK");  // a trun started by a worker of another must not pass it on
   if (cfg_.virtual_local_rank) {
-    // Each worker sees one device, as its device 0: the local rank's entry of our own
-    // CUDA_VISIBLE_DEVICES (checked on the command line to have enough), else the local rank.
+    // Each worker sees one device, as its device 0 (see LaunchConfig::visible_devices).
     env["LOCAL_RANK"] = "0";
     env["TRUN_LOCAL_RANK"] = std::to_string(w.local_rank);
-    std::string device = std::to_string(w.local_rank);
-    if (auto it = base_env_.find("CUDA_VISIBLE_DEVICES"); it != base_env_.end()) {
-      std::stringstream list(it->second);
-      for (int i = 0; i <= w.local_rank; ++i) std::getline(list, device, ',');
-      device.erase(0, device.find_first_not_of(" \t"));
-      device.erase(device.find_last_not_of(" \t") + 1);
-    }
-    env["CUDA_VISIBLE_DEVICES"] = device;
+    env["CUDA_VISIBLE_DEVICES"] = cfg_.visible_devices.empty()
+                                      ? std::to_string(w.local_rank)
+                                      : cfg_.visible_devices[static_cast<size_t>(w.local_rank)];
   }
   env["RANK"] = std::to_string(w.rank);
   env["GROUP_RANK"] = std::to_string(info_.group_rank);

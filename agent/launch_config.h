@@ -39,8 +39,11 @@ struct LaunchConfig {
   int max_nodes = 1;
   int nproc_per_node = 1;  // the local world size, already resolved from cpu/gpu/auto
   // torchrun's --virtual-local-rank: each worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES
-  // naming only its own device (TRUN_LOCAL_RANK keeps the real one for libtrun_worker).
+  // naming only its own device (TRUN_LOCAL_RANK keeps the real one for libtrun_worker): entry
+  // local_rank of `visible_devices` (trun's own CUDA_VISIBLE_DEVICES, one entry per worker at
+  // least), or the local rank itself when that list is empty (the variable is unset).
   bool virtual_local_rank = false;
+  std::vector<std::string> visible_devices;
   std::string role = "default";
   int max_restarts = 0;
 

@@ -451,11 +451,12 @@ CliResult parse_command_line(int argc, char** argv) {
     c.nproc_per_node = parse_nproc_per_node(nproc);
     c.virtual_local_rank = virtual_local_rank;
     if (const char* cvd = std::getenv("CUDA_VISIBLE_DEVICES"); virtual_local_rank && cvd) {
-      const size_t listed = split(cvd, ',').size();
-      if (static_cast<size_t>(c.nproc_per_node) > listed) {
+      for (const auto& d : split(cvd, ',')) c.visible_devices.push_back(trim(d));
+      if (static_cast<size_t>(c.nproc_per_node) > c.visible_devices.size()) {
         throw InvalidInput("--virtual-local-rank: " + std::to_string(c.nproc_per_node) +
                            " workers per node, but CUDA_VISIBLE_DEVICES=" + cvd + " lists " +
-                           std::to_string(listed) + " device(s), one per worker is needed");
+                           std::to_string(c.visible_devices.size()) +
+                           " device(s), one per worker is needed");
       }
     }
     if (max_restarts < 0) {
