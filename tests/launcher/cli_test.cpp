@@ -1,11 +1,7 @@
 // The command line, black-box: invalid input, help, PET_* variables, both spellings.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 
 using namespace trun::testing;
@@ -105,16 +101,8 @@ TEST_CASE("options come from PET_ variables, and the command line wins", "[cli]"
 
 TEST_CASE("a static node's --rdzv-conf timeout bounds its wait for node 0, fractions included",
           "[cli]") {
-  // A port nobody listens on: bound and released, so connections to it are refused.
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-  const std::string port = std::to_string(ntohs(addr.sin_port));
-  ::close(fd);
+  // A port nobody listens on (free a moment ago), so connections to it are refused.
+  const std::string port = std::to_string(free_port());
   auto start = std::chrono::steady_clock::now();
   auto r =
       run_trun({"--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1", "--master-port=" + port,
