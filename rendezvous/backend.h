@@ -35,6 +35,8 @@ class RendezvousBackend {
   virtual void set(const std::string& key, const std::string& value) = 0;
   virtual std::string compare_set(const std::string& key, const std::string& expected,
                                   const std::string& desired) = 0;
+  // A counter: the value after adding `delta`. The protocol only counts up by one and reads with
+  // add(key, 0); a backend may keep counters apart from set/try_get values (etcd does).
   virtual int64_t add(const std::string& key, int64_t delta) = 0;
   virtual void append(const std::string& key, const std::string& value) = 0;
   // The value, or nullopt when the key does not exist. Never blocks on the key.

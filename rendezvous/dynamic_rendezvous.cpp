@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "rendezvous/c10d_backend.h"
+#include "rendezvous/etcd/backend.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/prefix_store.h"
 
@@ -12,15 +13,16 @@ namespace trun::rendezvous {
 namespace {
 
 using namespace dynamic;
-constexpr uint16_t kDefaultPort = 29400;  // torchrun's c10d default
+constexpr uint16_t kDefaultPort = 29400;     // torchrun's c10d default
+constexpr uint16_t kDefaultEtcdPort = 2379;  // etcd's client port
 // How far back a leader looks for the last completed round across aborted ones.
 constexpr int kMaxAbortedRounds = 64;
 
 class DynamicRendezvous : public RoundRendezvous {
  public:
-  DynamicRendezvous(RendezvousOptions options, std::unique_ptr<RendezvousBackend> backend,
-                    std::unique_ptr<StoreServer> hosted)
-      : RoundRendezvous("c10d", std::move(options), std::move(backend), std::move(hosted)),
+  DynamicRendezvous(std::string name, RendezvousOptions options,
+                    std::unique_ptr<RendezvousBackend> backend, std::unique_ptr<StoreServer> hosted)
+      : RoundRendezvous(std::move(name), std::move(options), std::move(backend), std::move(hosted)),
         keys_(options_.run_id) {}
 
   ~DynamicRendezvous() override { shutdown(); }
@@ -42,8 +44,8 @@ class DynamicRendezvous : public RoundRendezvous {
       if (!v) return 0;
       auto rk = parse_round_key(*v);
       if (rk.closed) return 0;
-      auto t = backend_->try_get(keys_.ticket(rk.round));
-      return t ? std::max(0, std::stoi(*t)) : 0;
+      // A counter: read with add(0) (the etcd backend keeps counters apart from values).
+      return static_cast<int>(std::max<int64_t>(0, backend_->add(keys_.ticket(rk.round), 0)));
     } catch (const StoreError& e) {
       throw RendezvousError(error_prefix() + ": " + e.what());
     }
@@ -272,12 +274,12 @@ class DynamicRendezvous : public RoundRendezvous {
   Keys keys_;
 };
 
-void validate_c10d_options(const RendezvousOptions& o) {
-  validate_common_options(o, "c10d");
+void validate_dynamic_options(const RendezvousOptions& o, const char* backend) {
+  validate_common_options(o, backend);
   if (o.node_rank < -1 || o.node_rank >= o.max_nodes) {
-    throw RendezvousOptionError("--rdzv-backend=c10d: --node-rank=" + std::to_string(o.node_rank) +
-                                " is outside 0.." + std::to_string(o.max_nodes - 1) +
-                                " (the maximum node count)");
+    throw RendezvousOptionError(std::string("--rdzv-backend=") + backend +
+                                ": --node-rank=" + std::to_string(o.node_rank) + " is outside 0.." +
+                                std::to_string(o.max_nodes - 1) + " (the maximum node count)");
   }
 }
 
@@ -286,16 +288,18 @@ void validate_c10d_options(const RendezvousOptions& o) {
 std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
     const RendezvousOptions& options, std::unique_ptr<RendezvousBackend> backend,
     std::unique_ptr<StoreServer> hosted) {
+  if (!backend) throw RendezvousOptionError("dynamic rendezvous: no backend given");
   RendezvousOptions o = options;
-  validate_c10d_options(o);
+  validate_dynamic_options(o, backend->name().c_str());
   if (o.node_id.empty()) o.node_id = default_node_id();
   if (o.local_addr.empty()) o.local_addr = default_local_addr();
-  if (!backend) throw RendezvousOptionError("c10d rendezvous: no backend given");
-  return std::make_unique<DynamicRendezvous>(std::move(o), std::move(backend), std::move(hosted));
+  std::string name = backend->name();
+  return std::make_unique<DynamicRendezvous>(std::move(name), std::move(o), std::move(backend),
+                                             std::move(hosted));
 }
 
 std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOptions& options) {
-  validate_c10d_options(options);
+  validate_dynamic_options(options, "c10d");
   Endpoint ep = parse_endpoint(options.endpoint, kDefaultPort, "--rdzv-endpoint");
   bool host = options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr);
   std::unique_ptr<StoreServer> server;
@@ -315,6 +319,43 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
                           ": " + e.what());
   }
   return create_dynamic_rendezvous(options, std::move(backend), std::move(server));
+}
+
+std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options) {
+  validate_dynamic_options(options, "etcd");
+  std::string endpoint = options.endpoint;
+  if (endpoint.rfind("https://", 0) == 0) {
+    throw RendezvousOptionError("--rdzv-endpoint=" + endpoint +
+                                ": trun reaches etcd over plain HTTP only (no TLS); give "
+                                "HOST:PORT of a plain-HTTP client URL");
+  }
+  if (endpoint.rfind("http://", 0) == 0) endpoint.erase(0, 7);
+  if (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+  if (endpoint.empty()) {
+    throw RendezvousOptionError(
+        "--rdzv-backend=etcd: --rdzv-endpoint is required (HOST[:PORT] "
+        "of etcd's client URL)");
+  }
+  if (options.is_host.value_or(false)) {
+    spdlog::warn("etcd rendezvous: --rdzv-conf is_host is ignored (etcd hosts the state)");
+  }
+  Endpoint ep = parse_endpoint(endpoint, kDefaultEtcdPort, "--rdzv-endpoint");
+  EtcdBackendOptions eo;
+  eo.host = ep.host;
+  eo.port = ep.port;
+  eo.prefix = options.etcd_prefix.empty() ? "/" : options.etcd_prefix;
+  eo.run_id = options.run_id;
+  eo.read_timeout = options.read_timeout;
+  eo.connect_timeout = options.read_timeout;
+  std::unique_ptr<RendezvousBackend> backend;
+  try {
+    backend = connect_etcd_backend(eo);
+  } catch (const StoreError& e) {
+    throw RendezvousError("etcd rendezvous '" + options.run_id +
+                          "': cannot reach etcd at --rdzv-endpoint=" + options.endpoint + ": " +
+                          e.what());
+  }
+  return create_dynamic_rendezvous(options, std::move(backend), nullptr);
 }
 
 }  // namespace trun::rendezvous

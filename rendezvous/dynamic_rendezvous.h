@@ -22,6 +22,11 @@ namespace trun::rendezvous {
 // client), then connects. Throws RendezvousOptionError / RendezvousError.
 std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOptions& options);
 
+// The "etcd" backend of the registry: the same protocol with its state in an etcd cluster at the
+// endpoint (HOST[:PORT], default port 2379, an "http://" prefix allowed; nobody hosts a store).
+// See etcd/backend.h for how leases work there. Throws RendezvousOptionError / RendezvousError.
+std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options);
+
 // The same protocol over any backend (tests, future backends). `hosted` is the store this node
 // hosts, if any (its node gets group rank 0; stopped at shutdown). Validates `options`.
 std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(

@@ -190,6 +190,9 @@ struct RendezvousOptions {
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // each store operation
   std::optional<bool> is_host;  // unset: host the store when the endpoint is this machine
   std::string store_token;      // shared secret for the store (TRUN_STORE_TOKEN)
+  // etcd: every key starts with it (--rdzv-conf etcd_prefix; empty: "/"). Other backends refuse
+  // it.
+  std::string etcd_prefix;
 };
 
 // Parses a --rdzv-conf value "key1=value1,key2=value2" into a map (empty input: empty map).
@@ -198,15 +201,16 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
 // Applies --rdzv-conf entries: join_timeout, last_call_timeout, close_timeout,
 // keep_alive_interval, read_timeout (seconds, fractions allowed), keep_alive_max_attempt
 // (integer), is_host (true/false/1/0/yes/no), timeout (alias of join_timeout, as torchrun's
-// static backend), use_libuv (true/false, accepted and ignored), store_type (tcp only). Throws
+// static backend), use_libuv (true/false, accepted and ignored), store_type (tcp only), and for
+// etcd: etcd_prefix, protocol (http only; https and the certificate keys are refused). Throws
 // RendezvousOptionError naming the key for unknown keys and bad values.
 void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* options);
 
-// Creates the backend called `name` ("c10d" or "static") and validates `options` for it before
-// any I/O. Then hosts the store when this node should (c10d: the endpoint is this machine or
-// is_host=true; static: node_rank 0) and connects to it (retrying until read_timeout; static
-// non-zero ranks until join_timeout). Throws RendezvousOptionError (unknown backend, bad options)
-// or RendezvousError (cannot host or reach the store).
+// Creates the backend called `name` ("c10d", "etcd" (alias "etcd-v2") or "static") and validates
+// `options` for it before any I/O. Then hosts the store when this node should (c10d: the endpoint
+// is this machine or is_host=true; static: node_rank 0) and connects to it (retrying until
+// read_timeout; static non-zero ranks until join_timeout). Throws RendezvousOptionError (unknown
+// backend, bad options) or RendezvousError (cannot host or reach the store).
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
                                                              const RendezvousOptions& options);
 // The names create_rendezvous_handler accepts.

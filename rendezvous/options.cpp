@@ -62,7 +62,9 @@ const char* const kConfKeys[] = {"join_timeout",
                                  "is_host",
                                  "timeout",
                                  "use_libuv",
-                                 "store_type"};
+                                 "store_type",
+                                 "etcd_prefix",
+                                 "protocol"};
 
 }  // namespace
 
@@ -114,6 +116,20 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
         throw RendezvousOptionError("--rdzv-conf store_type=" + value +
                                     ": trun's rendezvous store is TCP only (store_type=tcp)");
       }
+    } else if (key == "etcd_prefix") {
+      if (value.empty()) throw RendezvousOptionError("--rdzv-conf etcd_prefix: must not be empty");
+      o->etcd_prefix = value;
+    } else if (key == "protocol") {
+      // torchrun's etcd backends take http or https; trun speaks plain HTTP to etcd.
+      if (lowercase(value) != "http") {
+        throw RendezvousOptionError("--rdzv-conf protocol=" + value +
+                                    ": trun reaches etcd over plain HTTP only (no TLS)");
+      }
+    } else if (key == "cacert" || key == "cert" || key == "key" || key == "ca_cert" ||
+               key == "ssl_cert" || key == "ssl_cert_key") {
+      throw RendezvousOptionError("--rdzv-conf " + key +
+                                  ": TLS to etcd is not supported (trun reaches etcd over plain "
+                                  "HTTP; keep etcd's client URL on a trusted network)");
     } else if (key == "use_libuv") {
       parse_bool(key, value);  // torchrun's choice of PyTorch store server; trun's has one kind
     } else {
@@ -124,19 +140,20 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
   }
 }
 
-std::vector<std::string> rendezvous_backend_names() { return {"c10d", "static"}; }
+std::vector<std::string> rendezvous_backend_names() { return {"c10d", "etcd", "static"}; }
 
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
                                                              const RendezvousOptions& options) {
+  const bool etcd = name == "etcd" || name == "etcd-v2";  // torchrun's two names
+  if (!etcd && !options.etcd_prefix.empty()) {
+    throw RendezvousOptionError("--rdzv-backend=" + name +
+                                ": --rdzv-conf etcd_prefix is for the etcd backend only");
+  }
   if (name == "c10d") return create_c10d_rendezvous(options);
+  if (etcd) return create_etcd_rendezvous(options);
   if (name == "static") return create_static_rendezvous(options);
   std::string known;
   for (auto& n : rendezvous_backend_names()) known += (known.empty() ? "" : ", ") + n;
-  if (name == "etcd" || name == "etcd-v2") {
-    throw RendezvousOptionError("--rdzv-backend=" + name +
-                                ": the etcd backend is not implemented yet (available: " + known +
-                                ")");
-  }
   throw RendezvousOptionError("--rdzv-backend=" + name +
                               ": unknown rendezvous backend (known: " + known + ")");
 }
