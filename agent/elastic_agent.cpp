@@ -212,7 +212,7 @@ class Agent {
 };
 
 void Agent::create_rendezvous() {
-  if (cfg_.rdzv_backend == "c10d" && !cfg_.standalone) {
+  if (cfg_.rdzv_backend != "static" && !cfg_.standalone) {  // c10d, etcd: dynamic membership
     rendezvous::RendezvousOptions o;
     o.run_id = run_id_;
     o.endpoint = cfg_.rdzv_endpoint;
@@ -224,7 +224,7 @@ void Agent::create_rendezvous() {
     rdzv_timeout_ = o.join_timeout;
     store_endpoint_ = cfg_.rdzv_endpoint;
     dynamic_ = true;
-    rdzv_ = rendezvous::create_rendezvous_handler("c10d", o);
+    rdzv_ = rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o);
   } else {
     rendezvous::StaticRendezvousOptions ro;
     ro.run_id = run_id_;

@@ -352,9 +352,14 @@ CliResult parse_command_line(int argc, char** argv) {
        "Single node: host the rendezvous store inside trun on a free port with a generated run "
        "id (overrides --rdzv-backend/--rdzv-endpoint/--rdzv-id)",
        kRdzv);
-  opt("rdzv-backend", backend, "Rendezvous backend: static or c10d (etcd: not yet)", kRdzv);
+  opt("rdzv-backend", backend,
+      "Rendezvous backend: static, c10d (a store hosted by one agent) or etcd (alias etcd-v2: "
+      "an etcd cluster's v3 API over plain HTTP)",
+      kRdzv);
   opt("rdzv-endpoint", endpoint,
-      "Rendezvous endpoint HOST:PORT (static: defaults to MASTER_ADDR:MASTER_PORT)", kRdzv);
+      "Rendezvous endpoint HOST:PORT (c10d: the store; etcd: a client URL, port 2379 by default; "
+      "static: defaults to MASTER_ADDR:MASTER_PORT)",
+      kRdzv);
   opt("rdzv-id", rdzv_id, "Job id shared by all nodes (TORCHELASTIC_RUN_ID)", kRdzv);
   opt("rdzv-conf", rdzv_conf, "Extra rendezvous settings: key1=value1,key2=value2", kRdzv);
 
@@ -479,6 +484,10 @@ CliResult parse_command_line(int argc, char** argv) {
       c.rdzv_conf = rendezvous::parse_rdzv_conf(rdzv_conf);
       rendezvous::RendezvousOptions checked;
       rendezvous::apply_rdzv_conf(c.rdzv_conf, &checked);
+      if (!checked.etcd_prefix.empty() && backend != "etcd" && backend != "etcd-v2") {
+        throw InvalidInput("--rdzv-conf etcd_prefix: only for --rdzv-backend=etcd (got " + backend +
+                           ")");
+      }
     } catch (const rendezvous::RendezvousOptionError& e) {
       throw InvalidInput(e.what());
     }
@@ -504,25 +513,28 @@ CliResult parse_command_line(int argc, char** argv) {
       c.rdzv_backend = backend;
       c.rdzv_endpoint = endpoint;
       c.run_id = rdzv_id;
-      if (backend == "c10d") {
+      const bool dynamic = backend != "static";  // c10d, etcd, etcd-v2
+      if (backend == "etcd-v2") c.rdzv_backend = "etcd";
+      if (dynamic) {
         if (endpoint.empty()) {
-          throw InvalidInput(
-              "--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT] (the store "
-              "is hosted by the node whose address matches it)");
+          throw InvalidInput(backend == "c10d"
+                                 ? "--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT] (the "
+                                   "store is hosted by the node whose address matches it)"
+                                 : "--rdzv-backend=" + backend +
+                                       " needs --rdzv-endpoint=HOST[:PORT] (etcd's client URL)");
+        }
+        if (backend != "c10d" && endpoint.rfind("https://", 0) == 0) {
+          throw InvalidInput("--rdzv-endpoint=" + endpoint +
+                             ": trun reaches etcd over plain HTTP only (no TLS)");
         }
         if (c.max_nodes > 1 && c.run_id == "none") {
           throw InvalidInput(
-              "--rdzv-id is required for a multi-node c10d job (--nnodes=" + nnodes +
+              "--rdzv-id is required for a multi-node " + backend + " job (--nnodes=" + nnodes +
               "): give every node the same job id, e.g. --rdzv-id=myjob-1; the default 'none' "
               "lets two jobs on the same store collide");
         }
-      } else if (backend != "static") {
-        throw InvalidInput("--rdzv-backend=" + backend +
-                           ": not available in this build yet; use --rdzv-backend=c10d, "
-                           "--standalone (one node) or --rdzv-backend=static with --nnodes=N "
-                           "--node-rank=R");
       }
-      if (backend == "c10d") {
+      if (dynamic) {
         // Validated by the rendezvous module when the agent creates the handler.
       } else if (c.min_nodes != c.max_nodes) {
         throw InvalidInput("--nnodes=" + nnodes +
