@@ -43,6 +43,13 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--rdzv-conf", "store_type=file", w}, "TCP only");
   expect_usage_error({"--numa-binding", "everywhere", w}, "--numa-binding=everywhere");
   expect_usage_error({"--rdzv-backend", "zookeeper", w}, "unknown backend");
+  expect_usage_error({"--rdzv-backend=etcd", w}, "needs --rdzv-endpoint");
+  expect_usage_error({"--rdzv-backend=etcd-v2", "--rdzv-endpoint=h:2379", "--nnodes=2", w},
+                     "--rdzv-id is required");
+  expect_usage_error({"--rdzv-conf", "etcd_prefix=/jobs/", w}, "only for --rdzv-backend=etcd");
+  expect_usage_error(
+      {"--rdzv-backend=etcd", "--rdzv-endpoint=h:2379", "--rdzv-conf", "protocol=https", w},
+      "plain HTTP only");
   expect_usage_error({"--max-restarts", "-1", w}, ">= 0");
   expect_usage_error({"--redirects", "4", w}, "--redirects=4");
   expect_usage_error({"--tee", "0:9", w}, "--tee=0:9");

@@ -1,6 +1,10 @@
-// The c10d rendezvous executor against a real StoreServer on loopback: N handlers in threads, and
-// helper processes (rdzv_test_node) for deaths by SIGKILL (connection closed) and SIGSTOP (missed
-// keep-alives). Timeouts here are generous bounds so nothing hangs, never speed targets.
+// The dynamic rendezvous executor against both of its backends, each scenario once per backend:
+// "c10d: ..." [c10d] over a real StoreServer on loopback, "etcd: ..." [etcd] over a real etcd
+// (tests/rendezvous/etcd_server.h; skipped with a warning where /usr/bin/etcd is missing). N
+// handlers in threads, and helper processes (rdzv_test_node) for deaths by SIGKILL (c10d: the
+// connection closes; etcd: the lease lapses) and SIGSTOP (missed keep-alives). Scenarios that
+// inherently differ (how a kill is noticed, store traffic, who hosts the store, losing the store)
+// say so in their names. Timeouts here are generous bounds so nothing hangs, never speed targets.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
@@ -17,12 +21,25 @@
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
+#include "tests/rendezvous/etcd_server.h"
 
 using namespace trun::rendezvous;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using Kind = RoundEvent::Kind;
 using HandlerPtr = std::unique_ptr<RendezvousHandler>;
+using trun::testing::EtcdServer;
+
+// A scenario run once per backend: TEST_CASE "c10d: <name>" [c10d] and "etcd: <name>" [etcd], both
+// calling `fn(backend)`, whose body follows the macro.
+#define DYNAMIC_TEST(fn, name, tags)                      \
+  static void fn(const std::string& backend);             \
+  TEST_CASE("c10d: " name, "[c10d]" tags) { fn("c10d"); } \
+  TEST_CASE("etcd: " name, "[etcd]" tags) {               \
+    SKIP_WITHOUT_ETCD();                                  \
+    fn("etcd");                                           \
+  }                                                       \
+  static void fn(const std::string& backend)
 
 namespace {
 
@@ -31,27 +48,50 @@ std::string unique_run_id() {
   return "test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
 }
 
+// The shared state of one job: a StoreServer of its own (c10d), or the process-wide etcd (etcd;
+// the run id keeps jobs apart there), or an etcd of its own when the test stops it (own_etcd).
 struct Cluster {
-  std::unique_ptr<StoreServer> server;
+  std::string backend;
+  std::unique_ptr<StoreServer> server;   // c10d
+  std::unique_ptr<EtcdServer> own_etcd;  // etcd, own_etcd
+  EtcdServer* etcd = nullptr;            // etcd: own_etcd or the shared one
   std::string run_id = unique_run_id();
   int min_nodes;
   int max_nodes;
 
-  Cluster(int min, int max) : min_nodes(min), max_nodes(max) {
-    StoreServerOptions so;
-    so.host = "127.0.0.1";
-    server = StoreServer::start(so);
+  Cluster(std::string backend_name, int min, int max, bool own_store = false)
+      : backend(std::move(backend_name)), min_nodes(min), max_nodes(max) {
+    if (backend == "etcd") {
+      if (own_store) own_etcd = std::make_unique<EtcdServer>();
+      etcd = own_store ? own_etcd.get() : &EtcdServer::shared();
+    } else {
+      StoreServerOptions so;
+      so.host = "127.0.0.1";
+      server = StoreServer::start(so);
+    }
+  }
+
+  uint16_t port() const { return etcd ? etcd->port() : server->port(); }
+  std::string endpoint() const { return "127.0.0.1:" + std::to_string(port()); }
+  // Stops the store (c10d) or the cluster's own etcd.
+  void stop_store() {
+    if (etcd) {
+      REQUIRE(own_etcd);
+      own_etcd->stop();
+    } else {
+      server->stop();
+    }
   }
 
   RendezvousOptions options(const std::string& id) const {
     RendezvousOptions o;
     o.run_id = run_id;
-    o.endpoint = "127.0.0.1:" + std::to_string(server->port());
+    o.endpoint = endpoint();
     o.min_nodes = min_nodes;
     o.max_nodes = max_nodes;
     o.node_id = id;
     o.local_addr = "127.0.0.1";
-    o.is_host = false;
+    if (!etcd) o.is_host = false;  // etcd: nobody hosts anything
     o.last_call_timeout = 300ms;
     o.keep_alive_interval = 100ms;
     o.keep_alive_max_attempt = 3;
@@ -59,9 +99,10 @@ struct Cluster {
     o.read_timeout = 10s;
     return o;
   }
-  HandlerPtr make(const std::string& id) const {
-    return create_rendezvous_handler("c10d", options(id));
+  HandlerPtr create(const RendezvousOptions& o) const {
+    return create_rendezvous_handler(backend, o);
   }
+  HandlerPtr make(const std::string& id) const { return create(options(id)); }
 };
 
 // Runs next_rendezvous on every handler at once.
@@ -110,7 +151,7 @@ class NodeProcess {
     REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
     REQUIRE(::pipe2(in, O_CLOEXEC) == 0);
     std::string exe = std::string(TRUN_BINARY_DIR) + "/tests/rendezvous/rdzv_test_node";
-    std::string port = std::to_string(c.server->port());
+    std::string port = std::to_string(c.port());
     std::string min = std::to_string(c.min_nodes), max = std::to_string(c.max_nodes);
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
@@ -118,7 +159,7 @@ class NodeProcess {
       ::dup2(out[1], 1);
       ::dup2(in[0], 0);
       ::execl(exe.c_str(), exe.c_str(), port.c_str(), c.run_id.c_str(), min.c_str(), max.c_str(),
-              id.c_str(), "100", static_cast<char*>(nullptr));
+              id.c_str(), "100", c.backend.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(out[1]);
@@ -170,30 +211,31 @@ class NodeProcess {
 
 }  // namespace
 
-TEST_CASE("c10d: completes at max_nodes at once, without waiting for last call", "[c10d]") {
-  Cluster c(2, 3);
-  auto o = c.options("a");
+DYNAMIC_TEST(completes_at_max_nodes,
+             "completes at max_nodes at once, without waiting for last call", "") {
+  Cluster c(backend, 2, 3);
   std::vector<HandlerPtr> hs;
   for (auto id : {"a", "b", "c"}) {
     auto opt = c.options(id);
     opt.last_call_timeout = 600s;  // completing at all proves it did not wait for last call
-    hs.push_back(create_rendezvous_handler("c10d", opt));
+    hs.push_back(c.create(opt));
   }
   auto infos = join_all({hs[0].get(), hs[1].get(), hs[2].get()});
   check_consistent(infos, 3);
   CHECK(infos[0].round == 0);
   CHECK_FALSE(infos[0].use_agent_store);
   CHECK(hs[0]->num_nodes_waiting() == 0);
+  CHECK(hs[0]->backend() == backend);
 }
 
-TEST_CASE("c10d: completes at min_nodes once last call has passed", "[c10d]") {
-  Cluster c(2, 4);
-  auto a = create_rendezvous_handler("c10d", [&] {
+DYNAMIC_TEST(completes_at_min_nodes, "completes at min_nodes once last call has passed", "") {
+  Cluster c(backend, 2, 4);
+  auto a = c.create([&] {
     auto o = c.options("a");
     o.last_call_timeout = 700ms;
     return o;
   }());
-  auto b = create_rendezvous_handler("c10d", [&] {
+  auto b = c.create([&] {
     auto o = c.options("b");
     o.last_call_timeout = 700ms;
     return o;
@@ -204,19 +246,20 @@ TEST_CASE("c10d: completes at min_nodes once last call has passed", "[c10d]") {
   check_consistent(infos, 2);
 }
 
-TEST_CASE("c10d: a lone node below min_nodes times out with a clear error", "[c10d]") {
-  Cluster c(2, 2);
+DYNAMIC_TEST(lone_node_times_out, "a lone node below min_nodes times out with a clear error", "") {
+  Cluster c(backend, 2, 2);
   auto o = c.options("alone");
   o.join_timeout = 500ms;
-  auto h = create_rendezvous_handler("c10d", o);
+  auto h = c.create(o);
   CHECK_THROWS_AS(h->next_rendezvous(), RendezvousTimeoutError);
-  h = create_rendezvous_handler("c10d", o);
+  h = c.create(o);
   CHECK_THROWS_WITH(h->next_rendezvous(),
                     Catch::Contains("join_timeout") && Catch::Contains("at least 2 node"));
 }
 
-TEST_CASE("c10d: a late node makes the running group restart to admit it", "[c10d]") {
-  Cluster c(2, 3);
+DYNAMIC_TEST(late_node_restarts_group, "a late node makes the running group restart to admit it",
+             "") {
+  Cluster c(backend, 2, 3);
   auto a = c.make("a"), b = c.make("b");
   auto first = join_all({a.get(), b.get()});
   check_consistent(first, 2);
@@ -243,8 +286,9 @@ TEST_CASE("c10d: a late node makes the running group restart to admit it", "[c10
   CHECK(rank_holder(second[0], 2) == "late");
 }
 
-TEST_CASE("c10d: a node beyond max_nodes waits quietly for the next round", "[c10d]") {
-  Cluster c(1, 2);
+DYNAMIC_TEST(node_beyond_max_waits, "a node beyond max_nodes waits quietly for the next round",
+             "") {
+  Cluster c(backend, 1, 2);
   auto a = c.make("a"), b = c.make("b");
   auto first = join_all({a.get(), b.get()});
   check_consistent(first, 2);
@@ -267,8 +311,9 @@ TEST_CASE("c10d: a node beyond max_nodes waits quietly for the next round", "[c1
   CHECK(rank_holder(second[0], 1) == "extra");
 }
 
-TEST_CASE("c10d: a worker failure anywhere ends the round on every node", "[c10d]") {
-  Cluster c(3, 3);
+DYNAMIC_TEST(worker_failure_ends_round, "a worker failure anywhere ends the round on every node",
+             "") {
+  Cluster c(backend, 3, 3);
   auto a = c.make("a"), b = c.make("b"), d = c.make("d");
   auto infos = join_all({a.get(), b.get(), d.get()});
   std::promise<RoundEvent> got_b;
@@ -292,8 +337,8 @@ TEST_CASE("c10d: a worker failure anywhere ends the round on every node", "[c10d
   b->set_round_over_callback(nullptr);
 }
 
-TEST_CASE("c10d: calling next_rendezvous mid-round restarts the others", "[c10d]") {
-  Cluster c(2, 2);
+DYNAMIC_TEST(mid_round_restart, "calling next_rendezvous mid-round restarts the others", "") {
+  Cluster c(backend, 2, 2);
   auto a = c.make("a"), b = c.make("b");
   join_all({a.get(), b.get()});
   auto fut = std::async(std::launch::async, [&] { return a->next_rendezvous(); });
@@ -305,10 +350,11 @@ TEST_CASE("c10d: calling next_rendezvous mid-round restarts the others", "[c10d]
   CHECK(fut.get().round == ib.round);
 }
 
-TEST_CASE("c10d: a SIGKILLed node is detected by its closed connection and survivors continue",
-          "[c10d][process]") {
-  Cluster c(2, 3);
-  c.min_nodes = 2;
+// c10d notices a kill in milliseconds (the store sees the connection close); etcd has no
+// connection-bound leases, so there the node's etcd lease has to lapse (about 1-2 s here). The
+// others see the same kNodeLeft either way.
+static void killed_node_detected(const std::string& backend) {
+  Cluster c(backend, 2, 3);
   NodeProcess child(c, "victim");
   auto a = c.make("a"), b = c.make("b");
   auto infos = join_all({a.get(), b.get()});
@@ -324,10 +370,20 @@ TEST_CASE("c10d: a SIGKILLed node is detected by its closed connection and survi
   auto again = join_all({a.get(), b.get()});
   check_consistent(again, 2);
 }
-
-TEST_CASE("c10d: a silent node (SIGSTOP) is declared dead by missed keep-alives and rejoins",
+TEST_CASE("c10d: a SIGKILLed node is detected by its closed connection and survivors continue",
           "[c10d][process]") {
-  Cluster c(2, 3);
+  killed_node_detected("c10d");
+}
+TEST_CASE("etcd: a SIGKILLed node is detected when its lease lapses and survivors continue",
+          "[etcd][process]") {
+  SKIP_WITHOUT_ETCD();
+  killed_node_detected("etcd");
+}
+
+DYNAMIC_TEST(stopped_node_declared_dead,
+             "a silent node (SIGSTOP) is declared dead by missed keep-alives and rejoins",
+             "[process]") {
+  Cluster c(backend, 2, 3);
   NodeProcess child(c, "sleepy");
   auto a = c.make("a"), b = c.make("b");
   auto infos = join_all({a.get(), b.get()});
@@ -357,9 +413,9 @@ TEST_CASE("c10d: a silent node (SIGSTOP) is declared dead by missed keep-alives 
   CHECK(child.line(30s).rfind("ranked " + std::to_string(third[0].round) + " ", 0) == 0);
 }
 
-TEST_CASE("c10d: a closed rendezvous tells members and late nodes that the job finished",
-          "[c10d]") {
-  Cluster c(2, 3);
+DYNAMIC_TEST(closed_rendezvous,
+             "a closed rendezvous tells members and late nodes that the job finished", "") {
+  Cluster c(backend, 2, 3);
   auto a = c.make("a"), b = c.make("b");
   join_all({a.get(), b.get()});
   CHECK_FALSE(a->is_closed());
@@ -373,8 +429,8 @@ TEST_CASE("c10d: a closed rendezvous tells members and late nodes that the job f
   CHECK_THROWS_WITH(late->next_rendezvous(), Catch::Contains("job has finished"));
 }
 
-TEST_CASE("c10d: closing wakes nodes waiting for the next round", "[c10d]") {
-  Cluster c(1, 1);
+DYNAMIC_TEST(closing_wakes_waiting, "closing wakes nodes waiting for the next round", "") {
+  Cluster c(backend, 1, 1);
   auto a = c.make("a");
   a->next_rendezvous();
   auto waiting = c.make("waiting");
@@ -386,7 +442,7 @@ TEST_CASE("c10d: closing wakes nodes waiting for the next round", "[c10d]") {
 }
 
 TEST_CASE("c10d: the node hosting the store gets group rank 0, even when it joins last", "[c10d]") {
-  Cluster c(3, 3);
+  Cluster c("c10d", 3, 3);
   uint16_t port = pick_free_port();
   REQUIRE(port != 0);
   auto ho = c.options("host");
@@ -414,15 +470,36 @@ TEST_CASE("c10d: the node hosting the store gets group rank 0, even when it join
   host.reset();
 }
 
-TEST_CASE("c10d: node_rank hints are honoured", "[c10d]") {
-  Cluster c(3, 3);
+// etcd has no store to host: is_host=true binds nothing (the etcd port is taken anyway) and gives
+// no rank 0; ranks follow arrival as for any group without a store host.
+TEST_CASE("etcd: is_host is ignored: nobody hosts a store and ranks follow arrival", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  Cluster c("etcd", 3, 3);
+  auto ho = c.options("would-be-host");
+  ho.is_host = true;
+  auto host = c.create(ho);
+  CHECK(static_cast<RoundRendezvous*>(host.get())->hosted_store() == nullptr);
+  auto a = c.make("a"), b = c.make("b");
+  auto fa = std::async(std::launch::async, [&] { return a->next_rendezvous(); });
+  auto fb = std::async(std::launch::async, [&] { return b->next_rendezvous(); });
+  std::this_thread::sleep_for(500ms);  // let a and b take the first tickets
+  auto ih = host->next_rendezvous();
+  std::vector<RendezvousInfo> infos = {ih, fa.get(), fb.get()};
+  check_consistent(infos, 3);
+  CHECK(ih.group_rank == 2);
+  CHECK(rank_holder(ih, 2) == "would-be-host");
+  a->set_closed();
+}
+
+DYNAMIC_TEST(node_rank_hints, "node_rank hints are honoured", "") {
+  Cluster c(backend, 3, 3);
   std::vector<HandlerPtr> hs;
   const char* ids[] = {"x", "y", "z"};
   const int hints[] = {2, 0, 1};
   for (int i = 0; i < 3; ++i) {
     auto o = c.options(ids[i]);
     o.node_rank = hints[i];
-    hs.push_back(create_rendezvous_handler("c10d", o));
+    hs.push_back(c.create(o));
   }
   auto infos = join_all({hs[0].get(), hs[1].get(), hs[2].get()});
   check_consistent(infos, 3);
@@ -431,7 +508,7 @@ TEST_CASE("c10d: node_rank hints are honoured", "[c10d]") {
 
 TEST_CASE("c10d: store traffic per node and round is constant (O(N) in total)", "[c10d]") {
   auto measure = [](int n) {
-    Cluster c(n, n);
+    Cluster c("c10d", n, n);
     std::vector<HandlerPtr> hs;
     std::vector<RendezvousHandler*> raw;
     for (int i = 0; i < n; ++i) {
@@ -462,8 +539,69 @@ TEST_CASE("c10d: store traffic per node and round is constant (O(N) in total)", 
   CHECK(t4 <= 4 * 4 + 16);
 }
 
-TEST_CASE("c10d: shutdown leaves the round and unblocks waits", "[c10d]") {
-  Cluster c(2, 2);
+// Over etcd, compare_set and add are transactions (add retries when another node's add came
+// in between), so a node sends more than c10d's 4 requests; but what one node sends in a round
+// must not grow with the number of nodes.
+TEST_CASE("etcd: requests per node and round do not grow with the node count", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  struct Sent {
+    uint64_t least, median, most, leader;  // non-leaders: least, median, most
+  };
+  auto measure = [](int n) {
+    Cluster c("etcd", n, n);
+    std::vector<HandlerPtr> hs;
+    std::vector<RendezvousHandler*> raw;
+    for (int i = 0; i < n; ++i) {
+      auto o = c.options("n" + std::to_string(i));
+      o.keep_alive_interval = 60s;  // keep-alives are per interval, not per round: leave out
+      hs.push_back(c.create(o));
+      raw.push_back(hs.back().get());
+    }
+    auto sent_by = [](const HandlerPtr& h) {
+      return static_cast<RoundRendezvous*>(h.get())->requests_sent();
+    };
+    std::vector<uint64_t> before;
+    for (auto& h : hs) before.push_back(sent_by(h));
+    auto infos = join_all(raw);
+    check_consistent(infos, n);
+    std::vector<uint64_t> sent;
+    for (size_t i = 0; i < hs.size(); ++i) sent.push_back(sent_by(hs[i]) - before[i]);
+    std::sort(sent.begin(), sent.end());
+    // The leader sends the most (it reads every descriptor and writes the result).
+    return Sent{sent[0], sent[(n - 1) / 2], sent[sent.size() - 2], sent.back()};
+  };
+  auto s4 = measure(4);
+  auto s32 = measure(32);
+  INFO("requests per node, non-leaders least/median/most and the leader: 4 nodes "
+       << s4.least << "/" << s4.median << "/" << s4.most << ", " << s4.leader << "; 32 nodes "
+       << s32.least << "/" << s32.median << "/" << s32.most << ", " << s32.leader);
+  // The same at 32 nodes as at 4 (one more at most: a wait whose key already exists is one
+  // request less than one that has to watch).
+  CHECK(s32.median <= s4.median + 1);
+  CHECK(s32.most <= s4.most + 2);
+  CHECK(s32.leader <= s32.median + 16);
+}
+
+// The leader reads every descriptor of the round; etcd refuses transactions of more than 128
+// operations (--max-txn-ops, default 128), so a large round must not be one transaction.
+TEST_CASE("etcd: a round of 130 nodes completes", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  const int n = 130;
+  Cluster c("etcd", n, n);
+  std::vector<HandlerPtr> hs;
+  std::vector<RendezvousHandler*> raw;
+  for (int i = 0; i < n; ++i) {
+    auto o = c.options("n" + std::to_string(i));
+    o.keep_alive_interval = 5s;
+    hs.push_back(c.create(o));
+    raw.push_back(hs.back().get());
+  }
+  auto infos = join_all(raw);
+  check_consistent(infos, n);
+}
+
+DYNAMIC_TEST(shutdown_leaves_round, "shutdown leaves the round and unblocks waits", "") {
+  Cluster c(backend, 2, 2);
   auto a = c.make("a"), b = c.make("b");
   join_all({a.get(), b.get()});
   auto fut = std::async(std::launch::async, [&] { return a->wait_round_over(60s); });
@@ -480,16 +618,18 @@ TEST_CASE("c10d: shutdown leaves the round and unblocks waits", "[c10d]") {
   CHECK_THROWS_AS(a->next_rendezvous(), RendezvousError);
 }
 
-TEST_CASE("c10d: losing the store reaches waiting members as kStoreLost", "[c10d]") {
-  Cluster c(1, 1);
+// c10d: the store server stops; etcd: an etcd of the test's own stops. Either way the keep-alive
+// thread fails keep_alive_max_attempt times and the waiting member learns which endpoint is gone.
+DYNAMIC_TEST(store_lost, "losing the store reaches waiting members as kStoreLost", "") {
+  Cluster c(backend, 1, 1, /*own_store=*/true);
   auto a = c.make("a");
   a->next_rendezvous();
   auto fut = std::async(std::launch::async, [&] { return a->wait_round_over(60s); });
   std::this_thread::sleep_for(100ms);
-  c.server->stop();
+  c.stop_store();
   REQUIRE(fut.wait_for(30s) == std::future_status::ready);
   auto e = fut.get();
   REQUIRE(e);
   CHECK(e->kind == Kind::kStoreLost);
-  CHECK_THAT(e->detail, Catch::Contains("127.0.0.1:" + std::to_string(c.server->port())));
+  CHECK_THAT(e->detail, Catch::Contains("127.0.0.1:" + std::to_string(c.port())));
 }

@@ -67,9 +67,46 @@ TEST_CASE("rdzv-conf errors name the entry", "[options]") {
 
 TEST_CASE("the registry rejects unknown backends and lists the known ones", "[options]") {
   CHECK_THROWS_WITH(create_rendezvous_handler("zookeeper", valid()),
-                    Contains("unknown rendezvous backend") && Contains("c10d, static"));
-  CHECK_THROWS_WITH(create_rendezvous_handler("etcd", valid()), Contains("not implemented yet"));
-  CHECK(rendezvous_backend_names() == std::vector<std::string>{"c10d", "static"});
+                    Contains("unknown rendezvous backend") && Contains("c10d, etcd, static"));
+  CHECK(rendezvous_backend_names() == std::vector<std::string>{"c10d", "etcd", "static"});
+}
+
+TEST_CASE("etcd options: prefix, protocol, TLS refused, endpoint checked before connecting",
+          "[options][etcd]") {
+  RendezvousOptions o;
+  apply_rdzv_conf({{"etcd_prefix", "/jobs/"}, {"protocol", "HTTP"}}, &o);
+  CHECK(o.etcd_prefix == "/jobs/");
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"protocol", "https"}}, &o),
+                    Contains("protocol=https") && Contains("plain HTTP"));
+  for (const char* key : {"cacert", "cert", "key", "ssl_cert"}) {
+    CHECK_THROWS_WITH(apply_rdzv_conf({{key, "/etc/x.pem"}}, &o),
+                      Contains(key) && Contains("TLS to etcd is not supported"));
+  }
+  CHECK_THROWS_WITH(apply_rdzv_conf({{"etcd_prefix", ""}}, &o), Contains("must not be empty"));
+
+  // The prefix belongs to etcd alone.
+  auto c10d = valid();
+  c10d.etcd_prefix = "/x/";
+  CHECK_THROWS_WITH(create_rendezvous_handler("c10d", c10d),
+                    Contains("etcd_prefix is for the etcd backend only"));
+
+  for (const char* name : {"etcd", "etcd-v2"}) {
+    auto e = valid();
+    e.endpoint = "https://127.0.0.1:2379";
+    CHECK_THROWS_WITH(create_rendezvous_handler(name, e), Contains("plain HTTP only"));
+    e = valid();
+    e.endpoint = "";
+    CHECK_THROWS_WITH(create_rendezvous_handler(name, e), Contains("--rdzv-endpoint is required"));
+    e = valid();
+    e.min_nodes = 3;
+    CHECK_THROWS_WITH(create_rendezvous_handler(name, e),
+                      Contains("--rdzv-backend=etcd") && Contains("below the minimum"));
+    // Nothing listens on port 1: the error names the endpoint after read_timeout of retries.
+    e = valid();
+    e.endpoint = "http://127.0.0.1:1/";
+    CHECK_THROWS_WITH(create_rendezvous_handler(name, e),
+                      Contains("cannot reach etcd") && Contains("127.0.0.1:1"));
+  }
 }
 
 TEST_CASE("c10d options are validated before any connection", "[options]") {

@@ -1,8 +1,9 @@
-// Helper process for rendezvous tests: one agent's rendezvous, nothing else. Joins a c10d
-// rendezvous on 127.0.0.1:PORT, prints one line per completed round and per round event, and
-// rejoins after each event until stdin closes or the rendezvous closes.
+// Helper process for rendezvous tests: one agent's rendezvous, nothing else. Joins a dynamic
+// rendezvous whose store (c10d, the default) or etcd (BACKEND etcd) is on 127.0.0.1:PORT, prints
+// one line per completed round and per round event, and rejoins after each event until stdin
+// closes or the rendezvous closes.
 //
-//   rdzv_test_node PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS]
+//   rdzv_test_node PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS [BACKEND]]
 //
 // Lines: "ranked <round> <rank> <world>", "event <kind-number> <node> <detail>", "closed",
 // "error <what>".
@@ -22,9 +23,11 @@ using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS [BACKEND]]\n",
+                 argv[0]);
     return 2;
   }
+  const std::string backend = argc > 7 ? argv[7] : "c10d";
   RendezvousOptions o;
   o.endpoint = std::string("127.0.0.1:") + argv[1];
   o.run_id = argv[2];
@@ -32,7 +35,7 @@ int main(int argc, char** argv) {
   o.max_nodes = std::atoi(argv[4]);
   o.node_id = argv[5];
   o.local_addr = "127.0.0.1";
-  o.is_host = false;
+  if (backend == "c10d") o.is_host = false;  // etcd: nobody hosts anything
   o.keep_alive_interval = std::chrono::milliseconds(argc > 6 ? std::atoi(argv[6]) : 100);
   o.keep_alive_max_attempt = 3;
   o.last_call_timeout = 300ms;
@@ -41,7 +44,7 @@ int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);
   spdlog::set_default_logger(spdlog::stderr_color_mt("node"));  // stdout carries results
   try {
-    auto h = create_rendezvous_handler("c10d", o);
+    auto h = create_rendezvous_handler(backend, o);
     for (int rounds = 0; rounds < 20; ++rounds) {
       auto info = h->next_rendezvous();
       std::printf("ranked %lld %d %d\n", static_cast<long long>(info.round), info.group_rank,

@@ -1,13 +1,16 @@
 // The Store contract, run against every implementation: the TCP client talking to a real server
-// over loopback, a PrefixStore over it, and the in-memory store used by unit tests.
+// over loopback, a PrefixStore over it, the in-memory store used by unit tests, and the etcd store
+// (the agent's store with --rdzv-backend=etcd) against a real etcd.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
 
+#include "rendezvous/etcd/kv.h"
 #include "rendezvous/store/in_memory_store.h"
 #include "rendezvous/store/prefix_store.h"
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
+#include "tests/rendezvous/etcd_server.h"
 
 using namespace trun::rendezvous;
 using namespace std::chrono_literals;
@@ -42,12 +45,31 @@ struct MemoryFixture {
   std::shared_ptr<Store> make() { return mem; }
 };
 
+// Each instance is a fresh key prefix in the process's shared etcd.
+struct EtcdFixture {
+  std::string prefix;
+  EtcdFixture() {
+    static int n = 0;
+    auto why = trun::testing::etcd_unavailable_reason();
+    if (!why.empty()) throw std::runtime_error(why);
+    prefix = "/contract-" + std::to_string(::getpid()) + "-" + std::to_string(++n) + "/";
+  }
+  std::shared_ptr<Store> make() {
+    etcd::KvOptions o;
+    o.port = trun::testing::EtcdServer::shared().port();
+    o.prefix = prefix;
+    o.timeout = 5s;
+    o.connect_timeout = 5s;
+    return etcd::make_etcd_store(o);
+  }
+};
+
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
 TEMPLATE_TEST_CASE("set then get returns the value, including empty and binary values",
-                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture) {
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   s->set("a", "hello");
@@ -63,7 +85,7 @@ TEMPLATE_TEST_CASE("set then get returns the value, including empty and binary v
 }
 
 TEMPLATE_TEST_CASE("get blocks until another client sets the key", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto reader = f.make();
   auto writer = f.make();
@@ -78,7 +100,7 @@ TEMPLATE_TEST_CASE("get blocks until another client sets the key", "[store][cont
 }
 
 TEMPLATE_TEST_CASE("get of a key that never appears times out with StoreTimeoutError",
-                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture) {
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   s->set_timeout(200ms);
@@ -91,7 +113,7 @@ TEMPLATE_TEST_CASE("get of a key that never appears times out with StoreTimeoutE
 }
 
 TEMPLATE_TEST_CASE("add is atomic across clients and counts from zero", "[store][contract]",
-                   TcpFixture, PrefixFixture, MemoryFixture) {
+                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   CHECK(f.make()->add("fresh", 5) == 5);
   CHECK(f.make()->add("fresh", -7) == -2);
@@ -110,7 +132,7 @@ TEMPLATE_TEST_CASE("add is atomic across clients and counts from zero", "[store]
 }
 
 TEMPLATE_TEST_CASE("compare_set follows c10d's rules", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   // Missing key, empty expected: set.
@@ -127,7 +149,7 @@ TEMPLATE_TEST_CASE("compare_set follows c10d's rules", "[store][contract]", TcpF
 }
 
 TEMPLATE_TEST_CASE("compare_set wakes a waiter on the key", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto waiter = f.make();
   auto writer = f.make();
@@ -141,7 +163,7 @@ TEMPLATE_TEST_CASE("compare_set wakes a waiter on the key", "[store][contract]",
 }
 
 TEMPLATE_TEST_CASE("check reports whether all keys exist without blocking", "[store][contract]",
-                   TcpFixture, PrefixFixture, MemoryFixture) {
+                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   CHECK(s->check({}));
@@ -154,7 +176,7 @@ TEMPLATE_TEST_CASE("check reports whether all keys exist without blocking", "[st
 }
 
 TEMPLATE_TEST_CASE("wait returns once every key exists and times out otherwise",
-                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture) {
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   auto writer = f.make();
@@ -183,7 +205,7 @@ TEMPLATE_TEST_CASE("wait returns once every key exists and times out otherwise",
 }
 
 TEMPLATE_TEST_CASE("num_keys and delete_key", "[store][contract]", TcpFixture, PrefixFixture,
-                   MemoryFixture) {
+                   MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   int64_t base = s->num_keys();
@@ -198,7 +220,7 @@ TEMPLATE_TEST_CASE("num_keys and delete_key", "[store][contract]", TcpFixture, P
 }
 
 TEMPLATE_TEST_CASE("multi_set and multi_get keep the order of keys", "[store][contract]",
-                   TcpFixture, PrefixFixture, MemoryFixture) {
+                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   s->multi_set({"m1", "m2", "m3"}, {"one", "", "three"});
@@ -209,7 +231,7 @@ TEMPLATE_TEST_CASE("multi_set and multi_get keep the order of keys", "[store][co
 }
 
 TEMPLATE_TEST_CASE("append creates and extends a value", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture) {
   TestType f;
   auto s = f.make();
   s->append("log", "a");
