@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config clang clang-format libclang-rt-14-dev
   libboost-dev libboost-filesystem-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev
-  python3 python3-torch libtorch-dev
+  python3 python3-torch libtorch-dev python3-etcd
   etcd-server etcd-client
   iproute2 util-linux procps hyperfine
 )
