@@ -53,6 +53,7 @@ TMP=$(mktemp -d "/tmp/trun-cluster-$$-XXXXXX")
 export CLUSTER_LOG=$TMP/workers.log CLUSTER_CTRL=$TMP
 : >"$CLUSTER_LOG"
 declare -A AGENT_PID
+OTHER_PIDS=()  # processes a test starts besides agents (etcd), ended in cleanup
 NODES=()
 WATCHDOG=
 CONF="last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=3,join_timeout=8,read_timeout=3"
@@ -78,6 +79,10 @@ cleanup() {
     kill -KILL "$p" 2>/dev/null
   done
   for n in "${!AGENT_PID[@]}"; do wait "${AGENT_PID[$n]}" 2>/dev/null; done
+  for p in "${OTHER_PIDS[@]}"; do
+    kill -KILL "$p" 2>/dev/null
+    wait "$p" 2>/dev/null
+  done
   if [ -n "$WATCHDOG" ]; then
     kill -KILL "$WATCHDOG" 2>/dev/null
     wait "$WATCHDOG" 2>/dev/null
@@ -270,6 +275,32 @@ storehost)  # the store host's agent is killed: the others fail naming the lost 
     grep -q "lost the rendezvous store at $(addr 0):$PORT" "$TMP/agent_$i.log" ||
       fail "agent $i did not name the lost endpoint"
   done
+  ;;
+etcd)  # etcd backend, etcd in a namespace of its own: SIGKILL of node 0's agent (the store host
+  # under c10d) leaves the other two running as a group of 2, the restart count unchanged
+  [ -x /usr/bin/etcd ] || skip "/usr/bin/etcd is missing (scripts/setup.sh installs etcd-server)"
+  for i in 0 1 2 3; do add_node $i; done  # node 3 runs etcd only
+  ip netns exec "${TAG}n3" /usr/bin/etcd --name c --data-dir "$TMP/etcd" \
+    --listen-client-urls "http://$(addr 3):2379" --advertise-client-urls "http://$(addr 3):2379" \
+    --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+    --initial-cluster c=http://127.0.0.1:2380 >"$TMP/etcd.log" 2>&1 &
+  OTHER_PIDS+=($!)
+  wait_for 20 "etcd serving on $(addr 3):2379" \
+    grep -qs "serving insecure client requests on $(addr 3):2379" "$TMP/etcd.log"
+  for i in 0 1 2; do
+    start_agent $i --nnodes 2:3 --nproc-per-node 1 --max-restarts 0 --rdzv-backend etcd \
+      --rdzv-endpoint "$(addr 3):2379" --rdzv-id "job-$TAG" --rdzv-conf "$CONF"
+  done
+  wait_for 30 "3 workers with WORLD_SIZE=3" have_world 3
+  check_ranks 3
+  log "killing node 0's agent"
+  kill -KILL "${AGENT_PID[0]}"
+  wait "${AGENT_PID[0]}" 2>/dev/null
+  unset "AGENT_PID[0]"
+  wait_for 30 "2 workers with WORLD_SIZE=2" have_world 2
+  check_ranks 2
+  check_restart 2 0
+  finish_ok
   ;;
 tutorial)  # torchrun tutorial: node0 --nnodes=1:3 --nproc-per-node=4, node1 joins: ranks 0..7
   for i in 0 1; do add_node $i; done
