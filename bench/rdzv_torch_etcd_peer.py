@@ -11,7 +11,6 @@ wrapping the client the backend uses (the backend is the only rendezvous traffic
 
 Prints one line per N: "peer nodes=N seconds=S requests_per_agent=R ranks_ok=0|1".
 """
-import multiprocessing as mp
 import os
 import sys
 import time
@@ -20,7 +19,7 @@ from datetime import timedelta
 import etcd
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rdzv_torch_peer import CountingStore  # noqa: E402  (forwards every call and counts it)
+from rdzv_torch_peer import CountingStore, time_agents  # noqa: E402
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
     DynamicRendezvousHandler,
     RendezvousTimeout,
@@ -43,32 +42,7 @@ def agent(port, n, run_id, go, results, counter):
     go.wait()  # stay until everyone is done
 
 
-def run(port, n):
-    ctx = mp.get_context("fork")
-    go = ctx.Event()
-    results = ctx.Queue()
-    counter = ctx.Value("l", 0)
-    run_id = "peer-etcd-%d-%d" % (n, os.getpid())
-    procs = [ctx.Process(target=agent, args=(port, n, run_id, go, results, counter))
-             for _ in range(n)]
-    for p in procs:
-        p.start()
-    time.sleep(0.5)  # let every process reach go.wait()
-    start = time.monotonic()
-    go.set()
-    done = [results.get(timeout=300) for _ in range(n)]
-    end = max(t for t, _, _ in done)
-    ranks = sorted(r for _, r, _ in done)
-    ok = ranks == list(range(n)) and all(w == n for _, _, w in done)
-    for p in procs:
-        p.join(timeout=60)
-        if p.is_alive():
-            p.kill()
-            p.join()
-    print("peer nodes=%d seconds=%.4f requests_per_agent=%.1f ranks_ok=%d"
-          % (n, end - start, counter.value / n, 1 if ok else 0), flush=True)
-
-
 if __name__ == "__main__":
     for arg in sys.argv[2:]:
-        run(int(sys.argv[1]), int(arg))
+        n = int(arg)
+        time_agents(n, agent, int(sys.argv[1]), "peer-etcd-%d-%d" % (n, os.getpid()))

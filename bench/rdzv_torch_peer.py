@@ -63,16 +63,14 @@ def agent(port, n, run_id, go, results, counter):
     go.wait()
 
 
-def run(n):
+def time_agents(n, agent_fn, endpoint, run_id):
+    """Forks n processes running agent_fn(endpoint, n, run_id, go, results, counter), releases
+    them at once and prints the peer line: time until the last one has its rank."""
     ctx = mp.get_context("fork")
-    port = free_port()
-    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=120))
     go = ctx.Event()
     results = ctx.Queue()
     counter = ctx.Value("l", 0)
-    run_id = "peer%d" % n
-    procs = [ctx.Process(target=agent, args=(port, n, run_id, go, results, counter))
+    procs = [ctx.Process(target=agent_fn, args=(endpoint, n, run_id, go, results, counter))
              for _ in range(n)]
     for p in procs:
         p.start()
@@ -89,9 +87,16 @@ def run(n):
         if p.is_alive():
             p.kill()
             p.join()
-    del server
     print("peer nodes=%d seconds=%.4f requests_per_agent=%.1f ranks_ok=%d"
           % (n, end - start, requests / n, 1 if ok else 0), flush=True)
+
+
+def run(n):
+    port = free_port()
+    server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=120))
+    time_agents(n, agent, port, "peer%d" % n)
+    del server
 
 
 if __name__ == "__main__":

@@ -63,20 +63,21 @@ class EtcdBackend : public RendezvousBackend {
     return kv_.compare_set(key, expected, desired);
   }
   // The protocol's counters (tickets, goodbyes) only count arrivals. Each arrival is a key of its
-  // own under `<key>/+/`, and its count is the number of arrivals that existed at the revision of
-  // its write (etcd's revisions order them; arrivals are never deleted): two requests and no
-  // retries, where a read-modify-write counter made
-  // each of 256 nodes joining at once retry about 100 times. Such counters are read with
-  // add(key, 0), never try_get.
+  // own under `<key>/+/`, and its count is the number of arrivals that exist right after it is
+  // written, in the same transaction (arrivals are never deleted): one request and no retries,
+  // where a read-modify-write counter made each of 256 nodes joining at once retry about 100 times.
+  // Such counters are read with add(key, 0), never try_get.
   int64_t add(const std::string& key, int64_t delta) override {
     if (delta != 0 && delta != 1) {
       throw std::invalid_argument("etcd rendezvous backend: add() counts up by one (got " +
                                   std::to_string(delta) + ")");
     }
     const std::string arrivals = kv_.full(key) + "/+/";
-    int64_t upto = 0;
-    if (delta == 1) upto = kv_.client().put(arrivals + node_tag_ + std::to_string(++arrivals_), "");
-    return kv_.client().count_prefix(arrivals, upto);
+    if (delta == 0) return kv_.client().count_prefix(arrivals);
+    // One transaction: the count after our arrival, at our arrival's revision.
+    auto r = kv_.client().txn({}, {Op::put(arrivals + node_tag_ + std::to_string(++arrivals_), ""),
+                                   Op::count_prefix(arrivals)});
+    return r.counts[1];
   }
   void append(const std::string& key, const std::string& value) override { kv_.append(key, value); }
   std::optional<std::string> try_get(const std::string& key) override { return kv_.try_get(key); }

@@ -107,6 +107,12 @@ int64_t header_revision(const json& j) {
 
 json encode_op(const Op& op) {
   if (op.kind == Op::Kind::kRange) return {{"request_range", {{"key", base64(op.key)}}}};
+  if (op.kind == Op::Kind::kCountPrefix) {
+    return {{"request_range",
+             {{"key", base64(op.key)},
+              {"range_end", base64(prefix_end(op.key))},
+              {"count_only", true}}}};
+  }
   json put = {{"key", base64(op.key)}, {"value", base64(op.value)}};
   if (op.lease != 0) put["lease"] = std::to_string(op.lease);
   return {{"request_put", put}};
@@ -365,11 +371,8 @@ bool Client::erase(const std::string& key) {
   return int_field(j, "deleted") > 0;
 }
 
-int64_t Client::count_prefix(const std::string& prefix, int64_t revision) {
-  // (etcd's count ignores the min/max_create_revision filters; a past revision it honours.)
-  json req = {
-      {"key", base64(prefix)}, {"range_end", base64(prefix_end(prefix))}, {"count_only", true}};
-  if (revision > 0) req["revision"] = std::to_string(revision);
+int64_t Client::count_prefix(const std::string& prefix) {
+  json req = encode_op(Op::count_prefix(prefix))["request_range"];
   return int_field(parse_answer(call("/v3/kv/range", req.dump(), true), endpoint_), "count");
 }
 
@@ -386,11 +389,14 @@ TxnResult Client::txn(const std::vector<Compare>& compares, const std::vector<Op
   const auto& ops = r.succeeded ? success : failure;
   auto responses = j.find("responses");
   for (size_t i = 0; i < ops.size(); ++i) {
-    if (ops[i].kind != Op::Kind::kRange || responses == j.end() || i >= responses->size()) {
-      r.reads.push_back(std::nullopt);
-      continue;
+    json range;
+    if (responses != j.end() && i < responses->size()) {
+      range = responses->at(i).value("response_range", json::object());
     }
-    r.reads.push_back(first_kv(responses->at(i).value("response_range", json::object())));
+    bool read = ops[i].kind == Op::Kind::kRange && !range.is_null();
+    r.reads.push_back(read ? first_kv(range) : std::nullopt);
+    bool count = ops[i].kind == Op::Kind::kCountPrefix && !range.is_null();
+    r.counts.push_back(count ? int_field(range, "count") : 0);
   }
   return r;
 }

@@ -67,7 +67,7 @@ struct Compare {
 
 // One operation of a transaction branch.
 struct Op {
-  enum class Kind { kPut, kRange };
+  enum class Kind { kPut, kRange, kCountPrefix };
   Kind kind = Kind::kRange;
   std::string key;
   std::string value;
@@ -77,14 +77,20 @@ struct Op {
     return {Kind::kPut, std::move(key), std::move(value), lease};
   }
   static Op range(std::string key) { return {Kind::kRange, std::move(key), {}, 0}; }
+  // The number of keys starting with `prefix` (counting the branch's earlier puts).
+  static Op count_prefix(std::string prefix) {
+    return {Kind::kCountPrefix, std::move(prefix), {}, 0};
+  }
 };
 
 struct TxnResult {
   bool succeeded = false;
   int64_t revision = 0;  // the store's revision after the transaction
   // One entry per operation of the branch that ran: the key read by a kRange (nullopt: missing);
-  // nullopt for a kPut.
+  // nullopt for the others.
   std::vector<std::optional<KeyValue>> reads;
+  // One entry per operation of the branch that ran: a kCountPrefix's count; 0 for the others.
+  std::vector<int64_t> counts;
 };
 
 class HttpConnection;
@@ -105,8 +111,8 @@ class Client {
   int64_t put(const std::string& key, const std::string& value, int64_t lease = 0);
   // True when the key existed.
   bool erase(const std::string& key);
-  // Number of keys starting with `prefix`, now or (revision > 0) as of that revision.
-  int64_t count_prefix(const std::string& prefix, int64_t revision = 0);
+  // Number of keys starting with `prefix`.
+  int64_t count_prefix(const std::string& prefix);
   TxnResult txn(const std::vector<Compare>& compares, const std::vector<Op>& success,
                 const std::vector<Op>& failure = {});
 

@@ -121,11 +121,9 @@ TEST_CASE("etcd: a worker that fails once restarts the groups of both agents", "
   REQUIRE(b_done);
   CHECK(a.exit_code() == 0);
   CHECK(b.exit_code() == 0);
-  // Node 1's workers of attempt 0 may have been stopped before writing their environment, so
-  // only node 0's are checked for attempt 0; attempt 1 (TORCHELASTIC_RESTART_COUNT=1) is one
-  // world on both nodes.
-  CHECK(has_env(d0, 0, 0));
-  CHECK(has_env(d0, 0, 1));
+  // Attempt 0's workers may be stopped before they write their environment (the failure on the
+  // other agent can come first): only attempt 1 (TORCHELASTIC_RESTART_COUNT=1) is checked, one
+  // world on both agents. Agent a finishing at all shows its sleeping workers were ended.
   check_one_world({d0, d1}, 1, run);
   CHECK_FALSE(has_env(d0, 2, 0));
 }

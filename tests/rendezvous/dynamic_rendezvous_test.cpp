@@ -22,6 +22,7 @@
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
 #include "tests/rendezvous/etcd_server.h"
+#include "tests/rendezvous/test_options.h"
 
 using namespace trun::rendezvous;
 using namespace std::chrono_literals;
@@ -84,19 +85,8 @@ struct Cluster {
   }
 
   RendezvousOptions options(const std::string& id) const {
-    RendezvousOptions o;
-    o.run_id = run_id;
-    o.endpoint = endpoint();
-    o.min_nodes = min_nodes;
-    o.max_nodes = max_nodes;
-    o.node_id = id;
-    o.local_addr = "127.0.0.1";
+    auto o = trun::testing::fast_rdzv_options(endpoint(), run_id, id, min_nodes, max_nodes);
     if (!etcd) o.is_host = false;  // etcd: nobody hosts anything
-    o.last_call_timeout = 300ms;
-    o.keep_alive_interval = 100ms;
-    o.keep_alive_max_attempt = 3;
-    o.join_timeout = 60s;
-    o.read_timeout = 10s;
     return o;
   }
   HandlerPtr create(const RendezvousOptions& o) const {

@@ -16,6 +16,7 @@
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
 #include "tests/rendezvous/etcd_server.h"
+#include "tests/rendezvous/test_options.h"
 
 using namespace trun::rendezvous;
 using namespace std::chrono_literals;
@@ -31,19 +32,7 @@ std::string unique_run_id() {
 
 RendezvousOptions etcd_options(const std::string& endpoint, const std::string& run_id,
                                const std::string& node, int min_nodes, int max_nodes) {
-  RendezvousOptions o;
-  o.run_id = run_id;
-  o.endpoint = endpoint;
-  o.min_nodes = min_nodes;
-  o.max_nodes = max_nodes;
-  o.node_id = node;
-  o.local_addr = "127.0.0.1";
-  o.last_call_timeout = 300ms;
-  o.keep_alive_interval = 100ms;
-  o.keep_alive_max_attempt = 3;
-  o.join_timeout = 60s;
-  o.read_timeout = 10s;
-  return o;
+  return trun::testing::fast_rdzv_options(endpoint, run_id, node, min_nodes, max_nodes);
 }
 
 // Runs next_rendezvous on every handler at once.

@@ -17,6 +17,7 @@
 #include <string>
 
 #include "rendezvous/handler.h"
+#include "tests/rendezvous/test_options.h"
 
 using namespace trun::rendezvous;
 using namespace std::chrono_literals;
@@ -28,19 +29,10 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string backend = argc > 7 ? argv[7] : "c10d";
-  RendezvousOptions o;
-  o.endpoint = std::string("127.0.0.1:") + argv[1];
-  o.run_id = argv[2];
-  o.min_nodes = std::atoi(argv[3]);
-  o.max_nodes = std::atoi(argv[4]);
-  o.node_id = argv[5];
-  o.local_addr = "127.0.0.1";
+  auto o = trun::testing::fast_rdzv_options(std::string("127.0.0.1:") + argv[1], argv[2], argv[5],
+                                             std::atoi(argv[3]), std::atoi(argv[4]));
   if (backend == "c10d") o.is_host = false;  // etcd: nobody hosts anything
-  o.keep_alive_interval = std::chrono::milliseconds(argc > 6 ? std::atoi(argv[6]) : 100);
-  o.keep_alive_max_attempt = 3;
-  o.last_call_timeout = 300ms;
-  o.join_timeout = 60s;
-  o.read_timeout = 10s;
+  if (argc > 6) o.keep_alive_interval = std::chrono::milliseconds(std::atoi(argv[6]));
   setvbuf(stdout, nullptr, _IOLBF, 0);
   spdlog::set_default_logger(spdlog::stderr_color_mt("node"));  // stdout carries results
   try {
