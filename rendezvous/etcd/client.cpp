@@ -295,6 +295,7 @@ Client::Client(std::string host, uint16_t port, Duration timeout, Duration conne
   for (;;) {
     try {
       conn_->connect(std::min(deadline, Clock::now() + timeout_));
+      last_used_ = Clock::now();
       return;
     } catch (const StoreError& e) {
       auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
@@ -317,6 +318,11 @@ std::string Client::call(const std::string& path, const std::string& body, bool 
   const std::string what = "etcd at " + endpoint_ + ": " + path;
   for (int attempt = 0;; ++attempt) {
     bool fresh = false;
+    // A request that must not be repeated goes on a fresh connection when this one sat idle long
+    // enough for something on the way (or etcd) to have dropped it unnoticed.
+    if (!idempotent && conn_->is_open() && Clock::now() - last_used_ > kIdleReconnect) {
+      conn_->close();
+    }
     if (!conn_->is_open()) {
       conn_->connect(deadline);
       fresh = true;
@@ -336,6 +342,7 @@ std::string Client::call(const std::string& path, const std::string& body, bool 
       if (stale && !fresh && idempotent && attempt == 0) continue;
       throw StoreError(what + ": " + ec.message());
     }
+    last_used_ = Clock::now();
     if (!res.keep_alive()) conn_->close();
     if (res.result() != http::status::ok) {
       std::string message = res.body();

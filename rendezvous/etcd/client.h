@@ -133,8 +133,10 @@ class Client {
   uint16_t port_;
   std::string endpoint_;
   Duration timeout_;
+  static constexpr Duration kIdleReconnect{std::chrono::seconds(30)};
   std::mutex mu_;
   std::unique_ptr<HttpConnection> conn_;
+  Clock::time_point last_used_;  // under mu_: the last answer on conn_
   std::atomic<uint64_t> requests_{0};
 };
 
