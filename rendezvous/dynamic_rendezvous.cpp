@@ -339,6 +339,11 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
   if (options.is_host.value_or(false)) {
     spdlog::warn("etcd rendezvous: --rdzv-conf is_host is ignored (etcd hosts the state)");
   }
+  if (!options.store_token.empty()) {
+    spdlog::warn(
+        "etcd rendezvous: TRUN_STORE_TOKEN is not used: trun does not authenticate to "
+        "etcd (keep its client URL on a trusted network)");
+  }
   Endpoint ep = parse_endpoint(endpoint, kDefaultEtcdPort, "--rdzv-endpoint");
   EtcdBackendOptions eo;
   eo.host = ep.host;

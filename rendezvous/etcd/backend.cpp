@@ -186,16 +186,19 @@ class EtcdBackend : public RendezvousBackend {
             }
             from = std::max(from, watch->revision() + 1);
           }
-        } catch (const StoreError&) {
+        } catch (...) {
           if (watch->compact_revision() > from) from = watch->compact_revision();
           std::lock_guard<std::mutex> lock(watcher_mu_);
           watch_ = nullptr;
           throw;
         }
-      } catch (const StoreError& e) {
+      } catch (const std::exception& e) {  // nothing may escape the thread
         std::unique_lock<std::mutex> lock(watcher_mu_);
         if (stopping_) return;
-        spdlog::debug("etcd rendezvous: lease watch: {}; again in {} ms", e.what(), pause.count());
+        // Quiet while etcd blinks; a warning once it stays away (the keep-alives report it too).
+        spdlog::log(
+            pause >= std::chrono::milliseconds(1600) ? spdlog::level::warn : spdlog::level::debug,
+            "etcd rendezvous: lease watch: {}; again in {} ms", e.what(), pause.count());
         watcher_cv_.wait_for(lock, pause, [this] { return stopping_; });
         pause = std::min(pause * 2, std::chrono::milliseconds(2000));
       }
@@ -203,39 +206,37 @@ class EtcdBackend : public RendezvousBackend {
   }
 
   // Carries out an expired lease's action once across all watchers: if `a_key` is missing it is
-  // set, otherwise `b_value` is appended to `b_key` (the LeaseSpec contract).
+  // set, otherwise `b_value` is appended to `b_key` (the LeaseSpec contract). A StoreError goes to
+  // the watcher, whose new watch replays this event (the claim makes a repeat harmless).
   void fire(const etcd::KeyValue& record) {
-    json action;
-    try {
-      action = json::parse(record.value);
-    } catch (const json::exception& e) {
-      spdlog::warn("etcd rendezvous: unreadable lease record {}: {}", record.key, e.what());
+    json action = json::parse(record.value, nullptr, /*allow_exceptions=*/false);
+    if (!action.is_object()) {
+      spdlog::warn("etcd rendezvous: ignoring the unreadable lease record {}", record.key);
       return;
     }
+    auto field = [&](const char* name) {
+      auto it = action.find(name);
+      return it != action.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
     const std::string claim = kv_.full(dir_ + "fired/") +
                               record.key.substr(record.key.rfind('/') + 1) + "@" +
                               std::to_string(record.mod_revision);
-    const std::string a_key = action.value("a_key", "");
-    const std::string b_key = action.value("b_key", "");
-    try {
-      if (!a_key.empty()) {
-        const std::string a = kv_.full(a_key);
-        auto r = kv_.client().txn({Compare::missing(claim), Compare::missing(a)},
-                                  {Op::put(claim, "1"), Op::put(a, action.value("a_value", ""))},
-                                  {Op::range(claim)});
-        if (r.succeeded || r.reads[0]) return;  // done here, or by another node
-      }
-      if (b_key.empty()) {
-        kv_.client().txn({Compare::missing(claim)}, {Op::put(claim, "1")});
-        return;
-      }
-      const std::string b_value = action.value("b_value", "");
-      kv_.update(kv_.full(b_key),
-                 [&](const std::optional<std::string>& cur) { return cur.value_or("") + b_value; },
-                 {claim}, {Op::put(claim, "1")});
-    } catch (const StoreError& e) {
-      spdlog::warn("etcd rendezvous: firing the expired lease {}: {}", record.key, e.what());
+    const std::string a_key = field("a_key"), b_key = field("b_key");
+    if (!a_key.empty()) {
+      const std::string a = kv_.full(a_key);
+      auto r =
+          kv_.client().txn({Compare::missing(claim), Compare::missing(a)},
+                           {Op::put(claim, "1"), Op::put(a, field("a_value"))}, {Op::range(claim)});
+      if (r.succeeded || r.reads[0]) return;  // done here, or by another node
     }
+    if (b_key.empty()) {
+      kv_.client().txn({Compare::missing(claim)}, {Op::put(claim, "1")});
+      return;
+    }
+    const std::string b_value = field("b_value");
+    kv_.update(kv_.full(b_key),
+               [&](const std::optional<std::string>& cur) { return cur.value_or("") + b_value; },
+               {claim}, {Op::put(claim, "1")});
   }
 
   EtcdBackendOptions options_;

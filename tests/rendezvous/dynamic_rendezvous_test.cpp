@@ -370,6 +370,30 @@ TEST_CASE("etcd: a SIGKILLed node is detected when its lease lapses and survivor
   killed_node_detected("etcd");
 }
 
+TEST_CASE("etcd: a lease that lapses while no other node runs still fires when one comes",
+          "[etcd][process]") {
+  SKIP_WITHOUT_ETCD();
+  Cluster c("etcd", 2, 2);
+  const std::string descriptor = "/trun/rdzv/" + c.run_id + "/0/node/1";
+  {
+    // Alone, it takes ticket 1 of round 0 (its leader) and waits for a second node, then dies.
+    NodeProcess lone(c, "lone");
+    auto deadline = Clock::now() + 30s;
+    while (c.etcd->keys(descriptor).empty() && Clock::now() < deadline) {
+      std::this_thread::sleep_for(20ms);
+    }
+    REQUIRE_FALSE(c.etcd->keys(descriptor).empty());
+    lone.kill_and_reap();
+  }
+  // Past its 1 s lease, with nobody watching. The newcomers' watchers replay the run's history,
+  // fire the lease (round 0 aborted), and they form round 1 instead of waiting for a dead leader.
+  std::this_thread::sleep_for(2500ms);
+  auto a = c.make("a"), b = c.make("b");
+  auto infos = join_all({a.get(), b.get()});
+  check_consistent(infos, 2);
+  CHECK(infos[0].round == 1);
+}
+
 DYNAMIC_TEST(stopped_node_declared_dead,
              "a silent node (SIGSTOP) is declared dead by missed keep-alives and rejoins",
              "[process]") {
