@@ -357,8 +357,8 @@ CliResult parse_command_line(int argc, char** argv) {
       "an etcd cluster's v3 API over plain HTTP)",
       kRdzv);
   opt("rdzv-endpoint", endpoint,
-      "Rendezvous endpoint HOST:PORT (c10d: the store; etcd: a client URL, port 2379 by default; "
-      "static: defaults to MASTER_ADDR:MASTER_PORT)",
+      "Rendezvous endpoint HOST:PORT (c10d: the store; etcd: a client URL, port 2379 by default, "
+      "or several members separated by commas; static: defaults to MASTER_ADDR:MASTER_PORT)",
       kRdzv);
   opt("rdzv-id", rdzv_id, "Job id shared by all nodes (TORCHELASTIC_RUN_ID)", kRdzv);
   opt("rdzv-conf", rdzv_conf, "Extra rendezvous settings: key1=value1,key2=value2", kRdzv);
@@ -523,7 +523,7 @@ CliResult parse_command_line(int argc, char** argv) {
                                  : "--rdzv-backend=" + backend +
                                        " needs --rdzv-endpoint=HOST[:PORT] (etcd's client URL)");
         }
-        if (backend != "c10d" && endpoint.rfind("https://", 0) == 0) {
+        if (backend != "c10d" && endpoint.find("https://") != std::string::npos) {
           throw InvalidInput("--rdzv-endpoint=" + endpoint +
                              ": trun reaches etcd over plain HTTP only (no TLS)");
         }

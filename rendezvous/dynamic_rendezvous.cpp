@@ -323,18 +323,31 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
 
 std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options) {
   validate_dynamic_options(options, "etcd");
-  std::string endpoint = options.endpoint;
-  if (endpoint.rfind("https://", 0) == 0) {
-    throw RendezvousOptionError("--rdzv-endpoint=" + endpoint +
-                                ": trun reaches etcd over plain HTTP only (no TLS); give "
-                                "HOST:PORT of a plain-HTTP client URL");
-  }
-  if (endpoint.rfind("http://", 0) == 0) endpoint.erase(0, 7);
-  if (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
-  if (endpoint.empty()) {
-    throw RendezvousOptionError(
-        "--rdzv-backend=etcd: --rdzv-endpoint is required (HOST[:PORT] "
-        "of etcd's client URL)");
+  // One client URL, or several members of the cluster separated by commas (a trun extension).
+  EtcdBackendOptions eo;
+  eo.endpoints.clear();
+  size_t pos = 0;
+  while (pos <= options.endpoint.size()) {
+    size_t comma = options.endpoint.find(',', pos);
+    if (comma == std::string::npos) comma = options.endpoint.size();
+    std::string endpoint = options.endpoint.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (endpoint.rfind("https://", 0) == 0) {
+      throw RendezvousOptionError("--rdzv-endpoint=" + options.endpoint +
+                                  ": trun reaches etcd over plain HTTP only (no TLS); give "
+                                  "HOST:PORT of plain-HTTP client URLs");
+    }
+    if (endpoint.rfind("http://", 0) == 0) endpoint.erase(0, 7);
+    if (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+    if (endpoint.empty()) {
+      throw RendezvousOptionError(
+          options.endpoint.empty()
+              ? "--rdzv-backend=etcd: --rdzv-endpoint is required (HOST[:PORT] of etcd's client "
+                "URL, or several separated by commas)"
+              : "--rdzv-endpoint=" + options.endpoint + ": an empty entry in the list");
+    }
+    Endpoint ep = parse_endpoint(endpoint, kDefaultEtcdPort, "--rdzv-endpoint");
+    eo.endpoints.emplace_back(ep.host, ep.port);
   }
   if (options.is_host.value_or(false)) {
     spdlog::warn("etcd rendezvous: --rdzv-conf is_host is ignored (etcd hosts the state)");
@@ -344,10 +357,6 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
         "etcd rendezvous: TRUN_STORE_TOKEN is not used: trun does not authenticate to "
         "etcd (keep its client URL on a trusted network)");
   }
-  Endpoint ep = parse_endpoint(endpoint, kDefaultEtcdPort, "--rdzv-endpoint");
-  EtcdBackendOptions eo;
-  eo.host = ep.host;
-  eo.port = ep.port;
   eo.prefix = options.etcd_prefix.empty() ? "/" : options.etcd_prefix;
   eo.run_id = options.run_id;
   eo.read_timeout = options.read_timeout;

@@ -146,8 +146,8 @@ class EtcdBackend : public RendezvousBackend {
  private:
   etcd::KvOptions kv_options() const {
     etcd::KvOptions k;
-    k.host = options_.host;
-    k.port = options_.port;
+    k.endpoints.clear();
+    for (auto& [host, port] : options_.endpoints) k.endpoints.push_back({host, port});
     k.prefix = options_.prefix;
     k.timeout = options_.read_timeout;
     k.connect_timeout = options_.connect_timeout;
@@ -160,6 +160,7 @@ class EtcdBackend : public RendezvousBackend {
     const std::string dir = kv_.full(dir_ + "leases/");
     int64_t from = start_revision_;
     auto pause = std::chrono::milliseconds(100);
+    size_t failures = 0;  // in a row: each new watch starts at the next endpoint
     for (;;) {
       {
         std::lock_guard<std::mutex> lock(watcher_mu_);
@@ -167,8 +168,8 @@ class EtcdBackend : public RendezvousBackend {
       }
       try {
         auto watch = std::make_unique<etcd::Watch>(
-            options_.host, options_.port,
-            etcd::Watch::Options{dir, etcd::prefix_end(dir), from, true});
+            kv_.options().endpoints,
+            etcd::Watch::Options{dir, etcd::prefix_end(dir), from, true, failures});
         {
           std::lock_guard<std::mutex> lock(watcher_mu_);
           if (stopping_) return;
@@ -177,6 +178,7 @@ class EtcdBackend : public RendezvousBackend {
         try {
           watch->open(Clock::now() + options_.read_timeout);
           pause = std::chrono::milliseconds(100);
+          failures = 0;
           for (;;) {
             auto events = watch->next(Clock::now() + std::chrono::seconds(1));
             if (events) {
@@ -193,6 +195,7 @@ class EtcdBackend : public RendezvousBackend {
           throw;
         }
       } catch (const std::exception& e) {  // nothing may escape the thread
+        ++failures;
         std::unique_lock<std::mutex> lock(watcher_mu_);
         if (stopping_) return;
         // Quiet while etcd blinks; a warning once it stays away (the keep-alives report it too).

@@ -17,14 +17,16 @@
 
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/backend.h"
 
 namespace trun::rendezvous {
 
 struct EtcdBackendOptions {
-  std::string host = "127.0.0.1";
-  uint16_t port = 2379;
+  // Members of the etcd cluster (client URLs as host and port), tried in order.
+  std::vector<std::pair<std::string, uint16_t>> endpoints{{"127.0.0.1", 2379}};
   std::string prefix = "/";  // every key starts with it (--rdzv-conf etcd_prefix)
   std::string run_id;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};     // each request

@@ -21,6 +21,7 @@ using json = nlohmann::json;
 using tcp = asio::ip::tcp;
 
 constexpr uint64_t kMaxResponseBytes = 256ull << 20;
+constexpr Duration kConnectEach{2000};  // per member, when there are several
 
 const char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
@@ -144,8 +145,15 @@ json encode_compare(const Compare& c) {
 // interrupt() cancels it from another thread.
 class HttpConnection {
  public:
-  HttpConnection(std::string host, uint16_t port)
-      : host_(std::move(host)), port_(port), endpoint_(host_ + ":" + std::to_string(port)) {}
+  explicit HttpConnection(const Endpoint& target) { retarget(target); }
+
+  // The endpoint the next connect() goes to (owning thread only; closes the connection).
+  void retarget(const Endpoint& target) {
+    close();
+    host_ = target.host;
+    port_ = target.port;
+    endpoint_ = target.text();
+  }
 
   bool is_open() const { return socket_.is_open(); }
   void close() {
@@ -274,7 +282,7 @@ class HttpConnection {
   }
 
   std::string host_;
-  uint16_t port_;
+  uint16_t port_ = 0;
   std::string endpoint_;
   asio::io_context ioc_;  // before socket_: destroyed after it, dropping any posted cancel
   tcp::socket socket_{ioc_};
@@ -283,18 +291,50 @@ class HttpConnection {
   std::atomic<bool> interrupted_{false};
 };
 
-Client::Client(std::string host, uint16_t port, Duration timeout, Duration connect_timeout)
-    : host_(std::move(host)),
-      port_(port),
-      endpoint_(host_ + ":" + std::to_string(port_)),
+std::string to_string(const Endpoints& endpoints) {
+  std::string out;
+  for (auto& e : endpoints) out += (out.empty() ? "" : ",") + e.text();
+  return out;
+}
+
+namespace {
+// Connects `conn` to the first of `endpoints` that accepts, trying them in order from `*first`
+// (which is updated); one try each. Throws what the last one threw, naming all when several.
+void connect_first(HttpConnection* conn, const Endpoints& endpoints, size_t* first,
+                   Clock::time_point deadline) {
+  std::string errors;
+  for (size_t i = 0; i < endpoints.size(); ++i) {
+    size_t idx = (*first + i) % endpoints.size();
+    conn->retarget(endpoints[idx]);
+    try {
+      // With others to try, one member that does not answer may not take the whole deadline.
+      conn->connect(endpoints.size() == 1 ? deadline
+                                          : std::min(deadline, Clock::now() + kConnectEach));
+      *first = idx;
+      return;
+    } catch (const StoreTimeoutError&) {
+      if (endpoints.size() == 1 || Clock::now() >= deadline) throw;
+      errors += std::string(errors.empty() ? "" : "; ") + endpoints[idx].text() + " timed out";
+    } catch (const StoreError& e) {
+      if (endpoints.size() == 1 || conn->interrupted()) throw;
+      errors += std::string(errors.empty() ? "" : "; ") + e.what();
+    }
+  }
+  throw StoreError("no etcd endpoint accepted a connection: " + errors);
+}
+}  // namespace
+
+Client::Client(Endpoints endpoints, Duration timeout, Duration connect_timeout)
+    : endpoints_(std::move(endpoints)),
+      endpoint_(to_string(endpoints_)),
       timeout_(timeout),
-      conn_(std::make_unique<HttpConnection>(host_, port_)) {
+      conn_(std::make_unique<HttpConnection>(endpoints_.at(0))) {
   // etcd may still be starting (a job script that starts it just before the agents).
   const auto deadline = Clock::now() + connect_timeout;
   auto pause = Duration(50);
   for (;;) {
     try {
-      conn_->connect(std::min(deadline, Clock::now() + timeout_));
+      connect_any(std::min(deadline, Clock::now() + timeout_));
       last_used_ = Clock::now();
       return;
     } catch (const StoreError& e) {
@@ -312,6 +352,10 @@ Client::Client(std::string host, uint16_t port, Duration timeout, Duration conne
 
 Client::~Client() = default;
 
+void Client::connect_any(Clock::time_point deadline) {
+  connect_first(conn_.get(), endpoints_, &current_, deadline);
+}
+
 std::string Client::call(const std::string& path, const std::string& body, bool idempotent) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto deadline = Clock::now() + timeout_;
@@ -324,7 +368,7 @@ std::string Client::call(const std::string& path, const std::string& body, bool 
       conn_->close();
     }
     if (!conn_->is_open()) {
-      conn_->connect(deadline);
+      connect_any(deadline);
       fresh = true;
     }
     ++requests_;
@@ -334,7 +378,11 @@ std::string Client::call(const std::string& path, const std::string& body, bool 
     if (!ec) ec = conn_->read_response(&res, deadline, &timed_out);
     if (ec) {
       conn_->close();
-      if (timed_out) throw StoreTimeoutError(what + ": no answer in time");
+      if (timed_out) {
+        current_ =
+            (current_ + 1) % endpoints_.size();  // a hung member: the next call tries another
+        throw StoreTimeoutError(what + ": no answer in time");
+      }
       // A kept-alive connection that etcd closed meanwhile: retry once on a new one, when
       // repeating the request is harmless.
       bool stale = ec == http::error::end_of_stream || ec == asio::error::eof ||
@@ -344,6 +392,13 @@ std::string Client::call(const std::string& path, const std::string& body, bool 
     }
     last_used_ = Clock::now();
     if (!res.keep_alive()) conn_->close();
+    // A member that cannot serve (shutting down: its gateway answers 503 while the rest of the
+    // cluster is fine) is left for the next one; a harmless request is repeated there at once.
+    if (res.result_int() >= 500 && endpoints_.size() > 1) {
+      conn_->close();
+      current_ = (current_ + 1) % endpoints_.size();
+      if (idempotent && attempt < static_cast<int>(endpoints_.size())) continue;
+    }
     if (res.result() != http::status::ok) {
       std::string message = res.body();
       int code = 0;
@@ -433,14 +488,16 @@ void Client::lease_revoke(int64_t id) {
   }
 }
 
-Watch::Watch(const std::string& host, uint16_t port, Options options)
-    : conn_(std::make_unique<HttpConnection>(host, port)),
-      endpoint_(conn_->endpoint()),
+Watch::Watch(Endpoints endpoints, Options options)
+    : conn_(std::make_unique<HttpConnection>(endpoints.at(0))),
+      endpoints_(std::move(endpoints)),
+      endpoint_(to_string(endpoints_)),
       options_(std::move(options)) {}
 
 void Watch::open(Clock::time_point deadline) {
   if (conn_->interrupted()) throw StoreError("etcd at " + endpoint_ + ": watch: interrupted");
-  conn_->connect(deadline);
+  size_t first = options_.first_endpoint % endpoints_.size();
+  connect_first(conn_.get(), endpoints_, &first, deadline);
   json create = {{"key", base64(options_.key)}};
   if (!options_.range_end.empty()) create["range_end"] = base64(options_.range_end);
   if (options_.start_revision > 0) {
@@ -470,6 +527,7 @@ void Watch::open(Clock::time_point deadline) {
 Watch::~Watch() = default;
 
 void Watch::interrupt() { conn_->interrupt(); }
+bool Watch::interrupted() const { return conn_->interrupted(); }
 
 std::optional<std::vector<WatchEvent>> Watch::next(Clock::time_point deadline) {
   const std::string what = "etcd at " + endpoint_ + ": watch";

@@ -7,6 +7,9 @@
 // thread. Every call is bounded by the client's timeout. Watch: one streaming request on a
 // connection of its own, used by one thread; interrupt() from any other.
 //
+// Several endpoints (members of one etcd cluster): a connection goes to the first that accepts,
+// starting from the one last used; a member that dies or stops answering is left for the next.
+//
 // Errors: StoreTimeoutError when a deadline passes, StoreError for everything else (cannot
 // connect, connection lost, etcd rejected the request), the message naming the endpoint, the
 // request and etcd's own message.
@@ -45,6 +48,15 @@ struct KeyValue {
   int64_t create_revision = 0;
   int64_t mod_revision = 0;
 };
+
+struct Endpoint {
+  std::string host;
+  uint16_t port = 2379;
+  std::string text() const { return host + ":" + std::to_string(port); }
+};
+using Endpoints = std::vector<Endpoint>;
+// "h1:p1,h2:p2" for messages.
+std::string to_string(const Endpoints& endpoints);
 
 // One comparison of a transaction; all must hold for its success branch.
 struct Compare {
@@ -97,13 +109,14 @@ class HttpConnection;
 
 class Client {
  public:
-  // Connects, retrying until `connect_timeout` (etcd may still be starting).
-  Client(std::string host, uint16_t port, Duration timeout, Duration connect_timeout);
+  // Connects, retrying until `connect_timeout` (etcd may still be starting). `endpoints` is not
+  // empty.
+  Client(Endpoints endpoints, Duration timeout, Duration connect_timeout);
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  const std::string& endpoint() const { return endpoint_; }  // "host:port"
+  const std::string& endpoint() const { return endpoint_; }  // "host:port[,host:port...]"
 
   // The value at `key`, or nullopt. `revision` (optional) receives the store's revision.
   std::optional<KeyValue> get(const std::string& key, int64_t* revision = nullptr);
@@ -128,9 +141,10 @@ class Client {
 
  private:
   std::string call(const std::string& path, const std::string& body, bool idempotent);
+  void connect_any(Clock::time_point deadline);  // under mu_
 
-  std::string host_;
-  uint16_t port_;
+  Endpoints endpoints_;
+  size_t current_ = 0;  // under mu_: the endpoint conn_ talks (or last talked) to
   std::string endpoint_;
   Duration timeout_;
   static constexpr Duration kIdleReconnect{std::chrono::seconds(30)};
@@ -154,10 +168,12 @@ class Watch {
     std::string range_end;
     int64_t start_revision = 0;  // 0: from now
     bool prev_kv = false;
+    size_t first_endpoint = 0;  // tried first (modulo their number); then the others in order
   };
   // No I/O yet: open() connects and creates the watch. interrupt() works from construction on.
-  Watch(const std::string& host, uint16_t port, Options options);
-  // Connects and creates the watch, both before `deadline` (StoreTimeoutError).
+  Watch(Endpoints endpoints, Options options);
+  // Connects (to the first endpoint that accepts) and creates the watch, both before `deadline`
+  // (StoreTimeoutError).
   void open(Clock::time_point deadline);
   ~Watch();
   Watch(const Watch&) = delete;
@@ -172,9 +188,11 @@ class Watch {
   int64_t compact_revision() const { return compact_revision_; }
   // Makes the next() in progress, or the next call to it, fail with StoreError. Any thread.
   void interrupt();
+  bool interrupted() const;
 
  private:
   std::unique_ptr<HttpConnection> conn_;
+  Endpoints endpoints_;
   std::string endpoint_;
   Options options_;
   std::string pending_;  // stream bytes not yet parsed into a message

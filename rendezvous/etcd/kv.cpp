@@ -34,8 +34,7 @@ int64_t parse_counter(const std::string& key, const std::optional<std::string>& 
 }  // namespace
 
 Kv::Kv(const KvOptions& options)
-    : options_(options),
-      client_(options.host, options.port, options.timeout, options.connect_timeout) {}
+    : options_(options), client_(options.endpoints, options.timeout, options.connect_timeout) {}
 
 std::optional<std::string> Kv::try_get(const std::string& key) {
   auto kv = client_.get(full(key));
@@ -151,34 +150,40 @@ std::optional<std::string> Kv::wait_get(const std::string& key, Duration timeout
       throw StoreError("etcd at " + client_.endpoint() + ": wait for '" + k + "': interrupted");
     }
   }
-  int64_t revision = 0;
-  if (auto kv = client_.get(k, &revision)) return kv->value;
-  // Registered before any I/O, so interrupt_waits() reaches it from here on.
-  Watch watch(options_.host, options_.port, Watch::Options{k, "", revision + 1, false});
-  {
-    std::lock_guard<std::mutex> lock(watch_mu_);
-    if (std::exchange(interrupt_pending_, false)) watch.interrupt();
-    active_.push_back(&watch);
-  }
-  struct Unregister {
-    Kv* kv;
-    Watch* w;
-    ~Unregister() {
-      std::lock_guard<std::mutex> lock(kv->watch_mu_);
-      kv->active_.erase(std::find(kv->active_.begin(), kv->active_.end(), w));
+  // A watch broken by the death of the member it went to is taken up on another member (a read
+  // first, then a new watch from after it): one try per member.
+  for (size_t attempt = 0;; ++attempt) {
+    int64_t revision = 0;
+    if (auto kv = client_.get(k, &revision)) return kv->value;
+    // Registered before any I/O, so interrupt_waits() reaches it from here on.
+    Watch watch(options_.endpoints, Watch::Options{k, "", revision + 1, false, attempt});
+    {
+      std::lock_guard<std::mutex> lock(watch_mu_);
+      if (std::exchange(interrupt_pending_, false)) watch.interrupt();
+      active_.push_back(&watch);
     }
-  } unregister{this, &watch};
-  ++watches_;
-  try {
-    watch.open(deadline);
-  } catch (const StoreTimeoutError&) {
-    return std::nullopt;
-  }
-  for (;;) {
-    auto events = watch.next(deadline);
-    if (!events) return std::nullopt;
-    for (auto& e : *events) {
-      if (!e.is_delete && e.kv.key == k) return e.kv.value;
+    struct Unregister {
+      Kv* kv;
+      Watch* w;
+      ~Unregister() {
+        std::lock_guard<std::mutex> lock(kv->watch_mu_);
+        kv->active_.erase(std::find(kv->active_.begin(), kv->active_.end(), w));
+      }
+    } unregister{this, &watch};
+    ++watches_;
+    try {
+      watch.open(deadline);
+      for (;;) {
+        auto events = watch.next(deadline);
+        if (!events) return std::nullopt;
+        for (auto& e : *events) {
+          if (!e.is_delete && e.kv.key == k) return e.kv.value;
+        }
+      }
+    } catch (const StoreTimeoutError&) {
+      return std::nullopt;
+    } catch (const StoreError&) {
+      if (watch.interrupted() || attempt + 1 >= options_.endpoints.size()) throw;
     }
   }
 }

@@ -21,8 +21,7 @@
 namespace trun::rendezvous::etcd {
 
 struct KvOptions {
-  std::string host = "127.0.0.1";
-  uint16_t port = 2379;
+  Endpoints endpoints{{"127.0.0.1", 2379}};            // members of one cluster, tried in order
   std::string prefix = "/";                            // prepended to every key
   Duration timeout{std::chrono::seconds(60)};          // each request
   Duration connect_timeout{std::chrono::seconds(60)};  // the first connection, retrying

@@ -240,3 +240,47 @@ TEST_CASE("etcd: a node's lease ttl is keep_alive_interval x keep_alive_max_atte
     h->shutdown();
   }
 }
+
+TEST_CASE("etcd: several endpoints: a member that is down is skipped", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  auto& etcd = EtcdServer::shared();
+  const std::string dead = "127.0.0.1:" + std::to_string(trun::testing::free_port());
+  const std::string run = unique_run_id();
+  std::vector<HandlerPtr> hs;
+  for (auto id : {"a", "b"}) {
+    hs.push_back(create_rendezvous_handler(
+        "etcd", etcd_options(dead + ",http://" + etcd.endpoint(), run, id, 2, 2)));
+  }
+  auto infos = join_all(hs);
+  CHECK(infos[0].group_world_size == 2);
+  CHECK(infos[0].round == infos[1].round);
+  auto bad = etcd_options(dead + ",", run, "c", 1, 1);
+  CHECK_THROWS_WITH(create_rendezvous_handler("etcd", bad), Catch::Contains("an empty entry"));
+  for (auto& h : hs) h->shutdown();
+}
+
+TEST_CASE("etcd: the group outlives the etcd member its agents were talking to", "[etcd]") {
+  SKIP_WITHOUT_ETCD();
+  trun::testing::EtcdCluster cluster;
+  const std::string run = unique_run_id();
+  std::vector<HandlerPtr> hs;
+  for (auto id : {"a", "b"}) {
+    auto o = etcd_options(cluster.endpoints(), run, id, 2, 2);
+    o.keep_alive_interval = 500ms;  // a 2 s lease: the failover must not cost a node its lease
+    hs.push_back(create_rendezvous_handler("etcd", o));
+  }
+  auto first = join_all(hs);
+  REQUIRE(first[0].round == first[1].round);
+  // Member 0, which every connection went to, dies; the other two keep the quorum.
+  cluster.stop(0);
+  hs[0]->report_worker_failure("after member 0 died");
+  auto e = hs[1]->wait_round_over(30s);
+  REQUIRE(e);
+  INFO("round over: " << e->describe());
+  CHECK(e->kind == RoundEvent::Kind::kWorkerFailed);
+  auto second = join_all(hs);
+  CHECK(second[0].round > first[0].round);
+  CHECK(second[0].round == second[1].round);
+  CHECK(second[0].group_world_size == 2);
+  for (auto& h : hs) h->shutdown();
+}

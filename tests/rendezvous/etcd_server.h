@@ -11,6 +11,8 @@
 // the forking thread is the main thread, etcd also gets SIGKILL as a parent-death signal, so a
 // test process killed by ctest's timeout leaves no etcd behind.
 //
+// EtcdCluster (at the end) runs three members forming one cluster, for failover tests.
+//
 // EtcdServer::shared() is one process-wide instance, started on first use and stopped at exit;
 // tests sharing it keep apart by a unique run id (or etcd prefix). Tests that stop etcd start
 // their own instance.
@@ -196,6 +198,63 @@ inline HttpResponse http_post(uint16_t port, const std::string& path, const std:
   return r;
 }
 
+// Starts etcd with `args` (argv[0] included), its output to `log_path`; returns its pid. When
+// the calling thread is the main thread, etcd also gets SIGKILL as a parent-death signal (it fires
+// when the forking *thread* ends: only the main thread lives as long as the process).
+inline pid_t spawn_etcd(const std::vector<std::string>& args, const std::string& log_path) {
+  std::vector<char*> argv;
+  for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const bool main_thread = ::getpid() == static_cast<pid_t>(::syscall(SYS_gettid));
+  const pid_t parent = ::getpid();
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error(std::string("etcd: fork: ") + std::strerror(errno));
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    if (main_thread) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(126);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+    if (log < 0 || null < 0) ::_exit(126);
+    ::dup2(null, 0);
+    ::dup2(log, 1);
+    ::dup2(log, 2);
+    ::execv(argv[0], argv.data());
+    ::_exit(127);
+  }
+  return pid;
+}
+
+// A fresh directory under $TMPDIR (or /tmp) named trun-etcd-XXXXXX.
+inline std::string make_etcd_dir() {
+  const char* tmp = std::getenv("TMPDIR");
+  std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/trun-etcd-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (::mkdtemp(buf.data()) == nullptr) {
+    throw std::runtime_error("etcd: mkdtemp " + tmpl + ": " + std::strerror(errno));
+  }
+  return buf.data();
+}
+
+// Ends etcd `pid`: SIGTERM, at most 10 s, then SIGKILL; reaps it.
+inline void end_etcd(pid_t pid) {
+  ::kill(pid, SIGTERM);
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (std::chrono::steady_clock::now() < deadline) {
+    pid_t r = ::waitpid(pid, nullptr, WNOHANG);
+    if (r == pid || (r < 0 && errno == ECHILD)) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+}
+
 class EtcdServer {
  public:
   EtcdServer() {
@@ -216,7 +275,7 @@ class EtcdServer {
   // Ends etcd (SIGTERM, at most 10 s, SIGKILL, waitpid) and removes its directory. Idempotent.
   void stop() {
     if (pid_ > 0) {
-      end_process(pid_);
+      end_etcd(pid_);
       pid_ = -1;
     }
     if (!dir_.empty()) {
@@ -281,29 +340,10 @@ class EtcdServer {
     return out;
   }
 
-  static void end_process(pid_t pid) {
-    ::kill(pid, SIGTERM);
-    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      pid_t r = ::waitpid(pid, nullptr, WNOHANG);
-      if (r == pid || (r < 0 && errno == ECHILD)) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    ::kill(pid, SIGKILL);
-    ::waitpid(pid, nullptr, 0);
-  }
-
   // One start on two new free ports. False (with `error`) when etcd did not come up; the
   // process and the directory are gone again then.
   bool try_start(std::string* error) {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/trun-etcd-XXXXXX";
-    std::vector<char> buf(tmpl.begin(), tmpl.end());
-    buf.push_back('\0');
-    if (::mkdtemp(buf.data()) == nullptr) {
-      throw std::runtime_error("etcd: mkdtemp " + tmpl + ": " + std::strerror(errno));
-    }
-    dir_ = buf.data();
+    dir_ = make_etcd_dir();
     client_port_ = static_cast<uint16_t>(free_port());
     uint16_t peer_port = static_cast<uint16_t>(free_port());
     for (int i = 0; i < 10 && peer_port == client_port_; ++i) {
@@ -318,35 +358,8 @@ class EtcdServer {
         "--initial-cluster-state", "new", "--heartbeat-interval", "10", "--election-timeout", "50",
         // the store contract stores a 3 MiB value
         "--max-request-bytes", "8388608"};
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
     const std::string log_path = dir_ + "/etcd.log";
-    // The parent-death signal fires when the forking *thread* ends: only the main thread lives
-    // as long as the process.
-    const bool main_thread = ::getpid() == static_cast<pid_t>(::syscall(SYS_gettid));
-    const pid_t parent = ::getpid();
-
-    pid_ = ::fork();
-    if (pid_ < 0) throw std::runtime_error(std::string("etcd: fork: ") + std::strerror(errno));
-    if (pid_ == 0) {
-      // Only async-signal-safe calls between fork and exec.
-      if (main_thread) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        if (::getppid() != parent) ::_exit(126);
-      }
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      int log = ::open(log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      int null = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
-      if (log < 0 || null < 0) ::_exit(126);
-      ::dup2(null, 0);
-      ::dup2(log, 1);
-      ::dup2(log, 2);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
+    pid_ = spawn_etcd(args, log_path);
 
     // Ready: etcd says it serves on our port (so the answer below is not another process's)
     // and answers a range request.
@@ -396,6 +409,89 @@ class EtcdServer {
   pid_t pid_ = -1;
   std::string dir_;
   uint16_t client_port_ = 0;
+};
+
+// Three etcd members forming one cluster on loopback (fast raft timings), for failover tests.
+// The constructor returns once every member answers a range request (at most 30 s); stop(i) ends
+// member i by its pid; the destructor ends the rest and removes the directory.
+class EtcdCluster {
+ public:
+  static constexpr int kMembers = 3;
+  EtcdCluster() : dir_(make_etcd_dir()) {
+    std::string initial;
+    for (int i = 0; i < kMembers; ++i) {
+      client_[i] = static_cast<uint16_t>(free_port());
+      peer_[i] = static_cast<uint16_t>(free_port());
+      initial += std::string(i ? "," : "") + "m" + std::to_string(i) +
+                 "=http://127.0.0.1:" + std::to_string(peer_[i]);
+    }
+    for (int i = 0; i < kMembers; ++i) {
+      const std::string client = "http://127.0.0.1:" + std::to_string(client_[i]);
+      const std::string peer = "http://127.0.0.1:" + std::to_string(peer_[i]);
+      pid_[i] = spawn_etcd({kEtcdBinary,
+                            "--name",
+                            "m" + std::to_string(i),
+                            "--data-dir",
+                            dir_ + "/m" + std::to_string(i),
+                            "--listen-client-urls",
+                            client,
+                            "--advertise-client-urls",
+                            client,
+                            "--listen-peer-urls",
+                            peer,
+                            "--initial-advertise-peer-urls",
+                            peer,
+                            "--initial-cluster",
+                            initial,
+                            "--initial-cluster-state",
+                            "new",
+                            "--heartbeat-interval",
+                            "10",
+                            "--election-timeout",
+                            "100"},
+                           dir_ + "/m" + std::to_string(i) + ".log");
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    for (int i = 0; i < kMembers; ++i) {
+      while (http_post(client_[i], "/v3/kv/range", "{\"key\":\"eA==\"}", std::chrono::seconds(1))
+                 .status != 200) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          stop_all();
+          throw std::runtime_error("etcd cluster member " + std::to_string(i) +
+                                   " did not answer within 30 s (ports taken?)");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      }
+    }
+  }
+  ~EtcdCluster() { stop_all(); }
+  EtcdCluster(const EtcdCluster&) = delete;
+  EtcdCluster& operator=(const EtcdCluster&) = delete;
+
+  // "127.0.0.1:p0,127.0.0.1:p1,127.0.0.1:p2": every member's client URL, member 0 first.
+  std::string endpoints() const {
+    std::string out;
+    for (int i = 0; i < kMembers; ++i) {
+      out += std::string(i ? "," : "") + "127.0.0.1:" + std::to_string(client_[i]);
+    }
+    return out;
+  }
+  void stop(int i) {
+    if (pid_[i] > 0) end_etcd(pid_[i]);
+    pid_[i] = -1;
+  }
+
+ private:
+  void stop_all() {
+    for (int i = 0; i < kMembers; ++i) stop(i);
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  std::string dir_;
+  uint16_t client_[kMembers] = {};
+  uint16_t peer_[kMembers] = {};
+  pid_t pid_[kMembers] = {-1, -1, -1};
 };
 
 }  // namespace trun::testing

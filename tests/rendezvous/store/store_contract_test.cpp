@@ -56,7 +56,7 @@ struct EtcdFixture {
   }
   std::shared_ptr<Store> make() {
     etcd::KvOptions o;
-    o.port = trun::testing::EtcdServer::shared().port();
+    o.endpoints = {{"127.0.0.1", trun::testing::EtcdServer::shared().port()}};
     o.prefix = prefix;
     o.timeout = 5s;
     o.connect_timeout = 5s;
