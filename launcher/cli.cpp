@@ -479,15 +479,14 @@ CliResult parse_command_line(int argc, char** argv) {
       throw InvalidInput("--rdzv-backend=" + backend +
                          ": unknown backend; expected one of static, c10d, etcd, etcd-v2");
     }
-    // Checked here for every backend, so that a bad entry is a usage error before anything runs.
+    // Checked here for every backend, with the backend's own options (etcd's endpoint list), so
+    // that a bad entry is a usage error before anything runs. --standalone means static.
     try {
       c.rdzv_conf = rendezvous::parse_rdzv_conf(rdzv_conf);
       rendezvous::RendezvousOptions checked;
       rendezvous::apply_rdzv_conf(c.rdzv_conf, &checked);
-      if (!checked.etcd_prefix.empty() && backend != "etcd" && backend != "etcd-v2") {
-        throw InvalidInput("--rdzv-conf etcd_prefix: only for --rdzv-backend=etcd (got " + backend +
-                           ")");
-      }
+      checked.endpoint = endpoint;
+      rendezvous::check_backend_options(standalone ? "static" : backend, checked);
     } catch (const rendezvous::RendezvousOptionError& e) {
       throw InvalidInput(e.what());
     }
@@ -522,10 +521,6 @@ CliResult parse_command_line(int argc, char** argv) {
                                    "store is hosted by the node whose address matches it)"
                                  : "--rdzv-backend=" + backend +
                                        " needs --rdzv-endpoint=HOST[:PORT] (etcd's client URL)");
-        }
-        if (backend != "c10d" && endpoint.find("https://") != std::string::npos) {
-          throw InvalidInput("--rdzv-endpoint=" + endpoint +
-                             ": trun reaches etcd over plain HTTP only (no TLS)");
         }
         if (c.max_nodes > 1 && c.run_id == "none") {
           throw InvalidInput(

@@ -321,19 +321,16 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   return create_dynamic_rendezvous(options, std::move(backend), std::move(server));
 }
 
-std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options) {
-  validate_dynamic_options(options, "etcd");
-  // One client URL, or several members of the cluster separated by commas (a trun extension).
-  EtcdBackendOptions eo;
-  eo.endpoints.clear();
+std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::string& text) {
+  std::vector<std::pair<std::string, uint16_t>> out;
   size_t pos = 0;
-  while (pos <= options.endpoint.size()) {
-    size_t comma = options.endpoint.find(',', pos);
-    if (comma == std::string::npos) comma = options.endpoint.size();
-    std::string endpoint = options.endpoint.substr(pos, comma - pos);
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string endpoint = text.substr(pos, comma - pos);
     pos = comma + 1;
     if (endpoint.rfind("https://", 0) == 0) {
-      throw RendezvousOptionError("--rdzv-endpoint=" + options.endpoint +
+      throw RendezvousOptionError("--rdzv-endpoint=" + text +
                                   ": trun reaches etcd over plain HTTP only (no TLS); give "
                                   "HOST:PORT of plain-HTTP client URLs");
     }
@@ -341,14 +338,20 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
     if (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
     if (endpoint.empty()) {
       throw RendezvousOptionError(
-          options.endpoint.empty()
-              ? "--rdzv-backend=etcd: --rdzv-endpoint is required (HOST[:PORT] of etcd's client "
-                "URL, or several separated by commas)"
-              : "--rdzv-endpoint=" + options.endpoint + ": an empty entry in the list");
+          text.empty() ? "--rdzv-backend=etcd: --rdzv-endpoint is required (HOST[:PORT] of etcd's "
+                         "client URL, or several separated by commas)"
+                       : "--rdzv-endpoint=" + text + ": an empty entry in the list");
     }
     Endpoint ep = parse_endpoint(endpoint, kDefaultEtcdPort, "--rdzv-endpoint");
-    eo.endpoints.emplace_back(ep.host, ep.port);
+    out.emplace_back(ep.host, ep.port);
   }
+  return out;
+}
+
+std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options) {
+  validate_dynamic_options(options, "etcd");
+  EtcdBackendOptions eo;
+  eo.endpoints = parse_etcd_endpoints(options.endpoint);
   if (options.is_host.value_or(false)) {
     spdlog::warn("etcd rendezvous: --rdzv-conf is_host is ignored (etcd hosts the state)");
   }

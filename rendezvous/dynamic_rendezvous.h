@@ -9,7 +9,11 @@
 // blocking read of the result, one blocking read of the round's over key); only the round's leader
 // reads every descriptor, once.
 
+#include <cstdint>
 #include <memory>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/backend.h"
 #include "rendezvous/handler.h"
@@ -26,6 +30,11 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
 // endpoint (HOST[:PORT], default port 2379, an "http://" prefix allowed; nobody hosts a store).
 // See etcd/backend.h for how leases work there. Throws RendezvousOptionError / RendezvousError.
 std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options);
+
+// The etcd backend's --rdzv-endpoint: one client URL or several members separated by commas (a
+// trun extension), each HOST[:PORT] (port 2379 by default) or http://HOST[:PORT]. Throws
+// RendezvousOptionError naming the list (https://, an empty entry, a bad port).
+std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::string& text);
 
 // The same protocol over any backend (tests, future backends). `hosted` is the store this node
 // hosts, if any (its node gets group rank 0; stopped at shutdown). Validates `options`.

@@ -213,6 +213,11 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
 // backend, bad options) or RendezvousError (cannot host or reach the store).
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
                                                              const RendezvousOptions& options);
+// What create_rendezvous_handler checks of one backend's own options before the common ones, for
+// a command line to check early (no I/O): etcd_prefix only with etcd; etcd's endpoint list when
+// one is given. Throws RendezvousOptionError naming the option.
+void check_backend_options(const std::string& name, const RendezvousOptions& options);
+
 // The names create_rendezvous_handler accepts.
 std::vector<std::string> rendezvous_backend_names();
 

@@ -142,13 +142,19 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
 
 std::vector<std::string> rendezvous_backend_names() { return {"c10d", "etcd", "static"}; }
 
-std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
-                                                             const RendezvousOptions& options) {
+void check_backend_options(const std::string& name, const RendezvousOptions& options) {
   const bool etcd = name == "etcd" || name == "etcd-v2";  // torchrun's two names
   if (!etcd && !options.etcd_prefix.empty()) {
     throw RendezvousOptionError("--rdzv-backend=" + name +
-                                ": --rdzv-conf etcd_prefix is for the etcd backend only");
+                                ": --rdzv-conf etcd_prefix is only for --rdzv-backend=etcd");
   }
+  if (etcd && !options.endpoint.empty()) parse_etcd_endpoints(options.endpoint);
+}
+
+std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
+                                                             const RendezvousOptions& options) {
+  check_backend_options(name, options);
+  const bool etcd = name == "etcd" || name == "etcd-v2";
   if (name == "c10d") return create_c10d_rendezvous(options);
   if (etcd) return create_etcd_rendezvous(options);
   if (name == "static") return create_static_rendezvous(options);

@@ -12,7 +12,7 @@ namespace {
 // many nodes taking tickets at once do not collide in lockstep.
 constexpr int kMaxUpdateAttempts = 10000;
 // etcd refuses transactions of more than --max-txn-ops operations (128 by default).
-constexpr size_t kMaxTxnOps = 128;
+constexpr std::ptrdiff_t kMaxTxnOps = 128;
 
 void contention_pause(int attempt) {
   thread_local std::minstd_rand rng(std::random_device{}());
@@ -101,19 +101,23 @@ void Kv::append(const std::string& key, const std::string& value) {
          [&](const std::optional<std::string>& cur) { return cur.value_or("") + value; });
 }
 
-std::vector<std::optional<KeyValue>> Kv::read_all(const std::vector<std::string>& keys) {
-  // One transaction (one consistent snapshot) per kMaxTxnOps keys.
-  std::vector<std::optional<KeyValue>> out;
-  out.reserve(keys.size());
-  for (size_t begin = 0; begin < keys.size(); begin += kMaxTxnOps) {
-    std::vector<Op> ops;
-    for (size_t i = begin; i < std::min(keys.size(), begin + kMaxTxnOps); ++i) {
-      ops.push_back(Op::range(full(keys[i])));
-    }
-    auto reads = client_.txn({}, ops).reads;
-    out.insert(out.end(), reads.begin(), reads.end());
+std::vector<std::optional<KeyValue>> Kv::txn_in_chunks(const std::vector<Op>& ops) {
+  std::vector<std::optional<KeyValue>> reads;
+  reads.reserve(ops.size());
+  for (auto it = ops.begin(); it != ops.end();) {
+    auto end = it + std::min<std::ptrdiff_t>(kMaxTxnOps, ops.end() - it);
+    auto r = client_.txn({}, std::vector<Op>(it, end));
+    reads.insert(reads.end(), r.reads.begin(), r.reads.end());
+    it = end;
   }
-  return out;
+  return reads;
+}
+
+std::vector<std::optional<KeyValue>> Kv::read_all(const std::vector<std::string>& keys) {
+  std::vector<Op> ops;
+  ops.reserve(keys.size());
+  for (auto& k : keys) ops.push_back(Op::range(full(k)));
+  return txn_in_chunks(ops);
 }
 
 bool Kv::check(const std::vector<std::string>& keys) {
@@ -132,13 +136,10 @@ void Kv::multi_set(const std::vector<std::string>& keys, const std::vector<std::
     throw std::invalid_argument("multi_set: " + std::to_string(keys.size()) + " keys but " +
                                 std::to_string(values.size()) + " values");
   }
-  for (size_t begin = 0; begin < keys.size(); begin += kMaxTxnOps) {
-    std::vector<Op> ops;
-    for (size_t i = begin; i < std::min(keys.size(), begin + kMaxTxnOps); ++i) {
-      ops.push_back(Op::put(full(keys[i]), values[i]));
-    }
-    client_.txn({}, ops);
-  }
+  std::vector<Op> ops;
+  ops.reserve(keys.size());
+  for (size_t i = 0; i < keys.size(); ++i) ops.push_back(Op::put(full(keys[i]), values[i]));
+  txn_in_chunks(ops);
 }
 
 std::optional<std::string> Kv::wait_get(const std::string& key, Duration timeout) {

@@ -72,6 +72,9 @@ class Kv {
 
  private:
   std::vector<std::optional<KeyValue>> read_all(const std::vector<std::string>& keys);
+  // `ops` as transactions without conditions of at most 128 operations each (etcd's default
+  // --max-txn-ops), in order; the reads of all of them.
+  std::vector<std::optional<KeyValue>> txn_in_chunks(const std::vector<Op>& ops);
 
   KvOptions options_;
   Client client_;

@@ -12,6 +12,7 @@
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/rendezvous/etcd_server.h"
+#include "tests/rendezvous/test_options.h"
 
 using namespace trun::testing;
 using namespace std::chrono_literals;
@@ -21,10 +22,7 @@ namespace {
 
 constexpr auto kJobBound = std::chrono::seconds(120);
 
-std::string unique_run_id() {
-  static int n = 0;
-  return "e2e-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-}
+std::string unique_run_id() { return trun::testing::unique_run_id("e2e"); }
 
 // One agent's command line: `nnodes` nodes of 2 workers each, the test worker running `actions`.
 std::vector<std::string> agent(const std::string& endpoint, const std::string& run_id,

@@ -44,10 +44,7 @@ using trun::testing::EtcdServer;
 
 namespace {
 
-std::string unique_run_id() {
-  static int n = 0;
-  return "test-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-}
+std::string unique_run_id() { return trun::testing::unique_run_id("test"); }
 
 // The shared state of one job: a StoreServer of its own (c10d), or the process-wide etcd (etcd;
 // the run id keeps jobs apart there), or an etcd of its own when the test stops it (own_etcd).

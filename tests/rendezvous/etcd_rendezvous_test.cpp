@@ -21,19 +21,12 @@
 using namespace trun::rendezvous;
 using namespace std::chrono_literals;
 using trun::testing::EtcdServer;
+using trun::testing::fast_rdzv_options;
 using HandlerPtr = std::unique_ptr<RendezvousHandler>;
 
 namespace {
 
-std::string unique_run_id() {
-  static int n = 0;
-  return "etcd-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
-}
-
-RendezvousOptions etcd_options(const std::string& endpoint, const std::string& run_id,
-                               const std::string& node, int min_nodes, int max_nodes) {
-  return trun::testing::fast_rdzv_options(endpoint, run_id, node, min_nodes, max_nodes);
-}
+std::string unique_run_id() { return trun::testing::unique_run_id("etcd"); }
 
 // Runs next_rendezvous on every handler at once.
 std::vector<RendezvousInfo> join_all(const std::vector<HandlerPtr>& handlers) {
@@ -77,7 +70,8 @@ TEST_CASE("etcd: the registry knows etcd and torchrun's alias etcd-v2", "[etcd]"
   const std::string run = unique_run_id();
   for (const char* name : {"etcd", "etcd-v2"}) {
     INFO("backend " << name);
-    auto h = create_rendezvous_handler(name, etcd_options(etcd.endpoint(), run + name, "a", 1, 1));
+    auto h =
+        create_rendezvous_handler(name, fast_rdzv_options(etcd.endpoint(), run + name, "a", 1, 1));
     CHECK(h->backend() == "etcd");
     auto info = h->next_rendezvous();
     CHECK(info.group_world_size == 1);
@@ -92,7 +86,7 @@ TEST_CASE("etcd: endpoints: http:// is accepted, https:// is refused as an optio
   SKIP_WITHOUT_ETCD();
   auto& etcd = EtcdServer::shared();
   const std::string run = unique_run_id();
-  auto o = etcd_options("http://" + etcd.endpoint(), run, "a", 1, 1);
+  auto o = fast_rdzv_options("http://" + etcd.endpoint(), run, "a", 1, 1);
   auto h = create_rendezvous_handler("etcd", o);
   CHECK(h->next_rendezvous().group_world_size == 1);
   h->shutdown();
@@ -113,7 +107,7 @@ TEST_CASE("etcd: without a port the endpoint means etcd's client port 2379", "[e
     WARN("skipped: something listens on 127.0.0.1:2379 here");
     return;
   }
-  auto o = etcd_options("127.0.0.1", unique_run_id(), "a", 1, 1);
+  auto o = fast_rdzv_options("127.0.0.1", unique_run_id(), "a", 1, 1);
   o.read_timeout = 2s;
   o.join_timeout = 10s;
   try {
@@ -136,7 +130,8 @@ TEST_CASE(
   const std::string run = unique_run_id();
   std::vector<HandlerPtr> hs;
   for (auto id : {"a", "b"}) {
-    hs.push_back(create_rendezvous_handler("etcd", etcd_options(etcd.endpoint(), run, id, 2, 2)));
+    hs.push_back(
+        create_rendezvous_handler("etcd", fast_rdzv_options(etcd.endpoint(), run, id, 2, 2)));
   }
   join_all(hs);
   auto keys = keys_of_run(etcd, run);
@@ -158,7 +153,7 @@ TEST_CASE("etcd: runs with the same id under different etcd_prefix values do not
   for (const auto& prefix : prefixes) {
     for (auto id : {"a", "b"}) {
       // Through --rdzv-conf, as the command line passes it.
-      auto o = etcd_options(etcd.endpoint(), run, id, 2, 2);
+      auto o = fast_rdzv_options(etcd.endpoint(), run, id, 2, 2);
       apply_rdzv_conf(parse_rdzv_conf("etcd_prefix=" + prefix), &o);
       REQUIRE(o.etcd_prefix == prefix);
       o.join_timeout = 30s;  // had they met, two of the four would wait for a round of their own
@@ -222,7 +217,7 @@ TEST_CASE("etcd: a node's lease ttl is keep_alive_interval x keep_alive_max_atte
   for (const auto& c : cases) {
     INFO("keep_alive " << c.interval.count() << " ms x " << c.attempts);
     auto before = lease_ids();
-    auto o = etcd_options(etcd.endpoint(), unique_run_id(), "a", 1, 1);
+    auto o = fast_rdzv_options(etcd.endpoint(), unique_run_id(), "a", 1, 1);
     o.keep_alive_interval = c.interval;
     o.keep_alive_max_attempt = c.attempts;
     auto h = create_rendezvous_handler("etcd", o);
@@ -249,12 +244,12 @@ TEST_CASE("etcd: several endpoints: a member that is down is skipped", "[etcd]")
   std::vector<HandlerPtr> hs;
   for (auto id : {"a", "b"}) {
     hs.push_back(create_rendezvous_handler(
-        "etcd", etcd_options(dead + ",http://" + etcd.endpoint(), run, id, 2, 2)));
+        "etcd", fast_rdzv_options(dead + ",http://" + etcd.endpoint(), run, id, 2, 2)));
   }
   auto infos = join_all(hs);
   CHECK(infos[0].group_world_size == 2);
   CHECK(infos[0].round == infos[1].round);
-  auto bad = etcd_options(dead + ",", run, "c", 1, 1);
+  auto bad = fast_rdzv_options(dead + ",", run, "c", 1, 1);
   CHECK_THROWS_WITH(create_rendezvous_handler("etcd", bad), Catch::Contains("an empty entry"));
   for (auto& h : hs) h->shutdown();
 }
@@ -265,7 +260,7 @@ TEST_CASE("etcd: the group outlives the etcd member its agents were talking to",
   const std::string run = unique_run_id();
   std::vector<HandlerPtr> hs;
   for (auto id : {"a", "b"}) {
-    auto o = etcd_options(cluster.endpoints(), run, id, 2, 2);
+    auto o = fast_rdzv_options(cluster.endpoints(), run, id, 2, 2);
     o.keep_alive_interval = 500ms;  // a 2 s lease: the failover must not cost a node its lease
     hs.push_back(create_rendezvous_handler("etcd", o));
   }

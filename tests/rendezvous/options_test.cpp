@@ -88,7 +88,7 @@ TEST_CASE("etcd options: prefix, protocol, TLS refused, endpoint checked before 
   auto c10d = valid();
   c10d.etcd_prefix = "/x/";
   CHECK_THROWS_WITH(create_rendezvous_handler("c10d", c10d),
-                    Contains("etcd_prefix is for the etcd backend only"));
+                    Contains("etcd_prefix is only for --rdzv-backend=etcd"));
 
   for (const char* name : {"etcd", "etcd-v2"}) {
     auto e = valid();

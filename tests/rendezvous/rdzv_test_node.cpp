@@ -30,7 +30,7 @@ int main(int argc, char** argv) {
   }
   const std::string backend = argc > 7 ? argv[7] : "c10d";
   auto o = trun::testing::fast_rdzv_options(std::string("127.0.0.1:") + argv[1], argv[2], argv[5],
-                                             std::atoi(argv[3]), std::atoi(argv[4]));
+                                            std::atoi(argv[3]), std::atoi(argv[4]));
   if (backend == "c10d") o.is_host = false;  // etcd: nobody hosts anything
   if (argc > 6) o.keep_alive_interval = std::chrono::milliseconds(std::atoi(argv[6]));
   setvbuf(stdout, nullptr, _IOLBF, 0);

@@ -1,12 +1,20 @@
 #pragma once
 // Rendezvous options for tests on one machine: loopback addresses and short timings (last call
 // 300 ms, keep-alives every 100 ms, a node dead after 3 missed ones), generous bounds elsewhere.
+#include <unistd.h>
+
 #include <chrono>
 #include <string>
 
 #include "rendezvous/handler.h"
 
 namespace trun::testing {
+
+// A run id no other test of this process (or of a concurrent test process) uses: PREFIX-PID-N.
+inline std::string unique_run_id(const std::string& prefix) {
+  static int n = 0;
+  return prefix + "-" + std::to_string(::getpid()) + "-" + std::to_string(++n);
+}
 
 inline rendezvous::RendezvousOptions fast_rdzv_options(const std::string& endpoint,
                                                        const std::string& run_id,
