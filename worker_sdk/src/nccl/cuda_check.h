@@ -12,7 +12,7 @@
 
 namespace trun::worker::detail {
 
-// The rank named in messages (set by the NCCL backend; -1 until then).
+// The rank named in messages from the calling thread (set by the NCCL backend; -1 until then).
 void set_cuda_check_rank(int rank);
 std::string cuda_check_where(const char* file, int line);
 

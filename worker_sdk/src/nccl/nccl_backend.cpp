@@ -21,7 +21,9 @@ bool nccl_available() { return detail::cuda_device_count(nullptr) > 0; }
 namespace detail {
 namespace {
 
-std::atomic<int> g_rank{-1};
+// The rank that messages name: per thread, since one process may hold several ranks' groups
+// (one per GPU); set by the backend on the thread that calls into CUDA and NCCL.
+thread_local int t_rank = -1;
 
 std::string host_name() {
   char buf[256] = {};
@@ -215,6 +217,7 @@ class NcclBackend : public BackendImpl {
   template <typename Launch>
   void run(const char* what, Deadline deadline, Launch&& launch) {
     if (!comm_) throw CollectiveError(std::string(what) + ": NCCL communicator is gone");
+    set_cuda_check_rank(rank_);  // this may be another thread than the constructor's
     TRUN_CUDA_CHECK(cudaSetDevice(device_));
     // Our stream does not synchronize with any other by itself (it is non-blocking): make it
     // wait for what the program queued on its stream (options.cuda_stream), or else on the
@@ -255,11 +258,11 @@ class NcclBackend : public BackendImpl {
 
 }  // namespace
 
-void set_cuda_check_rank(int rank) { g_rank = rank; }
+void set_cuda_check_rank(int rank) { t_rank = rank; }
 
 std::string cuda_check_where(const char* file, int line) {
   const char* base = std::strrchr(file, '/');
-  return "[host " + host_name() + " rank " + std::to_string(g_rank.load()) + "] " +
+  return "[host " + host_name() + " rank " + std::to_string(t_rank) + "] " +
          (base ? base + 1 : file) + ":" + std::to_string(line) + ":";
 }
 
