@@ -60,17 +60,21 @@ inline ProcessGroupOptions nccl_rank_options(int rank, int world,
 }
 
 // Runs `body` on `world` ranks, one thread and one device each (the thread's current device is
-// set to its rank). Returns each rank's outcome: what `body` returned, or the exception's message;
-// "" means success. Catch2 assertions are not thread-safe: `body` reports through its result.
+// set to its rank); `adjust`, when given, changes each rank's options first. Returns each rank's
+// outcome: what `body` returned, or the exception's message; "" means success. Catch2 assertions
+// are not thread-safe: `body` reports through its result.
 inline std::vector<std::string> run_nccl_ranks(
-    int world, const std::function<std::string(ProcessGroup&, int)>& body) {
+    int world, const std::function<std::string(ProcessGroup&, int)>& body,
+    const std::function<void(ProcessGroupOptions&)>& adjust = nullptr) {
   auto store = std::make_shared<rendezvous::InMemoryStore>();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
-        ProcessGroup pg(nccl_rank_options(r, world, store));
+        auto options = nccl_rank_options(r, world, store);
+        if (adjust) adjust(options);
+        ProcessGroup pg(options);
         cudaSetDevice(r);
         errors[r] = body(pg, r);
       } catch (const std::exception& e) {

@@ -14,10 +14,15 @@
 
 #if TRUN_HAVE_NCCL
 #include <cuda_runtime.h>
+#include <dlfcn.h>
 #include <nccl.h>
+
+#include <atomic>
+#include <cstring>
 
 #include "tests/worker_sdk/gpu_ranks.h"
 #include "worker_sdk/src/nccl/nccl_info.h"
+#include "worker_sdk/src/reduce.h"
 #endif
 
 using namespace trun::worker;
@@ -233,6 +238,316 @@ TEST_CASE("GPU: two ranks on two devices", "[worker_sdk][nccl][gpu]") {
     cudaMemcpy(x.data(), d, x.size() * sizeof(float), cudaMemcpyDeviceToHost);
     cudaFree(d);
     return x[0] == 2.0f && x.back() == 2.0f ? "" : "wrong allreduce result";
+  });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool contains(const std::string& text, const char* part) {
+  return text.find(part) != std::string::npos;
+}
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The GPU simulator's fault hook (tests/simgpu/nccl_sim.cpp); null with the real NCCL.
+using FailNextCollective = int (*)(int rank, int nccl_result);
+FailNextCollective simulator_fault_hook() {
+  return reinterpret_cast<FailNextCollective>(
+      dlsym(RTLD_DEFAULT, "trun_simgpu_fail_next_collective"));
+}
+
+// Small integers, exact in every dtype, written into and read from raw buffers.
+void put(std::vector<char>& buf, size_t i, DataType t, double v) {
+  char* p = buf.data() + i * dtype_size(t);
+  auto store = [p](auto x) { std::memcpy(p, &x, sizeof x); };
+  switch (t) {
+    case DataType::kFloat32:
+      return store(static_cast<float>(v));
+    case DataType::kFloat64:
+      return store(v);
+    case DataType::kFloat16:
+      return store(detail::float_to_half(static_cast<float>(v)));
+    case DataType::kBFloat16:
+      return store(detail::float_to_bfloat16(static_cast<float>(v)));
+    case DataType::kInt32:
+      return store(static_cast<int32_t>(v));
+    case DataType::kInt64:
+      return store(static_cast<int64_t>(v));
+  }
+}
+
+double get(const std::vector<char>& buf, size_t i, DataType t) {
+  const char* p = buf.data() + i * dtype_size(t);
+  auto load = [p](auto x) {
+    std::memcpy(&x, p, sizeof x);
+    return x;
+  };
+  switch (t) {
+    case DataType::kFloat32:
+      return load(0.0f);
+    case DataType::kFloat64:
+      return load(0.0);
+    case DataType::kFloat16:
+      return detail::half_to_float(load(uint16_t{0}));
+    case DataType::kBFloat16:
+      return detail::bfloat16_to_float(load(uint16_t{0}));
+    case DataType::kInt32:
+      return load(int32_t{0});
+    case DataType::kInt64:
+      return load(int64_t{0});
+  }
+  return 0;
+}
+
+// Rank r's element i; over two ranks every sum is even, so each average is exact too.
+double value(int r, size_t i) { return static_cast<double>(i % 13) + 2.0 * r; }
+
+double reference(ReduceOp op, int world, size_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < world; ++r) {
+    double v = value(r, i);
+    acc = op == ReduceOp::kMin   ? std::min(acc, v)
+          : op == ReduceOp::kMax ? std::max(acc, v)
+                                 : acc + v;
+  }
+  return op == ReduceOp::kAvg ? acc / world : acc;
+}
+
+// One rank of the dtype x op sweep; "" on success.
+std::string dtype_sweep(ProcessGroup& pg, int rank) {
+  const int world = pg.size();
+  const size_t n = 1001;
+  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
+                     DataType::kBFloat16, DataType::kInt32, DataType::kInt64}) {
+    const size_t es = dtype_size(t);
+    std::vector<char> mine(n * es), got(n * world * es);
+    for (size_t i = 0; i < n; ++i) put(mine, i, t, value(rank, i));
+    char* d = nullptr;
+    char* all = nullptr;
+    if (cudaMalloc(&d, n * es) != cudaSuccess || cudaMalloc(&all, n * world * es) != cudaSuccess)
+      return "cudaMalloc failed";
+    auto where = [&](const char* what) {
+      return std::string(what) + " " + dtype_name(t) + " on rank " + std::to_string(rank) + ": ";
+    };
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
+      cudaMemcpy(d, mine.data(), n * es, cudaMemcpyHostToDevice);
+      pg.allreduce(d, n, t, op);
+      cudaMemcpy(got.data(), d, n * es, cudaMemcpyDeviceToHost);
+      for (size_t i = 0; i < n; ++i)
+        if (get(got, i, t) != reference(op, world, i))
+          return where(reduce_op_name(op)) + "element " + std::to_string(i) + " is " +
+                 std::to_string(get(got, i, t)) + ", want " +
+                 std::to_string(reference(op, world, i));
+    }
+    cudaMemcpy(d, mine.data(), n * es, cudaMemcpyHostToDevice);
+    pg.allgather(d, all, n, t);
+    cudaMemcpy(got.data(), all, n * world * es, cudaMemcpyDeviceToHost);
+    for (int r = 0; r < world; ++r)
+      for (size_t i = 0; i < n; ++i)
+        if (get(got, r * n + i, t) != value(r, i)) return where("allgather") + "wrong element";
+    // reduce_scatter of the gathered buffer: block r is rank r's input on every rank.
+    pg.reduce_scatter(all, d, n, t, ReduceOp::kMax);
+    cudaMemcpy(got.data(), d, n * es, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i)
+      if (get(got, i, t) != value(rank, i)) return where("reduce_scatter") + "wrong element";
+    pg.broadcast(d, n, t, world - 1);
+    cudaMemcpy(got.data(), d, n * es, cudaMemcpyDeviceToHost);
+    for (size_t i = 0; i < n; ++i)
+      if (get(got, i, t) != value(world - 1, i)) return where("broadcast") + "wrong element";
+    cudaFree(all);
+    cudaFree(d);
+  }
+  return "";
+}
+
+// A device buffer of `n` floats, all `v`.
+float* device_floats(size_t n, float v) { return device_copy(std::vector<float>(n, v)); }
+
+}  // namespace
+
+// Under ctest's simgpu.* entries (tests/simgpu) the GPU simulator must really be loaded: were the
+// real libraries found instead, every GPU case would skip and the entry would prove nothing.
+TEST_CASE("the GPU simulator is loaded when the test run expects it", "[worker_sdk][nccl]") {
+  bool loaded = simulator_fault_hook() != nullptr;
+  if (!std::getenv("TRUN_SIMGPU_EXPECTED")) {
+    WARN((loaded ? "running on the GPU simulator" : "running on the real CUDA and NCCL"));
+    return;
+  }
+  CHECK(loaded);
+}
+
+TEST_CASE("GPU: every dtype and reduction, two ranks, against a host reference",
+          "[worker_sdk][nccl][gpu]") {
+  if (!test::have_cuda_devices(2)) {
+    WARN("skipped: needs two CUDA devices");
+    return;
+  }
+  auto errors = test::run_nccl_ranks(2, dtype_sweep);
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+// The device follows the local rank when cuda_device is unset: two ranks of one node must not
+// share a GPU (NCCL refuses that, "Duplicate GPU detected").
+TEST_CASE("GPU: without cuda_device, ranks take the device of their local rank",
+          "[worker_sdk][nccl][gpu]") {
+  if (!test::have_cuda_devices(2)) {
+    WARN("skipped: needs two CUDA devices");
+    return;
+  }
+  auto errors = test::run_nccl_ranks(
+      2,
+      [](ProcessGroup& pg, int rank) -> std::string {
+        float* d = device_floats(4, 1.0f);
+        pg.allreduce(d, 4, DataType::kFloat32);
+        auto got = host_copy(d, 4);
+        cudaFree(d);
+        return got[3] == 2.0f ? "" : "wrong allreduce result";
+      },
+      [](ProcessGroupOptions& o) {
+        o.node_rank = 0;
+        o.local_rank = o.rank;
+        o.cuda_device = -1;
+      });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+TEST_CASE("GPU: asynchronous collectives return work handles", "[worker_sdk][nccl][gpu]") {
+  TRUN_SKIP_WITHOUT_GPU();
+  ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
+  const size_t n = 1 << 16;
+  float* d = device_floats(n, 3.0f);
+  float* all = device_floats(n, 0.0f);
+  Work a = pg.allreduce_async(d, n, DataType::kFloat32, ReduceOp::kMax);
+  Work b = pg.allgather_async(d, all, n, DataType::kFloat32);  // queued behind a
+  b.wait();
+  CHECK(a.is_completed());
+  CHECK(b.is_completed());
+  CHECK(a.error() == nullptr);
+  CHECK(host_copy(all, n)[n - 1] == 3.0f);
+  cudaFree(all);
+  cudaFree(d);
+}
+
+// Rank 1 stops calling collectives (a hung or dead peer): rank 0's collective times out, its
+// communicator is aborted, and a group made afresh afterwards (as after a restart) works.
+TEST_CASE("GPU: a peer that stops: the collective times out and aborts; a new group works",
+          "[worker_sdk][nccl][gpu]") {
+  if (!test::have_cuda_devices(2)) {
+    WARN("skipped: needs two CUDA devices");
+    return;
+  }
+  auto second_store = std::make_shared<trun::rendezvous::InMemoryStore>();
+  std::atomic<bool> rank0_failed{false};
+  auto errors = test::run_nccl_ranks(2, [&](ProcessGroup& pg, int rank) -> std::string {
+    float* d = device_floats(1024, 1.0f);
+    pg.allreduce(d, 1024, DataType::kFloat32);
+    if (rank == 0) {
+      auto t0 = Clock::now();
+      try {
+        pg.allreduce(d, 1024, DataType::kFloat32, ReduceOp::kSum, std::chrono::seconds(3));
+        return "an allreduce without its peer returned";
+      } catch (const CollectiveTimeoutError& e) {
+        if (!contains(e.what(), "aborted")) return std::string("no abort in: ") + e.what();
+        // Each rank is a thread here: the message must name this one.
+        if (!contains(e.what(), " rank 0]")) return std::string("not rank 0's: ") + e.what();
+      }
+      double s = seconds_since(t0);
+      if (s < 2.5 || s > 60) return "timed out after " + std::to_string(s) + " s, not ~3 s";
+      if (!pg.broken()) return "the group is not marked broken";
+      rank0_failed = true;
+    } else {
+      auto t0 = Clock::now();
+      while (!rank0_failed && seconds_since(t0) < 120)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ProcessGroup again(test::nccl_rank_options(rank, 2, second_store));
+    float* e = device_floats(1024, 1.0f);
+    again.allreduce(e, 1024, DataType::kFloat32);
+    auto got = host_copy(e, 1024);
+    cudaFree(e);
+    cudaFree(d);
+    return got[1023] == 2.0f ? "" : "the new group's allreduce is wrong";
+  });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+TEST_CASE("GPU: abort() from another thread ends a collective waiting for its peer",
+          "[worker_sdk][nccl][gpu]") {
+  if (!test::have_cuda_devices(2)) {
+    WARN("skipped: needs two CUDA devices");
+    return;
+  }
+  std::atomic<bool> rank0_done{false};
+  auto errors = test::run_nccl_ranks(2, [&](ProcessGroup& pg, int rank) -> std::string {
+    float* d = device_floats(1024, 1.0f);
+    std::string result;
+    if (rank == 0) {
+      std::thread aborter([&] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        pg.abort("test abort");
+      });
+      auto t0 = Clock::now();
+      try {
+        pg.allreduce(d, 1024, DataType::kFloat32);  // the group's 120 s timeout
+        result = "an allreduce without its peer returned";
+      } catch (const CollectiveTimeoutError& e) {
+        result = std::string("timed out instead of aborting: ") + e.what();
+      } catch (const CollectiveError& e) {
+        if (!contains(e.what(), "abort")) result = std::string("no abort in: ") + e.what();
+      }
+      aborter.join();
+      if (result.empty() && seconds_since(t0) > 30) result = "abort took over 30 s";
+      rank0_done = true;
+    } else {
+      auto t0 = Clock::now();
+      while (!rank0_done && seconds_since(t0) < 120)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    cudaFree(d);
+    return result;
+  });
+  CHECK(errors[0] == "");
+  CHECK(errors[1] == "");
+}
+
+// An asynchronous NCCL error (a network failure under real NCCL) on rank 1: rank 1's collective
+// fails at once with NCCL's error, rank 0's times out; neither hangs. Real NCCL cannot be made to
+// fail on demand, so this runs on the GPU simulator only.
+TEST_CASE("GPU: an asynchronous NCCL error fails its rank's collective; the peer times out",
+          "[worker_sdk][nccl][gpu]") {
+  auto fail_next = simulator_fault_hook();
+  if (!fail_next || !test::have_cuda_devices(2)) {
+    WARN("skipped: needs the GPU simulator (tests/simgpu) with two devices");
+    return;
+  }
+  REQUIRE(fail_next(1, ncclRemoteError) == 0);  // rank 1's next collective
+  auto errors = test::run_nccl_ranks(2, [&](ProcessGroup& pg, int rank) -> std::string {
+    float* d = device_floats(1024, 1.0f);
+    std::string result;
+    auto t0 = Clock::now();
+    try {
+      pg.allreduce(d, 1024, DataType::kFloat32, ReduceOp::kSum,
+                   std::chrono::seconds(rank == 0 ? 3 : 60));
+      result = "the allreduce returned";
+    } catch (const CollectiveTimeoutError& e) {
+      if (rank == 1) result = std::string("rank 1 timed out: ") + e.what();
+    } catch (const CollectiveError& e) {
+      if (rank == 0) result = std::string("rank 0 did not time out: ") + e.what();
+      if (rank == 1 && !(contains(e.what(), "ncclResult 6") && contains(e.what(), "injected")))
+        result = std::string("rank 1's error does not carry NCCL's: ") + e.what();
+    }
+    if (rank == 1 && result.empty() && seconds_since(t0) > 30) result = "rank 1 took over 30 s";
+    cudaFree(d);
+    return result;
   });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
