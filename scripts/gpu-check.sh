@@ -7,6 +7,11 @@
 #
 #   scripts/gpu-check.sh                 configure + build build-gpu here (CUDA + NCCL), then run
 #   scripts/gpu-check.sh BUILD_DIR       use prebuilt binaries in BUILD_DIR (no build)
+#   scripts/gpu-check.sh --simulate BUILD_DIR
+#                                        a dry run of this script without a GPU: the GPU simulator
+#                                        (tests/simgpu, two devices) stands in for CUDA and NCCL;
+#                                        ctest runs it (gpu_check.simulated) so that the one command
+#                                        a GPU machine gets keeps working
 #   scripts/gpu-check.sh --bundle BUILD_DIR [OUT_DIR]
 #                                        (on the build machine) copy what the checks run, with
 #                                        debug info stripped, and the shared libraries they need
@@ -59,7 +64,12 @@ if [[ ${1:-} == --bundle ]]; then
   exit 0
 fi
 
-build=${1:-}
+simulate=0
+if [[ ${1:-} == --simulate ]]; then
+  simulate=1
+  build=${2:?usage: gpu-check.sh --simulate BUILD_DIR}
+fi
+build=${build:-${1:-}}
 if [[ -z $build ]]; then
   build="build-gpu"
   echo "== building $build (CUDA + NCCL)"
@@ -79,6 +89,13 @@ fi
 build=$(cd "$build" && pwd)
 # Carried build dirs keep absolute RPATHs from the build machine: point the loader at them.
 export LD_LIBRARY_PATH="$build/worker_sdk:$build/gpu-libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ((simulate)); then
+  sim_dir=$build/tests/simgpu/lib
+  [[ -e $sim_dir/libnccl.so.2 && -e $sim_dir/libcudart.so.13 ]] ||
+    { echo "FAIL: no GPU simulator in $sim_dir (ninja -C $build trun_simgpu_nccl)"; exit 1; }
+  export LD_LIBRARY_PATH="$sim_dir:$LD_LIBRARY_PATH" TRUN_SIMGPU_DEVICES=2 TRUN_SIMGPU_EXPECTED=1
+  echo "== SIMULATED: CUDA and NCCL are tests/simgpu's stand-ins; nothing here runs on a GPU"
+fi
 # No libnccl.so.2 here? Use the one PyTorch's pip packages ship (nvidia-nccl-*): same ABI.
 # (nvidia-nccl-cu12 keeps it in nvidia/nccl/lib; later layouts may move it: search the package.)
 if ldd "$build/$trun_lib" 2>/dev/null | grep -q "libnccl.so.2 => not found"; then
@@ -211,7 +228,8 @@ fi
 
 # Informational, not part of the verdict: the CPU allreduce benchmark with a core per rank (this
 # build machine has 2 cores), against the local PyTorch's gloo, 64 MiB, 3 trials.
-if [[ -x $build/$bench_bin ]] && "$py" -c 'import torch.distributed.run' 2>/dev/null; then
+if ((!simulate)) && [[ -x $build/$bench_bin ]] &&
+  "$py" -c 'import torch.distributed.run' 2>/dev/null; then
   echo "== CPU allreduce benchmark, $(nproc) cores (informational)"
   TORCH_PY=$(command -v "$py") SIZES_MIB=64 TRIALS=3 RANKS="2 4 8" timeout 300 \
     bash scripts/bench_allreduce.sh "$build" 2>/dev/null | grep -E '^ *[0-9]|^RESULT|trial' ||
@@ -222,5 +240,8 @@ if [[ $gpu_ran -eq 0 ]]; then
   echo "FAIL: no GPU test ran (no CUDA device visible to the process?)"
   status=1
 fi
-[[ $status -eq 0 ]] && echo "gpu-check: ALL PASS" || echo "gpu-check: FAILURES"
+verdict="ALL PASS"
+[[ $status -eq 0 ]] || verdict=FAILURES
+((simulate)) && verdict="$verdict (simulated: no GPU was used)"
+echo "gpu-check: $verdict"
 exit $status
