@@ -1,27 +1,37 @@
 // The GPU simulator's NCCL: the part of the NCCL API that libtrun_worker calls, built as a
-// libnccl.so.2 over the simulated CUDA runtime (cudart_sim.cpp), for ranks that are threads of
-// one process (the GPU tests run their ranks so). Loaded through LD_LIBRARY_PATH instead of the
-// real library; see tests/simgpu/CMakeLists.txt.
+// libnccl.so.2 over the simulated CUDA runtime (cudart_sim.cpp). Loaded through LD_LIBRARY_PATH
+// instead of the real library; see tests/simgpu/CMakeLists.txt. Ranks may be threads of one
+// process or separate processes (a job under trun).
 //
 // What it models, after NCCL's documented semantics:
-// - ncclGetUniqueId / ncclCommInitRankConfig: ranks meet by unique id; two ranks of one clique
-//   on the same device are refused ("duplicate GPU"), as real NCCL refuses them. A non-blocking
-//   communicator (config.blocking = 0) answers ncclInProgress and its async state stays
-//   ncclInProgress until every rank has joined, which may be never.
-// - Collectives are queued on the caller's stream and run there: a rank's operation waits for the
-//   same operation of every other rank, so a peer that never calls it leaves the stream stuck
-//   (like a kernel spinning on the network) until the communicator is aborted. Buffers must be
-//   device memory of the communicator's device, big enough for the call, and the stream must be
-//   that device's; ranks whose calls disagree (count, type, op, root) get ncclInvalidUsage.
+// - ncclGetUniqueId / ncclCommInitRankConfig: ranks meet by unique id. Each rank has a data file
+//   and the clique a control file in /dev/shm; once every rank has mapped every file they are
+//   unlinked, so nothing is left there however the processes end later (only a process killed
+//   while its clique forms can leave its files). Two ranks on the same device are refused
+//   ("duplicate GPU"), as real NCCL refuses them. A non-blocking communicator (config.blocking =
+//   0) answers ncclInProgress, and its async state stays so until every rank has joined, which
+//   may be never.
+// - Collectives are queued on the caller's stream and run there: a rank's operation copies its
+//   input to its data file and waits for the same operation of every other rank, so a peer that
+//   never calls it (stopped, SIGKILLed) leaves the stream stuck, like a kernel spinning on the
+//   network, until the communicator is aborted. Buffers must be device memory of the
+//   communicator's device and big enough for the call, the stream must be that device's, and a
+//   rank's input must fit in TRUN_SIMGPU_MAX_MIB (default 256); ranks whose calls disagree
+//   (count, type, op, root) get ncclInvalidUsage.
 // - The first collective of a non-blocking communicator answers ncclInProgress and its async
 //   state stays so for a moment (NCCL connects lazily).
 // - ncclCommFinalize (in progress until queued work is done), ncclCommDestroy, ncclCommAbort
 //   (queued and running operations of that rank end at once).
 // - Fault injection for tests: trun_simgpu_fail_next_collective(rank, result) makes that rank's
-//   next collective hang and, 100 ms later, sets its communicator's async error to `result`, as a
-//   network failure under real NCCL does. Tests find it with dlsym (absent from real NCCL).
+//   next collective (in this process) hang and, 100 ms later, sets its communicator's async error
+//   to `result`, as a network failure under real NCCL does. Tests find it with dlsym (absent
+//   from real NCCL).
 
+#include <fcntl.h>
 #include <nccl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -43,8 +53,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 constexpr char kMagic[] = "trun-simgpu-nccl";
+constexpr int kMaxRanks = 64;
 
-enum class Kind { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+enum class Kind : int32_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
 
 struct Call {
   Kind kind;
@@ -54,42 +65,54 @@ struct Call {
   ncclDataType_t dtype;
   ncclRedOp_t op = ncclSum;
   int root = 0;
-
-  bool same_shape(const Call& o) const {
-    return kind == o.kind && count == o.count && dtype == o.dtype && op == o.op && root == o.root;
-  }
 };
 
-struct CommState;
-
-// The ranks sharing one unique id, and the exchange their collectives meet in.
-struct Clique {
-  int size;
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<CommState*> members;  // by rank; null until that rank joins
-  int joined = 0;
-  struct Slot {
-    uint64_t posted = 0;  // sequence number of the operation this rank offers
-    uint64_t read = 0;    // last operation whose inputs this rank has finished reading
-    Call call{};
-  };
-  std::vector<Slot> slots;
+// One rank's part of a clique's control file. The call's shape is written before `posted`.
+struct SlotCtl {
+  std::atomic<uint32_t> joined;  // its data file exists
+  std::atomic<uint32_t> mapped;  // it has mapped every peer's data file
+  std::atomic<int32_t> device;
+  std::atomic<uint64_t> posted;  // sequence number of the operation it offers
+  std::atomic<uint64_t> read;    // last operation whose inputs it has finished reading
+  int32_t kind, dtype, op, root;
+  uint64_t count;
 };
+
+// A clique's control file (zero-filled when created): shared by its ranks' processes.
+struct Ctl {
+  std::atomic<uint32_t> size;  // set by the first rank to join
+  std::atomic<uint32_t> mapped_count;
+  SlotCtl slots[kMaxRanks];
+};
+static_assert(std::atomic<uint64_t>::is_always_lock_free, "process-shared atomics");
 
 struct CommState {
-  std::shared_ptr<Clique> clique;
   int rank = 0;
+  int size = 0;
   int device = 0;
   bool blocking = true;
+  size_t max_bytes = 0;     // of each rank's data file
+  std::string base;         // /dev/shm/<base>-ctl, /dev/shm/<base>-<rank>
+  Ctl* ctl = nullptr;       // mapped control file
+  std::vector<char*> data;  // every rank's data file, mapped (this rank's once joined)
   std::atomic<bool> aborted{false};
-  // Guarded by clique->mu:
+  std::atomic<bool> ready{false};  // every rank joined and mapped
+  std::mutex mu;                   // guards what follows
+  std::condition_variable cv;
   ncclResult_t async_error = ncclSuccess;
   Clock::time_point busy_until{};  // a lazy connection in progress
   bool finalizing = false;
   uint64_t issued = 0;    // collectives queued
   uint64_t finished = 0;  // collectives done (or ended by abort)
   std::string last_error;
+
+  ~CommState() {
+    for (char* d : data)
+      if (d) ::munmap(d, max_bytes);
+    if (ctl) ::munmap(ctl, sizeof(Ctl));
+  }
+  std::string path(const std::string& what) const { return "/dev/shm/" + base + "-" + what; }
+  SlotCtl& slot(int r) const { return ctl->slots[r]; }
 };
 
 }  // namespace
@@ -100,8 +123,7 @@ struct ncclComm {
 
 namespace {
 
-std::mutex g_mu;  // the registry, injected faults and the last error without a communicator
-std::map<std::string, std::weak_ptr<Clique>> g_cliques;
+std::mutex g_mu;                       // injected faults and the last error without a communicator
 std::map<int, ncclResult_t> g_faults;  // rank -> async error of its next collective
 std::string g_last_error;
 
@@ -110,6 +132,29 @@ ncclResult_t set_error(CommState* s, ncclResult_t r, const std::string& what) {
   g_last_error = "GPU simulator: " + what;
   if (s) s->last_error = g_last_error;
   return r;
+}
+
+// Maps `bytes` of the file at `path` (created when `create`), or returns null.
+void* map_file(const std::string& path, size_t bytes, bool create) {
+  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC | (create ? O_CREAT : 0), 0600);
+  if (fd < 0) return nullptr;
+  struct stat st {};
+  bool ok = ::fstat(fd, &st) == 0 &&
+            (static_cast<size_t>(st.st_size) >= bytes || ::ftruncate(fd, bytes) == 0);
+  void* p = ok ? ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+// Polls (sleeping between looks) until `done()` or this rank's communicator is aborted; false
+// when aborted. A peer that never comes keeps it polling, as a kernel spinning on the network.
+template <typename Done>
+bool poll_until(const CommState& s, Done done) {
+  while (!done()) {
+    if (s.aborted) return false;
+    std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  return !s.aborted;
 }
 
 size_t type_size(ncclDataType_t t) {
@@ -254,91 +299,104 @@ void reduce(const std::vector<const void*>& in, void* out, size_t n, ncclDataTyp
   }
 }
 
-// This rank's result of `calls` (every rank's call of one operation), computed into `out`.
-void compute(const std::vector<Call>& calls, int rank, std::vector<char>& out) {
-  const Call& me = calls[rank];
-  const size_t es = type_size(me.dtype), n = calls.size();
-  switch (me.kind) {
-    case Kind::kAllReduce: {
-      std::vector<const void*> in;
-      for (auto& c : calls) in.push_back(c.send);
-      out.resize(me.count * es);
-      reduce(in, out.data(), me.count, me.dtype, me.op);
-      break;
-    }
+// Bytes of `c` that its rank puts into its data file (only the root's, for a broadcast).
+size_t send_bytes(const Call& c, int rank, int size) {
+  const size_t bytes = c.count * type_size(c.dtype);
+  switch (c.kind) {
     case Kind::kBroadcast:
-      out.assign(static_cast<const char*>(calls[me.root].send),
-                 static_cast<const char*>(calls[me.root].send) + me.count * es);
-      break;
-    case Kind::kAllGather:
-      out.resize(n * me.count * es);
-      for (size_t r = 0; r < n; ++r)
-        std::memcpy(out.data() + r * me.count * es, calls[r].send, me.count * es);
-      break;
-    case Kind::kReduceScatter: {
-      std::vector<const void*> in;
-      for (auto& c : calls) in.push_back(static_cast<const char*>(c.send) + rank * me.count * es);
-      out.resize(me.count * es);
-      reduce(in, out.data(), me.count, me.dtype, me.op);
-      break;
-    }
+      return rank == c.root ? bytes : 0;
+    case Kind::kReduceScatter:
+      return bytes * size;
+    default:
+      return bytes;
   }
 }
 
-// Runs operation `seq` of `s` on its stream's thread: meets the other ranks' same operation,
-// reads their inputs, and writes this rank's output once everyone has read (buffers may alias).
-// Ends early, writing nothing, when this rank's communicator is aborted.
+size_t recv_bytes(const Call& c, int size) {
+  const size_t bytes = c.count * type_size(c.dtype);
+  return c.kind == Kind::kAllGather ? bytes * size : bytes;
+}
+
+// This rank's result of `me`, from every rank's data file.
+void compute(const CommState& s, const Call& me, std::vector<char>& out) {
+  const size_t es = type_size(me.dtype), bytes = me.count * es;
+  out.resize(recv_bytes(me, s.size));
+  std::vector<const void*> in;
+  switch (me.kind) {
+    case Kind::kAllReduce:
+      in.assign(s.data.begin(), s.data.end());
+      return reduce(in, out.data(), me.count, me.dtype, me.op);
+    case Kind::kBroadcast:
+      std::memcpy(out.data(), s.data[me.root], bytes);
+      return;
+    case Kind::kAllGather:
+      for (int r = 0; r < s.size; ++r) std::memcpy(out.data() + r * bytes, s.data[r], bytes);
+      return;
+    case Kind::kReduceScatter:
+      for (char* d : s.data) in.push_back(d + s.rank * bytes);
+      return reduce(in, out.data(), me.count, me.dtype, me.op);
+  }
+}
+
+// Hangs until this rank's communicator is aborted, reporting `fault` as its async error after
+// 100 ms: how a network failure looks under real NCCL.
+void fail_and_hang(const std::shared_ptr<CommState>& s, ncclResult_t fault,
+                   const std::string& why) {
+  std::unique_lock<std::mutex> lock(s->mu);
+  s->cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return s->aborted.load(); });
+  s->async_error = fault;
+  lock.unlock();
+  set_error(s.get(), fault, why);
+  lock.lock();
+  s->cv.wait(lock, [&] { return s->aborted.load(); });
+}
+
+// Runs operation `seq` of `s` on its stream's thread: puts this rank's input into its data file,
+// meets the other ranks' same operation, reads their inputs, and writes this rank's output once
+// every rank has read (so buffers may alias). Ends early, writing nothing, when aborted.
 void run_collective(const std::shared_ptr<CommState>& s, Call call, uint64_t seq,
                     ncclResult_t fault) {
-  Clique& q = *s->clique;
-  std::unique_lock<std::mutex> lock(q.mu);
-  auto done = [&] {
-    ++s->finished;
-    q.cv.notify_all();
-  };
-  if (fault != ncclSuccess) {  // the network "breaks": hang, then report, until aborted
-    q.cv.wait_for(lock, std::chrono::milliseconds(100), [&] { return s->aborted.load(); });
-    s->async_error = fault;
-    lock.unlock();
-    set_error(s.get(), fault, "injected failure of rank " + std::to_string(s->rank));
-    lock.lock();
-    q.cv.wait(lock, [&] { return s->aborted.load(); });
-    return done();
-  }
-  q.slots[s->rank].posted = seq;
-  q.slots[s->rank].call = call;
-  q.cv.notify_all();
-  auto all = [&](uint64_t Clique::Slot::*field) {
-    for (auto& slot : q.slots)
-      if (slot.*field < seq) return false;
-    return true;
-  };
-  q.cv.wait(lock, [&] { return s->aborted || all(&Clique::Slot::posted); });
-  if (s->aborted) return done();
-  std::vector<Call> calls;
-  for (auto& slot : q.slots) calls.push_back(slot.call);
-  for (size_t r = 0; r < calls.size(); ++r) {
-    if (!calls[r].same_shape(call)) {
-      s->async_error = ncclInvalidUsage;
-      lock.unlock();
-      set_error(s.get(), ncclInvalidUsage,
-                "rank " + std::to_string(r) + "'s collective " + std::to_string(seq) +
-                    " differs from rank " + std::to_string(s->rank) +
-                    "'s (kind, count, type, op or root)");
-      lock.lock();
-      q.cv.wait(lock, [&] { return s->aborted.load(); });
-      return done();
+  if (fault != ncclSuccess) {
+    fail_and_hang(s, fault, "injected failure of rank " + std::to_string(s->rank));
+  } else {
+    SlotCtl& me = s->slot(s->rank);
+    std::memcpy(s->data[s->rank], call.send, send_bytes(call, s->rank, s->size));
+    me.kind = static_cast<int32_t>(call.kind);
+    me.dtype = call.dtype;
+    me.op = call.op;
+    me.root = call.root;
+    me.count = call.count;
+    me.posted.store(seq, std::memory_order_release);
+    auto all = [&](std::atomic<uint64_t> SlotCtl::*field) {
+      for (int r = 0; r < s->size; ++r)
+        if ((s->slot(r).*field).load(std::memory_order_acquire) < seq) return false;
+      return true;
+    };
+    if (poll_until(*s, [&] { return all(&SlotCtl::posted); })) {
+      int differs = -1;
+      for (int r = 0; r < s->size && differs < 0; ++r) {
+        const SlotCtl& o = s->slot(r);
+        if (o.kind != me.kind || o.dtype != me.dtype || o.op != me.op || o.root != me.root ||
+            o.count != me.count)
+          differs = r;
+      }
+      if (differs >= 0) {
+        fail_and_hang(s, ncclInvalidUsage,
+                      "rank " + std::to_string(differs) + "'s collective " + std::to_string(seq) +
+                          " differs from rank " + std::to_string(s->rank) +
+                          "'s (kind, count, type, op or root)");
+      } else {
+        std::vector<char> out;
+        compute(*s, call, out);
+        me.read.store(seq, std::memory_order_release);
+        if (poll_until(*s, [&] { return all(&SlotCtl::read); }))
+          std::memcpy(call.recv, out.data(), out.size());
+      }
     }
   }
-  lock.unlock();
-  std::vector<char> out;
-  compute(calls, s->rank, out);
-  lock.lock();
-  q.slots[s->rank].read = seq;
-  q.cv.notify_all();
-  q.cv.wait(lock, [&] { return s->aborted || all(&Clique::Slot::read); });
-  if (!s->aborted) std::memcpy(call.recv, out.data(), out.size());
-  done();
+  std::lock_guard<std::mutex> lock(s->mu);
+  ++s->finished;
+  s->cv.notify_all();
 }
 
 bool in_device(const void* p, size_t bytes, int device) {
@@ -348,28 +406,24 @@ bool in_device(const void* p, size_t bytes, int device) {
 ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream) {
   if (!comm) return set_error(nullptr, ncclInvalidArgument, "null communicator");
   auto s = comm->state;
-  const size_t es = type_size(call.dtype);
-  if (es == 0) return set_error(s.get(), ncclInvalidArgument, "unknown data type");
+  if (type_size(call.dtype) == 0) return set_error(s.get(), ncclInvalidArgument, "unknown type");
   if (call.op < ncclSum || call.op > ncclAvg)
     return set_error(s.get(), ncclInvalidArgument, "unknown reduction");
-  Clique& q = *s->clique;
-  const size_t n = static_cast<size_t>(q.size), bytes = call.count * es;
-  size_t send_bytes = bytes, recv_bytes = bytes;
-  if (call.kind == Kind::kAllGather) recv_bytes = n * bytes;
-  if (call.kind == Kind::kReduceScatter) send_bytes = n * bytes;
-  if (call.kind == Kind::kBroadcast) {
-    if (call.root < 0 || call.root >= q.size)
-      return set_error(s.get(), ncclInvalidArgument, "root out of range");
-    if (call.root != s->rank) send_bytes = 0;  // only the root's send buffer is read
-  }
+  if (call.kind == Kind::kBroadcast && (call.root < 0 || call.root >= s->size))
+    return set_error(s.get(), ncclInvalidArgument, "root out of range");
+  const size_t in = send_bytes(call, s->rank, s->size), out = recv_bytes(call, s->size);
   if (trun::simgpu::stream_device(stream) != s->device)
     return set_error(
         s.get(), ncclInvalidArgument,
         "the stream is not a stream of the communicator's device " + std::to_string(s->device));
-  if (!in_device(call.send, send_bytes, s->device) || !in_device(call.recv, recv_bytes, s->device))
+  if (!in_device(call.send, in, s->device) || !in_device(call.recv, out, s->device))
     return set_error(s.get(), ncclInvalidArgument,
                      "a buffer is not device memory of device " + std::to_string(s->device) +
                          " or is too small for the call");
+  if (in > s->max_bytes)
+    return set_error(s.get(), ncclInvalidArgument,
+                     "a rank's input of " + std::to_string(in) +
+                         " bytes is over the simulator's TRUN_SIMGPU_MAX_MIB");
   ncclResult_t fault = ncclSuccess;
   {
     std::lock_guard<std::mutex> lock(g_mu);
@@ -382,8 +436,8 @@ ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream) 
   uint64_t seq;
   bool first;
   {
-    std::lock_guard<std::mutex> lock(q.mu);
-    if (q.joined < q.size || s->aborted || s->finalizing)
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (!s->ready || s->aborted || s->finalizing)
       return set_error(s.get(), ncclInvalidUsage, "communicator not ready (or finalizing)");
     if (s->async_error != ncclSuccess) return s->async_error;
     seq = ++s->issued;
@@ -394,6 +448,62 @@ ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream) 
                              [s, call, seq, fault] { run_collective(s, call, seq, fault); }))
     return set_error(s.get(), ncclInvalidArgument, "invalid stream");
   return first && !s->blocking ? ncclInProgress : ncclSuccess;
+}
+
+// Advances a communicator's creation: once every rank has joined, maps their data files; once
+// every rank has mapped them, checks the devices and removes the files from /dev/shm (the
+// mappings stay), so that nothing is left there however a process ends later.
+ncclResult_t progress_init(CommState& s) {
+  if (s.ready) return ncclSuccess;
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.async_error != ncclSuccess) return s.async_error;
+  for (int r = 0; r < s.size; ++r)
+    if (!s.slot(r).joined.load(std::memory_order_acquire)) return ncclInProgress;
+  SlotCtl& me = s.slot(s.rank);
+  if (!me.mapped.load()) {
+    for (int r = 0; r < s.size; ++r) {
+      if (s.data[r]) continue;
+      s.data[r] = static_cast<char*>(map_file(s.path(std::to_string(r)), s.max_bytes, false));
+      if (!s.data[r]) {
+        s.async_error = ncclSystemError;
+        return set_error(&s, ncclSystemError, "cannot map rank " + std::to_string(r) + "'s data");
+      }
+    }
+    me.mapped.store(1);
+    s.ctl->mapped_count.fetch_add(1);
+  }
+  if (static_cast<int>(s.ctl->mapped_count.load()) < s.size) return ncclInProgress;
+  for (int r = 0; r < s.size; ++r) {
+    if (r != s.rank && s.slot(r).device.load() == s.device) {
+      s.async_error = ncclInvalidUsage;
+      return set_error(&s, ncclInvalidUsage,
+                       "Duplicate GPU detected: rank " + std::to_string(s.rank) + " and rank " +
+                           std::to_string(r) + " both on device " + std::to_string(s.device));
+    }
+  }
+  ::unlink(s.path(std::to_string(s.rank)).c_str());
+  if (s.rank == 0) ::unlink(s.path("ctl").c_str());
+  s.ready = true;
+  return ncclSuccess;
+}
+
+// Ends this rank's part: its operations stop (abort) or are waited for (destroy), its files go.
+void release(ncclComm_t comm, bool abort) {
+  auto s = comm->state;
+  {
+    std::unique_lock<std::mutex> lock(s->mu);
+    if (abort) {
+      s->aborted = true;
+      s->cv.notify_all();
+    } else {
+      s->cv.wait(lock, [&] { return s->finished >= s->issued; });  // blocks like NCCL's
+    }
+  }
+  if (!s->ready) {  // a clique that never formed: take our files back
+    ::unlink(s->path(std::to_string(s->rank)).c_str());
+    ::unlink(s->path("ctl").c_str());
+  }
+  delete comm;  // queued operations still hold the state
 }
 
 }  // namespace
@@ -418,7 +528,8 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId* id) {
   static std::atomic<uint64_t> counter{0};
   std::memset(id->internal, 0, sizeof id->internal);
   std::memcpy(id->internal, kMagic, sizeof kMagic);
-  uint64_t parts[2] = {std::random_device{}(), ++counter};
+  uint64_t parts[3] = {std::random_device{}(), std::random_device{}(),
+                       (static_cast<uint64_t>(::getpid()) << 24) + ++counter};
   std::memcpy(id->internal + sizeof kMagic, parts, sizeof parts);
   return ncclSuccess;
 }
@@ -456,7 +567,7 @@ const char* ncclGetLastError(ncclComm_t comm) {
 ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id, int rank,
                                     ncclConfig_t* config) {
   if (!out) return set_error(nullptr, ncclInvalidArgument, "null communicator pointer");
-  if (nranks < 1 || rank < 0 || rank >= nranks)
+  if (nranks < 1 || nranks > kMaxRanks || rank < 0 || rank >= nranks)
     return set_error(nullptr, ncclInvalidArgument, "rank or size out of range");
   if (std::memcmp(id.internal, kMagic, sizeof kMagic) != 0)
     return set_error(nullptr, ncclInvalidArgument, "not a unique id from ncclGetUniqueId");
@@ -464,103 +575,74 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
     return set_error(nullptr, ncclInvalidArgument, "config not set from NCCL_CONFIG_INITIALIZER");
   auto s = std::make_shared<CommState>();
   s->rank = rank;
+  s->size = nranks;
   s->device = trun::simgpu::current_device();
   s->blocking = !config || config->blocking != 0;  // NCCL_CONFIG_UNDEF_INT means blocking
-  {
-    std::lock_guard<std::mutex> lock(g_mu);
-    std::string key(id.internal, sizeof id.internal);
-    auto q = g_cliques[key].lock();
-    if (!q) {
-      q = std::make_shared<Clique>();
-      q->size = nranks;
-      q->members.assign(nranks, nullptr);
-      q->slots.resize(nranks);
-      g_cliques[key] = q;
-    }
-    s->clique = q;
+  const char* mib = std::getenv("TRUN_SIMGPU_MAX_MIB");
+  s->max_bytes = static_cast<size_t>(mib && *mib ? std::atoll(mib) : 256) << 20;
+  char hex[2 * 24 + 1];
+  for (int i = 0; i < 24; ++i)
+    std::snprintf(hex + 2 * i, 3, "%02x",
+                  static_cast<unsigned char>(id.internal[sizeof kMagic + i]));
+  s->base = std::string("trun-simgpu-") + hex;
+  s->data.assign(nranks, nullptr);
+  s->data[rank] = static_cast<char*>(map_file(s->path(std::to_string(rank)), s->max_bytes, true));
+  s->ctl = static_cast<Ctl*>(map_file(s->path("ctl"), sizeof(Ctl), true));
+  if (!s->data[rank] || !s->ctl) {
+    ::unlink(s->path(std::to_string(rank)).c_str());
+    return set_error(nullptr, ncclSystemError, "cannot create " + s->path("*") + " files");
   }
-  Clique& q = *s->clique;
-  {
-    std::lock_guard<std::mutex> lock(q.mu);
-    if (q.size != nranks || q.members[rank])
-      return set_error(nullptr, ncclInvalidUsage,
-                       "rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
-                           " joined twice, or the ranks disagree on the size");
-    for (auto* m : q.members)
-      if (m && m->device == s->device)
-        return set_error(nullptr, ncclInvalidUsage,
-                         "Duplicate GPU detected: rank " + std::to_string(rank) + " and rank " +
-                             std::to_string(m->rank) + " both on device " +
-                             std::to_string(s->device));
-    q.members[rank] = s.get();
-    ++q.joined;
-    q.cv.notify_all();
+  uint32_t expected = 0;
+  SlotCtl& me = s->slot(rank);
+  if ((!s->ctl->size.compare_exchange_strong(expected, nranks) &&
+       expected != static_cast<uint32_t>(nranks)) ||
+      me.joined.load()) {
+    ::unlink(s->path(std::to_string(rank)).c_str());
+    return set_error(nullptr, ncclInvalidUsage,
+                     "rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
+                         " joined twice, or the ranks disagree on the size");
   }
+  me.device.store(s->device);
+  me.joined.store(1, std::memory_order_release);
   *out = new ncclComm{s};
   if (!s->blocking) return ncclInProgress;
-  std::unique_lock<std::mutex> lock(q.mu);
-  q.cv.wait(lock, [&] { return q.joined == q.size; });
-  return ncclSuccess;
+  ncclResult_t r;
+  while ((r = progress_init(*s)) == ncclInProgress)
+    std::this_thread::sleep_for(std::chrono::microseconds(100));
+  return r;
 }
 
 ncclResult_t ncclCommGetAsyncError(ncclComm_t comm, ncclResult_t* state) {
   if (!comm || !state) return ncclInvalidArgument;
   CommState& s = *comm->state;
-  std::lock_guard<std::mutex> lock(s.clique->mu);
+  *state = progress_init(s);
+  if (*state != ncclSuccess) return ncclSuccess;
+  std::lock_guard<std::mutex> lock(s.mu);
   if (s.async_error != ncclSuccess)
     *state = s.async_error;
-  else if (s.clique->joined < s.clique->size || Clock::now() < s.busy_until)
+  else if (Clock::now() < s.busy_until || (s.finalizing && s.finished < s.issued))
     *state = ncclInProgress;
-  else if (s.finalizing && s.finished < s.issued)
-    *state = ncclInProgress;
-  else
-    *state = ncclSuccess;
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommFinalize(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
   CommState& s = *comm->state;
-  std::unique_lock<std::mutex> lock(s.clique->mu);
+  std::unique_lock<std::mutex> lock(s.mu);
   s.finalizing = true;
   if (!s.blocking) return ncclInProgress;
-  s.clique->cv.wait(lock, [&] { return s.finished >= s.issued; });
+  s.cv.wait(lock, [&] { return s.finished >= s.issued; });
   return ncclSuccess;
 }
 
-namespace {
-// Leaves the clique (so that a later communicator may use this rank's device) and frees the
-// handle; operations still queued hold the state.
-void release(ncclComm_t comm) {
-  auto s = comm->state;
-  {
-    std::lock_guard<std::mutex> lock(s->clique->mu);
-    if (s->clique->members[s->rank] == s.get()) s->clique->members[s->rank] = nullptr;
-    s->clique->cv.notify_all();
-  }
-  delete comm;
-}
-}  // namespace
-
 ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   if (!comm) return ncclInvalidArgument;
-  CommState& s = *comm->state;
-  {
-    std::unique_lock<std::mutex> lock(s.clique->mu);
-    s.clique->cv.wait(lock, [&] { return s.finished >= s.issued; });  // blocks like NCCL's
-  }
-  release(comm);
+  release(comm, false);
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  if (!comm) return ncclSuccess;
-  {
-    std::lock_guard<std::mutex> lock(comm->state->clique->mu);
-    comm->state->aborted = true;
-    comm->state->clique->cv.notify_all();
-  }
-  release(comm);
+  if (comm) release(comm, true);
   return ncclSuccess;
 }
 
