@@ -7,9 +7,9 @@
 #
 #   scripts/gpu-check.sh                 configure + build build-gpu here (CUDA + NCCL), then run
 #   scripts/gpu-check.sh BUILD_DIR       use prebuilt binaries in BUILD_DIR (no build)
-#   scripts/gpu-check.sh --simulate BUILD_DIR
+#   scripts/gpu-check.sh --simulate BUILD_DIR|OUT_DIR
 #                                        a dry run of this script without a GPU: the GPU simulator
-#                                        (tests/simgpu, two devices) stands in for CUDA and NCCL;
+#                                        (tests/simgpu, four devices) stands in for CUDA and NCCL;
 #                                        ctest runs it (gpu_check.simulated) so that the one command
 #                                        a GPU machine gets keeps working
 #   scripts/gpu-check.sh --bundle BUILD_DIR [OUT_DIR]
@@ -25,7 +25,7 @@ cd "$(dirname "$0")/.." || exit 1
 
 # The files a check run needs, relative to a build dir (and to a bundle, which keeps the layout).
 check_bins=(tests/worker_sdk/worker_sdk_nccl_test tests/worker_sdk_ddp/worker_sdk_ddp_cuda_test
-  launcher/trun)
+  tests/worker_sdk/pg_worker launcher/trun)
 trun_lib=worker_sdk/libtrun_worker.so.0  # the SONAME the binaries ask for
 bench_bin=bench/allreduce_bench           # bundled when built: the CPU allreduce on many cores
 
@@ -55,6 +55,13 @@ if [[ ${1:-} == --bundle ]]; then
       esac
     done
   done
+  # The GPU simulator too (1 MiB), so that `gpu-check.sh --simulate OUT_DIR` tries the bundle here.
+  if [[ -e $build/tests/simgpu/lib/libnccl.so.2 ]]; then
+    mkdir -p "$out/tests/simgpu/lib"
+    for lib in libcudart.so.13 libnccl.so.2; do
+      strip --strip-debug -o "$out/tests/simgpu/lib/$lib" "$build/tests/simgpu/lib/$lib"
+    done
+  fi
   kib=$(du -sk "$out" | cut -f1)
   echo "bundled $(find "$out" -type f | wc -l) files, $((kib / 1024)) MiB, into $out"
   if ((kib > 60 * 1024)); then
@@ -80,7 +87,7 @@ if [[ -z $build ]]; then
     exit 1
   fi
   grep -q "NCCL backend ON" "$build.configure.log" || { echo "FAIL: NCCL backend not configured"; exit 1; }
-  if ! ninja -C "$build" worker_sdk_nccl_test worker_sdk_ddp_cuda_test trun; then
+  if ! ninja -C "$build" worker_sdk_nccl_test worker_sdk_ddp_cuda_test pg_worker trun; then
     echo "FAIL: build"
     exit 1
   fi
@@ -93,7 +100,7 @@ if ((simulate)); then
   sim_dir=$build/tests/simgpu/lib
   [[ -e $sim_dir/libnccl.so.2 && -e $sim_dir/libcudart.so.13 ]] ||
     { echo "FAIL: no GPU simulator in $sim_dir (ninja -C $build trun_simgpu_nccl)"; exit 1; }
-  export LD_LIBRARY_PATH="$sim_dir:$LD_LIBRARY_PATH" TRUN_SIMGPU_DEVICES=2 TRUN_SIMGPU_EXPECTED=1
+  export LD_LIBRARY_PATH="$sim_dir:$LD_LIBRARY_PATH" TRUN_SIMGPU_DEVICES=4 TRUN_SIMGPU_EXPECTED=1
   echo "== SIMULATED: CUDA and NCCL are tests/simgpu's stand-ins; nothing here runs on a GPU"
 fi
 # No libnccl.so.2 here? Use the one PyTorch's pip packages ship (nvidia-nccl-*): same ABI.

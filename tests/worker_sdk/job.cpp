@@ -196,6 +196,19 @@ std::string unique_run_id(const std::string& base) {
   return base + "-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
-std::string worker_binary() { return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk/pg_worker"; }
+std::string build_file(const std::string& path) {
+  // Test binaries sit two levels down (tests/<dir>/): in the build tree and in a gpu-check bundle,
+  // which keeps that layout but not the build tree's absolute path.
+  char exe[4096];
+  ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    exe[n] = 0;
+    std::string root = std::string(exe).substr(0, std::string(exe).rfind('/')) + "/../../";
+    if (::access((root + path).c_str(), X_OK) == 0) return root + path;
+  }
+  return std::string(TRUN_BINARY_DIR) + "/" + path;
+}
+
+std::string worker_binary() { return build_file("tests/worker_sdk/pg_worker"); }
 
 }  // namespace trun::worker::test

@@ -70,6 +70,8 @@ std::vector<std::string> shm_segments(const std::string& run_id);
 // A run id unique to this test process and call.
 std::string unique_run_id(const std::string& base);
 
+// The path of `path` (relative to the build dir, e.g. "launcher/trun") for this test binary.
+std::string build_file(const std::string& path);
 std::string worker_binary();  // path of tests/worker_sdk/pg_worker
 
 }  // namespace trun::worker::test

@@ -16,13 +16,20 @@
 //                                rank 0 aborts when it receives SIGUSR1 (the test first stops a
 //                                peer with SIGSTOP, most likely in the middle of a message): exit
 //                                14 when the allreduce failed naming the abort, 4 on a timeout
+//   pg_worker kill_once          first attempt (TORCHELASTIC_RESTART_COUNT=0): loop, with rank 1
+//                                SIGKILLing itself after 3 allreduces; later attempts: matrix
+//                                on sizes 0, 1, 1000
 //   pg_worker throw | segv       die by an uncaught exception / SIGSEGV (error-file tests)
+//
+// PG_WORKER_BACKEND=cpu|nccl|auto picks the backend; PG_WORKER_CUDA=1 (builds with NCCL) runs
+// matrix, stall and loop on device buffers: each collective gets device copies of its buffers.
 //
 // Exit codes: 0 pass, 1 mismatch, 2 usage, 3 unexpected exception.
 
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <csignal>
@@ -30,14 +37,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "trun/config.h"
 #include "trun/error_file.h"
 #include "trun/worker.h"
 #include "worker_sdk/src/reduce.h"
+
+#if TRUN_HAVE_NCCL
+#include <cuda_runtime.h>
+#endif
 
 using namespace trun::worker;
 using Clock = std::chrono::steady_clock;
@@ -109,6 +122,72 @@ double reduce_ref(int world, size_t i, DataType dt, ReduceOp op) {
 }
 
 int g_failures = 0;
+bool g_cuda = false;  // PG_WORKER_CUDA=1
+
+// A host buffer as a collective sees it: the buffer itself or, with PG_WORKER_CUDA, a device
+// copy of it for as long as this object lives (copied in now, out by back()).
+class OnDevice {
+ public:
+  OnDevice(void* host, size_t bytes) : host_(host), bytes_(bytes) {
+#if TRUN_HAVE_NCCL
+    if (!g_cuda) return;
+    must(cudaMalloc(&dev_, bytes + 1), "cudaMalloc");
+    must(cudaMemcpy(dev_, host, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to the device");
+#endif
+  }
+  ~OnDevice() {
+#if TRUN_HAVE_NCCL
+    if (dev_) cudaFree(dev_);
+#endif
+  }
+  OnDevice(const OnDevice&) = delete;
+  OnDevice& operator=(const OnDevice&) = delete;
+
+  void* ptr() const { return dev_ ? dev_ : host_; }
+  void back() {
+#if TRUN_HAVE_NCCL
+    if (dev_) must(cudaMemcpy(host_, dev_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy back");
+#endif
+  }
+
+ private:
+#if TRUN_HAVE_NCCL
+  static void must(cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+      throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+  }
+#endif
+  void* host_;
+  size_t bytes_;
+  void* dev_ = nullptr;
+};
+
+// The collectives on host vectors, through OnDevice.
+void allreduce(ProcessGroup& pg, std::vector<char>& buf, size_t n, DataType dt, ReduceOp op) {
+  OnDevice d(buf.data(), n * dtype_size(dt));
+  pg.allreduce(d.ptr(), n, dt, op);
+  d.back();
+}
+
+void broadcast(ProcessGroup& pg, std::vector<char>& buf, size_t n, DataType dt, int root) {
+  OnDevice d(buf.data(), n * dtype_size(dt));
+  pg.broadcast(d.ptr(), n, dt, root);
+  d.back();
+}
+
+void allgather(ProcessGroup& pg, std::vector<char>& send, std::vector<char>& recv, size_t n,
+               DataType dt) {
+  OnDevice s(send.data(), n * dtype_size(dt)), r(recv.data(), n * pg.size() * dtype_size(dt));
+  pg.allgather(s.ptr(), r.ptr(), n, dt);
+  r.back();
+}
+
+void reduce_scatter(ProcessGroup& pg, std::vector<char>& send, std::vector<char>& recv, size_t n,
+                    DataType dt, ReduceOp op) {
+  OnDevice s(send.data(), n * pg.size() * dtype_size(dt)), r(recv.data(), n * dtype_size(dt));
+  pg.reduce_scatter(s.ptr(), r.ptr(), n, dt, op);
+  r.back();
+}
 
 void check(const std::string& what, const std::vector<char>& got, const std::vector<char>& want,
            size_t n, DataType dt) {
@@ -135,7 +214,7 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
         auto buf = make(n, dt), want = make(n, dt);
         fill(buf, n, dt, rank);
         for (size_t i = 0; i < n; ++i) store(want.data(), i, dt, reduce_ref(world, i, dt, op));
-        pg.allreduce(buf.data(), n, dt, op);
+        allreduce(pg, buf, n, dt, op);
         check(label("allreduce", dt, n, reduce_op_name(op)), buf, want, n, dt);
       }
       {
@@ -143,7 +222,7 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
         auto buf = make(n, dt), want = make(n, dt);
         fill(buf, n, dt, rank);
         fill(want, n, dt, root);
-        pg.broadcast(buf.data(), n, dt, root);
+        broadcast(pg, buf, n, dt, root);
         check(label("broadcast", dt, n), buf, want, n, dt);
       }
       {
@@ -152,7 +231,7 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
         for (int r = 0; r < world; ++r)
           for (size_t i = 0; i < n; ++i)
             store(want.data(), r * n + i, dt, static_cast<double>(value(r, i)));
-        pg.allgather(send.data(), recv.data(), n, dt);
+        allgather(pg, send, recv, n, dt);
         check(label("allgather", dt, n), recv, want, n * world, dt);
       }
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
@@ -160,7 +239,7 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
         fill(send, n * world, dt, rank);
         for (size_t i = 0; i < n; ++i)
           store(want.data(), i, dt, reduce_ref(world, rank * n + i, dt, op));
-        pg.reduce_scatter(send.data(), recv.data(), n, dt, op);
+        reduce_scatter(pg, send, recv, n, dt, op);
         check(label("reduce_scatter", dt, n, reduce_op_name(op)), recv, want, n, dt);
       }
     }
@@ -169,18 +248,22 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
   // Async: several collectives in flight, completed in order.
   const size_t n = 1001;
   std::vector<std::vector<char>> bufs;
+  std::vector<std::unique_ptr<OnDevice>> staged;
   std::vector<Work> works;
   for (int k = 0; k < 4; ++k) {
     bufs.push_back(make(n, DataType::kFloat32));
     fill(bufs.back(), n, DataType::kFloat32, rank);
   }
-  for (auto& b : bufs) works.push_back(pg.allreduce_async(b.data(), n, DataType::kFloat32));
+  for (auto& b : bufs) {
+    staged.push_back(std::make_unique<OnDevice>(b.data(), n * 4));
+    works.push_back(pg.allreduce_async(staged.back()->ptr(), n, DataType::kFloat32));
+  }
   works.push_back(pg.barrier_async());
   // A blocking call while async work is queued: it must run after that work, in the same order
   // on every rank (a different order would pair different buffers across ranks).
   auto blocking = make(n, DataType::kFloat32);
   fill(blocking, n, DataType::kFloat32, rank);
-  pg.allreduce(blocking.data(), n, DataType::kFloat32);
+  allreduce(pg, blocking, n, DataType::kFloat32, ReduceOp::kSum);
   for (auto& w : works) {
     if (!w.is_completed()) {
       std::fprintf(stderr, "MISMATCH a blocking call returned before earlier async work\n");
@@ -188,6 +271,7 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
     }
     w.wait();
   }
+  for (auto& d : staged) d->back();
   auto want = make(n, DataType::kFloat32);
   for (size_t i = 0; i < n; ++i)
     store(want.data(), i, DataType::kFloat32,
@@ -271,13 +355,18 @@ double seconds_since(Clock::time_point t) {
 
 // Streams 16 MiB allreduces until one fails, printing READY after the first and "FAILED after
 // <s> s in iteration <i>: <error>" for the failure, which it returns (nullptr: none came in
-// 100000 iterations).
-std::exception_ptr stream_allreduces(ProcessGroup& pg) {
+// 100000 iterations). With `kill_at` >= 0 the process SIGKILLs itself before that iteration.
+std::exception_ptr stream_allreduces(ProcessGroup& pg, int kill_at = -1) {
   std::vector<float> buf(4 << 20, 1.0f);
+  OnDevice d(buf.data(), buf.size() * sizeof(float));
   for (int it = 0; it < 100000; ++it) {
+    if (it == kill_at) {
+      std::printf("KILLING MYSELF\n");
+      std::raise(SIGKILL);
+    }
     auto t0 = Clock::now();
     try {
-      pg.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kAvg);
+      pg.allreduce(d.ptr(), buf.size(), DataType::kFloat32, ReduceOp::kAvg);
       if (it == 0) std::printf("READY\n");
     } catch (const CollectiveError& e) {
       std::printf("FAILED after %.3f s in iteration %d: %s\n", seconds_since(t0), it, e.what());
@@ -292,8 +381,8 @@ std::exception_ptr stream_allreduces(ProcessGroup& pg) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: pg_worker matrix|big|stall|loop|abort|abort_inflight|abort_midstream|"
-                 "throw|segv ...\n");
+                 "usage: pg_worker matrix|big|stall|loop|kill_once|abort|abort_inflight|"
+                 "abort_midstream|throw|segv ...\n");
     return 2;
   }
   std::string scenario = argv[1];
@@ -315,10 +404,17 @@ int main(int argc, char** argv) {
   try {
     InitOptions io;
     if (const char* b = std::getenv("PG_WORKER_BACKEND")) io.backend = parse_backend(b);
+    if (const char* c = std::getenv("PG_WORKER_CUDA")) g_cuda = std::string(c) == "1";
+    if (g_cuda && !TRUN_HAVE_NCCL) throw std::runtime_error("PG_WORKER_CUDA=1 needs CUDA");
     if (const char* t = std::getenv("PG_WORKER_TIMEOUT_MS"))
       io.timeout = std::chrono::milliseconds(std::atoi(t));
     Worker w = init(io);
     ProcessGroup& pg = w.process_group();
+#if TRUN_HAVE_NCCL
+    int devices = 0;  // as a training program would: this rank's GPU for its own buffers
+    if (g_cuda && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
+      cudaSetDevice(std::max(w.env().local_rank, 0) % devices);
+#endif
     std::printf("rank %d/%d backend %s\n", pg.rank(), pg.size(), pg.backend_description().c_str());
     std::printf("rank %d store %s\n", pg.rank(),
                 w.env().use_agent_store ? "agent" : "hosted by rank 0");
@@ -339,9 +435,10 @@ int main(int argc, char** argv) {
         return 0;
       }
       std::vector<float> buf(1 << 16, 1.0f);
+      OnDevice d(buf.data(), buf.size() * sizeof(float));
       auto t0 = Clock::now();
       try {
-        pg.allreduce(buf.data(), buf.size(), DataType::kFloat32, ReduceOp::kSum,
+        pg.allreduce(d.ptr(), buf.size(), DataType::kFloat32, ReduceOp::kSum,
                      std::chrono::milliseconds(timeout_ms));
       } catch (const CollectiveTimeoutError& e) {
         std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
@@ -361,6 +458,10 @@ int main(int argc, char** argv) {
       return 5;
     } else if (scenario == "loop") {
       return stream_allreduces(pg) ? 11 : 6;
+    } else if (scenario == "kill_once") {
+      if (w.env().restart_count == 0)
+        return stream_allreduces(pg, pg.rank() == 1 ? 3 : -1) ? 11 : 6;
+      run_matrix(pg, {0, 1, 1000});
     } else if (scenario == "abort") {
       pg.barrier();
       if (pg.rank() == 0) {
