@@ -46,6 +46,15 @@ inline std::string no_gpu_reason() {
     }                                                                            \
   } while (0)
 
+// First statement of a case whose ranks need `n` CUDA devices (NCCL refuses two ranks on one).
+#define TRUN_SKIP_WITHOUT_GPUS(n)                                      \
+  do {                                                                 \
+    if (!::trun::worker::test::have_cuda_devices(n)) {                 \
+      WARN("skipped: needs " << (n) << " CUDA devices, one per rank"); \
+      return;                                                          \
+    }                                                                  \
+  } while (0)
+
 // Options for rank `rank` of `world` on CUDA device `rank`, NCCL backend, a 120 s timeout.
 inline ProcessGroupOptions nccl_rank_options(int rank, int world,
                                              std::shared_ptr<rendezvous::Store> store) {

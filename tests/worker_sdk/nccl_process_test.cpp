@@ -27,13 +27,6 @@ using namespace std::chrono_literals;
 #if TRUN_HAVE_NCCL
 namespace {
 
-// Skips the calling case (returning false) unless `world` ranks can each have a device.
-bool enough_devices(int world) {
-  if (test::have_cuda_devices(world)) return true;
-  WARN("skipped: needs " << world << " CUDA devices, one per rank process");
-  return false;
-}
-
 JobSpec nccl_job(std::vector<std::string> args, int world, const std::string& run_id) {
   JobSpec spec;
   spec.argv = {worker_binary()};
@@ -51,7 +44,7 @@ TEST_CASE("GPU: NCCL ranks as processes: every collective x dtype x size, agains
           "[worker_sdk][nccl][gpu][processes]") {
   for (int world : {2, 3}) {
     DYNAMIC_SECTION(world << " ranks") {
-      if (!enough_devices(world)) continue;
+      TRUN_SKIP_WITHOUT_GPUS(world);
       Job job;
       auto spec = nccl_job({"matrix"}, world, "nccl-matrix");
       job.start(spec);
@@ -71,7 +64,7 @@ TEST_CASE("GPU: NCCL ranks as processes: every collective x dtype x size, agains
 TEST_CASE("GPU: an NCCL rank SIGKILLed mid-stream: every other rank fails at its timeout",
           "[worker_sdk][nccl][gpu][processes]") {
   const int world = 3;
-  if (!enough_devices(world)) return;
+  TRUN_SKIP_WITHOUT_GPUS(world);
   Job job;
   auto spec = nccl_job({"loop"}, world, "nccl-kill");
   spec.env["PG_WORKER_TIMEOUT_MS"] = "10000";
@@ -95,7 +88,7 @@ TEST_CASE("GPU: an NCCL rank SIGKILLed mid-stream: every other rank fails at its
 TEST_CASE("GPU: a stalled NCCL rank: the others time out and the group refuses more work",
           "[worker_sdk][nccl][gpu][processes]") {
   const int world = 2;
-  if (!enough_devices(world)) return;
+  TRUN_SKIP_WITHOUT_GPUS(world);
   Job job;
   auto spec = nccl_job({"stall", "1", "2000"}, world, "nccl-stall");
   job.start(spec);
@@ -113,7 +106,7 @@ TEST_CASE("GPU: a stalled NCCL rank: the others time out and the group refuses m
 // and starts it again (attempt 1), and the new group forms a fresh communicator and passes.
 TEST_CASE("GPU: under trun, an NCCL worker SIGKILLed: the group restarts and the new one works",
           "[worker_sdk][nccl][gpu][processes]") {
-  if (!enough_devices(2)) return;
+  TRUN_SKIP_WITHOUT_GPUS(2);
   Child trun({build_file("launcher/trun"), "--standalone", "--nproc-per-node=2", "--max-restarts=1",
               "--monitor-interval=0.1", "--no-python", worker_binary(), "kill_once"},
              {{"PG_WORKER_BACKEND", "nccl"},

@@ -225,10 +225,7 @@ TEST_CASE("GPU: with cuda_stream set, a collective starts after the work queued 
 }
 
 TEST_CASE("GPU: two ranks on two devices", "[worker_sdk][nccl][gpu]") {
-  if (!test::have_cuda_devices(2)) {
-    WARN("skipped: needs two CUDA devices");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPUS(2);
   auto errors = test::run_nccl_ranks(2, [](ProcessGroup& pg, int) -> std::string {
     std::vector<float> x(1 << 20, 1.0f);
     float* d = nullptr;
@@ -384,10 +381,7 @@ TEST_CASE("the GPU simulator is loaded when the test run expects it", "[worker_s
 
 TEST_CASE("GPU: every dtype and reduction, two ranks, against a host reference",
           "[worker_sdk][nccl][gpu]") {
-  if (!test::have_cuda_devices(2)) {
-    WARN("skipped: needs two CUDA devices");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPUS(2);
   auto errors = test::run_nccl_ranks(2, dtype_sweep);
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
@@ -397,10 +391,7 @@ TEST_CASE("GPU: every dtype and reduction, two ranks, against a host reference",
 // share a GPU (NCCL refuses that, "Duplicate GPU detected").
 TEST_CASE("GPU: without cuda_device, ranks take the device of their local rank",
           "[worker_sdk][nccl][gpu]") {
-  if (!test::have_cuda_devices(2)) {
-    WARN("skipped: needs two CUDA devices");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPUS(2);
   auto errors = test::run_nccl_ranks(
       2,
       [](ProcessGroup& pg, int rank) -> std::string {
@@ -440,10 +431,7 @@ TEST_CASE("GPU: asynchronous collectives return work handles", "[worker_sdk][ncc
 // communicator is aborted, and a group made afresh afterwards (as after a restart) works.
 TEST_CASE("GPU: a peer that stops: the collective times out and aborts; a new group works",
           "[worker_sdk][nccl][gpu]") {
-  if (!test::have_cuda_devices(2)) {
-    WARN("skipped: needs two CUDA devices");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPUS(2);
   auto second_store = std::make_shared<trun::rendezvous::InMemoryStore>();
   std::atomic<bool> rank0_failed{false};
   auto errors = test::run_nccl_ranks(2, [&](ProcessGroup& pg, int rank) -> std::string {
@@ -482,10 +470,7 @@ TEST_CASE("GPU: a peer that stops: the collective times out and aborts; a new gr
 
 TEST_CASE("GPU: abort() from another thread ends a collective waiting for its peer",
           "[worker_sdk][nccl][gpu]") {
-  if (!test::have_cuda_devices(2)) {
-    WARN("skipped: needs two CUDA devices");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPUS(2);
   std::atomic<bool> rank0_done{false};
   auto errors = test::run_nccl_ranks(2, [&](ProcessGroup& pg, int rank) -> std::string {
     float* d = device_floats(1024, 1.0f);

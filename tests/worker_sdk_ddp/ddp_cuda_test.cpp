@@ -106,10 +106,7 @@ TEST_CASE("GPU: DDP on device buffers, world size 1", "[ddp][cuda][gpu]") {
 }
 
 TEST_CASE("GPU: DDP on device buffers, two ranks on two devices", "[ddp][cuda][gpu]") {
-  if (!test::have_cuda_devices(2)) {
-    WARN("skipped: needs two CUDA devices");
-    return;
-  }
+  TRUN_SKIP_WITHOUT_GPUS(2);
   auto errors = test::run_nccl_ranks(2, [](ProcessGroup& pg, int) { return rank_checks(pg); });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
