@@ -18,11 +18,9 @@
 #include <nccl.h>
 
 #include <atomic>
-#include <cstring>
 
 #include "tests/worker_sdk/gpu_ranks.h"
 #include "worker_sdk/src/nccl/nccl_info.h"
-#include "worker_sdk/src/reduce.h"
 #endif
 
 using namespace trun::worker;
@@ -259,110 +257,6 @@ FailNextCollective simulator_fault_hook() {
       dlsym(RTLD_DEFAULT, "trun_simgpu_fail_next_collective"));
 }
 
-// Small integers, exact in every dtype, written into and read from raw buffers.
-void put(std::vector<char>& buf, size_t i, DataType t, double v) {
-  char* p = buf.data() + i * dtype_size(t);
-  auto store = [p](auto x) { std::memcpy(p, &x, sizeof x); };
-  switch (t) {
-    case DataType::kFloat32:
-      return store(static_cast<float>(v));
-    case DataType::kFloat64:
-      return store(v);
-    case DataType::kFloat16:
-      return store(detail::float_to_half(static_cast<float>(v)));
-    case DataType::kBFloat16:
-      return store(detail::float_to_bfloat16(static_cast<float>(v)));
-    case DataType::kInt32:
-      return store(static_cast<int32_t>(v));
-    case DataType::kInt64:
-      return store(static_cast<int64_t>(v));
-  }
-}
-
-double get(const std::vector<char>& buf, size_t i, DataType t) {
-  const char* p = buf.data() + i * dtype_size(t);
-  auto load = [p](auto x) {
-    std::memcpy(&x, p, sizeof x);
-    return x;
-  };
-  switch (t) {
-    case DataType::kFloat32:
-      return load(0.0f);
-    case DataType::kFloat64:
-      return load(0.0);
-    case DataType::kFloat16:
-      return detail::half_to_float(load(uint16_t{0}));
-    case DataType::kBFloat16:
-      return detail::bfloat16_to_float(load(uint16_t{0}));
-    case DataType::kInt32:
-      return load(int32_t{0});
-    case DataType::kInt64:
-      return load(int64_t{0});
-  }
-  return 0;
-}
-
-// Rank r's element i; over two ranks every sum is even, so each average is exact too.
-double value(int r, size_t i) { return static_cast<double>(i % 13) + 2.0 * r; }
-
-double reference(ReduceOp op, int world, size_t i) {
-  double acc = value(0, i);
-  for (int r = 1; r < world; ++r) {
-    double v = value(r, i);
-    acc = op == ReduceOp::kMin   ? std::min(acc, v)
-          : op == ReduceOp::kMax ? std::max(acc, v)
-                                 : acc + v;
-  }
-  return op == ReduceOp::kAvg ? acc / world : acc;
-}
-
-// One rank of the dtype x op sweep; "" on success.
-std::string dtype_sweep(ProcessGroup& pg, int rank) {
-  const int world = pg.size();
-  const size_t n = 1001;
-  for (DataType t : {DataType::kFloat32, DataType::kFloat64, DataType::kFloat16,
-                     DataType::kBFloat16, DataType::kInt32, DataType::kInt64}) {
-    const size_t es = dtype_size(t);
-    std::vector<char> mine(n * es), got(n * world * es);
-    for (size_t i = 0; i < n; ++i) put(mine, i, t, value(rank, i));
-    char* d = nullptr;
-    char* all = nullptr;
-    if (cudaMalloc(&d, n * es) != cudaSuccess || cudaMalloc(&all, n * world * es) != cudaSuccess)
-      return "cudaMalloc failed";
-    auto where = [&](const char* what) {
-      return std::string(what) + " " + dtype_name(t) + " on rank " + std::to_string(rank) + ": ";
-    };
-    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMin, ReduceOp::kMax}) {
-      cudaMemcpy(d, mine.data(), n * es, cudaMemcpyHostToDevice);
-      pg.allreduce(d, n, t, op);
-      cudaMemcpy(got.data(), d, n * es, cudaMemcpyDeviceToHost);
-      for (size_t i = 0; i < n; ++i)
-        if (get(got, i, t) != reference(op, world, i))
-          return where(reduce_op_name(op)) + "element " + std::to_string(i) + " is " +
-                 std::to_string(get(got, i, t)) + ", want " +
-                 std::to_string(reference(op, world, i));
-    }
-    cudaMemcpy(d, mine.data(), n * es, cudaMemcpyHostToDevice);
-    pg.allgather(d, all, n, t);
-    cudaMemcpy(got.data(), all, n * world * es, cudaMemcpyDeviceToHost);
-    for (int r = 0; r < world; ++r)
-      for (size_t i = 0; i < n; ++i)
-        if (get(got, r * n + i, t) != value(r, i)) return where("allgather") + "wrong element";
-    // reduce_scatter of the gathered buffer: block r is rank r's input on every rank.
-    pg.reduce_scatter(all, d, n, t, ReduceOp::kMax);
-    cudaMemcpy(got.data(), d, n * es, cudaMemcpyDeviceToHost);
-    for (size_t i = 0; i < n; ++i)
-      if (get(got, i, t) != value(rank, i)) return where("reduce_scatter") + "wrong element";
-    pg.broadcast(d, n, t, world - 1);
-    cudaMemcpy(got.data(), d, n * es, cudaMemcpyDeviceToHost);
-    for (size_t i = 0; i < n; ++i)
-      if (get(got, i, t) != value(world - 1, i)) return where("broadcast") + "wrong element";
-    cudaFree(all);
-    cudaFree(d);
-  }
-  return "";
-}
-
 // A device buffer of `n` floats, all `v`.
 float* device_floats(size_t n, float v) { return device_copy(std::vector<float>(n, v)); }
 
@@ -377,14 +271,6 @@ TEST_CASE("the GPU simulator is loaded when the test run expects it", "[worker_s
     return;
   }
   CHECK(loaded);
-}
-
-TEST_CASE("GPU: every dtype and reduction, two ranks, against a host reference",
-          "[worker_sdk][nccl][gpu]") {
-  TRUN_SKIP_WITHOUT_GPUS(2);
-  auto errors = test::run_nccl_ranks(2, dtype_sweep);
-  CHECK(errors[0] == "");
-  CHECK(errors[1] == "");
 }
 
 // The device follows the local rank when cuda_device is unset: two ranks of one node must not
