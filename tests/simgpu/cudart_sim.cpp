@@ -5,7 +5,9 @@
 //
 // What it models, after the CUDA runtime's documented semantics:
 // - TRUN_SIMGPU_DEVICES devices (default 1; 0 answers cudaErrorNoDevice like a machine without
-//   one); the current device is per thread.
+//   one); the current device is per thread. CUDA_VISIBLE_DEVICES (a list of device numbers)
+//   narrows and renumbers them as it does for the real runtime, so that processes standing for
+//   different nodes of one machine can hold different devices.
 // - Device memory is host memory handed out by cudaMalloc and tracked, so that a copy whose
 //   direction does not match its pointers, or a pointer that is not (or no longer) device memory,
 //   fails with the error the real runtime gives. New allocations hold garbage, not zeros.
@@ -70,6 +72,7 @@ struct Event {
 struct State {
   std::mutex mu;
   int devices = 0;
+  std::vector<int> physical;  // the machine's device number of each visible device
   std::chrono::microseconds op_delay{200};
   std::map<uintptr_t, Allocation> allocations;  // by start address
   std::vector<std::shared_ptr<Stream>> legacy;  // per device
@@ -109,7 +112,21 @@ std::shared_ptr<Stream> start_stream(State& st, int device, bool blocking) {
 State& state() {
   static State* st = [] {
     auto* s = new State;
-    s->devices = env_int("TRUN_SIMGPU_DEVICES", 1);
+    const int machine = env_int("TRUN_SIMGPU_DEVICES", 1);
+    for (int d = 0; d < machine; ++d) s->physical.push_back(d);
+    if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
+      // Like the runtime: numbers up to the first one that is not a device of this machine.
+      s->physical.clear();
+      for (const char* p = visible; *p;) {
+        char* end = nullptr;
+        long d = std::strtol(p, &end, 10);
+        if (end == p || d < 0 || d >= machine) break;
+        s->physical.push_back(static_cast<int>(d));
+        p = *end == ',' ? end + 1 : end;
+        if (*end != ',' && *end != 0) break;
+      }
+    }
+    s->devices = static_cast<int>(s->physical.size());
     s->op_delay = std::chrono::microseconds(env_int("TRUN_SIMGPU_OP_DELAY_US", 200));
     for (int d = 0; d < s->devices; ++d) s->legacy.push_back(start_stream(*s, d, true));
     return s;
@@ -257,6 +274,11 @@ cudaError_t fill(void* p, int value, size_t bytes, cudaStream_t s, bool sync) {
 }  // namespace
 
 int current_device() { return t_device; }
+
+int physical_device(int device) {
+  const State& st = state();
+  return device >= 0 && device < st.devices ? st.physical[device] : -1;
+}
 
 int stream_device(cudaStream_t handle) {
   State& st = state();

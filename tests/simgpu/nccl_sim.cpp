@@ -474,11 +474,12 @@ ncclResult_t progress_init(CommState& s) {
   }
   if (static_cast<int>(s.ctl->mapped_count.load()) < s.size) return ncclInProgress;
   for (int r = 0; r < s.size; ++r) {
-    if (r != s.rank && s.slot(r).device.load() == s.device) {
+    if (r != s.rank && s.slot(r).device.load() == s.slot(s.rank).device.load()) {
       s.async_error = ncclInvalidUsage;
       return set_error(&s, ncclInvalidUsage,
                        "Duplicate GPU detected: rank " + std::to_string(s.rank) + " and rank " +
-                           std::to_string(r) + " both on device " + std::to_string(s.device));
+                           std::to_string(r) + " both on device " +
+                           std::to_string(s.slot(r).device.load()) + " of this machine");
     }
   }
   ::unlink(s.path(std::to_string(s.rank)).c_str());
@@ -602,7 +603,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t* out, int nranks, ncclUniqueId id
                      "rank " + std::to_string(rank) + " of " + std::to_string(nranks) +
                          " joined twice, or the ranks disagree on the size");
   }
-  me.device.store(s->device);
+  me.device.store(trun::simgpu::physical_device(s->device));  // as other processes number it
   me.joined.store(1, std::memory_order_release);
   *out = new ncclComm{s};
   if (!s->blocking) return ncclInProgress;

@@ -11,6 +11,8 @@ namespace trun::simgpu {
 
 // The calling thread's current device (cudaSetDevice).
 int current_device();
+// The machine's number for visible device `device` (CUDA_VISIBLE_DEVICES renumbers); -1 if none.
+int physical_device(int device);
 // The device whose stream `stream` is (nullptr and the special handles: the current device's
 // legacy stream), or -1 for a handle that is not a live stream.
 int stream_device(cudaStream_t stream);

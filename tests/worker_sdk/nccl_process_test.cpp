@@ -10,6 +10,7 @@
 #include <string>
 #include <thread>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/worker_sdk/job.h"
 #include "trun/config.h"
@@ -22,6 +23,8 @@
 using namespace trun::worker;
 using namespace trun::worker::test;
 using trun::testing::Child;
+using trun::testing::free_port;
+using trun::testing::wait_until;
 using namespace std::chrono_literals;
 
 #if TRUN_HAVE_NCCL
@@ -100,6 +103,67 @@ TEST_CASE("GPU: a stalled NCCL rank: the others time out and the group refuses m
   REQUIRE(results[0].exited);
   CHECK(results[0].exit_code == 10);
   CHECK(results[0].output.find("TIMEOUT after") != std::string::npos);
+}
+
+namespace {
+
+// A trun agent of an elastic c10d job of 1 to 2 nodes, one NCCL worker (pg_worker `scenario`) on
+// visible device `device`: CUDA_VISIBLE_DEVICES keeps the "nodes" of this machine apart.
+std::vector<std::string> elastic_agent(int port, const std::string& run, const char* scenario) {
+  return {build_file("launcher/trun"),
+          "--nnodes=1:2",
+          "--nproc-per-node=1",
+          "--rdzv-backend=c10d",
+          "--rdzv-endpoint=127.0.0.1:" + std::to_string(port),
+          "--rdzv-id=" + run,
+          "--rdzv-conf",
+          "last_call_timeout=5",
+          "--monitor-interval=0.1",
+          "--no-python",
+          worker_binary(),
+          scenario};
+}
+
+std::map<std::string, std::string> nccl_worker_env(const char* visible_device) {
+  return {{"PG_WORKER_BACKEND", "nccl"},
+          {"PG_WORKER_CUDA", "1"},
+          {"PG_WORKER_TIMEOUT_MS", "60000"},
+          {"CUDA_VISIBLE_DEVICES", visible_device}};
+}
+
+}  // namespace
+
+// Elastic scale-down with NCCL: two agents (one per "node") run one NCCL group; one agent is
+// SIGKILLed while the group streams allreduces. The other agent sees the node leave, stops its
+// worker (stuck in NCCL, which cannot see a peer die) and re-forms alone; its new worker builds
+// a communicator of one and passes.
+TEST_CASE("GPU: elastic NCCL job: one of two agents SIGKILLed, the other re-forms alone",
+          "[worker_sdk][nccl][gpu][processes]") {
+  TRUN_SKIP_WITHOUT_GPUS(2);
+  const int port = free_port();
+  const std::string run = unique_run_id("nccl-shrink");
+  Child a(elastic_agent(port, run, "shrink"), nccl_worker_env("0"),
+          {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL"});
+  Child b(elastic_agent(port, run, "shrink"), nccl_worker_env("1"),
+          {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL"});
+  bool streaming = wait_until(
+      [&] {
+        return a.out().find("READY") != std::string::npos &&
+               b.out().find("READY") != std::string::npos;
+      },
+      120s);
+  INFO("agent a:\n" << a.out() << a.err() << "\nagent b:\n" << b.out() << b.err());
+  REQUIRE(streaming);
+  CHECK(a.out().find("/2 backend nccl") != std::string::npos);  // either rank of one world
+  CHECK(b.out().find("/2 backend nccl") != std::string::npos);
+  b.signal(SIGKILL);
+  REQUIRE(b.wait(30s));
+  bool finished = a.wait(180s);
+  INFO("agent a after b was killed:\n" << a.out() << a.err());
+  REQUIRE(finished);
+  CHECK(a.exit_code() == 0);
+  CHECK(a.out().find("rank 0/1 backend nccl") != std::string::npos);
+  CHECK(a.out().find("PASS") != std::string::npos);
 }
 
 // The whole loop under the real launcher: a worker of an NCCL group dies, trun stops the group

@@ -19,6 +19,8 @@
 //   pg_worker kill_once          first attempt (TORCHELASTIC_RESTART_COUNT=0): loop, with rank 1
 //                                SIGKILLing itself after 3 allreduces; later attempts: matrix
 //                                on sizes 0, 1, 1000
+//   pg_worker shrink             in a world of more than one: loop; alone: matrix on sizes 0, 1,
+//                                1000 (an elastic job that loses its other nodes)
 //   pg_worker throw | segv       die by an uncaught exception / SIGSEGV (error-file tests)
 //
 // PG_WORKER_BACKEND=cpu|nccl|auto picks the backend; PG_WORKER_CUDA=1 (builds with NCCL) runs
@@ -381,7 +383,7 @@ std::exception_ptr stream_allreduces(ProcessGroup& pg, int kill_at = -1) {
 int main(int argc, char** argv) {
   if (argc < 2) {
     std::fprintf(stderr,
-                 "usage: pg_worker matrix|big|stall|loop|kill_once|abort|abort_inflight|"
+                 "usage: pg_worker matrix|big|stall|loop|kill_once|shrink|abort|abort_inflight|"
                  "abort_midstream|throw|segv ...\n");
     return 2;
   }
@@ -458,6 +460,9 @@ int main(int argc, char** argv) {
       return 5;
     } else if (scenario == "loop") {
       return stream_allreduces(pg) ? 11 : 6;
+    } else if (scenario == "shrink") {
+      if (pg.size() > 1) return stream_allreduces(pg) ? 11 : 6;
+      run_matrix(pg, {0, 1, 1000});
     } else if (scenario == "kill_once") {
       if (w.env().restart_count == 0)
         return stream_allreduces(pg, pg.rank() == 1 ? 3 : -1) ? 11 : 6;
