@@ -5,6 +5,7 @@
 
 #include <charconv>
 #include <condition_variable>
+#include <deque>
 #include <map>
 #include <mutex>
 
@@ -58,12 +59,12 @@ class InMemoryStore : public Store {
   }
   bool check(const std::vector<std::string>& keys) override {
     std::lock_guard<std::mutex> lock(mu_);
-    return all_exist(keys);
+    return all_exist(keys, true);
   }
   using Store::wait;
   void wait(const std::vector<std::string>& keys, Duration timeout) override {
     std::unique_lock<std::mutex> lock(mu_);
-    wait_locked(lock, keys, timeout, "wait");
+    wait_locked(lock, keys, timeout, "wait", true);
   }
   int64_t num_keys() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -93,17 +94,49 @@ class InMemoryStore : public Store {
     data_[key].append(value);
     cv_.notify_all();
   }
+  void queue_push(const std::string& key, std::string_view value) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    queues_[key].emplace_back(value);
+    cv_.notify_all();
+  }
+  using Store::queue_pop;
+  std::optional<std::string> queue_pop(const std::string& key, bool block,
+                                       Duration timeout) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    auto ready = [&] { return queues_.count(key) > 0; };  // empty queues are erased
+    if (block && !cv_.wait_for(lock, timeout, ready))
+      throw StoreTimeoutError("in-memory store: queue_pop('" + key + "'): no value within " +
+                              std::to_string(timeout.count()) + " ms");
+    auto it = queues_.find(key);
+    if (it == queues_.end()) return std::nullopt;
+    std::string v = std::move(it->second.front());
+    it->second.pop_front();
+    if (it->second.empty()) queues_.erase(it);
+    return v;
+  }
+  int64_t queue_len(const std::string& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = queues_.find(key);
+    return it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
+  }
+  std::vector<std::string> list_keys() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::string> keys;
+    for (const auto& kv : data_) keys.push_back(kv.first);
+    return keys;
+  }
 
  private:
-  bool all_exist(const std::vector<std::string>& keys) const {
+  // With `queues`, a non-empty queue counts as its key (check and wait, as on the server).
+  bool all_exist(const std::vector<std::string>& keys, bool queues = false) const {
     for (auto& k : keys) {
-      if (!data_.count(k)) return false;
+      if (!data_.count(k) && !(queues && queues_.count(k))) return false;
     }
     return true;
   }
   void wait_locked(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
-                   Duration timeout, const char* op) {
-    if (!cv_.wait_for(lock, timeout, [&] { return all_exist(keys); })) {
+                   Duration timeout, const char* op, bool queues = false) {
+    if (!cv_.wait_for(lock, timeout, [&] { return all_exist(keys, queues); })) {
       throw StoreTimeoutError(std::string("in-memory store: ") + op +
                               ": keys did not appear within " + std::to_string(timeout.count()) +
                               " ms");
@@ -113,6 +146,7 @@ class InMemoryStore : public Store {
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::string> data_;
+  std::map<std::string, std::deque<std::string>> queues_;
 };
 
 }  // namespace trun::rendezvous

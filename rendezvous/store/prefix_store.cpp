@@ -40,5 +40,20 @@ void PrefixStore::multi_set(const std::vector<std::string>& ks,
 void PrefixStore::append(const std::string& k, std::string_view value) {
   base_->append(key(k), value);
 }
+void PrefixStore::queue_push(const std::string& k, std::string_view value) {
+  base_->queue_push(key(k), value);
+}
+std::optional<std::string> PrefixStore::queue_pop(const std::string& k, bool block,
+                                                  Duration timeout) {
+  return base_->queue_pop(key(k), block, timeout);
+}
+int64_t PrefixStore::queue_len(const std::string& k) { return base_->queue_len(key(k)); }
+std::vector<std::string> PrefixStore::list_keys() {
+  const std::string mine = prefix_ + "/";
+  std::vector<std::string> out;
+  for (auto& k : base_->list_keys())
+    if (k.compare(0, mine.size(), mine) == 0) out.push_back(k.substr(mine.size()));
+  return out;
+}
 
 }  // namespace trun::rendezvous

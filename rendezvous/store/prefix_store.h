@@ -32,6 +32,12 @@ class PrefixStore : public Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   void append(const std::string& key, std::string_view value) override;
+  void queue_push(const std::string& key, std::string_view value) override;
+  using Store::queue_pop;
+  std::optional<std::string> queue_pop(const std::string& key, bool block,
+                                       Duration timeout) override;
+  int64_t queue_len(const std::string& key) override;
+  std::vector<std::string> list_keys() override;
 
   const std::string& prefix() const { return prefix_; }
   const std::shared_ptr<Store>& base() const { return base_; }

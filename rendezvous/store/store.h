@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -71,12 +72,37 @@ class Store {
   // Appends to the value at `key`, creating it when missing.
   virtual void append(const std::string& key, std::string_view value) = 0;
 
+  // PyTorch 2.x's queues: first-in first-out lists of values, apart from the keys: set/get/
+  // num_keys/list_keys do not see a queue, but check and wait count a non-empty one as present
+  // (as PyTorch's servers do: a blocking pop is a WAIT, then the pop). Stores without queues
+  // (the etcd store; a PyTorch 1.13 server) throw StoreError naming the operation.
+  virtual void queue_push(const std::string& key, std::string_view value) {
+    no_such_operation("queue_push");
+  }
+  // Removes and returns the front of `key`'s queue. Without `block`: nullopt when it is empty;
+  // with it: waits up to `timeout` for a value (StoreTimeoutError).
+  virtual std::optional<std::string> queue_pop(const std::string& key, bool block,
+                                               Duration timeout) {
+    no_such_operation("queue_pop");
+  }
+  std::optional<std::string> queue_pop(const std::string& key, bool block) {
+    return queue_pop(key, block, timeout_);
+  }
+  virtual int64_t queue_len(const std::string& key) { no_such_operation("queue_len"); }
+  // Every key, unordered (PyTorch 2.9's list_keys); a PrefixStore lists its own keys, without
+  // the prefix.
+  virtual std::vector<std::string> list_keys() { no_such_operation("list_keys"); }
+
   // The default timeout of get/wait/multi_get and of every round trip. Not synchronized: set it
   // before the store is shared between threads.
   Duration timeout() const { return timeout_; }
   void set_timeout(Duration timeout) { timeout_ = timeout; }
 
  protected:
+  [[noreturn]] static void no_such_operation(const char* op) {
+    throw StoreError(std::string(op) + ": this store has no such operation");
+  }
+
   Duration timeout_ = kDefaultTimeout;
 };
 

@@ -602,6 +602,63 @@ void TcpStore::append(const std::string& key, std::string_view value) {
   call_no_reply(("append" + quoted(key)).c_str(), req);
 }
 
+void TcpStore::queue_push(const std::string& key, std::string_view value) {
+  const std::string op = "queue_push" + quoted(key);
+  if (dialect_ == StoreDialect::kTorch1_13) unsupported(op.c_str());
+  std::string req;
+  wire::Encoder(&req).query(Op::kQueuePush).bytes(key).bytes(value);
+  call_no_reply(op.c_str(), req);
+}
+
+std::optional<std::string> TcpStore::queue_pop(const std::string& key, bool block,
+                                               Duration timeout) {
+  const std::string op = "queue_pop" + quoted(key);
+  if (dialect_ == StoreDialect::kTorch1_13) unsupported(op.c_str());
+  std::string req;
+  wire::Encoder(&req).query(Op::kQueuePop).bytes(key);
+  auto pop = [&] {
+    return call(op.c_str(), req, timeout_, [](Reader& r) -> std::optional<std::string> {
+      if (r.i64() <= 0) return std::nullopt;  // the length before the pop, then the value
+      return r.bytes();
+    });
+  };
+  // A blocking pop waits for the queue (a WAIT counts a non-empty queue) and pops; another
+  // client may pop first, so it waits again while time is left.
+  const auto deadline = Clock::now() + timeout;
+  for (;;) {
+    if (block) {
+      auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
+      try {
+        wait({key}, std::max(left, Duration(0)));
+      } catch (const StoreTimeoutError&) {
+        throw StoreTimeoutError("store " + endpoint_ + ": " + op + ": no value within " +
+                                std::to_string(timeout.count()) + " ms");
+      }
+    }
+    auto value = pop();
+    if (value || !block) return value;
+  }
+}
+
+int64_t TcpStore::queue_len(const std::string& key) {
+  const std::string op = "queue_len" + quoted(key);
+  if (dialect_ == StoreDialect::kTorch1_13) unsupported(op.c_str());
+  std::string req;
+  wire::Encoder(&req).query(Op::kQueueLen).bytes(key);
+  return call(op.c_str(), req, timeout_, [](Reader& r) { return r.i64(); });
+}
+
+std::vector<std::string> TcpStore::list_keys() {
+  if (dialect_ == StoreDialect::kTorch1_13) unsupported("list_keys");
+  std::string req;
+  wire::Encoder(&req).query(Op::kListKeys);
+  return call("list_keys", req, timeout_, [](Reader& r) {
+    std::vector<std::string> keys;
+    for (int64_t i = 0, n = r.i64(); i < n; ++i) keys.push_back(r.bytes());  // n: the server's
+    return keys;
+  });
+}
+
 Store::Duration TcpStore::ping() {
   auto start = Clock::now();
   if (dialect_ != StoreDialect::kTrun) {

@@ -104,6 +104,14 @@ class TcpStore : public Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
   void append(const std::string& key, std::string_view value) override;
+  // Queues and list_keys: trun's server and PyTorch 2.x's that have them (queues since 2.7,
+  // list_keys since 2.9; an older server closes the connection); not the 1.13 dialect.
+  void queue_push(const std::string& key, std::string_view value) override;
+  using Store::queue_pop;
+  std::optional<std::string> queue_pop(const std::string& key, bool block,
+                                       Duration timeout) override;
+  int64_t queue_len(const std::string& key) override;
+  std::vector<std::string> list_keys() override;
   // Round trip with the server; returns how long it took. (PING on trun's server, GETNUMKEYS on
   // PyTorch's.)
   Duration ping();

@@ -1,6 +1,7 @@
 // The Store contract, run against every implementation: the TCP client talking to a real server
 // over loopback, a PrefixStore over it, the in-memory store used by unit tests, and the etcd store
 // (the agent's store with --rdzv-backend=etcd) against a real etcd.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <thread>
@@ -253,4 +254,81 @@ TEST_CASE("a prefix view sees only its own keys but counts the whole store", "[s
   PrefixStore nested("inner", std::make_shared<PrefixStore>("outer", base));
   nested.set("x", "y");
   CHECK(base->get("outer/inner/x") == "y");
+}
+
+TEMPLATE_TEST_CASE("queues are first-in first-out and apart from the keys", "[store][contract]",
+                   TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  const int64_t keys_before = s->num_keys();
+  CHECK(s->queue_len("q") == 0);
+  CHECK_FALSE(s->queue_pop("q", false).has_value());
+  s->queue_push("q", "first");
+  s->queue_push("q", std::string("\0second", 7));
+  s->queue_push("q", "");
+  CHECK(s->queue_len("q") == 3);
+  CHECK(s->num_keys() == keys_before);  // a queue is not a key...
+  CHECK(s->check({"q"}));               // ...but check and wait see a non-empty one
+  s->wait({"q"}, 1s);
+  CHECK_FALSE(s->check({"no-such-key"}));
+  CHECK(s->queue_pop("q", false) == std::optional<std::string>("first"));
+  CHECK(s->queue_pop("q", true) == std::optional<std::string>(std::string("\0second", 7)));
+  CHECK(s->queue_pop("q", false) == std::optional<std::string>(""));
+  CHECK(s->queue_len("q") == 0);
+  CHECK_FALSE(s->queue_pop("q", false).has_value());
+}
+
+TEMPLATE_TEST_CASE("a blocking queue_pop waits for a push, or times out", "[store][contract]",
+                   TcpFixture, PrefixFixture, MemoryFixture) {
+  TestType f;
+  auto consumer = f.make(), producer = f.make();
+  std::thread push([&] {
+    std::this_thread::sleep_for(200ms);
+    producer->queue_push("jobs", "job-1");
+  });
+  auto t0 = Clock::now();
+  auto got = consumer->queue_pop("jobs", true, 10s);
+  push.join();
+  CHECK(got == std::optional<std::string>("job-1"));
+  CHECK(Clock::now() - t0 >= 150ms);
+  t0 = Clock::now();
+  CHECK_THROWS_AS(consumer->queue_pop("jobs", true, 300ms), StoreTimeoutError);
+  CHECK(Clock::now() - t0 >= 250ms);
+}
+
+TEMPLATE_TEST_CASE("list_keys lists the keys, not the queues", "[store][contract]", TcpFixture,
+                   MemoryFixture) {
+  TestType f;
+  auto s = f.make();
+  s->set("a", "1");
+  s->add("b", 2);
+  s->queue_push("q", "x");
+  auto keys = s->list_keys();
+  std::sort(keys.begin(), keys.end());
+  CHECK(keys == std::vector<std::string>{"a", "b"});
+}
+
+TEST_CASE("list_keys through a prefix view lists its own keys without the prefix", "[store]") {
+  TcpFixture f;
+  auto base = f.make();
+  PrefixStore one("one", base);
+  PrefixStore two("two", base);
+  one.set("k", "1");
+  one.set("sub/j", "2");
+  two.set("other", "3");
+  auto keys = one.list_keys();
+  std::sort(keys.begin(), keys.end());
+  CHECK(keys == std::vector<std::string>{"k", "sub/j"});
+  CHECK(two.list_keys() == std::vector<std::string>{"other"});
+}
+
+TEST_CASE("the etcd store has no queues or list_keys and says so", "[store]") {
+  SKIP_WITHOUT_ETCD();
+  EtcdFixture f;
+  auto s = f.make();
+  CHECK_THROWS_WITH(s->queue_push("q", "x"),
+                    Catch::Contains("queue_push") && Catch::Contains("no such operation"));
+  CHECK_THROWS_AS(s->queue_pop("q", false), StoreError);
+  CHECK_THROWS_AS(s->queue_len("q"), StoreError);
+  CHECK_THROWS_AS(s->list_keys(), StoreError);
 }
