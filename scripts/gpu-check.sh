@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU check, one command: libtrun_worker's NCCL tests (device buffers, every collective, world
-# size 1 per GPU; 2 ranks when two GPUs are visible), the DDP reducer's CUDA tests (CUDA
+# size 1 per GPU; with two or more GPUs also ranks as threads, as processes, under trun and
+# elastic: failures, timeouts, restarts, scale-down), the DDP reducer's CUDA tests (CUDA
 # parameters, averaging on the device), and, where `python3` has PyTorch (2.x on GPU machines),
 # the store's PyTorch-client compatibility scenario (PyTorch's own server as the oracle) and the
 # DDP ToyModel script under trun. Prints PASS/FAIL/SKIP lines.
