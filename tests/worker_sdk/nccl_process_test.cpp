@@ -113,8 +113,11 @@ namespace {
 
 // A trun agent of an elastic c10d job of 1 to 2 nodes, one NCCL worker (pg_worker `scenario`) on
 // visible device `device`: CUDA_VISIBLE_DEVICES keeps the "nodes" of this machine apart.
-std::vector<std::string> elastic_agent(int port, const std::string& run, const char* scenario) {
+// It logs into `log_dir`: a SIGKILLed trun cannot remove a temporary directory of its own.
+std::vector<std::string> elastic_agent(int port, const std::string& run, const char* scenario,
+                                       const std::string& log_dir) {
   return {build_file("launcher/trun"),
+          "--log-dir=" + log_dir,
           "--nnodes=1:2",
           "--nproc-per-node=1",
           "--rdzv-backend=c10d",
@@ -146,9 +149,10 @@ TEST_CASE("GPU: elastic NCCL job: one of two agents SIGKILLed, the other re-form
   TRUN_SKIP_WITHOUT_GPUS(2);
   const int port = free_port();
   const std::string run = unique_run_id("nccl-shrink");
-  Child a(elastic_agent(port, run, "shrink"), nccl_worker_env("0"),
+  trun::testing::TempDir logs;
+  Child a(elastic_agent(port, run, "shrink", logs / "a"), nccl_worker_env("0"),
           {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL"});
-  Child b(elastic_agent(port, run, "shrink"), nccl_worker_env("1"),
+  Child b(elastic_agent(port, run, "shrink", logs / "b"), nccl_worker_env("1"),
           {"TORCHELASTIC_ERROR_FILE", "LOGLEVEL"});
   bool streaming = wait_until(
       [&] {
