@@ -50,6 +50,11 @@ struct Stream {
   uint64_t completed = 0;  // operations finished so far (they finish in order)
   bool closing = false;
 
+  // How many operations are queued so far: done once wait_for(tail()) returns.
+  uint64_t tail() {
+    std::lock_guard<std::mutex> lock(mu);
+    return enqueued;
+  }
   // Blocks until the first `seq` operations have finished.
   void wait_for(uint64_t seq) {
     std::unique_lock<std::mutex> lock(mu);
@@ -117,13 +122,13 @@ State& state() {
     if (const char* visible = std::getenv("CUDA_VISIBLE_DEVICES")) {
       // Like the runtime: numbers up to the first one that is not a device of this machine.
       s->physical.clear();
-      for (const char* p = visible; *p;) {
+      for (const char* p = visible;; p++) {
         char* end = nullptr;
         long d = std::strtol(p, &end, 10);
         if (end == p || d < 0 || d >= machine) break;
         s->physical.push_back(static_cast<int>(d));
-        p = *end == ',' ? end + 1 : end;
-        if (*end != ',' && *end != 0) break;
+        p = end;
+        if (*p != ',') break;
       }
     }
     s->devices = static_cast<int>(s->physical.size());
@@ -160,17 +165,13 @@ std::shared_ptr<Stream> resolve(State& st, cudaStream_t handle) {
 // stream's rules. Returns the operation's sequence number.
 uint64_t push(State& st, const std::shared_ptr<Stream>& s, std::function<void()> op) {
   std::vector<std::pair<std::shared_ptr<Stream>, uint64_t>> waits;
-  auto tail = [](const std::shared_ptr<Stream>& o) {
-    std::lock_guard<std::mutex> lock(o->mu);
-    return o->enqueued;
-  };
   if (s->blocking) {
     const auto& legacy = st.legacy[s->device];
     if (s == legacy) {
       for (auto& [p, o] : st.streams)
-        if (o->blocking && o->device == s->device) waits.emplace_back(o, tail(o));
+        if (o->blocking && o->device == s->device) waits.emplace_back(o, o->tail());
     } else {
-      waits.emplace_back(legacy, tail(legacy));
+      waits.emplace_back(legacy, legacy->tail());
     }
   }
   std::lock_guard<std::mutex> lock(s->mu);
@@ -218,30 +219,24 @@ cudaError_t check_copy(State& st, void* dst, const void* src, size_t bytes, cuda
   return cudaErrorInvalidMemcpyDirection;
 }
 
-// Queues a copy or fill; with `wait_before`/`wait_after` the host waits for the stream first (a
-// pageable source) or for the operation itself (a synchronous call, a pageable destination).
+// Queues `op` on a stream (a copy, a fill, a host function); with `wait_before` the host waits
+// for the stream and runs `op` itself (a pageable source), with `wait_after` it waits for `op`
+// (a synchronous call, a pageable destination). Leaves the last error alone: callers use fail().
 cudaError_t submit(cudaStream_t handle, std::function<void()> op, bool wait_before,
                    bool wait_after) {
   State& st = state();
-  std::shared_ptr<Stream> s;
-  uint64_t before = 0;
-  {
-    std::lock_guard<std::mutex> lock(st.mu);
-    s = resolve(st, handle);
-    if (!s) return fail(cudaErrorInvalidResourceHandle);
-    std::lock_guard<std::mutex> slock(s->mu);
-    before = s->enqueued;
-  }
+  std::unique_lock<std::mutex> lock(st.mu);
+  std::shared_ptr<Stream> s = resolve(st, handle);
+  if (!s) return cudaErrorInvalidResourceHandle;
   if (wait_before) {
+    const uint64_t before = s->tail();
+    lock.unlock();
     s->wait_for(before);
     op();  // the pageable source is read now; what follows on the stream sees the copy done
     return cudaSuccess;
   }
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(st.mu);
-    seq = push(st, s, std::move(op));
-  }
+  const uint64_t seq = push(st, s, std::move(op));
+  lock.unlock();
   if (wait_after) s->wait_for(seq);
   return cudaSuccess;
 }
@@ -257,7 +252,7 @@ cudaError_t copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind, 
   bool src_pageable = kind == cudaMemcpyHostToDevice;
   bool dst_pageable = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost;
   auto op = [dst, src, bytes] { std::memmove(dst, src, bytes); };
-  return submit(s, op, !sync && src_pageable, sync || dst_pageable);
+  return fail(submit(s, op, !sync && src_pageable, sync || dst_pageable));
 }
 
 cudaError_t fill(void* p, int value, size_t bytes, cudaStream_t s, bool sync) {
@@ -267,8 +262,8 @@ cudaError_t fill(void* p, int value, size_t bytes, cudaStream_t s, bool sync) {
     if (bytes > 0 && device_of_range_locked(st, p, bytes) < 0) return fail(cudaErrorInvalidValue);
   }
   if (bytes == 0) return cudaSuccess;
-  return submit(
-      s, [p, value, bytes] { std::memset(p, value, bytes); }, false, sync);
+  return fail(submit(
+      s, [p, value, bytes] { std::memset(p, value, bytes); }, false, sync));
 }
 
 }  // namespace
@@ -294,12 +289,7 @@ int device_of_range(const void* p, size_t bytes) {
 }
 
 bool enqueue(cudaStream_t handle, std::function<void()> op) {
-  State& st = state();
-  std::lock_guard<std::mutex> lock(st.mu);
-  auto s = resolve(st, handle);
-  if (!s) return false;
-  push(st, s, std::move(op));
-  return true;
+  return submit(handle, std::move(op), false, false) == cudaSuccess;
 }
 
 }  // namespace trun::simgpu
@@ -402,8 +392,7 @@ cudaError_t cudaFree(void* p) {
     if (it == st.allocations.end()) return fail(cudaErrorInvalidValue);
     device = it->second.device;
     auto note = [&](const std::shared_ptr<Stream>& s) {
-      std::lock_guard<std::mutex> slock(s->mu);
-      if (s->device == device) pending.emplace_back(s, s->enqueued);
+      if (s->device == device) pending.emplace_back(s, s->tail());
     };
     note(st.legacy[device]);
     for (auto& [k, s] : st.streams) note(s);
@@ -435,8 +424,8 @@ cudaError_t cudaMemsetAsync(void* p, int value, size_t bytes, cudaStream_t strea
 
 cudaError_t cudaLaunchHostFunc(cudaStream_t stream, cudaHostFn_t fn, void* user_data) {
   if (!fn) return fail(cudaErrorInvalidValue);
-  return enqueue(stream, [fn, user_data] { fn(user_data); }) ? cudaSuccess
-                                                             : fail(cudaErrorInvalidResourceHandle);
+  return fail(submit(
+      stream, [fn, user_data] { fn(user_data); }, false, false));
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t* handle, unsigned int flags) {
@@ -470,15 +459,11 @@ cudaError_t cudaStreamDestroy(cudaStream_t handle) {
 
 cudaError_t cudaStreamSynchronize(cudaStream_t handle) {
   State& st = state();
-  std::shared_ptr<Stream> s;
-  uint64_t seq;
-  {
-    std::lock_guard<std::mutex> lock(st.mu);
-    s = resolve(st, handle);
-    if (!s) return fail(cudaErrorInvalidResourceHandle);
-    std::lock_guard<std::mutex> slock(s->mu);
-    seq = s->enqueued;
-  }
+  std::unique_lock<std::mutex> lock(st.mu);
+  std::shared_ptr<Stream> s = resolve(st, handle);
+  if (!s) return fail(cudaErrorInvalidResourceHandle);
+  const uint64_t seq = s->tail();
+  lock.unlock();
   s->wait_for(seq);
   return cudaSuccess;
 }
@@ -506,9 +491,8 @@ cudaError_t cudaEventRecord(cudaEvent_t handle, cudaStream_t stream) {
   auto it = st.events.find(reinterpret_cast<Event*>(handle));
   auto s = resolve(st, stream);
   if (it == st.events.end() || !s) return fail(cudaErrorInvalidResourceHandle);
-  std::lock_guard<std::mutex> slock(s->mu);
   it->second->stream = s;
-  it->second->seq = s->enqueued;
+  it->second->seq = s->tail();
   return cudaSuccess;
 }
 
