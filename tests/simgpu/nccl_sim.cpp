@@ -35,22 +35,27 @@
 
 #include <atomic>
 #include <chrono>
-#include <cmath>
 #include <condition_variable>
 #include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/simgpu/sim.h"
+#include "trun/process_group.h"
+#include "worker_sdk/src/reduce.h"
 
 namespace {
 
+using trun::worker::DataType;
+using trun::worker::dtype_size;
+using trun::worker::ReduceOp;
 using Clock = std::chrono::steady_clock;
 constexpr char kMagic[] = "trun-simgpu-nccl";
 constexpr int kMaxRanks = 64;
@@ -157,146 +162,58 @@ bool poll_until(const CommState& s, Done done) {
   return !s.aborted;
 }
 
-size_t type_size(ncclDataType_t t) {
+// The types and reductions modelled are those libtrun_worker's NCCL backend uses; others are
+// refused (ncclInvalidArgument). The arithmetic is libtrun_worker's own reduction kernels
+// (worker_sdk/src/reduce.h, as on its CPU backend): the tests check results against their own
+// serial references, not against these.
+std::optional<DataType> dtype_of(ncclDataType_t t) {
   switch (t) {
-    case ncclInt8:
-    case ncclUint8:
-      return 1;
-    case ncclFloat16:
-    case ncclBfloat16:
-      return 2;
-    case ncclInt32:
-    case ncclUint32:
     case ncclFloat32:
-      return 4;
-    case ncclInt64:
-    case ncclUint64:
+      return DataType::kFloat32;
     case ncclFloat64:
-      return 8;
+      return DataType::kFloat64;
+    case ncclFloat16:
+      return DataType::kFloat16;
+    case ncclBfloat16:
+      return DataType::kBFloat16;
+    case ncclInt32:
+      return DataType::kInt32;
+    case ncclInt64:
+      return DataType::kInt64;
     default:
-      return 0;
+      return std::nullopt;
   }
 }
 
-float half_to_float(uint16_t h) {
-  uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-  uint32_t bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);  // inf, nan
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalize
-    int e = -1;
-    do {
-      ++e;
-      man <<= 1;
-    } while ((man & 0x400) == 0);
-    bits = sign | ((112 - e) << 23) | ((man & 0x3ff) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_half(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  uint16_t sign = (x >> 16) & 0x8000;
-  uint32_t abs = x & 0x7fffffffu;
-  if (abs >= 0x7f800000u) return sign | 0x7c00 | (abs > 0x7f800000u ? 0x200 : 0);
-  if (abs >= 0x477ff000u) return sign | 0x7c00;  // rounds to more than 65504: inf
-  if (abs < 0x38800000u) {                       // subnormal half (or zero)
-    float v;
-    std::memcpy(&v, &abs, 4);
-    return sign | static_cast<uint16_t>(std::nearbyint(v * 16777216.0f));  // v / 2^-24
-  }
-  uint32_t rounded = abs + 0xfff + ((abs >> 13) & 1);  // round to nearest even
-  return sign | static_cast<uint16_t>((rounded - 0x38000000u) >> 13);
-}
-
-float bf16_to_float(uint16_t b) {
-  uint32_t bits = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-uint16_t float_to_bf16(float f) {
-  uint32_t x;
-  std::memcpy(&x, &f, 4);
-  if ((x & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((x >> 16) | 0x40);  // nan
-  return static_cast<uint16_t>((x + 0x7fff + ((x >> 16) & 1)) >> 16);
-}
-
-template <typename T>
-T combine(T a, T b, ncclRedOp_t op) {
+std::optional<ReduceOp> op_of(ncclRedOp_t op) {
   switch (op) {
+    case ncclSum:
+      return ReduceOp::kSum;
+    case ncclAvg:
+      return ReduceOp::kAvg;
     case ncclMin:
-      return b < a ? b : a;
+      return ReduceOp::kMin;
     case ncclMax:
-      return b > a ? b : a;
-    case ncclProd:
-      return a * b;
-    default:  // sum, avg (divided at the end)
-      return a + b;
+      return ReduceOp::kMax;
+    default:
+      return std::nullopt;
   }
 }
 
-// out[i] = reduce over ranks of inputs[r][i], in the type's own arithmetic (half types in float).
-template <typename T, typename Load, typename Store>
-void reduce_as(const std::vector<const void*>& in, void* out, size_t n, ncclRedOp_t op, Load load,
-               Store store) {
-  for (size_t i = 0; i < n; ++i) {
-    auto acc = load(in[0], i);
-    for (size_t r = 1; r < in.size(); ++r) acc = combine(acc, load(in[r], i), op);
-    if (op == ncclAvg) acc = acc / static_cast<decltype(acc)>(in.size());
-    store(out, i, acc);
-  }
+size_t type_size(ncclDataType_t t) {
+  auto d = dtype_of(t);
+  return d ? dtype_size(*d) : 0;
 }
 
-template <typename T>
-void reduce_plain(const std::vector<const void*>& in, void* out, size_t n, ncclRedOp_t op) {
-  reduce_as<T>(
-      in, out, n, op, [](const void* p, size_t i) { return static_cast<const T*>(p)[i]; },
-      [](void* p, size_t i, T v) { static_cast<T*>(p)[i] = v; });
-}
-
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void reduce_16(const std::vector<const void*>& in, void* out, size_t n, ncclRedOp_t op) {
-  reduce_as<float>(
-      in, out, n, op,
-      [](const void* p, size_t i) { return ToFloat(static_cast<const uint16_t*>(p)[i]); },
-      [](void* p, size_t i, float v) { static_cast<uint16_t*>(p)[i] = FromFloat(v); });
-}
-
+// out[i] = the reduction over ranks of in[r][i]; `t` and `op` are modelled (checked on entry).
 void reduce(const std::vector<const void*>& in, void* out, size_t n, ncclDataType_t t,
             ncclRedOp_t op) {
-  switch (t) {
-    case ncclInt8:
-      return reduce_plain<int8_t>(in, out, n, op);
-    case ncclUint8:
-      return reduce_plain<uint8_t>(in, out, n, op);
-    case ncclInt32:
-      return reduce_plain<int32_t>(in, out, n, op);
-    case ncclUint32:
-      return reduce_plain<uint32_t>(in, out, n, op);
-    case ncclInt64:
-      return reduce_plain<int64_t>(in, out, n, op);
-    case ncclUint64:
-      return reduce_plain<uint64_t>(in, out, n, op);
-    case ncclFloat32:
-      return reduce_plain<float>(in, out, n, op);
-    case ncclFloat64:
-      return reduce_plain<double>(in, out, n, op);
-    case ncclFloat16:
-      return reduce_16<half_to_float, float_to_half>(in, out, n, op);
-    case ncclBfloat16:
-      return reduce_16<bf16_to_float, float_to_bf16>(in, out, n, op);
-    default:
-      return;
-  }
+  const DataType dtype = *dtype_of(t);
+  const ReduceOp rop = *op_of(op);
+  void* const dst[] = {out};
+  trun::worker::detail::reduce_n(dst, 1, in.data(), static_cast<int>(in.size()), n, dtype, rop);
+  if (rop == ReduceOp::kAvg)
+    trun::worker::detail::divide(out, n, dtype, static_cast<int>(in.size()));
 }
 
 // Bytes of `c` that its rank puts into its data file (only the root's, for a broadcast).
@@ -406,9 +323,9 @@ bool in_device(const void* p, size_t bytes, int device) {
 ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream) {
   if (!comm) return set_error(nullptr, ncclInvalidArgument, "null communicator");
   auto s = comm->state;
-  if (type_size(call.dtype) == 0) return set_error(s.get(), ncclInvalidArgument, "unknown type");
-  if (call.op < ncclSum || call.op > ncclAvg)
-    return set_error(s.get(), ncclInvalidArgument, "unknown reduction");
+  if (!dtype_of(call.dtype))
+    return set_error(s.get(), ncclInvalidArgument, "data type not modelled");
+  if (!op_of(call.op)) return set_error(s.get(), ncclInvalidArgument, "reduction not modelled");
   if (call.kind == Kind::kBroadcast && (call.root < 0 || call.root >= s->size))
     return set_error(s.get(), ncclInvalidArgument, "root out of range");
   const size_t in = send_bytes(call, s->rank, s->size), out = recv_bytes(call, s->size);
