@@ -9,45 +9,62 @@
 //   DIR/step_<n>/data            the tensors' bytes, each at a 64-byte aligned offset
 //   DIR/latest                   "step_<n>\n": the newest complete checkpoint
 //
+// Ownership. A checkpoint directory belongs to one job at a time. The writer (rank 0) takes an
+// exclusive lock on DIR/.lock when the Checkpointer is created (flock(2): the kernel releases it
+// when the process dies) and records its owner there (job id, host, pid, start time). A second
+// job on the same directory is refused at once with CheckpointOwnerError naming the owner; a
+// process of the same job (an earlier incarnation that is being stopped) is waited for up to
+// `lock_wait`. Every checkpoint records the job id that saved it, and load_latest() resumes only
+// from this job's checkpoints: when DIR holds only another job's, it refuses (CheckpointOwnerError)
+// unless `adopt` is set. Limits: the lock is as good as the filesystem's flock (local filesystems;
+// NFSv4 maps it to a byte-range lock; some network filesystems ignore it): see docs/checkpoints.md.
+//
 // Writing (rank 0 only; other ranks' save() returns at once: the state is replicated). A
-// checkpoint is written into DIR/.tmp-step_<n>-<pid>, its files and the directory are fsynced,
-// and it is renamed to DIR/step_<n> atomically; `latest` is replaced the same way (temporary
-// file, fsync, rename, fsync DIR). A crash at any moment leaves either the old or the new
-// checkpoint visible, never a partial one under a step_<n> name that load_latest() accepts.
-// After a save, only the newest `keep_last` checkpoints are kept. A save of step n also removes
-// checkpoints of steps > n: they belong to a run history that was abandoned (the job resumed
-// from an older checkpoint). Temporary directories left by crashed writers are removed.
+// checkpoint is written into DIR/.tmp-step_<n>-<pid>@<host>, its files and the directory are
+// fsynced, and it is renamed to DIR/step_<n> atomically; `latest` is replaced the same way
+// (temporary file, fsync, rename, fsync DIR). A crash at any moment leaves either the old or the
+// new checkpoint visible, never a partial one under a step_<n> name that load_latest() accepts.
+// A save that fails (ENOSPC, EIO, ...) removes its partial files before it throws, so the next
+// save can succeed once space is back. Retention (only this job's checkpoints, never damaged
+// ones): before a save, checkpoints beyond `keep_last` - 1 are removed when keep_last >= 2, so a
+// full disk has room for the new one; after it, only the newest `keep_last` are kept, and
+// checkpoints of steps > n are removed (a run history that was abandoned when the job resumed from
+// an older checkpoint). Temporary files of writers that are provably gone (this job holds the
+// lock, and a writer on this host is no longer alive) are removed when the Checkpointer is created
+// and after each save.
 //
 // Async mode: save() copies every tensor into a host staging buffer (that copy is the only time
 // training is blocked) and a background thread writes it; the next save(), wait(), load_latest()
 // and the destructor wait for it. A background failure is rethrown by the next of those calls.
 //
 // Loading: load_latest() is collective when a process group is given: rank 0 finishes its
-// pending write, then every rank waits at a barrier, then each rank reads the newest checkpoint
-// that verifies (manifest CRC, data size, every tensor's CRC32C), falling back to older ones
-// when the newest is damaged or incomplete (with a line on stderr saying why). Loading does not
-// depend on the world size that saved: tensors are the replicated state, and the sampler state
-// is a global offset (trun/sampler.h).
+// pending write, verifies the checkpoints (manifest CRC, data size, every tensor's CRC32C; a read
+// error is retried once), decides, and tells every rank which checkpoint to load (a broadcast);
+// each rank then reads that one. The newest valid checkpoint of this job wins (the one `latest`
+// names first). Damage is never silent and never destructive: a checkpoint that does not verify
+// is quarantined (renamed to DIR/step_<n>.damaged-<unix ms>, with a REASON file, and kept; no
+// retention ever removes it), with a line on stderr. When checkpoints exist but none is
+// readable, load_latest() throws CheckpointError listing each one and why, unless
+// `start_fresh_if_damaged` is set (then they are quarantined and it returns std::nullopt).
+// Loading does not depend on the world size that saved: tensors are the replicated state, and
+// the sampler state is a global offset (trun/sampler.h).
 //
 // Tensors are host memory only: copy device tensors to the host before saving.
 //
 // Thread safety: a Checkpointer is used by one thread (the training loop); its background writer
-// is internal. Errors: CheckpointError (I/O, with the path and errno text; a damaged checkpoint
-// when one is loaded by path), std::invalid_argument (bad arguments), CollectiveError from the
-// barrier.
+// is internal. Errors: CheckpointError (I/O, with the path and errno text, error_number() = the
+// errno; a damaged checkpoint when one is loaded by path; none readable), CheckpointOwnerError
+// (the directory belongs to another job), std::invalid_argument (bad arguments), CollectiveError
+// from the broadcast.
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "trun/process_group.h"
@@ -57,7 +74,20 @@ namespace trun::worker {
 
 class CheckpointError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit CheckpointError(const std::string& what, int error_number = 0)
+      : std::runtime_error(what), error_number_(error_number) {}
+  // The errno of the failed system call (ENOSPC, EROFS, EIO, ...); 0 when the error is not one.
+  int error_number() const { return error_number_; }
+
+ private:
+  int error_number_ = 0;
+};
+
+// The checkpoint directory belongs to another job: its lock is held by a live process of another
+// job, or it holds only another job's checkpoints. The message names the owner.
+class CheckpointOwnerError : public CheckpointError {
+ public:
+  using CheckpointError::CheckpointError;
 };
 
 // A tensor to save: borrowed memory, read during save() (async mode: only during the snapshot).
@@ -92,6 +122,7 @@ struct Checkpoint {
   std::vector<LoadedTensor> optimizer;
   std::optional<SamplerState> sampler;
   std::string metadata = "{}";
+  std::string job_id;  // of the job that saved it; empty for checkpoints of trun before 0.3
 
   // nullptr when absent. `section` is "model" or "optimizer".
   const LoadedTensor* find(const std::string& section, const std::string& name) const;
@@ -109,6 +140,19 @@ struct CheckpointerOptions {
   int keep_last = 3;  // >= 1
   bool async = false;
   bool fsync = true;  // false only for tests and benchmarks that measure without it
+  // The training job's identity, recorded in every checkpoint. Empty: $TRUN_JOB_ID, else
+  // $SLURM_JOB_ID (kept across a requeue), else $TORCHELASTIC_RUN_ID (trun's --rdzv-id), else
+  // "none". Every rank must use the same value.
+  std::string job_id;
+  // load_latest() when DIR holds only another job's checkpoints: false refuses with
+  // CheckpointOwnerError; true resumes from the newest valid one and takes them over.
+  bool adopt = false;
+  // load_latest() when checkpoints exist and none is readable: false throws CheckpointError
+  // listing each one and why; true quarantines them and returns std::nullopt (a fresh start).
+  bool start_fresh_if_damaged = false;
+  // How long the constructor waits for DIR's lock while a process of the same job holds it (an
+  // earlier incarnation of rank 0 that is still being stopped). Another job's lock: no wait.
+  std::chrono::milliseconds lock_wait{30000};
   // Test seam: called by the writer at each step of a save ("data_written", "manifest_written",
   // "synced", "renamed", "latest_written", "done"), so a test can crash it at a chosen moment.
   std::function<void(const char* phase)> on_phase;
@@ -116,7 +160,9 @@ struct CheckpointerOptions {
 
 class Checkpointer {
  public:
-  // Creates DIR (and parents) on rank 0. Throws CheckpointError, std::invalid_argument.
+  // Rank 0: creates DIR (and parents), takes its lock, checks that it is writable and removes
+  // temporary files of writers that are gone. Throws CheckpointError (e.g. a read-only
+  // directory), CheckpointOwnerError (another job owns DIR), std::invalid_argument.
   explicit Checkpointer(std::string dir, CheckpointerOptions options = {});
   ~Checkpointer();  // waits for a pending async save (errors are logged, not thrown)
   Checkpointer(const Checkpointer&) = delete;
@@ -134,33 +180,17 @@ class Checkpointer {
   static Checkpoint load(const std::string& step_dir);
   // Steps of the step_<n> directories present (valid or not), ascending.
   std::vector<uint64_t> list_steps() const;
-  const std::string& dir() const { return dir_; }
+  const std::string& dir() const;
+  const std::string& job_id() const;
 
   // How long the last save() blocked the caller, and how long its write took (async: measured
   // on the background thread; valid after wait()).
-  std::chrono::nanoseconds last_blocked() const { return last_blocked_; }
-  std::chrono::nanoseconds last_write() const { return last_write_; }
+  std::chrono::nanoseconds last_blocked() const;
+  std::chrono::nanoseconds last_write() const;
 
  private:
-  struct Snapshot;
-  void write(const Snapshot& snap);
-  void writer_loop();
-  bool is_writer() const;
-
-  std::string dir_;
-  CheckpointerOptions options_;
-  std::chrono::nanoseconds last_blocked_{0};
-  std::chrono::nanoseconds last_write_{0};
-
-  // Async writer: one pending snapshot at most.
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::unique_ptr<Snapshot> pending_;
-  std::unique_ptr<Snapshot> spare_;  // staging buffer reused by the next snapshot
-  bool busy_ = false;
-  bool stopping_ = false;
-  std::exception_ptr error_;
-  std::thread thread_;
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
 // CRC32C (Castagnoli) of `n` bytes, continuing from `crc` (0 to start). Uses SSE4.2 when the CPU

@@ -9,11 +9,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <set>
+#include <thread>
 
+#include "worker_sdk/src/checkpoint/directory.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace trun::worker {
@@ -25,7 +30,7 @@ using json = nlohmann::json;
 namespace {
 
 constexpr const char* kFormat = "trun-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: the saving job's id ("job"); 1 is still read
 constexpr size_t kAlign = 64;
 constexpr size_t kIoChunk = size_t{64} << 20;
 constexpr size_t kMaxManifestBytes = size_t{256} << 20;
@@ -33,7 +38,7 @@ constexpr size_t kMaxManifestBytes = size_t{256} << 20;
 std::string errno_text(int err) { return std::strerror(err); }
 
 [[noreturn]] void io_fail(const std::string& what, const std::string& path, int err) {
-  throw CheckpointError("checkpoint: " + what + " " + path + ": " + errno_text(err));
+  throw CheckpointError("checkpoint: " + what + " " + path + ": " + errno_text(err), err);
 }
 
 // RAII file descriptor.
@@ -149,315 +154,23 @@ void Checkpoint::copy_to(const std::string& section, const std::string& name, vo
   if (!t->bytes.empty()) detail::copy_bytes(dst, t->bytes.data(), t->bytes.size());
 }
 
-// What the writer needs: the manifest without offsets' checksums, and where each tensor's bytes
-// are (the caller's memory in sync mode, the staging buffer in async mode).
-struct Checkpointer::Snapshot {
-  struct Piece {
-    std::string section, name;
-    DataType dtype;
-    std::vector<int64_t> shape;
-    const unsigned char* data;
-    size_t nbytes;
-    uint64_t offset;
-  };
-  uint64_t step = 0;
-  int world_size = 1;
-  std::vector<Piece> pieces;
-  uint64_t data_size = 0;
-  std::optional<SamplerState> sampler;
-  json metadata;
-  // Async staging memory (reused across saves).
-  std::unique_ptr<unsigned char[]> staging;
-  size_t staging_capacity = 0;
-};
+namespace {
 
-Checkpointer::Checkpointer(std::string dir, CheckpointerOptions options)
-    : dir_(std::move(dir)), options_(std::move(options)) {
-  if (dir_.empty()) throw std::invalid_argument("Checkpointer: empty directory");
-  if (options_.keep_last < 1)
-    throw std::invalid_argument("Checkpointer: keep_last must be >= 1, got " +
-                                std::to_string(options_.keep_last));
-  while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-  if (is_writer()) {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    if (ec) throw CheckpointError("checkpoint: cannot create " + dir_ + ": " + ec.message());
-  }
-}
-
-Checkpointer::~Checkpointer() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stopping_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
-  if (error_) {
-    try {
-      std::rethrow_exception(error_);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "[trun.checkpoint] the last async save failed: %s\n", e.what());
-    }
-  }
-}
-
-bool Checkpointer::is_writer() const { return !options_.group || options_.group->rank() == 0; }
-
-void Checkpointer::save(const SaveRequest& req) {
-  const auto t0 = Clock::now();
-  // Validate on every rank, so that a bad request fails everywhere alike.
-  json metadata;
-  try {
-    metadata = json::parse(req.metadata.empty() ? "{}" : req.metadata);
-  } catch (const json::exception& e) {
-    throw std::invalid_argument(std::string("Checkpointer::save: metadata is not JSON: ") +
-                                e.what());
-  }
-  std::set<std::string> seen;
-  size_t total = 0;
-  auto check = [&](const std::vector<TensorRef>& list, const char* section) {
-    for (const auto& t : list) {
-      if (t.name.empty())
-        throw std::invalid_argument(std::string("Checkpointer::save: a ") + section +
-                                    " tensor has an empty name");
-      if (!seen.insert(std::string(section) + "/" + t.name).second)
-        throw std::invalid_argument(std::string("Checkpointer::save: duplicate ") + section +
-                                    " tensor '" + t.name + "'");
-      const size_t bytes = numel_of(t.shape, t.name) * dtype_size(t.dtype);
-      if (bytes > 0 && !t.data)
-        throw std::invalid_argument("Checkpointer::save: tensor '" + t.name + "' has no data");
-      total = (total + kAlign - 1) / kAlign * kAlign + bytes;
-    }
-  };
-  check(req.model, "model");
-  check(req.optimizer, "optimizer");
-  if (!is_writer()) {
-    last_blocked_ = Clock::now() - t0;
-    return;
-  }
-
-  // One save in flight: wait for the previous one (and surface its failure).
-  wait();
-
-  std::unique_ptr<Snapshot> snap;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    snap = spare_ ? std::move(spare_) : std::make_unique<Snapshot>();
-  }
-  snap->step = req.step;
-  snap->world_size = options_.group ? options_.group->size() : 1;
-  snap->pieces.clear();
-  snap->sampler = req.sampler;
-  snap->metadata = std::move(metadata);
-  if (options_.async && snap->staging_capacity < total) {
-    snap->staging.reset(new unsigned char[total]);
-    snap->staging_capacity = total;
-  }
-  uint64_t offset = 0;
-  auto add = [&](const std::vector<TensorRef>& list, const char* section) {
-    for (const auto& t : list) {
-      offset = (offset + kAlign - 1) / kAlign * kAlign;
-      const size_t bytes = numel_of(t.shape, t.name) * dtype_size(t.dtype);
-      const auto* src = static_cast<const unsigned char*>(t.data);
-      if (options_.async && bytes > 0) {
-        detail::copy_bytes(snap->staging.get() + offset, src, bytes);
-        src = snap->staging.get() + offset;
-      }
-      snap->pieces.push_back({section, t.name, t.dtype, t.shape, src, bytes, offset});
-      offset += bytes;
-    }
-  };
-  add(req.model, "model");
-  add(req.optimizer, "optimizer");
-  snap->data_size = offset;
-
-  if (!options_.async) {
-    const auto w0 = Clock::now();
-    try {
-      write(*snap);
-    } catch (...) {
-      std::lock_guard<std::mutex> lock(mu_);
-      spare_ = std::move(snap);
-      throw;
-    }
-    last_write_ = Clock::now() - w0;
-    last_blocked_ = Clock::now() - t0;
-    std::lock_guard<std::mutex> lock(mu_);
-    spare_ = std::move(snap);
-    return;
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending_ = std::move(snap);
-    busy_ = true;
-    if (!thread_.joinable()) thread_ = std::thread([this] { writer_loop(); });
-  }
-  cv_.notify_all();
-  last_blocked_ = Clock::now() - t0;
-}
-
-void Checkpointer::writer_loop() {
-  std::unique_lock<std::mutex> lock(mu_);
-  for (;;) {
-    cv_.wait(lock, [&] { return stopping_ || pending_; });
-    if (!pending_) return;
-    std::unique_ptr<Snapshot> snap = std::move(pending_);
-    lock.unlock();
-    std::exception_ptr err;
-    const auto w0 = Clock::now();
-    try {
-      write(*snap);
-    } catch (...) {
-      err = std::current_exception();
-    }
-    const auto took = Clock::now() - w0;
-    lock.lock();
-    last_write_ = took;
-    error_ = err;
-    spare_ = std::move(snap);
-    busy_ = false;
-    cv_.notify_all();
-  }
-}
-
-void Checkpointer::wait() {
-  std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return !busy_; });
-  if (error_) {
-    std::exception_ptr e = error_;
-    error_ = nullptr;
-    std::rethrow_exception(e);
-  }
-}
-
-void Checkpointer::write(const Snapshot& snap) {
-  auto phase = [&](const char* p) {
-    if (options_.on_phase) options_.on_phase(p);
-  };
-  const std::string final_name = step_name(snap.step);
-  const std::string final_dir = dir_ + "/" + final_name;
-  const std::string tmp_dir = dir_ + "/.tmp-" + final_name + "-" + std::to_string(::getpid());
-  std::error_code ec;
-  fs::remove_all(tmp_dir, ec);
-  if (::mkdir(tmp_dir.c_str(), 0755) != 0) io_fail("mkdir", tmp_dir, errno);
-
-  // Data file, checksumming each tensor as it goes out.
-  json tensors = json::array();
-  {
-    const std::string path = tmp_dir + "/data";
-    Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (f.fd < 0) io_fail("create", path, errno);
-    for (const auto& p : snap.pieces) {
-      const uint32_t crc = crc32c(p.data, p.nbytes);
-      if (p.nbytes > 0) write_all(f.fd, p.data, p.nbytes, p.offset, path);
-      tensors.push_back({{"section", p.section},
-                         {"name", p.name},
-                         {"dtype", dtype_key(p.dtype)},
-                         {"shape", p.shape},
-                         {"offset", p.offset},
-                         {"nbytes", p.nbytes},
-                         {"crc32c", crc}});
-    }
-    if (::ftruncate(f.fd, static_cast<off_t>(snap.data_size)) != 0)
-      io_fail("truncate", path, errno);
-    if (options_.fsync && ::fsync(f.fd) != 0) io_fail("fsync", path, errno);
-  }
-  phase("data_written");
-
-  json body = {{"format", kFormat},
-               {"version", kVersion},
-               {"step", snap.step},
-               {"world_size", snap.world_size},
-               {"created_unix_ms", unix_ms()},
-               {"data_file", "data"},
-               {"data_size", snap.data_size},
-               {"tensors", std::move(tensors)},
-               {"metadata", snap.metadata}};
-  body["sampler"] = snap.sampler ? json::parse(sampler_state_to_json(*snap.sampler)) : json();
-  const std::string body_text = body.dump();
-  json manifest = {{"manifest", std::move(body)},
-                   {"crc32c", crc32c(body_text.data(), body_text.size())}};
-  {
-    const std::string text = manifest.dump(1) + "\n";
-    const std::string path = tmp_dir + "/manifest.json";
-    Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (f.fd < 0) io_fail("create", path, errno);
-    write_all(f.fd, text.data(), text.size(), 0, path);
-    if (options_.fsync && ::fsync(f.fd) != 0) io_fail("fsync", path, errno);
-  }
-  phase("manifest_written");
-  if (options_.fsync) fsync_path(tmp_dir, true);
-  phase("synced");
-
-  // Into place. An existing step_<n> (the same step saved again after a restart) is swapped out
-  // atomically, so some version of the step is always visible.
-  if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
-    if (errno != ENOTEMPTY && errno != EEXIST) io_fail("rename into place", final_dir, errno);
-    if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
-      io_fail("exchange with the existing", final_dir, errno);
-    fs::remove_all(tmp_dir, ec);  // now holds the old version
-  }
-  if (options_.fsync) fsync_path(dir_, true);
-  phase("renamed");
-
-  {
-    const std::string tmp = dir_ + "/.latest.tmp-" + std::to_string(::getpid());
-    const std::string text = final_name + "\n";
-    {
-      Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (f.fd < 0) io_fail("create", tmp, errno);
-      write_all(f.fd, text.data(), text.size(), 0, tmp);
-      if (options_.fsync && ::fsync(f.fd) != 0) io_fail("fsync", tmp, errno);
-    }
-    const std::string latest = dir_ + "/latest";
-    if (::rename(tmp.c_str(), latest.c_str()) != 0) io_fail("rename", latest, errno);
-    if (options_.fsync) fsync_path(dir_, true);
-  }
-  phase("latest_written");
-
-  // Retention: steps after this one are an abandoned history; keep the newest keep_last of the
-  // rest; temporary leftovers of crashed writers go too.
-  std::vector<uint64_t> steps;
-  for (const auto& entry : fs::directory_iterator(dir_, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(".tmp-", 0) == 0 || name.rfind(".latest.tmp-", 0) == 0) {
-      fs::remove_all(entry.path(), ec);
-      continue;
-    }
-    if (auto s = parse_step_name(name)) steps.push_back(*s);
-  }
-  std::sort(steps.begin(), steps.end(), std::greater<uint64_t>());
-  int kept = 0;
-  for (uint64_t s : steps) {
-    if (s > snap.step || (s < snap.step && kept >= options_.keep_last)) {
-      fs::remove_all(dir_ + "/" + step_name(s), ec);
-      continue;
-    }
-    if (s <= snap.step) ++kept;
-  }
-  phase("done");
-}
-
-std::vector<uint64_t> Checkpointer::list_steps() const {
-  std::vector<uint64_t> steps;
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir_, ec))
-    if (auto s = parse_step_name(entry.path().filename().string())) steps.push_back(*s);
-  std::sort(steps.begin(), steps.end());
-  return steps;
-}
-
-Checkpoint Checkpointer::load(const std::string& step_dir) {
+// Reads and checks step_dir/manifest.json (CRC, format, version); returns its body.
+json read_manifest(const std::string& step_dir) {
   const std::string where = "checkpoint " + step_dir;
-  auto bad = [&](const std::string& why) { return CheckpointError(where + ": " + why); };
+  auto bad = [&](const std::string& why, int err = 0) {
+    return CheckpointError(where + ": " + why, err);
+  };
 
   const std::string mpath = step_dir + "/manifest.json";
   std::string text;
   {
     Fd f(::open(mpath.c_str(), O_RDONLY | O_CLOEXEC));
-    if (f.fd < 0) throw bad("cannot open manifest.json: " + errno_text(errno));
+    if (f.fd < 0) throw bad("cannot open manifest.json: " + errno_text(errno), errno);
     struct stat st {};
-    if (::fstat(f.fd, &st) != 0) throw bad("cannot stat manifest.json: " + errno_text(errno));
+    if (::fstat(f.fd, &st) != 0)
+      throw bad("cannot stat manifest.json: " + errno_text(errno), errno);
     if (static_cast<size_t>(st.st_size) > kMaxManifestBytes)
       throw bad("manifest.json is implausibly large");
     text.resize(static_cast<size_t>(st.st_size));
@@ -475,12 +188,22 @@ Checkpoint Checkpointer::load(const std::string& step_dir) {
                 std::to_string(got) + ")");
     if (body.at("format").get<std::string>() != kFormat)
       throw bad("not a trun checkpoint (format '" + body.at("format").get<std::string>() + "')");
-    if (body.at("version").get<int>() != kVersion)
+    if (body.at("version").get<int>() < 1 || body.at("version").get<int>() > kVersion)
       throw bad("unsupported version " + std::to_string(body.at("version").get<int>()));
   } catch (const json::exception& e) {
     throw bad(std::string("manifest.json is malformed: ") + e.what());
   }
+  return body;
+}
 
+}  // namespace
+
+Checkpoint Checkpointer::load(const std::string& step_dir) {
+  const std::string where = "checkpoint " + step_dir;
+  auto bad = [&](const std::string& why, int err = 0) {
+    return CheckpointError(where + ": " + why, err);
+  };
+  const json body = read_manifest(step_dir);
   Checkpoint ck;
   ck.path = step_dir;
   uint64_t data_size = 0;
@@ -491,6 +214,7 @@ Checkpoint Checkpointer::load(const std::string& step_dir) {
     data_size = body.at("data_size").get<uint64_t>();
     data_file = body.at("data_file").get<std::string>();
     ck.metadata = body.at("metadata").dump();
+    ck.job_id = body.value("job", "");
     if (!body.at("sampler").is_null())
       ck.sampler = sampler_state_from_json(body.at("sampler").dump());
   } catch (const json::exception& e) {
@@ -502,9 +226,10 @@ Checkpoint Checkpointer::load(const std::string& step_dir) {
     throw bad("bad data file name '" + data_file + "'");
   const std::string dpath = step_dir + "/" + data_file;
   Fd f(::open(dpath.c_str(), O_RDONLY | O_CLOEXEC));
-  if (f.fd < 0) throw bad("cannot open " + data_file + ": " + errno_text(errno));
+  if (f.fd < 0) throw bad("cannot open " + data_file + ": " + errno_text(errno), errno);
   struct stat st {};
-  if (::fstat(f.fd, &st) != 0) throw bad("cannot stat " + data_file + ": " + errno_text(errno));
+  if (::fstat(f.fd, &st) != 0)
+    throw bad("cannot stat " + data_file + ": " + errno_text(errno), errno);
   if (static_cast<uint64_t>(st.st_size) != data_size)
     throw bad(data_file + " has " + std::to_string(st.st_size) + " bytes, the manifest says " +
               std::to_string(data_size));
@@ -544,56 +269,574 @@ Checkpoint Checkpointer::load(const std::string& step_dir) {
   return ck;
 }
 
-std::optional<Checkpoint> Checkpointer::load_latest() {
-  if (is_writer()) {
+namespace {
+
+// What the writer needs: the manifest without offsets' checksums, and where each tensor's bytes
+// are (the caller's memory in sync mode, the staging buffer in async mode).
+struct Snapshot {
+  struct Piece {
+    std::string section, name;
+    DataType dtype;
+    std::vector<int64_t> shape;
+    const unsigned char* data;
+    size_t nbytes;
+    uint64_t offset;
+  };
+  uint64_t step = 0;
+  int world_size = 1;
+  std::vector<Piece> pieces;
+  uint64_t data_size = 0;
+  std::optional<SamplerState> sampler;
+  json metadata;
+  // Async staging memory (reused across saves).
+  std::unique_ptr<unsigned char[]> staging;
+  size_t staging_capacity = 0;
+};
+
+std::string default_job_id() {
+  for (const char* var : {"TRUN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"}) {
+    const char* v = std::getenv(var);
+    if (v && *v) return v;
+  }
+  return "none";
+}
+
+}  // namespace
+
+struct Checkpointer::State {
+  std::string dir;
+  CheckpointerOptions options;
+  std::string job_id;
+  std::set<std::string> own_jobs;  // job_id, "" (checkpoints older than job ids), an adopted one
+  std::shared_ptr<detail::DirLock> lock;
+  std::chrono::nanoseconds last_blocked{0};
+  std::chrono::nanoseconds last_write{0};
+
+  // Async writer: one pending snapshot at most.
+  std::mutex mu;
+  std::condition_variable cv;
+  std::unique_ptr<Snapshot> pending;
+  std::unique_ptr<Snapshot> spare;  // staging buffer reused by the next snapshot
+  bool busy = false;
+  bool stopping = false;
+  std::exception_ptr error;
+  std::thread thread;
+
+  bool is_writer() const { return !options.group || options.group->rank() == 0; }
+  void write(const Snapshot& snap);
+  void writer_loop();
+  void wait();
+  // Removes this job's checkpoints beyond `limit` older than `step` (never the one `latest`
+  // names), and with `drop_future` those after `step`.
+  void retain(uint64_t step, int limit, bool drop_future);
+  // The job that saved step_dir; nullopt when its manifest does not verify.
+  std::optional<std::string> job_of(const std::string& step_dir) const;
+  std::string latest_name() const;
+  std::optional<Checkpoint> choose(bool writer);
+  void write_small_file(const std::string& name, const std::string& text);
+};
+
+Checkpointer::Checkpointer(std::string dir, CheckpointerOptions options)
+    : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.dir = std::move(dir);
+  s.options = std::move(options);
+  if (s.dir.empty()) throw std::invalid_argument("Checkpointer: empty directory");
+  if (s.options.keep_last < 1)
+    throw std::invalid_argument("Checkpointer: keep_last must be >= 1, got " +
+                                std::to_string(s.options.keep_last));
+  while (s.dir.size() > 1 && s.dir.back() == '/') s.dir.pop_back();
+  s.job_id = s.options.job_id.empty() ? default_job_id() : s.options.job_id;
+  s.own_jobs = {s.job_id, ""};
+  if (s.is_writer()) {
+    std::error_code ec;
+    fs::create_directories(s.dir, ec);
+    if (ec)
+      throw CheckpointError("checkpoint: cannot create " + s.dir + ": " + ec.message(), ec.value());
+    s.lock = detail::DirLock::acquire(s.dir, s.job_id, s.options.lock_wait);
+    detail::remove_stale_temporaries(s.dir, false);
+  }
+}
+
+Checkpointer::~Checkpointer() {
+  State& s = *state_;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.stopping = true;
+  }
+  s.cv.notify_all();
+  if (s.thread.joinable()) s.thread.join();
+  if (s.error) {
     try {
-      wait();
+      std::rethrow_exception(s.error);
     } catch (const std::exception& e) {
       std::fprintf(stderr, "[trun.checkpoint] the last async save failed: %s\n", e.what());
     }
   }
-  if (options_.group && options_.group->size() > 1) options_.group->barrier();
+}
 
-  // The checkpoint `latest` names first, then every other step, newest first.
-  std::vector<std::string> candidates;
-  {
-    std::string latest;
-    if (FILE* f = std::fopen((dir_ + "/latest").c_str(), "r")) {
-      char buf[64] = {};
-      if (std::fgets(buf, sizeof buf, f)) latest = buf;
-      std::fclose(f);
+const std::string& Checkpointer::dir() const { return state_->dir; }
+const std::string& Checkpointer::job_id() const { return state_->job_id; }
+std::chrono::nanoseconds Checkpointer::last_blocked() const { return state_->last_blocked; }
+std::chrono::nanoseconds Checkpointer::last_write() const { return state_->last_write; }
+
+void Checkpointer::save(const SaveRequest& req) {
+  State& s = *state_;
+  const auto t0 = Clock::now();
+  // Validate on every rank, so that a bad request fails everywhere alike.
+  json metadata;
+  try {
+    metadata = json::parse(req.metadata.empty() ? "{}" : req.metadata);
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(std::string("Checkpointer::save: metadata is not JSON: ") +
+                                e.what());
+  }
+  std::set<std::string> seen;
+  size_t total = 0;
+  auto check = [&](const std::vector<TensorRef>& list, const char* section) {
+    for (const auto& t : list) {
+      if (t.name.empty())
+        throw std::invalid_argument(std::string("Checkpointer::save: a ") + section +
+                                    " tensor has an empty name");
+      if (!seen.insert(std::string(section) + "/" + t.name).second)
+        throw std::invalid_argument(std::string("Checkpointer::save: duplicate ") + section +
+                                    " tensor '" + t.name + "'");
+      const size_t bytes = numel_of(t.shape, t.name) * dtype_size(t.dtype);
+      if (bytes > 0 && !t.data)
+        throw std::invalid_argument("Checkpointer::save: tensor '" + t.name + "' has no data");
+      total = (total + kAlign - 1) / kAlign * kAlign + bytes;
     }
-    while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
-    if (parse_step_name(latest)) candidates.push_back(latest);
+  };
+  check(req.model, "model");
+  check(req.optimizer, "optimizer");
+  if (!s.is_writer()) {
+    s.last_blocked = Clock::now() - t0;
+    return;
   }
-  std::vector<uint64_t> steps = list_steps();
-  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
-    std::string name = step_name(*it);
-    if (std::find(candidates.begin(), candidates.end(), name) == candidates.end())
-      candidates.push_back(name);
+
+  // One save in flight: wait for the previous one (and surface its failure).
+  s.wait();
+
+  std::unique_ptr<Snapshot> snap;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    snap = s.spare ? std::move(s.spare) : std::make_unique<Snapshot>();
   }
-  for (const auto& name : candidates) {
-    const std::string path = dir_ + "/" + name;
-    std::error_code ec;
-    if (!fs::is_directory(path, ec)) {
-      std::fprintf(stderr,
-                   "[trun.checkpoint] %s/latest names %s, which does not exist; "
-                   "falling back\n",
-                   dir_.c_str(), name.c_str());
+  snap->step = req.step;
+  snap->world_size = s.options.group ? s.options.group->size() : 1;
+  snap->pieces.clear();
+  snap->sampler = req.sampler;
+  snap->metadata = std::move(metadata);
+  if (s.options.async && snap->staging_capacity < total) {
+    snap->staging.reset(new unsigned char[total]);
+    snap->staging_capacity = total;
+  }
+  uint64_t offset = 0;
+  auto add = [&](const std::vector<TensorRef>& list, const char* section) {
+    for (const auto& t : list) {
+      offset = (offset + kAlign - 1) / kAlign * kAlign;
+      const size_t bytes = numel_of(t.shape, t.name) * dtype_size(t.dtype);
+      const auto* src = static_cast<const unsigned char*>(t.data);
+      if (s.options.async && bytes > 0) {
+        detail::copy_bytes(snap->staging.get() + offset, src, bytes);
+        src = snap->staging.get() + offset;
+      }
+      snap->pieces.push_back({section, t.name, t.dtype, t.shape, src, bytes, offset});
+      offset += bytes;
+    }
+  };
+  add(req.model, "model");
+  add(req.optimizer, "optimizer");
+  snap->data_size = offset;
+
+  if (!s.options.async) {
+    const auto w0 = Clock::now();
+    try {
+      s.write(*snap);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.spare = std::move(snap);
+      throw;
+    }
+    s.last_write = Clock::now() - w0;
+    s.last_blocked = Clock::now() - t0;
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.spare = std::move(snap);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    s.pending = std::move(snap);
+    s.busy = true;
+    if (!s.thread.joinable()) s.thread = std::thread([&s] { s.writer_loop(); });
+  }
+  s.cv.notify_all();
+  s.last_blocked = Clock::now() - t0;
+}
+
+void Checkpointer::State::writer_loop() {
+  std::unique_lock<std::mutex> lock(mu);
+  for (;;) {
+    cv.wait(lock, [&] { return stopping || pending; });
+    if (!pending) return;
+    std::unique_ptr<Snapshot> snap = std::move(pending);
+    lock.unlock();
+    std::exception_ptr err;
+    const auto w0 = Clock::now();
+    try {
+      write(*snap);
+    } catch (...) {
+      err = std::current_exception();
+    }
+    const auto took = Clock::now() - w0;
+    lock.lock();
+    last_write = took;
+    error = err;
+    spare = std::move(snap);
+    busy = false;
+    cv.notify_all();
+  }
+}
+
+void Checkpointer::wait() { state_->wait(); }
+
+void Checkpointer::State::wait() {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return !busy; });
+  if (error) {
+    std::exception_ptr e = error;
+    error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+std::string Checkpointer::State::latest_name() const {
+  std::string latest;
+  if (FILE* f = std::fopen((dir + "/latest").c_str(), "r")) {
+    char buf[64] = {};
+    if (std::fgets(buf, sizeof buf, f)) latest = buf;
+    std::fclose(f);
+  }
+  while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
+  return parse_step_name(latest) ? latest : "";
+}
+
+// Writes DIR/<name> atomically (temporary file, fsync, rename, fsync DIR).
+void Checkpointer::State::write_small_file(const std::string& name, const std::string& text) {
+  const std::string tmp = dir + "/." + name + ".tmp" + detail::temp_suffix();
+  try {
+    {
+      Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (f.fd < 0) io_fail("create", tmp, errno);
+      write_all(f.fd, text.data(), text.size(), 0, tmp);
+      if (options.fsync && ::fsync(f.fd) != 0) io_fail("fsync", tmp, errno);
+    }
+    const std::string path = dir + "/" + name;
+    if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("rename", path, errno);
+    if (options.fsync) fsync_path(dir, true);
+  } catch (...) {
+    ::unlink(tmp.c_str());
+    throw;
+  }
+}
+
+void Checkpointer::State::write(const Snapshot& snap) {
+  auto phase = [&](const char* p) {
+    if (options.on_phase) options.on_phase(p);
+  };
+  const std::string final_name = step_name(snap.step);
+  const std::string final_dir = dir + "/" + final_name;
+  const std::string tmp_dir = dir + "/.tmp-" + final_name + detail::temp_suffix();
+  std::error_code ec;
+  {
+    // Another job's step of the same number is never replaced.
+    const auto owner = job_of(final_dir);
+    if (owner && !own_jobs.count(*owner))
+      throw CheckpointOwnerError("checkpoint: " + final_dir + " belongs to job '" + *owner +
+                                 "', not to this job ('" + job_id + "'); not replacing it");
+  }
+  // Make room first where keep_last allows (a full disk then still takes the new checkpoint).
+  if (options.keep_last >= 2) retain(snap.step, options.keep_last - 1, false);
+  fs::remove_all(tmp_dir, ec);
+  if (::mkdir(tmp_dir.c_str(), 0755) != 0) io_fail("mkdir", tmp_dir, errno);
+  try {
+    // Data file, checksumming each tensor as it goes out.
+    json tensors = json::array();
+    {
+      const std::string path = tmp_dir + "/data";
+      Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (f.fd < 0) io_fail("create", path, errno);
+      for (const auto& p : snap.pieces) {
+        const uint32_t crc = crc32c(p.data, p.nbytes);
+        if (p.nbytes > 0) write_all(f.fd, p.data, p.nbytes, p.offset, path);
+        tensors.push_back({{"section", p.section},
+                           {"name", p.name},
+                           {"dtype", dtype_key(p.dtype)},
+                           {"shape", p.shape},
+                           {"offset", p.offset},
+                           {"nbytes", p.nbytes},
+                           {"crc32c", crc}});
+      }
+      if (::ftruncate(f.fd, static_cast<off_t>(snap.data_size)) != 0)
+        io_fail("truncate", path, errno);
+      if (options.fsync && ::fsync(f.fd) != 0) io_fail("fsync", path, errno);
+    }
+    phase("data_written");
+
+    json body = {{"format", kFormat},
+                 {"version", kVersion},
+                 {"step", snap.step},
+                 {"world_size", snap.world_size},
+                 {"job", job_id},
+                 {"host", detail::host_name()},
+                 {"created_unix_ms", unix_ms()},
+                 {"data_file", "data"},
+                 {"data_size", snap.data_size},
+                 {"tensors", std::move(tensors)},
+                 {"metadata", snap.metadata}};
+    body["sampler"] = snap.sampler ? json::parse(sampler_state_to_json(*snap.sampler)) : json();
+    const std::string body_text = body.dump();
+    json manifest = {{"manifest", std::move(body)},
+                     {"crc32c", crc32c(body_text.data(), body_text.size())}};
+    {
+      const std::string text = manifest.dump(1) + "\n";
+      const std::string path = tmp_dir + "/manifest.json";
+      Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+      if (f.fd < 0) io_fail("create", path, errno);
+      write_all(f.fd, text.data(), text.size(), 0, path);
+      if (options.fsync && ::fsync(f.fd) != 0) io_fail("fsync", path, errno);
+    }
+    phase("manifest_written");
+    if (options.fsync) fsync_path(tmp_dir, true);
+    phase("synced");
+
+    // Into place. An existing step_<n> (the same step saved again after a restart) is swapped
+    // out atomically, so some version of the step is always visible.
+    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+      if (errno != ENOTEMPTY && errno != EEXIST) io_fail("rename into place", final_dir, errno);
+      if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+        io_fail("exchange with the existing", final_dir, errno);
+    }
+    fs::remove_all(tmp_dir, ec);  // the old version, after an exchange
+    if (options.fsync) fsync_path(dir, true);
+    phase("renamed");
+
+    write_small_file("latest", final_name + "\n");
+    phase("latest_written");
+  } catch (...) {
+    // A failed save leaves nothing behind (ENOSPC: the partial files would keep the disk full).
+    fs::remove_all(tmp_dir, ec);
+    throw;
+  }
+
+  // Retention: steps after this one are an abandoned history; keep the newest keep_last.
+  retain(snap.step, options.keep_last - 1, true);
+  detail::remove_stale_temporaries(dir, true);
+  phase("done");
+}
+
+std::optional<std::string> Checkpointer::State::job_of(const std::string& step_dir) const {
+  try {
+    return read_manifest(step_dir).value("job", "");
+  } catch (const CheckpointError&) {
+    return std::nullopt;
+  }
+}
+
+void Checkpointer::State::retain(uint64_t step, int limit, bool drop_future) {
+  const std::string latest = latest_name();
+  std::vector<uint64_t> older;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const auto s = parse_step_name(name);
+    if (!s || *s == step || name == latest) continue;
+    if (*s > step && !drop_future) continue;
+    // Only this job's, and only what verifies as a manifest: damaged ones are never removed.
+    const auto owner = job_of(entry.path().string());
+    if (!owner || !own_jobs.count(*owner)) continue;
+    if (*s > step)
+      fs::remove_all(entry.path(), ec);
+    else
+      older.push_back(*s);
+  }
+  std::sort(older.begin(), older.end(), std::greater<uint64_t>());
+  // `latest` (when older than `step`) counts towards the limit.
+  const auto l = parse_step_name(latest);
+  int kept = (l && *l < step) ? 1 : 0;
+  for (uint64_t s : older) {
+    if (kept < limit) {
+      ++kept;
       continue;
     }
+    fs::remove_all(dir + "/" + step_name(s), ec);
+  }
+}
+
+std::vector<uint64_t> Checkpointer::list_steps() const {
+  std::vector<uint64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(state_->dir, ec))
+    if (auto s = parse_step_name(entry.path().filename().string())) steps.push_back(*s);
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
+
+namespace {
+
+// Loads step_dir; an I/O error (EIO, a network filesystem hiccup) gets one more try, so that a
+// transient error is not taken for damage.
+Checkpoint load_with_retry(const std::string& step_dir) {
+  try {
+    return Checkpointer::load(step_dir);
+  } catch (const CheckpointError& e) {
+    if (e.error_number() == 0 || e.error_number() == ENOENT) throw;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    return Checkpointer::load(step_dir);
+  }
+}
+
+}  // namespace
+
+// Rank 0 (or a process alone) decides; `writer` also quarantines what does not verify.
+std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
+  // The checkpoint `latest` names first, then every other step, newest first.
+  const std::string latest = latest_name();
+  std::vector<std::string> candidates;
+  if (!latest.empty()) candidates.push_back(latest);
+  std::vector<uint64_t> steps;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(dir, ec))
+    if (auto s = parse_step_name(entry.path().filename().string())) steps.push_back(*s);
+  std::sort(steps.begin(), steps.end(), std::greater<uint64_t>());
+  for (uint64_t s : steps)
+    if (step_name(s) != latest) candidates.push_back(step_name(s));
+
+  std::vector<std::pair<std::string, std::string>> damaged, foreign;  // name, why / job
+  std::optional<Checkpoint> chosen;
+  for (const auto& name : candidates) {
+    const std::string path = dir + "/" + name;
+    if (!fs::is_directory(path, ec)) {
+      std::fprintf(stderr, "[trun.checkpoint] %s/latest names %s, which does not exist\n",
+                   dir.c_str(), name.c_str());
+      continue;
+    }
+    const auto owner = job_of(path);
+    if (owner && !own_jobs.count(*owner)) {
+      foreign.emplace_back(name, *owner);
+      if (!options.adopt) continue;
+    }
     try {
-      Checkpoint ck = load(path);
+      Checkpoint ck = load_with_retry(path);
       if (step_name(ck.step) != name)
         throw CheckpointError("checkpoint " + path + ": its manifest says step " +
                               std::to_string(ck.step));
-      return ck;
+      if (!own_jobs.count(ck.job_id)) {
+        std::fprintf(stderr,
+                     "[trun.checkpoint] adopting %s of job '%s' as job '%s' (adopt is set)\n",
+                     path.c_str(), ck.job_id.c_str(), job_id.c_str());
+        own_jobs.insert(ck.job_id);
+      }
+      chosen = std::move(ck);
+      break;
     } catch (const CheckpointError& e) {
-      std::fprintf(stderr, "[trun.checkpoint] skipping a damaged or incomplete checkpoint: %s\n",
-                   e.what());
+      std::fprintf(stderr, "[trun.checkpoint] not loadable: %s\n", e.what());
+      damaged.emplace_back(name, e.what());
     }
   }
-  return std::nullopt;
+  if (!chosen && !foreign.empty() && !options.adopt) {
+    std::string list;
+    for (const auto& [name, job] : foreign) list += (list.empty() ? "" : ", ") + name;
+    throw CheckpointOwnerError(
+        "checkpoint: " + dir + " holds checkpoints of another job ('" + foreign.front().second +
+        "': " + list + ") and none of this job ('" + job_id +
+        "'). To continue that training, run with its job id (TRUN_JOB_ID=" +
+        foreign.front().second +
+        ", or the same --rdzv-id); to start a new one, use another directory; to take them "
+        "over, set adopt (train_mlp: --adopt-checkpoints)");
+  }
+  if (!chosen && !damaged.empty() && !options.start_fresh_if_damaged) {
+    std::string list;
+    for (const auto& [name, why] : damaged) list += "\n  " + name + ": " + why;
+    throw CheckpointError("checkpoint: " + dir + " holds " + std::to_string(damaged.size()) +
+                          " checkpoint(s) and none is readable; refusing to start from scratch, "
+                          "which would lose them:" +
+                          list +
+                          "\nRepair or move them away, or ask for a fresh start "
+                          "(start_fresh_if_damaged; train_mlp: --fresh-start), which "
+                          "quarantines them");
+  }
+  if (writer) {
+    bool latest_gone = false;
+    for (const auto& [name, why] : damaged)
+      if (!detail::quarantine(dir, name, why).empty() && name == latest) latest_gone = true;
+    if (latest_gone) {
+      if (chosen)
+        write_small_file("latest", step_name(chosen->step) + "\n");
+      else
+        ::unlink((dir + "/latest").c_str());
+    }
+  }
+  return chosen;
+}
+
+std::optional<Checkpoint> Checkpointer::load_latest() {
+  State& s = *state_;
+  const bool collective = s.options.group && s.options.group->size() > 1;
+  const std::string resume = s.dir + "/.resume";
+  if (!s.is_writer()) {
+    // Rank 0 decided and wrote its decision before the barrier.
+    s.options.group->barrier();
+    std::ifstream in(resume);
+    json d;
+    try {
+      if (in) d = json::parse(in);
+    } catch (const json::exception&) {
+      d = json();
+    }
+    if (!d.is_object()) return s.choose(false);  // rank 0 could not write it (full disk)
+    if (d.contains("refused")) {
+      const std::string why = "checkpoint: rank 0 refused to resume from " + s.dir + ": " +
+                              d.value("refused", std::string());
+      if (d.value("owner", false)) throw CheckpointOwnerError(why);
+      throw CheckpointError(why);
+    }
+    if (!d.contains("load")) return std::nullopt;
+    const std::string path = s.dir + "/" + d.value("load", std::string());
+    Checkpoint ck = load_with_retry(path);
+    s.own_jobs.insert(ck.job_id);
+    return ck;
+  }
+  try {
+    s.wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "[trun.checkpoint] the last async save failed: %s\n", e.what());
+  }
+  std::optional<Checkpoint> chosen;
+  std::exception_ptr error;
+  json d = json::object();
+  try {
+    chosen = s.choose(true);
+    if (chosen) d["load"] = step_name(chosen->step);
+  } catch (const CheckpointOwnerError& e) {
+    error = std::current_exception();
+    d = {{"refused", e.what()}, {"owner", true}};
+  } catch (const std::exception& e) {
+    error = std::current_exception();
+    d = {{"refused", e.what()}};
+  }
+  if (collective) {
+    try {
+      s.write_small_file(".resume", d.dump() + "\n");
+    } catch (const CheckpointError& e) {
+      // The other ranks then decide alone (read-only): the same choice unless a read differs.
+      std::fprintf(stderr, "[trun.checkpoint] cannot record the resume decision: %s\n", e.what());
+      ::unlink(resume.c_str());
+    }
+    s.options.group->barrier();
+  }
+  if (error) std::rethrow_exception(error);
+  return chosen;
 }
 
 }  // namespace trun::worker
