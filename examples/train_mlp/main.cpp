@@ -47,6 +47,8 @@ struct Args {
   int keep = 3;
   bool async_ckpt = false;
   bool no_ckpt = false;
+  bool fresh_start = false;  // checkpoints exist but none is readable: quarantine, start over
+  bool adopt = false;        // resume from another job's checkpoints
   double bucket_cap_mb = 25.0;
   std::string backend = "cpu";
   uint64_t stop_after_steps = 0;  // 0: never
@@ -70,6 +72,9 @@ void usage() {
                "  --keep K               checkpoints to keep (default 3)\n"
                "  --async-ckpt           write checkpoints on a background thread\n"
                "  --no-ckpt              neither save nor resume\n"
+               "  --fresh-start          when every checkpoint is damaged, quarantine them and\n"
+               "                         start over (default: refuse to start)\n"
+               "  --adopt-checkpoints    resume from another job's checkpoints in --ckpt-dir\n"
                "  --bucket-cap-mb X      DDP bucket cap (default 25)\n"
                "  --backend cpu|nccl|auto  (default cpu; the model runs on the CPU)\n"
                "  --step-sleep-ms T      sleep per step (to watch restarts)\n"
@@ -132,6 +137,10 @@ Args parse(int argc, char** argv) {
       a.async_ckpt = true;
     else if (k == "--no-ckpt")
       a.no_ckpt = true;
+    else if (k == "--fresh-start")
+      a.fresh_start = true;
+    else if (k == "--adopt-checkpoints")
+      a.adopt = true;
     else if (k == "--bucket-cap-mb")
       a.bucket_cap_mb = num(val());
     else if (k == "--backend")
@@ -203,6 +212,8 @@ int run(int argc, char** argv) {
     co.group = &pg;
     co.keep_last = args.keep;
     co.async = args.async_ckpt;
+    co.start_fresh_if_damaged = args.fresh_start;
+    co.adopt = args.adopt;
     ckpt = std::make_unique<Checkpointer>(dir, co);
     if (auto c = ckpt->load_latest()) {
       for (size_t i = 0; i < model.num_params(); ++i) {
@@ -235,7 +246,9 @@ int run(int argc, char** argv) {
     }
   }
 
-  auto save = [&] {
+  // A periodic save that fails (a full or read-only disk) does not stop training: the error is
+  // reported and the next period tries again. The final save must succeed.
+  auto save = [&](bool final_save) {
     if (!ckpt) return;
     SaveRequest req;
     req.step = step;
@@ -248,7 +261,18 @@ int run(int argc, char** argv) {
     req.sampler = sampler.state();
     req.metadata =
         "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " + std::to_string(world) + "}";
-    ckpt->save(req);
+    try {
+      ckpt->save(req);
+      if (final_save) ckpt->wait();
+    } catch (const CheckpointOwnerError&) {
+      throw;
+    } catch (const CheckpointError& e) {
+      if (final_save) throw;
+      std::fprintf(stderr,
+                   "[%d] checkpoint of step %" PRIu64
+                   " failed, training goes on and tries again at step %" PRIu64 ": %s\n",
+                   static_cast<int>(::getpid()), step, step + args.ckpt_every, e.what());
+    }
   };
 
   std::vector<float> x, target;
@@ -287,7 +311,7 @@ int run(int argc, char** argv) {
                      static_cast<int>(::getpid()), rank, step);
         std::exit(1);
       }
-      if (step % args.ckpt_every == 0) save();
+      if (step % args.ckpt_every == 0) save(false);
       if (args.step_sleep_ms > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
       if (args.stop_after_steps && steps_this_run >= args.stop_after_steps) {
@@ -304,7 +328,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
     sampler.set_epoch(sampler.epoch() + 1);
   }
-  if (ckpt && step % args.ckpt_every != 0) save();
+  if (ckpt && step % args.ckpt_every != 0) save(true);
   if (ckpt) ckpt->wait();
   if (sample_log) std::fclose(sample_log);
   if (rank == 0)

@@ -15,84 +15,12 @@
 #include <thread>
 
 #include "tests/worker_sdk_ddp/ckpt_content.h"
+#include "tests/worker_sdk_ddp/ckpt_test_util.h"
 #include "trun/checkpoint.h"
 
 using namespace trun::worker;
+using namespace trun::test;
 namespace fs = std::filesystem;
-
-namespace {
-
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/trun-ckpt-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
-
-void flip_byte(const std::string& file, uint64_t offset, unsigned char mask = 0x10) {
-  int fd = ::open(file.c_str(), O_RDWR);
-  REQUIRE(fd >= 0);
-  unsigned char c = 0;
-  REQUIRE(::pread(fd, &c, 1, static_cast<off_t>(offset)) == 1);
-  c ^= mask;
-  REQUIRE(::pwrite(fd, &c, 1, static_cast<off_t>(offset)) == 1);
-  ::close(fd);
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-std::string writer_binary() {
-  return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk_ddp/ckpt_writer";
-}
-
-// Runs ckpt_writer; kills it with SIGKILL after `kill_after` (if it still runs). Returns its
-// output; `status` gets the wait status.
-std::string run_writer(const std::string& dir, int max_saves, const std::string& phase,
-                       std::chrono::microseconds kill_after, int* status) {
-  const std::string out = dir + ".out";
-  pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    ::dup2(fd, 1);
-    ::dup2(fd, 2);
-    std::string bin = writer_binary(), n = std::to_string(max_saves);
-    if (phase.empty())
-      ::execl(bin.c_str(), bin.c_str(), dir.c_str(), n.c_str(), (char*)nullptr);
-    else
-      ::execl(bin.c_str(), bin.c_str(), dir.c_str(), n.c_str(), phase.c_str(), (char*)nullptr);
-    ::_exit(127);
-  }
-  const auto deadline = std::chrono::steady_clock::now() + kill_after;
-  int st = 0;
-  for (;;) {
-    pid_t r = ::waitpid(pid, &st, WNOHANG);
-    if (r == pid) break;
-    if (std::chrono::steady_clock::now() >= deadline) {
-      ::kill(pid, SIGKILL);
-      ::waitpid(pid, &st, 0);
-      break;
-    }
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  *status = st;
-  std::string text = read_file(out);
-  ::unlink(out.c_str());
-  return text;
-}
-
-}  // namespace
 
 TEST_CASE("crc32c: matches the standard check value", "[checkpoint]") {
   REQUIRE(crc32c("123456789", 9) == 0xE3069283u);

@@ -7,10 +7,15 @@
 // With CRASH_PHASE (one of the Checkpointer's phases), it SIGKILLs itself at that phase of its
 // first save. Prints "resumed STEP" (or "fresh") first. Exit codes: 0 done, 1 a loaded
 // checkpoint had wrong contents, 2 usage, 3 exception.
+//
+// Environment: TRUN_JOB_ID (the job; the Checkpointer reads it), CKPT_KEEP (keep_last, default
+// 2), CKPT_LOCK_WAIT_MS (lock_wait), CKPT_HOLD_PHASE (at that phase of the first save, print
+// "holding" and sleep until killed), CKPT_FRESH_START=1 (start_fresh_if_damaged).
 
 #include <signal.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -27,11 +32,24 @@ int main(int argc, char** argv) {
     const std::string dir = argv[1];
     const int max_saves = std::atoi(argv[2]);
     const std::string crash = argc > 3 ? argv[3] : "";
+    auto env = [](const char* name) {
+      const char* v = std::getenv(name);
+      return std::string(v ? v : "");
+    };
     CheckpointerOptions o;
-    o.keep_last = 2;
-    if (!crash.empty())
-      o.on_phase = [crash](const char* phase) {
+    o.keep_last = env("CKPT_KEEP").empty() ? 2 : std::atoi(env("CKPT_KEEP").c_str());
+    if (!env("CKPT_LOCK_WAIT_MS").empty())
+      o.lock_wait = std::chrono::milliseconds(std::atoi(env("CKPT_LOCK_WAIT_MS").c_str()));
+    o.start_fresh_if_damaged = env("CKPT_FRESH_START") == "1";
+    const std::string hold = env("CKPT_HOLD_PHASE");
+    if (!crash.empty() || !hold.empty())
+      o.on_phase = [crash, hold](const char* phase) {
         if (crash == phase) ::kill(::getpid(), SIGKILL);
+        if (hold == phase) {
+          std::printf("holding\n");
+          std::fflush(stdout);
+          for (int i = 0; i < 600; ++i) ::sleep(1);  // until the test kills it
+        }
       };
     Checkpointer ck(dir, o);
     uint64_t step = 0;
