@@ -8,6 +8,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh
 ckpt=${CKPT_DIR:-}
+# The checkpoints belong to this training: a second run on the same CKPT_DIR resumes it.
+export TRUN_JOB_ID=${TRUN_JOB_ID:-trun-demo}
 if [[ -z "$ckpt" ]]; then
   ckpt=$(mktemp -d /tmp/trun-demo-ckpt.XXXXXX)
   trap 'rm -rf "$ckpt"' EXIT

@@ -4,6 +4,7 @@ target_sources(trun_worker PRIVATE
   src/checkpoint/checkpoint.cpp
   src/checkpoint/crc32c.cpp
   src/checkpoint/directory.cpp
+  src/checkpoint/format.cpp
   src/ddp/ddp.cpp
   src/sampler/sampler.cpp)
 if(TRUN_HAVE_NCCL)

@@ -70,6 +70,8 @@ std::vector<test::RankResult> run_job(int world, std::vector<std::string> argv,
   spec.argv = std::move(argv);
   spec.nodes = {world};
   spec.run_id = test::unique_run_id("mlp");
+  // Each launch has a run id of its own; the checkpoints belong to the one training they continue.
+  spec.env["TRUN_JOB_ID"] = "train-mlp-test";
   job.start(spec);
   auto results = job.wait(timeout);
   INFO(job.describe(results));
@@ -157,6 +159,7 @@ TEST_CASE("train_mlp: a job killed mid-training resumes from its checkpoint at a
     spec.argv.insert(spec.argv.end(), {"--sample-log", d.path + "/logA"});
     spec.nodes = {4};
     spec.run_id = test::unique_run_id("mlp-kill");
+    spec.env["TRUN_JOB_ID"] = "train-mlp-test";
     job.start(spec);
     // Let it train a while (several checkpoints), then take the whole group down at once, as an
     // agent does when one worker dies.
