@@ -1,12 +1,13 @@
 #include "agent/log_mux.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/epoll.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <system_error>
+
+#include "agent/console.h"
 
 namespace trun::agent {
 namespace {
@@ -15,10 +16,8 @@ constexpr size_t kReadChunk = 64 * 1024;
 // A "line" this long without a newline is written out anyway, so memory stays bounded.
 constexpr size_t kMaxPendingLine = 1 << 20;
 
-// Writes everything, waiting briefly when the fd is non-blocking and full. Output to a console
-// that went away (EPIPE) is dropped.
+// Writes everything to a log file (a regular file: it never blocks).
 void write_all(int fd, const char* data, size_t size) {
-  int stalls = 0;
   while (size > 0) {
     ssize_t n = write(fd, data, size);
     if (n > 0) {
@@ -27,11 +26,6 @@ void write_all(int fd, const char* data, size_t size) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN && stalls++ < 600) {
-      pollfd p{fd, POLLOUT, 0};
-      poll(&p, 1, 100);
-      continue;
-    }
     return;
   }
 }
@@ -188,7 +182,7 @@ bool LogMux::read_some(Tee& t, int max_reads) {
       collect_duplicate(t, std::string_view(t.out).substr(line_start));
       start = stop;
     }
-    write_all(t.console_fd, t.out.data(), t.out.size());
+    console(t.console_fd).write(t.out);
     write_duplicates(t);
     t.pending.erase(0, end);
   }
@@ -198,7 +192,7 @@ bool LogMux::read_some(Tee& t, int max_reads) {
 void LogMux::finish(Tee& t) {
   if (!t.pending.empty()) {
     t.out = t.prefix + t.pending + "\n";
-    write_all(t.console_fd, t.out.data(), t.out.size());
+    console(t.console_fd).write(t.out);
     t.dup_out.clear();
     collect_duplicate(t, t.out);
     write_duplicates(t);

@@ -9,9 +9,11 @@
 //   tee      - a pipe to trun, which appends every byte to the log file and copies whole lines to
 //              its console with a "[<role><local_rank>]:" prefix (--tee);
 //   discard  - /dev/null (a rank hidden by --local-ranks-filter and not redirected).
-// Console lines are written whole, one write(2) per batch of complete lines, from trun's single
-// thread, so lines of different workers never interleave mid-line. A partial last line is
-// completed with a newline when the worker's end of the pipe closes.
+// Console lines are handed whole, one batch of complete lines at a time, to the console writer
+// (agent/console.h), so lines of different workers never interleave mid-line. That never blocks:
+// when the console does not keep up, console lines are dropped (and counted) while the log files
+// still get every byte. A partial last line is completed with a newline when the worker's end of
+// the pipe closes.
 // With duplicate filters for a console stream (torchrun's --duplicate-stdout-filters), every tee'd
 // line of that stream containing any filter string is also appended, with its prefix, to one file
 // shared by all ranks (filtered_stdout.log / filtered_stderr.log).
