@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <climits>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -16,15 +17,23 @@
 namespace trun::agent {
 namespace {
 
+int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
 // Writes everything; gives up on an error other than EINTR (EPIPE: the reader went away, and
 // there is nobody to tell).
-void write_fully(int fd, const char* data, size_t size, std::atomic<uint64_t>* written = nullptr) {
+void write_fully(int fd, const char* data, size_t size, std::atomic<uint64_t>* written = nullptr,
+                 std::atomic<int64_t>* progress_ns = nullptr) {
   while (size > 0) {
     ssize_t n = ::write(fd, data, size);
     if (n > 0) {
       data += n;
       size -= static_cast<size_t>(n);
       if (written) *written += static_cast<uint64_t>(n);
+      if (progress_ns) *progress_ns = steady_ns();
     } else if (n < 0 && errno == EINTR) {
       continue;
     } else {
@@ -39,7 +48,9 @@ uint64_t count_lines(std::string_view s) {
   return s.back() == '\n' ? n : n + 1;
 }
 
-constexpr size_t kPiece = 64 * 1024;
+// One write(2) at most: a blocking write returns only when all of it is taken, so this is also
+// how often stalled() and flush() can see progress. PIPE_BUF: atomic on a pipe shared with others.
+constexpr size_t kPiece = PIPE_BUF;
 
 std::atomic<ConsoleWriter*> g_writers[2] = {nullptr, nullptr};
 
@@ -67,6 +78,8 @@ struct ConsoleWriter::State {
   uint64_t unreported = 0;  // dropped since the last note
   bool stop = false;
   std::atomic<uint64_t> written{0};  // bytes the fd took: flush() sees progress by it
+  // When the fd last took bytes, or the buffer last went from empty to not (steady clock, ns).
+  std::atomic<int64_t> progress_ns{0};
 };
 
 ConsoleWriter::ConsoleWriter(int fd, size_t capacity) : s_(std::make_shared<State>(fd, capacity)) {
@@ -123,6 +136,7 @@ void ConsoleWriter::write(std::string_view data) {
     s.unreported += lost;
   }
   if (take == 0) return;
+  if (used == 0) s.progress_ns = steady_ns();  // stalled() counts from here
   // The note goes where the gap is; it may exceed the capacity by its own few bytes.
   s.queue_drop_note_locked();
   s.buf.append(data.data(), take);
@@ -152,6 +166,20 @@ bool ConsoleWriter::flush(std::chrono::milliseconds bound) {
   return done();
 }
 
+bool ConsoleWriter::has_room(size_t bytes) const {
+  if (!thread_.joinable()) return true;
+  std::lock_guard<std::mutex> lock(s_->mu);
+  return s_->buf.size() + s_->in_flight + bytes <= s_->capacity;
+}
+
+bool ConsoleWriter::stalled(std::chrono::milliseconds after) const {
+  if (!thread_.joinable()) return false;
+  std::lock_guard<std::mutex> lock(s_->mu);
+  if (s_->buf.empty() && s_->in_flight == 0) return false;
+  return steady_ns() - s_->progress_ns.load() >
+         std::chrono::duration_cast<std::chrono::nanoseconds>(after).count();
+}
+
 uint64_t ConsoleWriter::dropped_lines() const {
   std::lock_guard<std::mutex> lock(s_->mu);
   return s_->dropped;
@@ -176,7 +204,7 @@ void ConsoleWriter::run(const std::shared_ptr<State>& state) {
         size_t nl = chunk.rfind('\n', at + n - 1);
         if (nl != std::string::npos && nl >= at) n = nl + 1 - at;
       }
-      write_fully(s.fd, chunk.data() + at, n, &s.written);
+      write_fully(s.fd, chunk.data() + at, n, &s.written, &s.progress_ns);
       at += n;
     }
     lock.lock();

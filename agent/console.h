@@ -15,6 +15,7 @@
 //     description is left as the parent made it (no O_NONBLOCK on a terminal shared with a
 //     shell). When the buffer is full, the caller's newest lines are dropped and counted, never
 //     waited for; the next lines that fit are preceded by one line saying how many were dropped.
+//     Callers that can hold back instead (LogMux) check has_room() and stalled() first.
 //
 // The worker log files under --log-dir do not go through here: they are regular files written by
 // LogMux itself and keep every byte.
@@ -53,6 +54,12 @@ class ConsoleWriter {
   // Waits at most `bound` until everything queued (and a pending "dropped" note) is written;
   // gives up sooner when the fd takes nothing for 100 ms. Returns true when nothing is left.
   bool flush(std::chrono::milliseconds bound);
+  // Whether `bytes` more would be queued now without dropping (always true for a regular file).
+  // Producers that can wait (LogMux, which then stops reading a worker's pipe for a while) ask
+  // this first, so a console that is slow but moving loses nothing.
+  bool has_room(size_t bytes) const;
+  // Whether bytes are waiting and the fd has taken none of them for `after`: nobody reads.
+  bool stalled(std::chrono::milliseconds after) const;
   // Lines dropped so far (since construction).
   uint64_t dropped_lines() const;
   bool threaded() const { return thread_.joinable(); }

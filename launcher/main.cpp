@@ -16,8 +16,9 @@
 
 namespace {
 
-// At exit, how long trun waits for a slow console to take what is still buffered for it.
-constexpr std::chrono::milliseconds kConsoleFlushBound(500);
+// At exit, how long trun waits at most for a slow console to take what is still buffered for it
+// (it stops sooner when the console takes nothing for 100 ms).
+constexpr std::chrono::milliseconds kConsoleFlushBound(2000);
 
 // LOGLEVEL as torchrun reads it (DEBUG, INFO, WARNING, ERROR, CRITICAL); default WARNING.
 // Log lines, like everything trun prints, go through the non-blocking console (agent/console.h).

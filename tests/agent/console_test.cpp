@@ -1,6 +1,7 @@
 // The console never stalls the agent: trun's stdout and stderr are a pipe nobody reads while the
 // workers flood --tee'd output; signals are still handled at once, the stop keeps its deadline,
-// and the log files keep every byte. Also the second SIGTERM that skips the shutdown timeout.
+// and the log files keep every byte; a console that is slow but reading loses nothing. Also the
+// second SIGTERM that skips the shutdown timeout.
 // Black-box through the trun binary, with real pipes and signals.
 #include <fcntl.h>
 #include <signal.h>
@@ -29,6 +30,7 @@ class StalledConsoleTrun {
   explicit StalledConsoleTrun(const std::vector<std::string>& args) {
     int p[2];
     REQUIRE(pipe2(p, O_CLOEXEC) == 0);
+    fcntl(p[0], F_SETFL, O_NONBLOCK);  // this test's end only
     read_end_ = p[0];
     std::vector<std::string> argv{trun_binary()};
     argv.insert(argv.end(), args.begin(), args.end());
@@ -55,6 +57,12 @@ class StalledConsoleTrun {
   StalledConsoleTrun(const StalledConsoleTrun&) = delete;
   StalledConsoleTrun& operator=(const StalledConsoleTrun&) = delete;
 
+  // Reads what the console pipe holds now (the stalled tests never call this).
+  std::string read_some() {
+    char buf[65536];
+    ssize_t n = read(read_end_, buf, sizeof buf);
+    return n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string();
+  }
   bool running() {
     if (done_ || pid_ <= 0) return false;
     if (waitpid(pid_, &status_, WNOHANG) == pid_) done_ = true;
@@ -214,4 +222,27 @@ TEST_CASE("a second SIGTERM during the stop kills the workers at once", "[agent]
   CHECK_FALSE(pid_alive(w1));
   CHECK(c.err().find("received SIGTERM again while stopping the workers: sending SIGKILL") !=
         std::string::npos);
+}
+
+TEST_CASE("a slow console that keeps reading gets every line: the workers wait for it",
+          "[agent][console]") {
+  TempDir d;
+  const long kLines = 50000;  // ~3 MB per rank, more than trun's console buffer in all
+  StalledConsoleTrun trun(stalled_job(d, 3, "5", {"flood", std::to_string(kLines)}));
+  // A reader far slower than the flood, but never away for long: 64 KiB every 5 ms at most.
+  std::string console;
+  for (int i = 0; i < 20000 && trun.running(); ++i) {
+    console += trun.read_some();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  REQUIRE_FALSE(trun.running());
+  for (std::string more; !(more = trun.read_some()).empty();) console += more;
+  CHECK(trun.exit_code() == 0);
+  long flood_lines = 0, drop_notes = 0;
+  for (const auto& l : lines_of(console)) {
+    if (l.rfind("[default", 0) == 0) ++flood_lines;
+    if (l.find("dropped") != std::string::npos) ++drop_notes;
+  }
+  CHECK(flood_lines == 3 * kLines);
+  CHECK(drop_notes == 0);
 }

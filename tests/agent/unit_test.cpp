@@ -179,6 +179,9 @@ TEST_CASE("a console writer to a stalled pipe drops whole lines, counts them, an
     for (int k = 8000; k < kTotal; ++k) w.write(line(k));
     dropped = w.dropped_lines();
     CHECK(dropped > 0);
+    CHECK_FALSE(w.has_room(1024));
+    CHECK(trun::testing::wait_until([&] { return w.stalled(std::chrono::milliseconds(20)); },
+                                    std::chrono::seconds(10)));
     // Now the reader comes back: what was kept, and a note about the gap, arrive.
     bool flushed = false;
     for (int i = 0; i < 2000 && !flushed; ++i) {
@@ -228,6 +231,8 @@ TEST_CASE("a console writer to a regular file writes at once and drops nothing",
     }
     CHECK(read_file(path) == expected);  // before any flush
     CHECK(w.dropped_lines() == 0);
+    CHECK(w.has_room(1 << 30));
+    CHECK_FALSE(w.stalled(std::chrono::milliseconds(0)));
     CHECK(w.flush(std::chrono::milliseconds(0)));
   }
   close(fd);
