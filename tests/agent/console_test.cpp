@@ -220,7 +220,8 @@ TEST_CASE("a second SIGTERM during the stop kills the workers at once", "[agent]
   CHECK(c.exit_code() == 143);
   CHECK_FALSE(pid_alive(w0));
   CHECK_FALSE(pid_alive(w1));
-  CHECK(c.err().find("received SIGTERM again while stopping the workers: sending SIGKILL") !=
+  CHECK(c.err().find(
+            "received a second signal (SIGTERM) while stopping the workers: sending SIGKILL now") !=
         std::string::npos);
 }
 
