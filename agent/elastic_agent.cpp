@@ -768,6 +768,13 @@ void Agent::on_agent_signal(int sig) {
   if (received_signal_ == 0) {
     received_signal_ = sig;
     spdlog::warn("received {}: forwarding it to the workers and stopping them", signal_name(sig));
+  } else if ((sig == SIGINT || sig == SIGTERM) && phase_ == GroupPhase::kStopping && !killed_) {
+    // The user asked twice (a second Ctrl-C): do not make them wait for --shutdown-timeout.
+    spdlog::warn("received a second signal ({}) while stopping the workers: sending SIGKILL now",
+                 signal_name(sig));
+    outcome_ = GroupOutcome::kSignaled;
+    kill_all();
+    return;
   }
   outcome_ = GroupOutcome::kSignaled;
   if (phase_ == GroupPhase::kRunning) {

@@ -3,7 +3,8 @@
 //
 //   rendezvous -> start the worker group -> supervise -> on a failure: stop the group and
 //   restart it (up to max_restarts) or fail; on success: exit barrier and done; on a signal:
-//   forward it, stop the group, exit 128+signal.
+//   forward it, stop the group, exit 128+signal. A second SIGINT or SIGTERM during that stop
+//   sends SIGKILL to the worker groups at once instead of waiting for the shutdown timeout.
 //
 // Everything happens on the calling thread in one event loop (agent/event_loop.h): worker exits
 // arrive as SIGCHLD through a signalfd, never by polling. The agent is a child subreaper and
@@ -11,7 +12,8 @@
 //
 // Call run() from the main thread before starting any other thread: it blocks the signals it
 // handles (for the whole process) so that only its signalfd sees them.
-// Output: the failure summary goes to stderr; trun's own log lines go through spdlog.
+// Output: the failure summary goes to stderr; trun's own log lines go through spdlog. Neither
+// blocks on a console that does not read (agent/console.h, set up by main).
 
 #include "agent/launch_config.h"
 

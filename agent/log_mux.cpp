@@ -1,12 +1,14 @@
 #include "agent/log_mux.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <sys/epoll.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <system_error>
+
+#include "agent/console.h"
 
 namespace trun::agent {
 namespace {
@@ -14,11 +16,13 @@ namespace {
 constexpr size_t kReadChunk = 64 * 1024;
 // A "line" this long without a newline is written out anyway, so memory stays bounded.
 constexpr size_t kMaxPendingLine = 1 << 20;
+// Room a batch of on_readable() needs in the console buffer: 4 reads and their prefixes, or one
+// overlong line. A rare larger batch has its tail dropped.
+constexpr size_t kBatchRoom = 2 << 20;
+constexpr long kPausePollNs = 10 * 1000 * 1000;
 
-// Writes everything, waiting briefly when the fd is non-blocking and full. Output to a console
-// that went away (EPIPE) is dropped.
+// Writes everything to a log file (a regular file: it never blocks).
 void write_all(int fd, const char* data, size_t size) {
-  int stalls = 0;
   while (size > 0) {
     ssize_t n = write(fd, data, size);
     if (n > 0) {
@@ -27,11 +31,6 @@ void write_all(int fd, const char* data, size_t size) {
       continue;
     }
     if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && errno == EAGAIN && stalls++ < 600) {
-      pollfd p{fd, POLLOUT, 0};
-      poll(&p, 1, 100);
-      continue;
-    }
     return;
   }
 }
@@ -46,6 +45,7 @@ int open_log_file(const std::string& path) {
 
 struct LogMux::Tee {
   int read_fd = -1;
+  bool paused = false;  // read_fd is not watched: the console is full and still moving
   int file_fd = -1;
   int console_fd = 1;
   std::string prefix;
@@ -87,6 +87,10 @@ LogMux::~LogMux() {
   }
   for (auto& d : dup_) {
     if (d.fd >= 0) close(d.fd);
+  }
+  if (timer_fd_ >= 0) {
+    loop_.remove(timer_fd_);
+    close(timer_fd_);
   }
   close_child_ends();
 }
@@ -144,8 +148,50 @@ int LogMux::prepare(StreamMode mode, int console_fd, const std::string& file_pat
   child_fds_.push_back(p[1]);
   Tee* raw = t.get();
   tees_.push_back(std::move(t));
-  loop_.add(raw->read_fd, EPOLLIN, [this, raw](uint32_t) { on_readable(*raw); });
+  watch(*raw);
   return p[1];
+}
+
+void LogMux::watch(Tee& t) {
+  Tee* raw = &t;
+  loop_.add(t.read_fd, EPOLLIN, [this, raw](uint32_t) { on_readable(*raw); });
+}
+
+bool LogMux::console_accepts(const Tee& t) const {
+  const ConsoleWriter& c = console(t.console_fd);
+  return c.has_room(kBatchRoom) || c.stalled(kConsoleStallAfter);
+}
+
+void LogMux::pause(Tee& t) {
+  if (timer_fd_ < 0) {
+    timer_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+    if (timer_fd_ < 0) return;  // cannot wait: keep reading, and drop what does not fit
+    loop_.add(timer_fd_, EPOLLIN, [this](uint32_t) { on_timer(); });
+  }
+  loop_.remove(t.read_fd);
+  t.paused = true;
+  if (paused_++ == 0) {
+    itimerspec every{};
+    every.it_interval.tv_nsec = kPausePollNs;
+    every.it_value.tv_nsec = kPausePollNs;
+    timerfd_settime(timer_fd_, 0, &every, nullptr);
+  }
+}
+
+void LogMux::on_timer() {
+  uint64_t expirations;
+  while (read(timer_fd_, &expirations, sizeof expirations) > 0) {
+  }
+  for (auto& t : tees_) {
+    if (!t->paused || t->read_fd < 0 || !console_accepts(*t)) continue;
+    t->paused = false;
+    --paused_;
+    watch(*t);
+  }
+  if (paused_ == 0) {
+    itimerspec off{};
+    timerfd_settime(timer_fd_, 0, &off, nullptr);
+  }
 }
 
 void LogMux::close_child_ends() {
@@ -153,7 +199,13 @@ void LogMux::close_child_ends() {
   child_fds_.clear();
 }
 
-void LogMux::on_readable(Tee& t) { read_some(t, 4); }
+void LogMux::on_readable(Tee& t) {
+  if (!console_accepts(t)) {
+    pause(t);
+    if (t.paused) return;  // else no timer: read, and drop what does not fit
+  }
+  read_some(t, 4);
+}
 
 void LogMux::write_duplicates(Tee& t) {
   const Duplicate& d = dup_for(t.console_fd);
@@ -188,7 +240,7 @@ bool LogMux::read_some(Tee& t, int max_reads) {
       collect_duplicate(t, std::string_view(t.out).substr(line_start));
       start = stop;
     }
-    write_all(t.console_fd, t.out.data(), t.out.size());
+    console(t.console_fd).write(t.out);
     write_duplicates(t);
     t.pending.erase(0, end);
   }
@@ -198,7 +250,7 @@ bool LogMux::read_some(Tee& t, int max_reads) {
 void LogMux::finish(Tee& t) {
   if (!t.pending.empty()) {
     t.out = t.prefix + t.pending + "\n";
-    write_all(t.console_fd, t.out.data(), t.out.size());
+    console(t.console_fd).write(t.out);
     t.dup_out.clear();
     collect_duplicate(t, t.out);
     write_duplicates(t);
@@ -208,6 +260,10 @@ void LogMux::finish(Tee& t) {
     loop_.remove(t.read_fd);
     close(t.read_fd);
     t.read_fd = -1;
+  }
+  if (t.paused) {
+    t.paused = false;
+    --paused_;
   }
   if (t.file_fd >= 0) {
     close(t.file_fd);

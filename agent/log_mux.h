@@ -9,15 +9,21 @@
 //   tee      - a pipe to trun, which appends every byte to the log file and copies whole lines to
 //              its console with a "[<role><local_rank>]:" prefix (--tee);
 //   discard  - /dev/null (a rank hidden by --local-ranks-filter and not redirected).
-// Console lines are written whole, one write(2) per batch of complete lines, from trun's single
-// thread, so lines of different workers never interleave mid-line. A partial last line is
-// completed with a newline when the worker's end of the pipe closes.
+// Console lines are handed whole, one batch of complete lines at a time, to the console writer
+// (agent/console.h), so lines of different workers never interleave mid-line. That never blocks
+// the event loop. When the console writer's buffer is nearly full, LogMux stops reading that
+// worker's pipe (the worker waits in write(2), as it would on a slow terminal of its own) and
+// checks again every 10 ms; once the console has taken nothing for kConsoleStallAfter it reads
+// again and the console copy of what does not fit is dropped (and counted), while the log files
+// still get every byte. A partial last line is completed with a newline when the worker's end of
+// the pipe closes.
 // With duplicate filters for a console stream (torchrun's --duplicate-stdout-filters), every tee'd
 // line of that stream containing any filter string is also appended, with its prefix, to one file
 // shared by all ranks (filtered_stdout.log / filtered_stderr.log).
 //
 // Thread safety: none; runs on the agent's event loop thread.
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -28,6 +34,9 @@
 namespace trun::agent {
 
 enum class StreamMode { kInherit, kFile, kTee, kDiscard };
+
+// How long a console may take nothing before worker output stops waiting for it.
+inline constexpr std::chrono::milliseconds kConsoleStallAfter{1000};
 
 class LogMux {
  public:
@@ -56,6 +65,12 @@ class LogMux {
     std::vector<std::string> filters;
   };
   void on_readable(Tee& t);
+  // Whether t's console takes a batch now (or is stalled, and then drops it).
+  bool console_accepts(const Tee& t) const;
+  // Stops watching t's pipe until console_accepts(t); on_timer() checks every 10 ms.
+  void pause(Tee& t);
+  void on_timer();
+  void watch(Tee& t);
   // Appends `line` (prefixed, newline-terminated) to t's duplicate file's batch if it matches.
   void collect_duplicate(Tee& t, std::string_view prefixed_line);
   void write_duplicates(Tee& t);
@@ -68,6 +83,8 @@ class LogMux {
   std::vector<std::unique_ptr<Tee>> tees_;
   std::vector<int> child_fds_;  // fds handed to workers (files, pipe ends), closed after spawn
   Duplicate dup_[2];            // stdout, stderr (dup_for); fd -1 when not duplicating
+  int timer_fd_ = -1;           // timerfd, armed while any tee is paused
+  int paused_ = 0;
 };
 
 // "[" + template with ${role_name}, ${rank}, ${local_rank} substituted + "]:".

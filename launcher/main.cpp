@@ -1,21 +1,30 @@
 // trun: entry point. `trun store ...` runs the store on its own; anything else is the launcher.
-#include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <string>
 
+#include "agent/console.h"
 #include "agent/elastic_agent.h"
 #include "launcher/cli.h"
 #include "launcher/store_command.h"
 
 namespace {
 
+// At exit, how long trun waits at most for a slow console to take what is still buffered for it
+// (it stops sooner when the console takes nothing for 100 ms).
+constexpr std::chrono::milliseconds kConsoleFlushBound(2000);
+
 // LOGLEVEL as torchrun reads it (DEBUG, INFO, WARNING, ERROR, CRITICAL); default WARNING.
+// Log lines, like everything trun prints, go through the non-blocking console (agent/console.h).
 void setup_logging() {
-  auto logger = spdlog::stderr_logger_mt("trun");
+  trun::agent::install_console();
+  auto logger = std::make_shared<spdlog::logger>("trun", trun::agent::console_sink(2));
   logger->set_pattern("[%H:%M:%S.%e] trun %l: %v");
   spdlog::set_default_logger(logger);
   std::string level = "warning";
@@ -38,12 +47,7 @@ void setup_logging() {
   logger->flush_on(spdlog::level::trace);
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  if (argc >= 2 && std::strcmp(argv[1], "store") == 0) {
-    return trun::launcher::run_store_command(argc - 1, argv + 1);
-  }
+int run_launcher(int argc, char** argv) {
   setup_logging();
   trun::launcher::CliResult cli = trun::launcher::parse_command_line(argc, argv);
   if (!cli.config) {
@@ -52,5 +56,27 @@ int main(int argc, char** argv) {
   }
   for (const auto& note : cli.notes) spdlog::warn("{}", note);
   trun::agent::ElasticAgent agent(*cli.config);
-  return agent.run();
+  const int code = agent.run();
+  if (uint64_t dropped = trun::agent::console_dropped_lines(); dropped > 0) {
+    const std::string where =
+        cli.config->log_dir.empty()
+            ? "pass --log-dir to keep every line of worker output in files"
+            : "the log files under " + cli.config->log_dir + " hold every byte of worker output";
+    std::fprintf(stderr,
+                 "trun: warning: dropped %llu console lines while the console was stalled; %s\n",
+                 static_cast<unsigned long long>(dropped), where.c_str());
+  }
+  return code;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc >= 2 && std::strcmp(argv[1], "store") == 0) {
+    return trun::launcher::run_store_command(argc - 1, argv + 1);
+  }
+  const int code = run_launcher(argc, argv);
+  // Bounded: a console nobody reads must not keep trun (and its exit code) from its parent.
+  trun::agent::flush_console(kConsoleFlushBound);
+  return code;
 }

@@ -12,6 +12,8 @@
 //   ignore-term        ignore SIGTERM from now on
 //   trap DIR           on SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 write the signal number
 //                      to DIR/sig_<local_rank> and exit 0
+//   trap-time DIR      on SIGTERM/SIGINT write CLOCK_REALTIME in nanoseconds at the moment the
+//                      signal arrived to DIR/sigtime_<local_rank> and exit 0
 //   sleep SECONDS      sleep (fractions allowed)
 //   wait-file PATH     wait until PATH exists (at most 20 s)
 //   error-file MSG [TS]  write a @record-style JSON error file to $TORCHELASTIC_ERROR_FILE
@@ -87,6 +89,24 @@ void on_trapped(int sig) {
   _exit(0);
 }
 
+std::string g_trap_time_dir;
+void on_trapped_time(int) {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  char text[32];
+  int len = std::snprintf(text, sizeof text, "%lld",
+                          static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec);
+  std::string path = g_trap_time_dir + "/sigtime_" + rank();
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "w");
+  if (f) {
+    std::fwrite(text, 1, static_cast<size_t>(len), f);
+    std::fclose(f);
+    std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
+  }
+  _exit(0);
+}
+
 int orphan_check() {
   int p[2];
   if (pipe(p) != 0) return 2;
@@ -143,7 +163,7 @@ int main(int argc, char** argv) {
         {"signal", 1},     {"ignore-term", 0}, {"trap", 1},         {"sleep", 1},
         {"error-file", 2}, {"flood", 1},       {"print", 1},        {"eprint", 1},
         {"partial", 1},    {"env", 1},         {"store-check", 0},  {"on-rank", 1},
-        {"on-attempt", 1}, {"wait-file", 1}};
+        {"on-attempt", 1}, {"wait-file", 1},   {"trap-time", 1}};
     if (i >= a.size()) return;
     std::string action = a[i++];
     for (const auto& [name, n] : kArity) {
@@ -206,6 +226,10 @@ int main(int argc, char** argv) {
       need(1);
       g_trap_dir = a[i++];
       for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) signal(s, on_trapped);
+    } else if (act == "trap-time") {
+      need(1);
+      g_trap_time_dir = a[i++];
+      for (int s : {SIGTERM, SIGINT}) signal(s, on_trapped_time);
     } else if (act == "sleep") {
       need(1);
       sleep_seconds(std::atof(a[i++].c_str()));
