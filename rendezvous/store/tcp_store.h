@@ -3,12 +3,15 @@
 // both understand). Synchronous; one TCP connection; every call bounded by a timeout.
 //
 // Connecting retries with exponential backoff and jitter until `connect_timeout` passes, so
-// agents and workers may start before the server. Each failure raises StoreError naming the
-// endpoint and the operation; a deadline raises StoreTimeoutError. After a transport failure the
-// next call reconnects, retrying for `reconnect_timeout` only: a store that went away fails that
-// call promptly with a StoreError (deliberately not StoreTimeoutError: no key is late) instead of
-// after the whole connect_timeout. Callers that must outlast an outage, like the agent rejoining
-// after a partition, retry at their own level with new clients.
+// agents and workers may start before the server (a refused port is retried); no attempt and no
+// pause runs past that deadline. A host name that does not resolve (EAI_NONAME, not the
+// transient EAI_AGAIN) and a network with no route to any of the host's addresses (ENETUNREACH,
+// EHOSTUNREACH) fail at once with StoreError ("... (not retried)"). Each failure raises
+// StoreError naming the endpoint and the operation; a deadline raises StoreTimeoutError. After a
+// transport failure the next call reconnects, retrying for `reconnect_timeout` only: a store that
+// went away fails that call promptly with a StoreError (deliberately not StoreTimeoutError: no key
+// is late) instead of after the whole connect_timeout. Callers that must outlast an outage, like
+// the agent rejoining after a partition, retry at their own level with new clients.
 //
 // Dialects (TcpStoreOptions::dialect): trun's server with its extensions, a plain PyTorch 2.x
 // server, or a PyTorch 1.13 server; kAuto finds out on the first connect with a probe that none
@@ -145,11 +148,14 @@ class TcpStore : public Store {
   void connect_locked(const char* op);
   // Opens and handshakes one connection in dialect_ (resolving kAuto); -1 with *error set when
   // this attempt failed and may be retried.
+  // *permanent tells that retrying cannot help (see connect_locked).
   int open_locked(const char* op, std::chrono::steady_clock::time_point deadline,
-                  std::string* error);
+                  std::string* error, bool* permanent);
   // WAIT without a server-side timeout (kTorch2, kTorch1_13); false when `timeout` passed.
   bool plain_wait(const std::string& op, const std::vector<std::string>& keys, Duration timeout);
   [[noreturn]] void unsupported(const char* op) const;
+  // One quick connection attempt (no handshake): whether anything accepts connections there.
+  bool server_listens() const;
 
   TcpStoreOptions options_;
   std::string endpoint_;
@@ -158,6 +164,7 @@ class TcpStore : public Store {
   int fd_ = -1;
   bool interrupted_ = false;  // under fd_mu_
   bool connected_once_ = false;
+  bool answered_ = false;  // the current connection answered a request
   StoreDialect dialect_;
 };
 
