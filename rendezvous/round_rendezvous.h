@@ -97,6 +97,7 @@ class RoundRendezvous : public RendezvousHandler {
   bool in_round_ = false;            // a member of round_, and next_rendezvous was not called since
   std::optional<RoundEvent> event_;  // why round_ ended, once known
   std::optional<RoundEvent> local_event_;  // raised here (store lost), delivered to waiters
+  bool store_unreachable_ = false;         // the last next_rendezvous failed on a store error
   bool lease_ = false;                     // a lease is armed
   std::function<void(const RoundEvent&)> callback_;
   int64_t delivered_round_ = -1;
