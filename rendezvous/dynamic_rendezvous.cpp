@@ -65,11 +65,7 @@ class DynamicRendezvous : public RoundRendezvous {
   }
 
   RendezvousInfo join_round(int64_t last_round, int last_rank) override {
-    auto deadline = Clock::now() + options_.join_timeout;
-    if (first_round_ && options_.first_round_deadline) {
-      deadline = std::min(deadline, *options_.first_round_deadline);
-    }
-    first_round_ = false;
+    const auto deadline = join_deadline();
     auto rk = parse_round_key(backend_->compare_set(keys_.round(), "", "0"));
     if (rk.closed) throw closed_error();
     int64_t j = std::max(rk.round, last_round + 1);
@@ -276,14 +272,7 @@ class DynamicRendezvous : public RoundRendezvous {
   }
 
   Keys keys_;
-  bool first_round_ = true;  // join_round runs on one thread at a time
 };
-
-// What a connection may spend retrying: read_timeout, but never past the first round's deadline.
-std::chrono::milliseconds connect_budget(const RendezvousOptions& o, TimePoint deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  return std::clamp(left, std::chrono::milliseconds(1), o.read_timeout);
-}
 
 void validate_dynamic_options(const RendezvousOptions& o, const char* backend) {
   validate_common_options(o, backend);
@@ -312,7 +301,7 @@ std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
 std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOptions& options) {
   validate_dynamic_options(options, "c10d");
   RendezvousOptions o = options;
-  if (!o.first_round_deadline) o.first_round_deadline = Clock::now() + o.join_timeout;
+  const auto connect_timeout = start_first_round(&o, options.read_timeout);
   Endpoint ep = parse_endpoint(options.endpoint, kDefaultPort, "--rdzv-endpoint");
   bool host = options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr);
   std::unique_ptr<StoreServer> server;
@@ -322,7 +311,7 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   bo.port = server ? server->port() : ep.port;
   bo.token = options.store_token;
   bo.read_timeout = options.read_timeout;
-  bo.connect_timeout = connect_budget(o, *o.first_round_deadline);
+  bo.connect_timeout = connect_timeout;
   std::unique_ptr<RendezvousBackend> backend;
   try {
     backend = connect_store_backend(bo);
@@ -364,7 +353,7 @@ std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::st
 std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options) {
   validate_dynamic_options(options, "etcd");
   RendezvousOptions o = options;
-  if (!o.first_round_deadline) o.first_round_deadline = Clock::now() + o.join_timeout;
+  const auto connect_timeout = start_first_round(&o, options.read_timeout);
   EtcdBackendOptions eo;
   eo.endpoints = parse_etcd_endpoints(options.endpoint);
   if (options.is_host.value_or(false)) {
@@ -378,7 +367,7 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
   eo.prefix = options.etcd_prefix.empty() ? "/" : options.etcd_prefix;
   eo.run_id = options.run_id;
   eo.read_timeout = options.read_timeout;
-  eo.connect_timeout = connect_budget(o, *o.first_round_deadline);
+  eo.connect_timeout = connect_timeout;
   std::unique_ptr<RendezvousBackend> backend;
   try {
     backend = connect_etcd_backend(eo);

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <random>
 #include <set>
@@ -221,6 +222,17 @@ void validate_common_options(const RendezvousOptions& o, const char* backend) {
   }
 }
 
+std::chrono::milliseconds time_left(Clock::time_point deadline, std::chrono::milliseconds cap) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::clamp(left, std::chrono::milliseconds(1), cap);
+}
+
+std::chrono::milliseconds start_first_round(RendezvousOptions* o, std::chrono::milliseconds cap) {
+  if (o->first_round_deadline) return time_left(*o->first_round_deadline, cap);
+  o->first_round_deadline = Clock::now() + o->join_timeout;
+  return std::min(cap, o->join_timeout);
+}
+
 std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::string& token,
                                         bool forced, const char* backend) {
   StoreServerOptions so;
@@ -260,6 +272,15 @@ RoundRendezvous::~RoundRendezvous() {
 void RoundRendezvous::check_not_shut_down() const {
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) throw RendezvousError(error_prefix() + ": the handler was shut down");
+}
+
+Clock::time_point RoundRendezvous::join_deadline() {
+  auto deadline = Clock::now() + options_.join_timeout;
+  if (first_join_ && options_.first_round_deadline) {
+    deadline = std::min(deadline, *options_.first_round_deadline);
+  }
+  first_join_ = false;
+  return deadline;
 }
 
 void RoundRendezvous::lease_armed() {
