@@ -367,12 +367,13 @@ int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::strin
   }
 }
 
-void TcpStore::connect_locked(const char* op) {
+void TcpStore::connect_locked(const char* op, Duration cap) {
   // A reconnect (the connection was lost or dropped) gets a short budget: the server most
   // likely went away, and callers that must outlast an outage retry at their own level.
   const bool reconnect = connected_once_;
-  const Duration budget = reconnect ? std::min(options_.connect_timeout, options_.reconnect_timeout)
-                                    : options_.connect_timeout;
+  const Duration budget =
+      std::min(cap, reconnect ? std::min(options_.connect_timeout, options_.reconnect_timeout)
+                              : options_.connect_timeout);
   auto deadline = Clock::now() + budget;
   std::mt19937 rng(std::random_device{}());
   auto backoff = std::chrono::milliseconds(10);
@@ -430,8 +431,9 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
       throw StoreError("store " + endpoint_ + ": " + op + ": interrupted");
     }
   }
-  if (fd_ < 0) connect_locked(op);
-  auto deadline = Clock::now() + budget;
+  // The call's bound covers the reconnect too.
+  const auto deadline = Clock::now() + budget;
+  if (fd_ < 0) connect_locked(op, budget);
   try {
     write_all(fd_, request, deadline);
     Reader reader(fd_, deadline);

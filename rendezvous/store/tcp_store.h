@@ -75,7 +75,8 @@ struct TcpStoreOptions {
   uint16_t port = 29500;
   Store::Duration timeout = Store::kDefaultTimeout;            // each operation
   Store::Duration connect_timeout = std::chrono::seconds(60);  // the first connect, retrying
-  // Retrying budget of a reconnect after a lost connection; min(connect_timeout, this) applies.
+  // Retrying budget of a reconnect after a lost connection; min(connect_timeout, this, the
+  // call's own timeout) applies: a call's timeout covers its reconnect.
   Store::Duration reconnect_timeout = std::chrono::seconds(5);
   std::string token;  // shared secret (kTrun/kAuto only); empty: do not authenticate
   StoreDialect dialect = StoreDialect::kAuto;
@@ -145,7 +146,9 @@ class TcpStore : public Store {
   template <typename Reply>
   auto call(const char* op, const std::string& request, Duration deadline, Reply reply);
   void call_no_reply(const char* op, const std::string& request);
-  void connect_locked(const char* op);
+  // Connects, retrying for connect_timeout (reconnect_timeout after a lost connection), at most
+  // `cap`.
+  void connect_locked(const char* op, Duration cap = Duration::max());
   // Opens and handshakes one connection in dialect_ (resolving kAuto); -1 with *error set when
   // this attempt failed and may be retried.
   // *permanent tells that retrying cannot help (see connect_locked).
