@@ -205,6 +205,8 @@ class Agent {
   bool dynamic_ = false;  // c10d: membership may change between rounds
   std::string store_endpoint_;
   std::chrono::milliseconds rdzv_timeout_{std::chrono::seconds(300)};
+  // While reconnect() runs: the end of its window, which bounds each new handler's first round.
+  std::optional<Clock::time_point> rejoin_deadline_;
   int evfd_ = -1;
   std::mutex ev_mu_;
   std::optional<rendezvous::RoundEvent> pending_event_;
@@ -221,6 +223,7 @@ void Agent::create_rendezvous() {
     o.local_addr = cfg_.local_addr;
     if (const char* t = std::getenv("TRUN_STORE_TOKEN")) o.store_token = t;
     rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &o);
+    o.first_round_deadline = rejoin_deadline_;
     rdzv_timeout_ = o.join_timeout;
     store_endpoint_ = cfg_.rdzv_endpoint;
     dynamic_ = true;
@@ -306,12 +309,18 @@ std::string Agent::failure_detail() const {
 // After losing the store (c10d): drops the handler and joins again with a new one, retrying
 // until join_timeout. A partitioned node rejoins this way once its link is back. Returns false
 // (after printing why, naming the endpoint) when the store stays unreachable or the job ended.
+// The window is one deadline: each new handler gets what is left of it for connecting and for
+// its first round (first_round_deadline), and the pause between attempts never runs past it.
 bool Agent::reconnect(const std::string& why) {
   const auto deadline = Clock::now() + rdzv_timeout_;
   std::string last = why;
   spdlog::warn("lost the rendezvous store at {}: {}; trying to rejoin for up to {} s",
-               store_endpoint_, why, rdzv_timeout_.count() / 1000);
-  for (int attempt = 0; attempt < 100000 && Clock::now() < deadline; ++attempt) {
+               store_endpoint_, why, rdzv_timeout_.count() / 1000.0);
+  rejoin_deadline_ = deadline;
+  bool rejoined = false;
+  int attempts = 0;
+  while (attempts < 100000 && Clock::now() < deadline) {
+    ++attempts;
     if (rdzv_) rdzv_->shutdown();
     rdzv_.reset();
     if (evfd_ >= 0) {
@@ -326,19 +335,28 @@ bool Agent::reconnect(const std::string& why) {
     try {
       create_rendezvous();
       rendezvous_round();
-      return true;
+      rejoined = true;
+      break;
     } catch (const rendezvous::RendezvousClosedError& e) {
+      rejoin_deadline_.reset();
       std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
                    run_id_.c_str(), e.what());
       return false;
     } catch (const std::exception& e) {
       last = e.what();
-      spdlog::debug("rejoin attempt {}: {}", attempt, last);
+      spdlog::debug("rejoin attempt {}: {}", attempts, last);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const auto left = deadline - Clock::now();
+    if (left <= Clock::duration::zero()) break;
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(500), left));
   }
-  std::fprintf(stderr, "trun: error: lost the rendezvous store at %s (%s): %s\n",
-               store_endpoint_.c_str(), cfg_.rdzv_backend.c_str(), last.c_str());
+  rejoin_deadline_.reset();  // later rounds get join_timeout each
+  if (rejoined) return true;
+  std::fprintf(stderr,
+               "trun: error: lost the rendezvous store at %s (%s) and could not rejoin within "
+               "%g s (%d attempt(s)): %s\n",
+               store_endpoint_.c_str(), cfg_.rdzv_backend.c_str(), rdzv_timeout_.count() / 1000.0,
+               attempts, last.c_str());
   std::fflush(stderr);
   return false;
 }

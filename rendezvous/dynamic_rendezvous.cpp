@@ -65,7 +65,7 @@ class DynamicRendezvous : public RoundRendezvous {
   }
 
   RendezvousInfo join_round(int64_t last_round, int last_rank) override {
-    const auto deadline = Clock::now() + options_.join_timeout;
+    const auto deadline = join_deadline();
     auto rk = parse_round_key(backend_->compare_set(keys_.round(), "", "0"));
     if (rk.closed) throw closed_error();
     int64_t j = std::max(rk.round, last_round + 1);
@@ -300,6 +300,8 @@ std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
 
 std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOptions& options) {
   validate_dynamic_options(options, "c10d");
+  RendezvousOptions o = options;
+  const auto connect_timeout = start_first_round(&o, options.read_timeout);
   Endpoint ep = parse_endpoint(options.endpoint, kDefaultPort, "--rdzv-endpoint");
   bool host = options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr);
   std::unique_ptr<StoreServer> server;
@@ -309,7 +311,7 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   bo.port = server ? server->port() : ep.port;
   bo.token = options.store_token;
   bo.read_timeout = options.read_timeout;
-  bo.connect_timeout = options.read_timeout;
+  bo.connect_timeout = connect_timeout;
   std::unique_ptr<RendezvousBackend> backend;
   try {
     backend = connect_store_backend(bo);
@@ -318,7 +320,7 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
                           "': cannot reach the store at --rdzv-endpoint=" + options.endpoint +
                           ": " + e.what());
   }
-  return create_dynamic_rendezvous(options, std::move(backend), std::move(server));
+  return create_dynamic_rendezvous(o, std::move(backend), std::move(server));
 }
 
 std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::string& text) {
@@ -350,6 +352,8 @@ std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::st
 
 std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options) {
   validate_dynamic_options(options, "etcd");
+  RendezvousOptions o = options;
+  const auto connect_timeout = start_first_round(&o, options.read_timeout);
   EtcdBackendOptions eo;
   eo.endpoints = parse_etcd_endpoints(options.endpoint);
   if (options.is_host.value_or(false)) {
@@ -363,7 +367,7 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
   eo.prefix = options.etcd_prefix.empty() ? "/" : options.etcd_prefix;
   eo.run_id = options.run_id;
   eo.read_timeout = options.read_timeout;
-  eo.connect_timeout = options.read_timeout;
+  eo.connect_timeout = connect_timeout;
   std::unique_ptr<RendezvousBackend> backend;
   try {
     backend = connect_etcd_backend(eo);
@@ -372,7 +376,7 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
                           "': cannot reach etcd at --rdzv-endpoint=" + options.endpoint + ": " +
                           e.what());
   }
-  return create_dynamic_rendezvous(options, std::move(backend), nullptr);
+  return create_dynamic_rendezvous(o, std::move(backend), nullptr);
 }
 
 }  // namespace trun::rendezvous

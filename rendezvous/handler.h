@@ -15,9 +15,10 @@
 // thread at a time; wait_round_over() by one thread at a time (do not mix it with a callback).
 // shutdown() unblocks both.
 //
-// Blocking: next_rendezvous() blocks until the round completes (at most join_timeout);
-// wait_round_over() until the round ends (at most its timeout); everything else is a few store
-// round trips, bounded by read_timeout.
+// Blocking: creating a handler and its first next_rendezvous() end within join_timeout together
+// (or by first_round_deadline); later next_rendezvous() calls block until the round completes
+// (at most join_timeout); wait_round_over() until the round ends (at most its timeout);
+// everything else is a few store round trips, bounded by read_timeout.
 //
 // Errors (all derive from RendezvousError): RendezvousClosedError when the job has finished
 // (closed) -- the agent should exit; RendezvousTimeoutError when a round did not complete within
@@ -188,6 +189,11 @@ struct RendezvousOptions {
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // each store operation
+  // When the first round must have completed: creating the handler (hosting and connecting to
+  // the store, each connection retrying no longer than what is left) and its first
+  // next_rendezvous() share this one deadline. Unset: join_timeout from the creation. An agent
+  // rejoining after losing its store passes the end of its rejoin window.
+  std::optional<std::chrono::steady_clock::time_point> first_round_deadline;
   std::optional<bool> is_host;  // unset: host the store when the endpoint is this machine
   std::string store_token;      // shared secret for the store (TRUN_STORE_TOKEN)
   // etcd: every key starts with it (--rdzv-conf etcd_prefix; empty: "/"). Other backends refuse
@@ -208,13 +214,16 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
 
 // Creates the backend called `name` ("c10d", "etcd" (alias "etcd-v2") or "static") and validates
 // `options` for it before any I/O. Then hosts the store when this node should (c10d: the endpoint
-// is this machine or is_host=true; static: node_rank 0) and connects to it (retrying until
-// read_timeout; static non-zero ranks until join_timeout). Throws RendezvousOptionError (unknown
-// backend, bad options) or RendezvousError (cannot host or reach the store).
+// is this machine or is_host=true; static: node_rank 0) and connects to it (retrying a refused
+// port until read_timeout or the first round's deadline, whichever comes first; static non-zero
+// ranks until join_timeout; a host name that does not resolve or an unreachable network fails at
+// once). Throws RendezvousOptionError (unknown backend, bad options) or RendezvousError (cannot
+// host or reach the store).
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
                                                              const RendezvousOptions& options);
 // What create_rendezvous_handler checks of one backend's own options before the common ones, for
-// a command line to check early (no I/O): etcd_prefix only with etcd; etcd's endpoint list when
+// a command line to check early (no I/O): etcd_prefix only with etcd; etcd's endpoint list and
+// c10d's HOST[:PORT] (a port in 0..65535, a non-empty host, an IPv6 address in brackets) when
 // one is given. Throws RendezvousOptionError naming the option.
 void check_backend_options(const std::string& name, const RendezvousOptions& options);
 

@@ -4,6 +4,7 @@
 
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/handler.h"
+#include "rendezvous/round_rendezvous.h"
 #include "rendezvous/static_rendezvous.h"
 
 namespace trun::rendezvous {
@@ -149,6 +150,10 @@ void check_backend_options(const std::string& name, const RendezvousOptions& opt
                                 ": --rdzv-conf etcd_prefix is only for --rdzv-backend=etcd");
   }
   if (etcd && !options.endpoint.empty()) parse_etcd_endpoints(options.endpoint);
+  // The port is only a default here: the check is of the form.
+  if (name == "c10d" && !options.endpoint.empty()) {
+    parse_endpoint(options.endpoint, 29400, "--rdzv-endpoint");
+  }
 }
 
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <random>
 #include <set>
@@ -61,48 +62,59 @@ bool is_numeric_ip(const std::string& host) {
 }  // namespace
 
 Endpoint parse_endpoint(const std::string& text, uint16_t default_port, const char* what) {
+  const std::string prefix = std::string(what) + "=" + text + ": ";
+  auto bad = [&](const std::string& why) { return RendezvousOptionError(prefix + why); };
   Endpoint e;
   std::string port;
+  bool has_port = false;
   if (text.empty()) throw RendezvousOptionError(std::string(what) + ": expected HOST[:PORT]");
   if (text[0] == '[') {
     size_t close = text.find(']');
-    if (close == std::string::npos || close == 1) {
-      throw RendezvousOptionError(std::string(what) + "=" + text + ": unterminated [IPv6]");
-    }
+    if (close == std::string::npos) throw bad("unterminated [IPv6] (expected [ADDRESS]:PORT)");
     e.host = text.substr(1, close - 1);
-    if (close + 1 < text.size()) {
-      if (text[close + 1] != ':') {
-        throw RendezvousOptionError(std::string(what) + "=" + text + ": expected [HOST]:PORT");
-      }
-      port = text.substr(close + 2);
-      if (port.empty())
-        throw RendezvousOptionError(std::string(what) + "=" + text + ": empty port");
+    if (e.host.empty()) throw bad("empty host between the brackets");
+    // Brackets hold an IPv6 address (a zone, "%eth0", may follow it), nothing else.
+    in6_addr a6;
+    std::string address = e.host.substr(0, e.host.find('%'));
+    if (::inet_pton(AF_INET6, address.c_str(), &a6) != 1) {
+      throw bad("'" + e.host + "' in brackets is not an IPv6 address");
     }
+    if (close + 1 < text.size()) {
+      if (text[close + 1] != ':') throw bad("expected [ADDRESS]:PORT after the brackets");
+      port = text.substr(close + 2);
+      has_port = true;
+    }
+  } else if (text.find(']') != std::string::npos) {
+    throw bad("']' without '[' (write an IPv6 address as [ADDRESS]:PORT)");
   } else {
     size_t colon = text.rfind(':');
     if (colon != std::string::npos && text.find(':') == colon) {
       e.host = text.substr(0, colon);
       port = text.substr(colon + 1);
-      if (port.empty())
-        throw RendezvousOptionError(std::string(what) + "=" + text + ": empty port");
+      has_port = true;
+    } else if (colon != std::string::npos) {
+      // Several colons: a bare IPv6 address (no port) or a mistake.
+      in6_addr a6;
+      std::string address = text.substr(0, text.find('%'));
+      if (::inet_pton(AF_INET6, address.c_str(), &a6) != 1) {
+        throw bad("not HOST:PORT, and not an IPv6 address (write one as [ADDRESS]:PORT)");
+      }
+      e.host = text;
     } else {
-      e.host = text;  // no port, or a bare IPv6 address
+      e.host = text;  // no port
     }
   }
-  if (e.host.empty()) throw RendezvousOptionError(std::string(what) + "=" + text + ": empty host");
+  if (e.host.empty()) throw bad("empty host (expected HOST:PORT)");
   for (char c : e.host) {
-    if (std::isspace(static_cast<unsigned char>(c))) {
-      throw RendezvousOptionError(std::string(what) + "=" + text + ": space in host");
-    }
+    if (std::isspace(static_cast<unsigned char>(c))) throw bad("space in host");
   }
   e.port = default_port;
-  if (!port.empty()) {
-    char* end = nullptr;
-    long p = std::strtol(port.c_str(), &end, 10);
-    if (end != port.c_str() + port.size() || p < 0 || p > 65535) {
-      throw RendezvousOptionError(std::string(what) + "=" + text + ": port '" + port +
-                                  "' is not a number in 0..65535");
-    }
+  if (has_port) {
+    if (port.empty()) throw bad("empty port (expected HOST:PORT)");
+    bool digits = port.size() <= 5;
+    for (char c : port) digits = digits && std::isdigit(static_cast<unsigned char>(c));
+    long p = digits ? std::strtol(port.c_str(), nullptr, 10) : -1;
+    if (p < 0 || p > 65535) throw bad("port '" + port + "' is not a number in 0..65535");
     e.port = static_cast<uint16_t>(p);
   }
   return e;
@@ -210,6 +222,17 @@ void validate_common_options(const RendezvousOptions& o, const char* backend) {
   }
 }
 
+std::chrono::milliseconds time_left(Clock::time_point deadline, std::chrono::milliseconds cap) {
+  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+  return std::clamp(left, std::chrono::milliseconds(1), cap);
+}
+
+std::chrono::milliseconds start_first_round(RendezvousOptions* o, std::chrono::milliseconds cap) {
+  if (o->first_round_deadline) return time_left(*o->first_round_deadline, cap);
+  o->first_round_deadline = Clock::now() + o->join_timeout;
+  return std::min(cap, o->join_timeout);
+}
+
 std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::string& token,
                                         bool forced, const char* backend) {
   StoreServerOptions so;
@@ -251,6 +274,15 @@ void RoundRendezvous::check_not_shut_down() const {
   if (shut_down_) throw RendezvousError(error_prefix() + ": the handler was shut down");
 }
 
+Clock::time_point RoundRendezvous::join_deadline() {
+  auto deadline = Clock::now() + options_.join_timeout;
+  if (first_join_ && options_.first_round_deadline) {
+    deadline = std::min(deadline, *options_.first_round_deadline);
+  }
+  first_join_ = false;
+  return deadline;
+}
+
 void RoundRendezvous::lease_armed() {
   std::lock_guard<std::mutex> lock(mu_);
   lease_ = true;
@@ -282,6 +314,7 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
       rank_ = info.group_rank;
       world_size_ = info.group_world_size;
       in_round_ = true;
+      store_unreachable_ = false;
       event_.reset();
       cv_.notify_all();
     }
@@ -292,6 +325,10 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
     throw;
   } catch (const StoreError& e) {
     joining_round_ = -1;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      store_unreachable_ = true;  // shutdown() skips its goodbyes unless a later join succeeds
+    }
     check_not_shut_down();
     throw RendezvousError(error_prefix() + ": " + e.what());
   }
@@ -486,7 +523,9 @@ void RoundRendezvous::shutdown() {
     world_size = world_size_;
     leave = in_round_ && !event_ && !closed_here_;
     // With the store gone, goodbyes would only wait for reconnects that cannot succeed.
-    store_lost = local_event_ && local_event_->kind == RoundEvent::Kind::kStoreLost;
+    // (Each goodbye would spend the client's whole reconnect budget, past the caller's bound.)
+    store_lost =
+        (local_event_ && local_event_->kind == RoundEvent::Kind::kStoreLost) || store_unreachable_;
     cv_.notify_all();
   }
   if (keep_alive_thread_.joinable()) keep_alive_thread_.join();

@@ -32,6 +32,13 @@ std::string default_local_addr();
 uint16_t pick_free_port();
 // Checks what every backend needs; throws RendezvousOptionError naming the option.
 void validate_common_options(const RendezvousOptions& o, const char* backend);
+// Starts the first round's clock: sets o->first_round_deadline to join_timeout from now unless
+// the caller set it, and returns what the store connection may spend retrying: what is left of
+// that deadline (at least 1 ms; join_timeout when the clock starts here), never more than `cap`.
+std::chrono::milliseconds start_first_round(RendezvousOptions* o, std::chrono::milliseconds cap);
+// What is left until `deadline`, at least 1 ms and at most `cap`.
+std::chrono::milliseconds time_left(std::chrono::steady_clock::time_point deadline,
+                                    std::chrono::milliseconds cap);
 // Hosts a StoreServer for `endpoint` (binding its address when it is numeric, else every
 // interface). Returns null when the port is taken and hosting was not forced.
 std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::string& token,
@@ -68,6 +75,10 @@ class RoundRendezvous : public RendezvousHandler {
   // Marks the rendezvous closed in the backend (subclass keys), then the base appends kClosed.
   virtual void close_rendezvous(int64_t current_round, int64_t joining_round) = 0;
 
+  // When the round join_round() is joining must complete: join_timeout from now, and for the
+  // first round no later than options_.first_round_deadline (the creation and the first join
+  // share one bound). Call once per join_round(), on its thread.
+  std::chrono::steady_clock::time_point join_deadline();
   // Lease bookkeeping for subclasses: call after arming a lease so keep-alives run.
   void lease_armed();
   void check_not_shut_down() const;
@@ -86,6 +97,7 @@ class RoundRendezvous : public RendezvousHandler {
   void start_keep_alive();
 
   std::string backend_name_;
+  bool first_join_ = true;  // join_deadline() was not called yet
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -97,6 +109,7 @@ class RoundRendezvous : public RendezvousHandler {
   bool in_round_ = false;            // a member of round_, and next_rendezvous was not called since
   std::optional<RoundEvent> event_;  // why round_ ended, once known
   std::optional<RoundEvent> local_event_;  // raised here (store lost), delivered to waiters
+  bool store_unreachable_ = false;         // the last next_rendezvous failed on a store error
   bool lease_ = false;                     // a lease is armed
   std::function<void(const RoundEvent&)> callback_;
   int64_t delivered_round_ = -1;

@@ -49,6 +49,7 @@ class StaticRendezvous : public RoundRendezvous {
   }
 
   RendezvousInfo join_round(int64_t last_round, int /*last_rank*/) override {
+    const auto deadline = join_deadline();
     const int64_t k = last_round + 1;
     const int world = options_.max_nodes;
     const int rank = options_.node_rank;
@@ -73,7 +74,7 @@ class StaticRendezvous : public RoundRendezvous {
                             " (is every --node-rank unique, and --nnodes the same everywhere?)");
     }
     if (arrived == world) backend_->set(keys_.all(k), "ok");
-    auto v = backend_->wait_get(keys_.all(k), options_.join_timeout);
+    auto v = backend_->wait_get(keys_.all(k), time_left(deadline, options_.join_timeout));
     if (!v) {
       throw RendezvousTimeoutError(error_prefix() + ": only some of the " + std::to_string(world) +
                                    " nodes arrived within " +
@@ -155,8 +156,9 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOpti
   bo.port = server ? server->port() : master.port;
   bo.token = o.store_token;
   bo.read_timeout = o.read_timeout;
-  // Other nodes may start long before node 0: wait for its store as long as for a round.
-  bo.connect_timeout = o.node_rank == 0 ? o.read_timeout : o.join_timeout;
+  // Other nodes may start long before node 0: wait for its store as long as for a round (the
+  // first round's deadline covers both).
+  bo.connect_timeout = start_first_round(&o, o.node_rank == 0 ? o.read_timeout : o.join_timeout);
   std::unique_ptr<RendezvousBackend> backend;
   try {
     backend = connect_store_backend(bo);

@@ -12,6 +12,7 @@
 #include <unordered_set>
 
 #include "rendezvous/store/auth.h"
+#include "rendezvous/store/log_limiter.h"
 #include "rendezvous/store/store.h"
 
 namespace trun::rendezvous {
@@ -255,6 +256,18 @@ class ServerImpl : public StoreServer {
 
   asio::io_context& io() { return io_; }
 
+  // A warning about one client (rejected, cut off). At most 10 per 5 s reach the log: a flood
+  // of misbehaving clients must not flood it; the next line says how many were left out.
+  void warn_client(const std::string& text) {
+    uint64_t held = 0;
+    if (!client_log_.allow(std::chrono::steady_clock::now(), &held)) return;
+    if (held == 0) {
+      spdlog::warn("store server: {}", text);
+    } else {
+      spdlog::warn("store server: {} ({} similar line(s) left out before this one)", text, held);
+    }
+  }
+
  private:
   void run() {
     for (;;) {
@@ -272,11 +285,29 @@ class ServerImpl : public StoreServer {
     acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
       if (ec) {
-        // EMFILE and friends: log, back off briefly, keep accepting.
-        spdlog::warn("store server: accept failed: {}", ec.message());
-        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(10));
+        // EMFILE and friends: nothing can be accepted until a descriptor frees up, and the
+        // listening socket stays readable meanwhile. Back off (10 ms, doubling up to 1 s) rather
+        // than spin, and log one line per 5 s that says how many failures it stands for.
+        ++accept_failures_;
+        uint64_t held = 0;
+        if (accept_log_.allow(std::chrono::steady_clock::now(), &held)) {
+          spdlog::warn(
+              "store server: accept failed: {} ({} in a row{}); retrying in {} ms, existing "
+              "connections are still served",
+              ec.message(), accept_failures_,
+              held ? ", " + std::to_string(held) + " not logged" : std::string(),
+              accept_backoff_.count());
+        }
+        auto timer = std::make_shared<asio::steady_timer>(io_, accept_backoff_);
+        accept_backoff_ = std::min(accept_backoff_ * 2, kMaxAcceptBackoff);
         timer->async_wait([this, timer](const boost::system::error_code&) { accept(); });
         return;
+      }
+      if (accept_failures_ > 0) {
+        spdlog::warn("store server: accepting connections again after {} failed accept(s)",
+                     accept_failures_);
+        accept_failures_ = 0;
+        accept_backoff_ = kMinAcceptBackoff;
       }
       auto conn = std::make_shared<Connection>(this, std::move(socket), next_conn_id_++);
       connections_.emplace(conn->id(), conn);
@@ -302,6 +333,12 @@ class ServerImpl : public StoreServer {
   std::atomic<size_t> num_connections_{0};
   std::atomic<uint64_t> num_requests_{0};
   uint64_t next_conn_id_ = 1;
+  static constexpr std::chrono::milliseconds kMinAcceptBackoff{10};
+  static constexpr std::chrono::milliseconds kMaxAcceptBackoff{1000};
+  std::chrono::milliseconds accept_backoff_ = kMinAcceptBackoff;  // event-loop thread only
+  uint64_t accept_failures_ = 0;                                  // in a row
+  LogLimiter accept_log_{std::chrono::seconds(5)};
+  LogLimiter client_log_{std::chrono::seconds(5), 10};
   uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
   std::thread thread_;
@@ -395,8 +432,8 @@ bool Connection::execute(wire::Request& r) {
 
   if (!authenticated_ && r.op != Op::kValidate && r.op != Op::kAuthHello &&
       r.op != Op::kAuthProof) {
-    spdlog::warn("store server: rejected {}: {} before authenticating (a token is required)", peer_,
-                 op_name(r.op));
+    server_->warn_client("rejected " + peer_ + ": " + op_name(r.op) +
+                         " before authenticating (a token is required)");
     close("");
     return false;
   }
@@ -418,7 +455,7 @@ bool Connection::execute(wire::Request& r) {
                                           auth::hmac_sha256(server_->options().token, challenge_));
       challenge_.clear();
       if (!ok) {
-        spdlog::warn("store server: rejected {}: wrong token", peer_);
+        server_->warn_client("rejected " + peer_ + ": wrong token");
         enc.u8(0);
         flush();
         close("");
@@ -749,7 +786,7 @@ void Connection::flush() {
 void Connection::close(const std::string& why) {
   if (closed_) return;
   closed_ = true;
-  if (!why.empty()) spdlog::warn("store server: closing connection from {}: {}", peer_, why);
+  if (!why.empty()) server_->warn_client("closing connection from " + peer_ + ": " + why);
   if (blocked_) clear_wait();
   // A lease fires when its connection goes away, unless the whole server is stopping.
   if (lease_armed_ && !server_->stopping()) fire_lease("connection closed");

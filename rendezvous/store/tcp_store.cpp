@@ -115,28 +115,58 @@ class Reader {
   Clock::time_point deadline_;
 };
 
+// Why one connection attempt failed, and whether trying again can help.
+struct OpenError {
+  std::string what;
+  // Retrying cannot help: the name does not exist (EAI_NONAME, not the transient EAI_AGAIN), or
+  // no route leads to any of its addresses (ENETUNREACH, EHOSTUNREACH). A refused port is not
+  // permanent: the server may be starting.
+  bool permanent = false;
+};
+
+bool permanent_gai_error(int rc) {
+  switch (rc) {
+    case EAI_NONAME:
+    case EAI_SERVICE:
+#ifdef EAI_NODATA
+    case EAI_NODATA:
+#endif
+#ifdef EAI_ADDRFAMILY
+    case EAI_ADDRFAMILY:
+#endif
+      return true;
+    default:
+      return false;
+  }
+}
+
 // Opens a non-blocking TCP connection to one of host's addresses, within `deadline`.
 int open_socket(const std::string& host, uint16_t port, Clock::time_point deadline,
-                std::string* error) {
+                OpenError* error) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* res = nullptr;
   int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
   if (rc != 0) {
-    *error = std::string("cannot resolve host: ") + ::gai_strerror(rc);
+    error->what = "cannot resolve host '" + host +
+                  "': " + (rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc));
+    error->permanent = permanent_gai_error(rc);
     return -1;
   }
   int fd = -1;
+  bool all_unreachable = true;  // every address failed with no route to it
   for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
     fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
     if (fd < 0) {
-      *error = std::string("socket: ") + std::strerror(errno);
+      error->what = std::string("socket: ") + std::strerror(errno);
+      all_unreachable = false;
       continue;
     }
     if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
       int err = errno;
       if (err == EINPROGRESS) {
+        // Never past the caller's deadline: an attempt gets what is left of it, no more.
         pollfd p{fd, POLLOUT, 0};
         int prc = ::poll(&p, 1, std::max(1, remaining_ms(deadline)));
         socklen_t len = sizeof(err);
@@ -147,18 +177,21 @@ int open_socket(const std::string& host, uint16_t port, Clock::time_point deadli
         }
       }
       if (err != 0 && err != EINPROGRESS) {
-        *error = std::strerror(err);
+        error->what = std::strerror(err);
+        all_unreachable = all_unreachable && (err == ENETUNREACH || err == EHOSTUNREACH);
         ::close(fd);
         fd = -1;
       }
     }
   }
   ::freeaddrinfo(res);
-  if (fd >= 0) {
-    int one = 1;
-    ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+  if (fd < 0) {
+    error->permanent = all_unreachable;
+    return -1;
   }
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
   return fd;
 }
 
@@ -241,8 +274,19 @@ TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
-int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::string* error) {
-  int fd = open_socket(options_.host, options_.port, deadline, error);
+int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::string* error,
+                          bool* permanent) {
+  OpenError open_error;
+  auto open = [&] {
+    int fd = open_socket(options_.host, options_.port, deadline, &open_error);
+    if (fd < 0) {
+      *error = open_error.what;
+      *permanent = open_error.permanent;
+    }
+    return fd;
+  };
+  *permanent = false;
+  int fd = open();
   if (fd < 0) return -1;
   auto hs_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(30));
   try {
@@ -278,9 +322,9 @@ int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::strin
       fd = -1;
       if (answered == 4) {
         dialect_ = StoreDialect::kTorch2;
-        return open_locked(op, deadline, error);
+        return open_locked(op, deadline, error, permanent);
       }
-      fd = open_socket(options_.host, options_.port, deadline, error);
+      fd = open();
       if (fd < 0) return -1;
       write_all(fd, encode(Op::kNumKeys, StoreDialect::kTorch1_13), hs_deadline);
       Reader r2(fd, hs_deadline);
@@ -294,7 +338,7 @@ int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::strin
       ::close(fd);
       fd = -1;
       dialect_ = StoreDialect::kTorch2;
-      return open_locked(op, deadline, error);
+      return open_locked(op, deadline, error, permanent);
     }
     if (dialect_ == StoreDialect::kTorch1_13) return fd;  // 1.13 has no handshake
     std::string hello;
@@ -323,25 +367,33 @@ int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::strin
   }
 }
 
-void TcpStore::connect_locked(const char* op) {
+void TcpStore::connect_locked(const char* op, Duration cap) {
   // A reconnect (the connection was lost or dropped) gets a short budget: the server most
   // likely went away, and callers that must outlast an outage retry at their own level.
   const bool reconnect = connected_once_;
-  const Duration budget = reconnect ? std::min(options_.connect_timeout, options_.reconnect_timeout)
-                                    : options_.connect_timeout;
+  const Duration budget =
+      std::min(cap, reconnect ? std::min(options_.connect_timeout, options_.reconnect_timeout)
+                              : options_.connect_timeout);
   auto deadline = Clock::now() + budget;
   std::mt19937 rng(std::random_device{}());
   auto backoff = std::chrono::milliseconds(10);
   std::string error;
+  bool permanent = false;
   int attempts = 0;
   for (;;) {
     ++attempts;
-    int fd = open_locked(op, deadline, &error);
+    int fd = open_locked(op, deadline, &error, &permanent);
     if (fd >= 0) {
       std::lock_guard<std::mutex> fd_lock(fd_mu_);
       fd_ = fd;
       connected_once_ = true;
+      answered_ = false;
       return;
+    }
+    if (permanent) {
+      // Retrying a name that does not exist or a network with no route only hides the cause
+      // behind a timeout.
+      throw StoreError("store " + endpoint_ + ": " + op + ": " + error + " (not retried)");
     }
     const auto left = deadline - Clock::now();
     if (left <= Clock::duration::zero()) break;
@@ -354,6 +406,7 @@ void TcpStore::connect_locked(const char* op) {
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
   }
   std::string detail = std::to_string(attempts) + " attempts; last error: " + error;
+  if (error == std::strerror(ECONNREFUSED)) detail += ": nothing listens there";
   if (reconnect) {
     // Not a StoreTimeoutError: no key is late, the server is gone (callers that treat a timeout
     // as "not there yet" must not retry this forever).
@@ -378,12 +431,15 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
       throw StoreError("store " + endpoint_ + ": " + op + ": interrupted");
     }
   }
-  if (fd_ < 0) connect_locked(op);
-  auto deadline = Clock::now() + budget;
+  // The call's bound covers the reconnect too.
+  const auto deadline = Clock::now() + budget;
+  if (fd_ < 0) connect_locked(op, budget);
   try {
     write_all(fd_, request, deadline);
     Reader reader(fd_, deadline);
-    return reply(reader);
+    auto result = reply(reader);
+    answered_ = true;
+    return result;
   } catch (const IoError& e) {
     // The stream is out of step after a failure: drop it; the next call reconnects.
     bool interrupted;
@@ -399,11 +455,23 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
     if (e.timed_out) {
       throw StoreTimeoutError(msg + " after " + std::to_string(budget.count()) + " ms");
     }
-    if (e.what == "connection closed by the server" && options_.token.empty()) {
+    if (e.what == "connection closed by the server" && options_.token.empty() && !answered_ &&
+        server_listens()) {
+      // A server that wants a token closes a new connection on its first request; one that
+      // died closes every connection, and then nothing listens any more.
       msg += " (if the store requires a token, set TRUN_STORE_TOKEN)";
     }
     throw StoreError(msg);
   }
+}
+
+bool TcpStore::server_listens() const {
+  OpenError ignored;
+  int fd = open_socket(options_.host, options_.port, Clock::now() + std::chrono::milliseconds(200),
+                       &ignored);
+  if (fd < 0) return false;
+  ::close(fd);
+  return true;
 }
 
 void TcpStore::call_no_reply(const char* op, const std::string& request) {

@@ -3,12 +3,15 @@
 // both understand). Synchronous; one TCP connection; every call bounded by a timeout.
 //
 // Connecting retries with exponential backoff and jitter until `connect_timeout` passes, so
-// agents and workers may start before the server. Each failure raises StoreError naming the
-// endpoint and the operation; a deadline raises StoreTimeoutError. After a transport failure the
-// next call reconnects, retrying for `reconnect_timeout` only: a store that went away fails that
-// call promptly with a StoreError (deliberately not StoreTimeoutError: no key is late) instead of
-// after the whole connect_timeout. Callers that must outlast an outage, like the agent rejoining
-// after a partition, retry at their own level with new clients.
+// agents and workers may start before the server (a refused port is retried); no attempt and no
+// pause runs past that deadline. A host name that does not resolve (EAI_NONAME, not the
+// transient EAI_AGAIN) and a network with no route to any of the host's addresses (ENETUNREACH,
+// EHOSTUNREACH) fail at once with StoreError ("... (not retried)"). Each failure raises
+// StoreError naming the endpoint and the operation; a deadline raises StoreTimeoutError. After a
+// transport failure the next call reconnects, retrying for `reconnect_timeout` only: a store that
+// went away fails that call promptly with a StoreError (deliberately not StoreTimeoutError: no key
+// is late) instead of after the whole connect_timeout. Callers that must outlast an outage, like
+// the agent rejoining after a partition, retry at their own level with new clients.
 //
 // Dialects (TcpStoreOptions::dialect): trun's server with its extensions, a plain PyTorch 2.x
 // server, or a PyTorch 1.13 server; kAuto finds out on the first connect with a probe that none
@@ -72,7 +75,8 @@ struct TcpStoreOptions {
   uint16_t port = 29500;
   Store::Duration timeout = Store::kDefaultTimeout;            // each operation
   Store::Duration connect_timeout = std::chrono::seconds(60);  // the first connect, retrying
-  // Retrying budget of a reconnect after a lost connection; min(connect_timeout, this) applies.
+  // Retrying budget of a reconnect after a lost connection; min(connect_timeout, this, the
+  // call's own timeout) applies: a call's timeout covers its reconnect.
   Store::Duration reconnect_timeout = std::chrono::seconds(5);
   std::string token;  // shared secret (kTrun/kAuto only); empty: do not authenticate
   StoreDialect dialect = StoreDialect::kAuto;
@@ -142,14 +146,19 @@ class TcpStore : public Store {
   template <typename Reply>
   auto call(const char* op, const std::string& request, Duration deadline, Reply reply);
   void call_no_reply(const char* op, const std::string& request);
-  void connect_locked(const char* op);
+  // Connects, retrying for connect_timeout (reconnect_timeout after a lost connection), at most
+  // `cap`.
+  void connect_locked(const char* op, Duration cap = Duration::max());
   // Opens and handshakes one connection in dialect_ (resolving kAuto); -1 with *error set when
   // this attempt failed and may be retried.
+  // *permanent tells that retrying cannot help (see connect_locked).
   int open_locked(const char* op, std::chrono::steady_clock::time_point deadline,
-                  std::string* error);
+                  std::string* error, bool* permanent);
   // WAIT without a server-side timeout (kTorch2, kTorch1_13); false when `timeout` passed.
   bool plain_wait(const std::string& op, const std::vector<std::string>& keys, Duration timeout);
   [[noreturn]] void unsupported(const char* op) const;
+  // One quick connection attempt (no handshake): whether anything accepts connections there.
+  bool server_listens() const;
 
   TcpStoreOptions options_;
   std::string endpoint_;
@@ -158,6 +167,7 @@ class TcpStore : public Store {
   int fd_ = -1;
   bool interrupted_ = false;  // under fd_mu_
   bool connected_once_ = false;
+  bool answered_ = false;  // the current connection answered a request
   StoreDialect dialect_;
 };
 

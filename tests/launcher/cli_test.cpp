@@ -69,6 +69,27 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--rdzv-id", "a b/c", w}, "--rdzv-id=a b/c");
 }
 
+TEST_CASE("a malformed c10d endpoint exits 2 naming it, before anything starts", "[cli]") {
+  const std::string w = test_worker();
+  auto c10d = [&](const std::string& endpoint, const std::string& mentions) {
+    expect_usage_error({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, w},
+                       "--rdzv-endpoint=" + endpoint + ": " + mentions);
+  };
+  c10d("127.0.0.1:99999", "port '99999' is not a number in 0..65535");
+  c10d("127.0.0.1:-1", "port '-1'");
+  c10d("127.0.0.1:+80", "port '+80'");
+  c10d("127.0.0.1:29x", "port '29x'");
+  c10d("127.0.0.1:", "empty port");
+  c10d(":29400", "empty host");
+  c10d("[::1", "unterminated [IPv6]");
+  c10d("[]:29400", "empty host");
+  c10d("[::1]29400", "expected [ADDRESS]:PORT");
+  c10d("[localhost]:29400", "'localhost' in brackets is not an IPv6 address");
+  c10d("::1]:29400", "']' without '['");
+  c10d("a:b:29400", "not HOST:PORT");
+  c10d("[::1]:70000", "port '70000'");
+}
+
 TEST_CASE("nproc-per-node=gpu is a clear error on a host without CUDA devices", "[cli]") {
   if (file_exists("/proc/driver/nvidia/gpus") &&
       !std::filesystem::is_empty("/proc/driver/nvidia/gpus")) {
