@@ -2,6 +2,8 @@
 // The agent's decisions as pure functions: what happens after an event, given the state.
 // The executor (elastic_agent.cpp) performs them. Header-only; no side effects.
 
+#include "rendezvous/handler.h"
+
 namespace trun::agent {
 
 // Exit codes of trun itself (docs/exit-codes.md).
@@ -47,6 +49,32 @@ inline AfterStop decide_after_stop(GroupOutcome outcome, int signal, int restart
       break;  // decided by the agent from the round event
   }
   return {false, kExitAgentError};
+}
+
+// What the agent does after the rendezvous round ended its attempt (GroupOutcome::kRoundOver),
+// once its own workers are gone.
+enum class RoundAction {
+  kRejoin,          // the store was lost and the backend is dynamic: join again, new handler
+  kStoreLost,       // the store was lost and nothing can replace it (static): exit 3
+  kJobClosed,       // another node closed the job: exit 1
+  kNoRestartsLeft,  // a worker failed on another node and no restarts are left: close, exit 1
+  kRestart,         // a worker failed on another node: the next round, counted as a restart
+  kReform,          // the membership changed: the next round, not counted
+};
+
+inline RoundAction decide_after_round(rendezvous::RoundEvent::Kind kind, bool dynamic,
+                                      int restart_count, int max_restarts) {
+  using Kind = rendezvous::RoundEvent::Kind;
+  switch (kind) {
+    case Kind::kStoreLost:
+      return dynamic ? RoundAction::kRejoin : RoundAction::kStoreLost;
+    case Kind::kClosed:
+      return RoundAction::kJobClosed;
+    case Kind::kWorkerFailed:
+      return restart_count < max_restarts ? RoundAction::kRestart : RoundAction::kNoRestartsLeft;
+    default:  // joined, left, restart asked, our membership lost
+      return RoundAction::kReform;
+  }
 }
 
 }  // namespace trun::agent

@@ -11,12 +11,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <map>
-#include <mutex>
 #include <optional>
 #include <random>
-#include <thread>
 #include <unordered_map>
 
 #include "agent/decisions.h"
@@ -24,10 +20,10 @@
 #include "agent/failure_report.h"
 #include "agent/log_mux.h"
 #include "agent/process_supervisor.h"
+#include "agent/rendezvous_session.h"
+#include "agent/worker_env.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/shm_names.h"
-#include "rendezvous/static_rendezvous.h"
-#include "rendezvous/store/store.h"
 
 extern char** environ;
 
@@ -35,7 +31,6 @@ namespace trun::agent {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
@@ -59,8 +54,9 @@ void remove_worker_shm_segments(const std::string& run_id) {
 
 std::string generate_run_id() {
   std::random_device rd;
-  std::mt19937_64 gen((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-                      static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
+  std::mt19937_64 gen(
+      (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
   uint64_t a = gen(), b = gen();
   // UUID version 4 layout, as torchrun's uuid.uuid4().
   a = (a & ~0xF000ull) | 0x4000ull;
@@ -90,291 +86,74 @@ struct Worker {
   std::string error_file;
 };
 
-struct Ranks {
-  std::vector<int> global;  // by local rank
-  std::vector<int> role;
-  int world_size = 0;
-  int role_world_size = 0;
-};
-
-// torchelastic's rank assignment: ranks are handed out in group-rank order; role ranks among the
-// agents of the same role. Single node: no store traffic.
-Ranks assign_ranks(const rendezvous::RendezvousInfo& info, const std::string& role, int nproc,
-                   std::chrono::milliseconds timeout) {
-  struct Info {
-    int group_rank;
-    std::string role;
-    int nproc;
-  };
-  std::vector<Info> infos;
-  if (info.group_world_size == 1 || !info.store) {
-    infos.push_back({info.group_rank, role, nproc});
-  } else {
-    auto& store = *info.store;
-    store.set("role_info/" + std::to_string(info.group_rank), role + "\n" + std::to_string(nproc));
-    std::vector<std::string> keys;
-    for (int r = 0; r < info.group_world_size; ++r)
-      keys.push_back("role_info/" + std::to_string(r));
-    store.wait(keys, timeout);
-    auto values = store.multi_get(keys);
-    for (int r = 0; r < info.group_world_size; ++r) {
-      auto nl = values[r].find('\n');
-      if (nl == std::string::npos) {
-        throw rendezvous::RendezvousError("malformed role info from node " + std::to_string(r));
-      }
-      infos.push_back({r, values[r].substr(0, nl), std::stoi(values[r].substr(nl + 1))});
-    }
-  }
-  Ranks out;
-  int offset = 0, role_offset = 0;
-  for (const auto& i : infos) {
-    out.world_size += i.nproc;
-    if (i.role == role) out.role_world_size += i.nproc;
-    if (i.group_rank < info.group_rank) {
-      offset += i.nproc;
-      if (i.role == role) role_offset += i.nproc;
-    }
-  }
-  for (int l = 0; l < nproc; ++l) {
-    out.global.push_back(offset + l);
-    out.role.push_back(role_offset + l);
-  }
-  return out;
-}
-
 class Agent {
  public:
-  explicit Agent(const LaunchConfig& c) : cfg_(c) {}
+  Agent(const LaunchConfig& c, Clock& clock, ProcessSpawner& spawner)
+      : cfg_(c), clock_(clock), sup_(spawner), loop_(clock) {}
   ~Agent() { cleanup(); }
 
   int run();
 
  private:
   void setup_signals();
+  bool make_base_dir();
   void start_workers();
   GroupOutcome supervise();
   void on_signalfd();
   void on_children();
   void on_agent_signal(int sig);
+  bool on_round_over(const rendezvous::RoundEvent& e);
   void begin_stop(int sig);
   void kill_all();
   void update_groups();
   bool all_groups_gone() const;
   int running_count() const;
   StreamMode stream_mode(int local_rank, int stream) const;
-  std::vector<std::string> worker_env(const Worker& w) const;
-  void exit_barrier();
+  // After the group stopped for `outcome`: whether to run a new attempt (true) or finish with
+  // *exit_code (false).
+  bool after_stop(GroupOutcome outcome, int* exit_code);
+  bool after_round_over(int* exit_code);
+  void finish(GroupOutcome outcome);
   void cleanup();
-  void create_rendezvous();
-  void rendezvous_round();
-  void on_round_over_fd();
-  std::string failure_detail() const;
-  void close_job();
-  bool reconnect(const std::string& why);
-
-  bool multi_node() const { return dynamic_ || info_.group_world_size > 1; }
 
   const LaunchConfig& cfg_;
+  Clock& clock_;
+  ProcessSpawner& sup_;
   EventLoop loop_;
   int sigfd_ = -1;
-  std::unique_ptr<ProcessSupervisor> sup_;
-  std::unique_ptr<rendezvous::RendezvousHandler> rdzv_;
-  rendezvous::RendezvousInfo info_;
-  Ranks ranks_;
+  std::unique_ptr<RendezvousSession> session_;
   std::string run_id_;
   std::string base_dir_;  // DIR/<run id>, or a temporary directory
   bool temp_base_ = false;
-  std::map<std::string, std::string> base_env_;
+  EnvMap base_env_;
   std::string hostname_;
 
-  int restart_count_ = 0;
+  int restart_count_ = 0;  // incremented in one place: run()
   std::vector<Worker> workers_;
   std::unordered_map<pid_t, size_t> by_pid_;
   std::unique_ptr<LogMux> logs_;
   GroupPhase phase_ = GroupPhase::kRunning;
   std::optional<GroupOutcome> outcome_;
-  std::optional<Clock::time_point> kill_at_;
+  std::optional<Clock::TimePoint> kill_at_;
   bool killed_ = false;
-  Clock::time_point killed_at_;
+  Clock::TimePoint killed_at_;
   int received_signal_ = 0;
   uint64_t failure_seq_ = 0;
   std::vector<WorkerFailure> failures_;  // of the current attempt
-
-  // Round-over events: the handler's callback thread stores the newest one and signals the
-  // eventfd; the loop thread takes it (on_round_over_fd).
-  bool dynamic_ = false;  // c10d: membership may change between rounds
-  std::string store_endpoint_;
-  std::chrono::milliseconds rdzv_timeout_{std::chrono::seconds(300)};
-  // While reconnect() runs: the end of its window, which bounds each new handler's first round.
-  std::optional<Clock::time_point> rejoin_deadline_;
-  int evfd_ = -1;
-  std::mutex ev_mu_;
-  std::optional<rendezvous::RoundEvent> pending_event_;
-  std::optional<rendezvous::RoundEvent> round_over_;  // the event that ended this attempt
 };
 
-void Agent::create_rendezvous() {
-  if (cfg_.rdzv_backend != "static" && !cfg_.standalone) {  // c10d, etcd: dynamic membership
-    rendezvous::RendezvousOptions o;
-    o.run_id = run_id_;
-    o.endpoint = cfg_.rdzv_endpoint;
-    o.min_nodes = cfg_.min_nodes;
-    o.max_nodes = cfg_.max_nodes;
-    o.local_addr = cfg_.local_addr;
-    if (const char* t = std::getenv("TRUN_STORE_TOKEN")) o.store_token = t;
-    rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &o);
-    o.first_round_deadline = rejoin_deadline_;
-    rdzv_timeout_ = o.join_timeout;
-    store_endpoint_ = cfg_.rdzv_endpoint;
-    dynamic_ = true;
-    rdzv_ = rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o);
-  } else {
-    rendezvous::StaticRendezvousOptions ro;
-    ro.run_id = run_id_;
-    ro.host = cfg_.standalone ? "127.0.0.1" : cfg_.master_addr;
-    ro.port = cfg_.standalone ? 0 : static_cast<uint16_t>(cfg_.master_port);
-    ro.rank = cfg_.node_rank;
-    ro.world_size = cfg_.max_nodes;
-    if (cfg_.rdzv_conf.count("timeout") || cfg_.rdzv_conf.count("join_timeout")) {
-      rendezvous::RendezvousOptions parsed;  // validated by the command line already
-      rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &parsed);
-      ro.timeout = parsed.join_timeout;
-    }
-    rdzv_timeout_ = ro.timeout;
-    store_endpoint_ = ro.host + ":" + std::to_string(ro.port);
-    rdzv_ = rendezvous::create_static_rendezvous(ro);
-  }
-  evfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-  if (evfd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
-  loop_.add(evfd_, EPOLLIN, [this](uint32_t) { on_round_over_fd(); });
-  const int fd = evfd_;
-  rdzv_->set_round_over_callback([this, fd](const rendezvous::RoundEvent& e) {
-    {
-      std::lock_guard<std::mutex> lock(ev_mu_);
-      pending_event_ = e;
-    }
-    uint64_t one = 1;
-    ssize_t n = write(fd, &one, sizeof one);
-    (void)n;
-  });
-}
-
-// Forms the next round and this node's worker ranks. Throws RendezvousError and friends.
-void Agent::rendezvous_round() {
-  info_ = rdzv_->next_rendezvous();
-  round_over_.reset();
-  ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, rdzv_timeout_);
-  spdlog::info(
-      "rendezvous done: backend={} run_id={} round={} master={}:{} group_rank={} "
-      "group_world_size={} world_size={}",
-      cfg_.standalone ? "standalone" : rdzv_->backend(), run_id_, info_.round, info_.master_addr,
-      info_.master_port, info_.group_rank, info_.group_world_size, ranks_.world_size);
-}
-
-void Agent::on_round_over_fd() {
-  uint64_t n;
-  while (read(evfd_, &n, sizeof n) > 0) {
-  }
-  std::optional<rendezvous::RoundEvent> e;
-  {
-    std::lock_guard<std::mutex> lock(ev_mu_);
-    e.swap(pending_event_);
-  }
-  if (!e || e->round != info_.round || round_over_) return;
-  using Kind = rendezvous::RoundEvent::Kind;
-  if (e->kind == Kind::kShutdown) return;
-  // Our own report comes back as the round's end: the local failure is already being handled.
-  if (e->kind == Kind::kWorkerFailed && e->node_id == rdzv_->node_id()) return;
-  if (workers_.empty() || outcome_) return;  // the group already stops for a local reason
-  round_over_ = *e;
-  spdlog::warn("{}; stopping the workers", e->describe());
+// A round-over event of the current round, on the loop's thread: it ends the attempt unless the
+// group already stops for a local reason.
+bool Agent::on_round_over(const rendezvous::RoundEvent& e) {
+  if (workers_.empty() || outcome_) return false;
+  spdlog::warn("{}; stopping the workers", e.describe());
   outcome_ = GroupOutcome::kRoundOver;
   begin_stop(SIGTERM);
-}
-
-std::string Agent::failure_detail() const {
-  if (failures_.empty()) return "worker failure on " + hostname_;
-  const auto& f = failures_[root_cause_index(failures_)];
-  std::string d = "rank " + std::to_string(f.rank) + " (local_rank " +
-                  std::to_string(f.local_rank) + ") on " + hostname_ + " exited with " +
-                  (f.exitcode < 0 ? signal_name(-f.exitcode) : std::to_string(f.exitcode));
-  if (!f.message.empty()) {
-    std::string m = f.message.substr(0, 200);
-    for (auto& c : m) c = c == '\n' ? ' ' : c;
-    d += ": " + m;
-  }
-  return d;
-}
-
-// After losing the store (c10d): drops the handler and joins again with a new one, retrying
-// until join_timeout. A partitioned node rejoins this way once its link is back. Returns false
-// (after printing why, naming the endpoint) when the store stays unreachable or the job ended.
-// The window is one deadline: each new handler gets what is left of it for connecting and for
-// its first round (first_round_deadline), and the pause between attempts never runs past it.
-bool Agent::reconnect(const std::string& why) {
-  const auto deadline = Clock::now() + rdzv_timeout_;
-  std::string last = why;
-  spdlog::warn("lost the rendezvous store at {}: {}; trying to rejoin for up to {} s",
-               store_endpoint_, why, rdzv_timeout_.count() / 1000.0);
-  rejoin_deadline_ = deadline;
-  bool rejoined = false;
-  int attempts = 0;
-  while (attempts < 100000 && Clock::now() < deadline) {
-    ++attempts;
-    if (rdzv_) rdzv_->shutdown();
-    rdzv_.reset();
-    if (evfd_ >= 0) {
-      loop_.remove(evfd_);
-      close(evfd_);
-      evfd_ = -1;
-    }
-    {
-      std::lock_guard<std::mutex> lock(ev_mu_);
-      pending_event_.reset();
-    }
-    try {
-      create_rendezvous();
-      rendezvous_round();
-      rejoined = true;
-      break;
-    } catch (const rendezvous::RendezvousClosedError& e) {
-      rejoin_deadline_.reset();
-      std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
-                   run_id_.c_str(), e.what());
-      return false;
-    } catch (const std::exception& e) {
-      last = e.what();
-      spdlog::debug("rejoin attempt {}: {}", attempts, last);
-    }
-    const auto left = deadline - Clock::now();
-    if (left <= Clock::duration::zero()) break;
-    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(500), left));
-  }
-  rejoin_deadline_.reset();  // later rounds get join_timeout each
-  if (rejoined) return true;
-  std::fprintf(stderr,
-               "trun: error: lost the rendezvous store at %s (%s) and could not rejoin within "
-               "%g s (%d attempt(s)): %s\n",
-               store_endpoint_.c_str(), cfg_.rdzv_backend.c_str(), rdzv_timeout_.count() / 1000.0,
-               attempts, last.c_str());
-  std::fflush(stderr);
-  return false;
-}
-
-void Agent::close_job() {
-  if (!rdzv_ || !multi_node()) return;
-  try {
-    rdzv_->set_closed();
-  } catch (const std::exception& e) {
-    spdlog::debug("closing the rendezvous: {}", e.what());
-  }
+  return true;
 }
 
 void Agent::setup_signals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGCHLD);
-  for (int s : cfg_.signals_to_handle) sigaddset(&set, s);
+  sigset_t set = agent_signal_set(cfg_);
   if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) {
     throw std::system_error(errno, std::generic_category(), "pthread_sigmask");
   }
@@ -386,33 +165,8 @@ void Agent::setup_signals() {
   loop_.add(sigfd_, EPOLLIN, [this](uint32_t) { on_signalfd(); });
 }
 
-int Agent::run() {
-  try {
-    setup_signals();
-    if (!ProcessSupervisor::become_subreaper()) {
-      spdlog::warn("cannot become a child subreaper: {}", std::strerror(errno));
-    }
-    sup_ = std::make_unique<ProcessSupervisor>();
-  } catch (const std::exception& e) {
-    spdlog::error("cannot set up process supervision: {}", e.what());
-    return kExitAgentError;
-  }
-  hostname_ = host_name();
-
-  run_id_ = cfg_.standalone ? generate_run_id() : cfg_.run_id;
-  try {
-    create_rendezvous();
-    rendezvous_round();
-  } catch (const rendezvous::RendezvousClosedError& e) {
-    spdlog::error("rendezvous failed: the job '{}' has finished (its rendezvous is closed): {}",
-                  run_id_, e.what());
-    return kExitAgentError;
-  } catch (const std::exception& e) {
-    spdlog::error("rendezvous failed: {}", e.what());
-    return kExitAgentError;
-  }
-
-  // Log and error-file directory.
+// The log and error-file directory: DIR/<run id> under --log-dir, else a temporary one.
+bool Agent::make_base_dir() {
   try {
     if (cfg_.log_dir.empty()) {
       const char* tmp = std::getenv("TMPDIR");
@@ -430,25 +184,45 @@ int Agent::run() {
     }
   } catch (const std::exception& e) {
     spdlog::error("cannot create the log directory: {}", e.what());
+    return false;
+  }
+  return true;
+}
+
+int Agent::run() {
+  try {
+    setup_signals();
+  } catch (const std::exception& e) {
+    spdlog::error("cannot set up process supervision: {}", e.what());
     return kExitAgentError;
   }
+  hostname_ = host_name();
 
-  for (char** e = environ; *e; ++e) {
-    const char* eq = std::strchr(*e, '=');
-    if (eq) base_env_[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
+  run_id_ = cfg_.standalone ? generate_run_id() : cfg_.run_id;
+  session_ = std::make_unique<RendezvousSession>(
+      cfg_, run_id_, loop_, clock_,
+      [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
+  try {
+    session_->start();
+  } catch (const rendezvous::RendezvousClosedError& e) {
+    spdlog::error("rendezvous failed: the job '{}' has finished (its rendezvous is closed): {}",
+                  run_id_, e.what());
+    return kExitAgentError;
+  } catch (const std::exception& e) {
+    spdlog::error("rendezvous failed: {}", e.what());
+    return kExitAgentError;
   }
-  if (!base_env_.count("OMP_NUM_THREADS") && cfg_.nproc_per_node > 1) {
+  if (!make_base_dir()) return kExitAgentError;
+
+  bool omp_defaulted = false;
+  base_env_ = base_worker_env(env_map(environ), cfg_.nproc_per_node, &omp_defaulted);
+  if (omp_defaulted) {
     spdlog::warn(
         "setting OMP_NUM_THREADS=1 for each worker (it is unset and there are {} "
         "workers); set it yourself to tune performance",
         cfg_.nproc_per_node);
-    base_env_["OMP_NUM_THREADS"] = "1";
-  }
-  for (const char* k : {"NCCL_ASYNC_ERROR_HANDLING", "TORCH_NCCL_ASYNC_ERROR_HANDLING"}) {
-    if (!base_env_.count(k)) base_env_[k] = "1";
   }
 
-  int exit_code = kExitAgentError;
   for (;;) {
     GroupOutcome outcome;
     try {
@@ -459,113 +233,125 @@ int Agent::run() {
       if (!workers_.empty()) {
         kill_all();
         for (int i = 0; i < 100 && running_count() > 0; ++i) {
-          loop_.run_once(Clock::now() + std::chrono::milliseconds(100));
+          loop_.run_once(clock_.now() + std::chrono::milliseconds(100));
         }
       }
       return kExitAgentError;
     }
-    if (outcome == GroupOutcome::kRoundOver) {
-      using Kind = rendezvous::RoundEvent::Kind;
-      const rendezvous::RoundEvent e = *round_over_;
-      if (e.kind == Kind::kStoreLost && dynamic_) {
-        if (!reconnect(e.detail)) return kExitAgentError;
-        continue;
-      }
-      if (e.kind == Kind::kStoreLost) {
-        spdlog::error("lost the rendezvous store at {} ({}): {}; giving up", store_endpoint_,
-                      rdzv_->backend(), e.describe());
-        std::fprintf(stderr, "trun: error: lost the rendezvous store at %s: %s\n",
-                     store_endpoint_.c_str(), e.detail.c_str());
-        return kExitAgentError;
-      }
-      if (e.kind == Kind::kClosed) {
-        spdlog::error("the job was closed by node {}: {}", e.node_id, e.detail);
-        return kExitWorkersFailed;
-      }
-      if (e.kind == Kind::kWorkerFailed) {
-        if (restart_count_ >= cfg_.max_restarts) {
-          std::fprintf(stderr,
-                       "trun: error: the worker group failed on node %s and no restarts are "
-                       "left (%d/%d)\nroot cause: %s\n",
-                       e.node_id.c_str(), restart_count_, cfg_.max_restarts, e.detail.c_str());
-          std::fflush(stderr);
-          close_job();
-          return kExitWorkersFailed;
-        }
-        ++restart_count_;
-        spdlog::warn("worker failure on node {} ({}); restarting the worker group ({}/{} restarts)",
-                     e.node_id, e.detail, restart_count_, cfg_.max_restarts);
-      } else {
-        spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
-                     restart_count_);
-      }
-      try {
-        rendezvous_round();
-      } catch (const rendezvous::RendezvousClosedError& ex) {
-        spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
-        return kExitAgentError;
-      } catch (const std::exception& ex) {
-        if (!dynamic_ || !reconnect(ex.what())) {
-          spdlog::error("rendezvous for the restart failed: {}", ex.what());
-          return kExitAgentError;
-        }
-      }
-      continue;
-    }
-    AfterStop next =
-        decide_after_stop(outcome, received_signal_, restart_count_, cfg_.max_restarts);
-    if (outcome == GroupOutcome::kFailed && multi_node()) {
-      // Ends the round on every node: they restart too, or give up with this root cause.
-      try {
-        rdzv_->report_worker_failure(failure_detail());
-      } catch (const std::exception& e) {
-        spdlog::error("cannot report the failure to the other nodes: {}", e.what());
-      }
-    }
-    if (next.restart) {
-      for (const auto& f : failures_) {
-        spdlog::warn("worker group failed (attempt {}): rank {} (local_rank {}) exited with {}",
-                     restart_count_, f.rank, f.local_rank,
-                     f.exitcode < 0 ? signal_name(-f.exitcode) : std::to_string(f.exitcode));
-      }
-      ++restart_count_;
-      spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_,
-                   cfg_.max_restarts);
-      if (multi_node()) {
-        try {
-          rendezvous_round();
-        } catch (const std::exception& e) {
-          spdlog::error("rendezvous for the restart failed: {}", e.what());
-          return kExitAgentError;
-        }
-      }
-      continue;
-    }
-    exit_code = next.exit_code;
-    if (outcome == GroupOutcome::kFailed && !failures_.empty()) {
-      std::string summary = format_summary(cfg_.entrypoint_name, failures_, hostname_);
-      std::fputs(summary.c_str(), stderr);
-      std::fflush(stderr);
-      const auto& root = failures_[root_cause_index(failures_)];
-      if (const char* ef = std::getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef) {
-        if (!write_root_cause(ef, root)) {
-          spdlog::error("cannot write the root cause to TORCHELASTIC_ERROR_FILE={}", ef);
-        }
-      }
-    } else if (outcome == GroupOutcome::kSignaled) {
-      spdlog::warn("stopped the workers after {}; exiting with {}", signal_name(received_signal_),
-                   exit_code);
-    } else if (outcome == GroupOutcome::kSucceeded) {
-      try {
-        exit_barrier();
-      } catch (const std::exception& e) {
-        spdlog::warn("exit barrier: {}", e.what());
-      }
-    }
-    if (outcome != GroupOutcome::kSignaled) close_job();
-    break;
+    int exit_code = kExitAgentError;
+    if (!after_stop(outcome, &exit_code)) return exit_code;
   }
-  return exit_code;
+}
+
+// The group stopped because the round ended. Returns whether to run a new attempt.
+bool Agent::after_round_over(int* exit_code) {
+  const rendezvous::RoundEvent e = *session_->round_over();
+  const RoundAction action =
+      decide_after_round(e.kind, session_->dynamic(), restart_count_, cfg_.max_restarts);
+  switch (action) {
+    case RoundAction::kRejoin:
+      *exit_code = kExitAgentError;
+      return session_->rejoin(e.detail);
+    case RoundAction::kStoreLost:
+      spdlog::error("lost the rendezvous store at {} ({}): {}; giving up",
+                    session_->store_endpoint(), session_->backend(), e.describe());
+      std::fprintf(stderr, "trun: error: lost the rendezvous store at %s: %s\n",
+                   session_->store_endpoint().c_str(), e.detail.c_str());
+      *exit_code = kExitAgentError;
+      return false;
+    case RoundAction::kJobClosed:
+      spdlog::error("the job was closed by node {}: {}", e.node_id, e.detail);
+      *exit_code = kExitWorkersFailed;
+      return false;
+    case RoundAction::kNoRestartsLeft:
+      std::fprintf(stderr,
+                   "trun: error: the worker group failed on node %s and no restarts are "
+                   "left (%d/%d)\nroot cause: %s\n",
+                   e.node_id.c_str(), restart_count_, cfg_.max_restarts, e.detail.c_str());
+      std::fflush(stderr);
+      session_->close_job();
+      *exit_code = kExitWorkersFailed;
+      return false;
+    case RoundAction::kRestart:
+      ++restart_count_;
+      spdlog::warn("worker failure on node {} ({}); restarting the worker group ({}/{} restarts)",
+                   e.node_id, e.detail, restart_count_, cfg_.max_restarts);
+      break;
+    case RoundAction::kReform:
+      spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
+                   restart_count_);
+      break;
+  }
+  try {
+    session_->next_round();
+  } catch (const rendezvous::RendezvousClosedError& ex) {
+    spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
+    *exit_code = kExitAgentError;
+    return false;
+  } catch (const std::exception& ex) {
+    if (!session_->dynamic() || !session_->rejoin(ex.what())) {
+      spdlog::error("rendezvous for the restart failed: {}", ex.what());
+      *exit_code = kExitAgentError;
+      return false;
+    }
+  }
+  return true;
+}
+
+bool Agent::after_stop(GroupOutcome outcome, int* exit_code) {
+  if (outcome == GroupOutcome::kRoundOver) return after_round_over(exit_code);
+  const AfterStop next =
+      decide_after_stop(outcome, received_signal_, restart_count_, cfg_.max_restarts);
+  // Ends the round on every node: they restart too, or give up with this root cause.
+  if (outcome == GroupOutcome::kFailed)
+    session_->report_worker_failure(failure_line(failures_, hostname_));
+  if (!next.restart) {
+    *exit_code = next.exit_code;
+    finish(outcome);
+    return false;
+  }
+  for (const auto& f : failures_) {
+    spdlog::warn("worker group failed (attempt {}): rank {} (local_rank {}) exited with {}",
+                 restart_count_, f.rank, f.local_rank,
+                 f.exitcode < 0 ? signal_name(-f.exitcode) : std::to_string(f.exitcode));
+  }
+  ++restart_count_;
+  spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_, cfg_.max_restarts);
+  if (session_->multi_node()) {
+    try {
+      session_->next_round();
+    } catch (const std::exception& e) {
+      spdlog::error("rendezvous for the restart failed: {}", e.what());
+      *exit_code = kExitAgentError;
+      return false;
+    }
+  }
+  return true;
+}
+
+// The job ends on this node: the failure summary, the exit barrier, closing the rendezvous.
+void Agent::finish(GroupOutcome outcome) {
+  if (outcome == GroupOutcome::kFailed && !failures_.empty()) {
+    std::string summary = format_summary(cfg_.entrypoint_name, failures_, hostname_);
+    std::fputs(summary.c_str(), stderr);
+    std::fflush(stderr);
+    const auto& root = failures_[root_cause_index(failures_)];
+    if (const char* ef = std::getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef) {
+      if (!write_root_cause(ef, root)) {
+        spdlog::error("cannot write the root cause to TORCHELASTIC_ERROR_FILE={}", ef);
+      }
+    }
+  } else if (outcome == GroupOutcome::kSignaled) {
+    spdlog::warn("stopped the workers after {}; exiting with {}", signal_name(received_signal_),
+                 kExitSignalBase + received_signal_);
+  } else if (outcome == GroupOutcome::kSucceeded) {
+    try {
+      session_->exit_barrier(cfg_.exit_barrier_timeout);
+    } catch (const std::exception& e) {
+      spdlog::warn("exit barrier: {}", e.what());
+    }
+  }
+  if (outcome != GroupOutcome::kSignaled) session_->close_job();
 }
 
 StreamMode Agent::stream_mode(int local_rank, int stream) const {
@@ -575,40 +361,6 @@ StreamMode Agent::stream_mode(int local_rank, int stream) const {
   if (tee && !hidden) return StreamMode::kTee;
   if (tee || redirect) return StreamMode::kFile;
   return hidden ? StreamMode::kDiscard : StreamMode::kInherit;
-}
-
-std::vector<std::string> Agent::worker_env(const Worker& w) const {
-  std::map<std::string, std::string> env = base_env_;
-  env["LOCAL_RANK"] = std::to_string(w.local_rank);
-  env.erase("TRUN_LOCAL_RANK");  // a trun started by a worker of another must not pass it on
-  if (cfg_.virtual_local_rank) {
-    // Each worker sees one device, as its device 0 (see LaunchConfig::visible_devices).
-    env["LOCAL_RANK"] = "0";
-    env["TRUN_LOCAL_RANK"] = std::to_string(w.local_rank);
-    env["CUDA_VISIBLE_DEVICES"] = cfg_.visible_devices.empty()
-                                      ? std::to_string(w.local_rank)
-                                      : cfg_.visible_devices[static_cast<size_t>(w.local_rank)];
-  }
-  env["RANK"] = std::to_string(w.rank);
-  env["GROUP_RANK"] = std::to_string(info_.group_rank);
-  env["ROLE_RANK"] = std::to_string(w.role_rank);
-  env["ROLE_NAME"] = cfg_.role;
-  env["LOCAL_WORLD_SIZE"] = std::to_string(cfg_.nproc_per_node);
-  env["WORLD_SIZE"] = std::to_string(ranks_.world_size);
-  env["GROUP_WORLD_SIZE"] = std::to_string(info_.group_world_size);
-  env["ROLE_WORLD_SIZE"] = std::to_string(ranks_.role_world_size);
-  env["MASTER_ADDR"] = info_.master_addr;
-  env["MASTER_PORT"] = std::to_string(info_.master_port);
-  env["TORCHELASTIC_RESTART_COUNT"] = std::to_string(restart_count_);
-  env["TORCHELASTIC_MAX_RESTARTS"] = std::to_string(cfg_.max_restarts);
-  env["TORCHELASTIC_RUN_ID"] = run_id_;
-  env["TORCHELASTIC_USE_AGENT_STORE"] = info_.use_agent_store ? "True" : "False";
-  env["TORCHELASTIC_ERROR_FILE"] = w.error_file;
-  env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = cfg_.signals_to_handle_text;
-  std::vector<std::string> out;
-  out.reserve(env.size());
-  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
-  return out;
 }
 
 void Agent::start_workers() {
@@ -637,18 +389,30 @@ void Agent::start_workers() {
     logs_->duplicate(STDERR_FILENO, attempt_dir + "/filtered_stderr.log",
                      cfg_.duplicate_stderr_filters);
   }
+  const rendezvous::RendezvousInfo& info = session_->info();
+  AttemptEnv attempt;
+  attempt.run_id = run_id_;
+  attempt.restart_count = restart_count_;
+  attempt.group_rank = info.group_rank;
+  attempt.group_world_size = info.group_world_size;
+  attempt.world_size = session_->ranks().world_size;
+  attempt.role_world_size = session_->ranks().role_world_size;
+  attempt.master_addr = info.master_addr;
+  attempt.master_port = info.master_port;
+  attempt.use_agent_store = info.use_agent_store;
   std::vector<SpawnRequest> requests(workers_.size());
   for (size_t i = 0; i < workers_.size(); ++i) {
     Worker& w = workers_[i];
     w.local_rank = static_cast<int>(i);
-    w.rank = ranks_.global[i];
-    w.role_rank = ranks_.role[i];
+    w.rank = session_->ranks().global[i];
+    w.role_rank = session_->ranks().role[i];
     const std::string dir = attempt_dir + "/" + std::to_string(i);
     fs::create_directories(dir);
     w.error_file = dir + "/error.json";
     SpawnRequest& req = requests[i];
     req.argv = cfg_.entrypoint;
-    req.env = worker_env(w);
+    req.env = worker_env(base_env_, cfg_, attempt,
+                         WorkerEnv{w.local_rank, w.rank, w.role_rank, w.error_file});
     const std::string prefix =
         line_prefix(cfg_.log_line_prefix_template, cfg_.role, w.rank, w.local_rank);
     req.stdout_fd = logs_->prepare(stream_mode(w.local_rank, kStdOut), STDOUT_FILENO,
@@ -656,7 +420,7 @@ void Agent::start_workers() {
     req.stderr_fd = logs_->prepare(stream_mode(w.local_rank, kStdErr), STDERR_FILENO,
                                    dir + "/stderr.log", prefix);
   }
-  auto results = sup_->spawn(requests);
+  auto results = sup_.spawn(requests);
   logs_->close_child_ends();
   bool spawn_failed = false;
   for (size_t i = 0; i < workers_.size(); ++i) {
@@ -703,13 +467,13 @@ GroupOutcome Agent::supervise() {
       if (!all_groups_gone()) begin_stop(SIGTERM);
     }
     if (outcome_ && running_count() == 0 && all_groups_gone()) break;
-    std::optional<Clock::time_point> deadline;
+    std::optional<Clock::TimePoint> deadline;
     if (phase_ == GroupPhase::kStopping) {
       deadline = killed_ ? killed_at_ + kAfterKillGrace : *kill_at_;
     }
     loop_.run_once(deadline);
     // The phase may have changed inside run_once; only a deadline set before it can expire.
-    if (deadline && phase_ == GroupPhase::kStopping && Clock::now() >= *deadline) {
+    if (deadline && phase_ == GroupPhase::kStopping && clock_.now() >= *deadline) {
       if (!killed_) {
         spdlog::warn("workers still running {} ms after the stop signal; sending SIGKILL",
                      cfg_.shutdown_timeout.count());
@@ -746,7 +510,7 @@ void Agent::on_signalfd() {
 
 void Agent::on_children() {
   const GroupPhase phase_before = phase_;
-  auto exits = sup_->reap([this](pid_t pid) { return by_pid_.count(pid) > 0; });
+  auto exits = sup_.reap([this](pid_t pid) { return by_pid_.count(pid) > 0; });
   bool failed = false;
   for (const auto& e : exits) {
     Worker& w = workers_[by_pid_.at(e.pid)];
@@ -775,9 +539,9 @@ void Agent::on_children() {
 
 void Agent::update_groups() {
   for (auto& w : workers_) {
-    if (w.group_live && !w.running && !ProcessSupervisor::group_alive(w.pid)) {
+    if (w.group_live && !w.running && !sup_.group_alive(w.pid)) {
       w.group_live = false;
-      sup_->forget_group(w.pid);
+      sup_.forget_group(w.pid);
     }
   }
 }
@@ -799,49 +563,35 @@ void Agent::on_agent_signal(int sig) {
     begin_stop(sig);
   } else {
     for (auto& w : workers_) {
-      if (w.group_live) sup_->signal_group(w.pid, sig);
+      if (w.group_live) sup_.signal_group(w.pid, sig);
     }
   }
 }
 
 void Agent::begin_stop(int sig) {
   phase_ = GroupPhase::kStopping;
-  kill_at_ = Clock::now() + cfg_.shutdown_timeout;
+  kill_at_ = clock_.now() + cfg_.shutdown_timeout;
   for (auto& w : workers_) {
-    if (w.group_live) sup_->signal_group(w.pid, sig);
+    if (w.group_live) sup_.signal_group(w.pid, sig);
   }
   if (cfg_.shutdown_timeout.count() == 0) kill_all();
 }
 
 void Agent::kill_all() {
   for (auto& w : workers_) {
-    if (w.group_live) sup_->signal_group(w.pid, SIGKILL);
+    if (w.group_live) sup_.signal_group(w.pid, SIGKILL);
   }
   killed_ = true;
-  killed_at_ = Clock::now();
-}
-
-void Agent::exit_barrier() {
-  if (info_.group_world_size <= 1 || !info_.store) return;
-  auto& store = *info_.store;
-  int64_t arrived = store.add("exit_barrier/count", 1);
-  if (arrived >= info_.group_world_size) store.set("exit_barrier/done", "1");
-  store.wait({"exit_barrier/done"}, cfg_.exit_barrier_timeout);
+  killed_at_ = clock_.now();
 }
 
 void Agent::cleanup() {
   logs_.reset();
-  if (rdzv_) rdzv_->shutdown();
-  sup_.reset();
+  if (session_) session_->shutdown();
   remove_worker_shm_segments(run_id_);
   if (temp_base_ && !base_dir_.empty()) {
     std::error_code ec;
     fs::remove_all(base_dir_, ec);
-  }
-  if (evfd_ >= 0) {
-    loop_.remove(evfd_);
-    close(evfd_);
-    evfd_ = -1;
   }
   if (sigfd_ >= 0) {
     loop_.remove(sigfd_);
@@ -852,8 +602,35 @@ void Agent::cleanup() {
 
 }  // namespace
 
+sigset_t agent_signal_set(const LaunchConfig& config) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  for (int s : config.signals_to_handle) sigaddset(&set, s);
+  return set;
+}
+
 int ElasticAgent::run() {
-  Agent agent(config_);
+  if (spawner_ != nullptr) {
+    Agent agent(config_, *clock_, *spawner_);
+    return agent.run();
+  }
+  // The real supervisor's threads must start with the agent's signals blocked (its header).
+  std::unique_ptr<ProcessSupervisor> supervisor;
+  try {
+    sigset_t set = agent_signal_set(config_);
+    if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) {
+      throw std::system_error(errno, std::generic_category(), "pthread_sigmask");
+    }
+    if (!ProcessSupervisor::become_subreaper()) {
+      spdlog::warn("cannot become a child subreaper: {}", std::strerror(errno));
+    }
+    supervisor = std::make_unique<ProcessSupervisor>();
+  } catch (const std::exception& e) {
+    spdlog::error("cannot set up process supervision: {}", e.what());
+    return kExitAgentError;
+  }
+  Agent agent(config_, steady_clock(), *supervisor);
   return agent.run();
 }
 

@@ -15,18 +15,41 @@
 // Output: the failure summary goes to stderr; trun's own log lines go through spdlog. Neither
 // blocks on a console that does not read (agent/console.h, set up by main).
 
+//
+// Seams (STYLE 8): the agent reads the time from a Clock (agent/clock.h) and starts, signals and
+// reaps workers only through a ProcessSpawner (agent/process_spawner.h). The one-argument
+// constructor uses the real ones (steady_clock(), ProcessSupervisor); tests hand in fakes.
+//
+// Its parts: the rendezvous and worker ranks (agent/rendezvous_session.h, rank_assignment.h),
+// the worker environment (agent/worker_env.h), every decision (agent/decisions.h), worker output
+// (agent/log_mux.h) and failure reports (agent/failure_report.h).
+
+#include <signal.h>
+
+#include "agent/clock.h"
 #include "agent/launch_config.h"
+#include "agent/process_spawner.h"
 
 namespace trun::agent {
 
 class ElasticAgent {
  public:
   explicit ElasticAgent(const LaunchConfig& config) : config_(config) {}
+  // With a fake clock and spawner (not owned; they must outlive run()). The rendezvous, the event
+  // loop, the signalfd and the log files stay real.
+  ElasticAgent(const LaunchConfig& config, Clock& clock, ProcessSpawner& spawner)
+      : config_(config), clock_(&clock), spawner_(&spawner) {}
   // Runs the job; returns trun's exit code (agent/decisions.h, docs/exit-codes.md).
   int run();
 
  private:
   const LaunchConfig& config_;
+  Clock* clock_ = nullptr;
+  ProcessSpawner* spawner_ = nullptr;
 };
+
+// The signals the agent takes through its signalfd: SIGCHLD and config.signals_to_handle. run()
+// blocks them for the calling thread (hence for every thread it starts afterwards).
+sigset_t agent_signal_set(const LaunchConfig& config);
 
 }  // namespace trun::agent

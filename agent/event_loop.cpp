@@ -8,7 +8,7 @@
 
 namespace trun::agent {
 
-EventLoop::EventLoop() {
+EventLoop::EventLoop(const Clock& clock) : clock_(clock) {
   epfd_ = epoll_create1(EPOLL_CLOEXEC);
   if (epfd_ < 0) throw std::system_error(errno, std::generic_category(), "epoll_create1");
 }
@@ -31,10 +31,10 @@ void EventLoop::remove(int fd) {
   if (handlers_.erase(fd) > 0) epoll_ctl(epfd_, EPOLL_CTL_DEL, fd, nullptr);
 }
 
-void EventLoop::run_once(std::optional<Clock::time_point> deadline) {
+void EventLoop::run_once(std::optional<Clock::TimePoint> deadline) {
   int timeout_ms = -1;
   if (deadline) {
-    auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - Clock::now()).count();
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(*deadline - clock_.now()).count();
     timeout_ms = left < 0 ? 0 : static_cast<int>(std::min<long long>(left, 1 << 30));
   }
   epoll_event events[32];

@@ -202,4 +202,18 @@ bool write_root_cause(const std::string& path, const WorkerFailure& f) {
   return static_cast<bool>(out);
 }
 
+std::string failure_line(const std::vector<WorkerFailure>& failures, const std::string& hostname) {
+  if (failures.empty()) return "worker failure on " + hostname;
+  const auto& f = failures[root_cause_index(failures)];
+  std::string d = "rank " + std::to_string(f.rank) + " (local_rank " +
+                  std::to_string(f.local_rank) + ") on " + hostname + " exited with " +
+                  (f.exitcode < 0 ? signal_name(-f.exitcode) : std::to_string(f.exitcode));
+  if (!f.message.empty()) {
+    std::string m = f.message.substr(0, 200);
+    for (auto& c : m) c = c == '\n' ? ' ' : c;
+    d += ": " + m;
+  }
+  return d;
+}
+
 }  // namespace trun::agent

@@ -41,6 +41,11 @@ size_t root_cause_index(const std::vector<WorkerFailure>& failures);
 std::string format_summary(const std::string& name, const std::vector<WorkerFailure>& failures,
                            const std::string& hostname);
 
+// One line for the other nodes (the rendezvous' worker-failure report): "rank R (local_rank L) on
+// HOST exited with CODE: <the first 200 characters of the message, newlines as spaces>", or
+// "worker failure on HOST" when `failures` is empty.
+std::string failure_line(const std::vector<WorkerFailure>& failures, const std::string& hostname);
+
 // Writes the root cause to `path` (trun's own TORCHELASTIC_ERROR_FILE) in @record's format with
 // errorCode set to the worker's exit code, as torchrun does. Returns false when it cannot write.
 bool write_root_cause(const std::string& path, const WorkerFailure& failure);

@@ -30,14 +30,6 @@ namespace bp = boost::process;
 
 namespace trun::agent {
 
-bool ExitStatus::signaled() const { return WIFSIGNALED(status); }
-
-int ExitStatus::exitcode() const {
-  if (WIFSIGNALED(status)) return -WTERMSIG(status);
-  if (WIFEXITED(status)) return WEXITSTATUS(status);
-  return 0;
-}
-
 namespace {
 
 // Runs in the forked child before execve: only async-signal-safe calls.

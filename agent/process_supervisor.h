@@ -1,6 +1,6 @@
 #pragma once
-// ProcessSupervisor: starts worker processes, signals their process groups, and is the one place
-// in trun that reaps children.
+// ProcessSupervisor: the real ProcessSpawner (agent/process_spawner.h). It starts worker
+// processes, signals their process groups, and is the one place in trun that reaps children.
 //
 // Spawning: workers are started with Boost.Process from one long-lived thread owned by the
 // supervisor (PR_SET_PDEATHSIG fires when the thread that forked exits, so that thread lives as
@@ -25,56 +25,36 @@
 
 #include <functional>
 #include <memory>
-#include <string>
 #include <vector>
+
+#include "agent/process_spawner.h"
 
 namespace trun::agent {
 
-struct SpawnRequest {
-  std::vector<std::string> argv;  // argv[0]: a path, or a name looked up in PATH
-  std::vector<std::string> env;   // complete environment, "KEY=VALUE"
-  int stdout_fd = -1;             // -1: inherit trun's stdout
-  int stderr_fd = -1;             // -1: inherit trun's stderr
-};
-
-struct SpawnResult {
-  pid_t pid = -1;  // -1 when the program could not be started
-  int error = 0;   // errno of the failed exec/fork
-  std::string error_message;
-};
-
-struct ExitStatus {
-  pid_t pid = -1;
-  int status = 0;  // raw wait status
-  bool signaled() const;
-  // torchrun's convention: the exit code, or minus the signal number.
-  int exitcode() const;
-};
-
-class ProcessSupervisor {
+class ProcessSupervisor final : public ProcessSpawner {
  public:
   // Starts the spawn thread and the guardian. Throws std::system_error when it cannot.
   ProcessSupervisor();
   // Stops the spawn thread and lets the guardian exit (without killing anything: call it after
   // every worker was reaped).
-  ~ProcessSupervisor();
+  ~ProcessSupervisor() override;
   ProcessSupervisor(const ProcessSupervisor&) = delete;
   ProcessSupervisor& operator=(const ProcessSupervisor&) = delete;
 
   // Starts the programs in order, blocking until each has exec'd (or failed to). Each worker
   // registers its process group with the guardian before it execs.
-  std::vector<SpawnResult> spawn(const std::vector<SpawnRequest>& requests);
+  std::vector<SpawnResult> spawn(const std::vector<SpawnRequest>& requests) override;
 
   // kill(-pgid, sig). Returns false when no process of the group is left (ESRCH).
-  bool signal_group(pid_t pgid, int sig);
-  // True while any process (zombies included) belongs to the group.
-  static bool group_alive(pid_t pgid);
+  bool signal_group(pid_t pgid, int sig) override;
+  // True while any process (zombies included) belongs to the group: kill(-pgid, 0).
+  bool group_alive(pid_t pgid) override;
   // Tells the guardian the group is gone (call when it is empty).
-  void forget_group(pid_t pgid);
+  void forget_group(pid_t pgid) override;
 
   // Reaps every child that has exited, without blocking. Children for which is_worker(pid) is
   // true are returned; all others are reaped and logged at debug level.
-  std::vector<ExitStatus> reap(const std::function<bool(pid_t)>& is_worker);
+  std::vector<ExitStatus> reap(const std::function<bool(pid_t)>& is_worker) override;
 
   // prctl(PR_SET_CHILD_SUBREAPER) for the calling process. Returns false on failure.
   static bool become_subreaper();

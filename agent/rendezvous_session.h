@@ -1,0 +1,108 @@
+#pragma once
+// RendezvousSession: the agent's side of the rendezvous for one job on this node.
+//
+// It creates the handler for the configured backend (c10d or etcd: dynamic membership; static or
+// --standalone: a fixed world), forms rounds together with this node's worker ranks
+// (agent/rank_assignment.h), brings the end of a round to the agent's event loop, and, after a
+// dynamic backend lost its store, rejoins within one deadline (join_timeout).
+//
+// Round ends: the handler reports them on a thread of its own; the session hands the newest one
+// to the event loop through an eventfd and calls `on_round_over` there, on the loop's thread, for
+// events of the current round that concern this agent (not kShutdown, not this node's own
+// failure report, at most one per round). When the callback returns true the event is the one
+// that ended the attempt: round_over() returns it until the next round.
+//
+// Thread safety: use from the agent's thread only (the handler's thread only posts).
+// Errors: start(), next_round() throw what RendezvousHandler::next_rendezvous throws, plus store
+// errors from the rank exchange; rejoin() and the others report on stderr or in the log and do
+// not throw.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "agent/clock.h"
+#include "agent/event_loop.h"
+#include "agent/launch_config.h"
+#include "agent/rank_assignment.h"
+#include "rendezvous/handler.h"
+
+namespace trun::agent {
+
+class RendezvousSession {
+ public:
+  // Returns whether the agent takes the event as the end of its attempt.
+  using RoundOverCallback = std::function<bool(const rendezvous::RoundEvent&)>;
+
+  // Nothing is contacted until start(). `config`, `loop` and `clock` must outlive the session.
+  RendezvousSession(const LaunchConfig& config, std::string run_id, EventLoop& loop, Clock& clock,
+                    RoundOverCallback on_round_over);
+  ~RendezvousSession();  // shutdown()
+  RendezvousSession(const RendezvousSession&) = delete;
+  RendezvousSession& operator=(const RendezvousSession&) = delete;
+
+  // Creates the handler and forms the first round (both within join_timeout).
+  void start();
+  // Forms the next round (after a restart or a membership change) and this node's ranks.
+  void next_round();
+  // After the store was lost (dynamic backends): drops the handler and joins again with a new
+  // one, retrying until join_timeout from now. Every new handler gets what is left of that one
+  // window for connecting and its first round, so the whole rejoin ends within it. Returns false
+  // (after printing why on stderr, naming the endpoint) when the store stays unreachable or the
+  // job has finished meanwhile.
+  bool rejoin(const std::string& why);
+
+  // Ends the round on every node because this node's workers failed (multi-node only). Logs and
+  // swallows errors: the local restart decision does not depend on it.
+  void report_worker_failure(const std::string& detail);
+  // Closes the rendezvous for every node: the job is over (multi-node only; errors are logged).
+  void close_job();
+  // Waits until every node's workers succeeded, up to `timeout` (multi-node only). Throws the
+  // store's errors.
+  void exit_barrier(std::chrono::milliseconds timeout);
+  // Leaves the rendezvous and stops the handler. Idempotent.
+  void shutdown();
+
+  const rendezvous::RendezvousInfo& info() const { return info_; }
+  const Ranks& ranks() const { return ranks_; }
+  // The event that ended the current attempt (set through the callback), if any.
+  const std::optional<rendezvous::RoundEvent>& round_over() const { return round_over_; }
+  // c10d or etcd: membership may change between rounds, and a lost store can be rejoined.
+  bool dynamic() const { return dynamic_; }
+  bool multi_node() const { return dynamic_ || info_.group_world_size > 1; }
+  // "standalone" for --standalone, else the handler's backend name.
+  std::string backend() const;
+  const std::string& store_endpoint() const { return store_endpoint_; }
+
+ private:
+  void create_handler();
+  void drop_handler();
+  void form_round();
+  void on_event_fd();
+
+  const LaunchConfig& cfg_;
+  const std::string run_id_;
+  EventLoop& loop_;
+  Clock& clock_;
+  RoundOverCallback on_round_over_;
+
+  std::unique_ptr<rendezvous::RendezvousHandler> rdzv_;
+  rendezvous::RendezvousInfo info_;
+  Ranks ranks_;
+  std::optional<rendezvous::RoundEvent> round_over_;
+  bool dynamic_ = false;
+  std::string store_endpoint_;
+  std::chrono::milliseconds timeout_{std::chrono::seconds(300)};  // join_timeout
+  // While rejoin() runs: the end of its window, which bounds each new handler's first round.
+  std::optional<Clock::TimePoint> rejoin_deadline_;
+
+  // The handler's callback thread stores the newest event and signals the eventfd.
+  int evfd_ = -1;
+  std::mutex ev_mu_;
+  std::optional<rendezvous::RoundEvent> pending_event_;
+};
+
+}  // namespace trun::agent
