@@ -1,0 +1,43 @@
+// agent/decisions.h: what the agent does after a worker exit, a stop, or the end of a round.
+#include <catch2/catch.hpp>
+
+#include "agent/decisions.h"
+
+using namespace trun::agent;
+
+TEST_CASE("a failing worker stops a running group; exits during a stop change nothing",
+          "[decisions]") {
+  CHECK(on_worker_exit(GroupPhase::kRunning, 1, 3) == ExitAction::kStopGroupFailed);
+  CHECK(on_worker_exit(GroupPhase::kRunning, -9, 3) == ExitAction::kStopGroupFailed);
+  CHECK(on_worker_exit(GroupPhase::kRunning, 0, 2) == ExitAction::kKeepRunning);
+  CHECK(on_worker_exit(GroupPhase::kRunning, 0, 0) == ExitAction::kGroupSucceeded);
+  CHECK(on_worker_exit(GroupPhase::kStopping, 1, 2) == ExitAction::kKeepRunning);
+}
+
+TEST_CASE("after a stop: restart while restarts remain, else the right exit code", "[decisions]") {
+  CHECK(decide_after_stop(GroupOutcome::kFailed, 0, 0, 2).restart);
+  CHECK(decide_after_stop(GroupOutcome::kFailed, 0, 1, 2).restart);
+  auto last = decide_after_stop(GroupOutcome::kFailed, 0, 2, 2);
+  CHECK_FALSE(last.restart);
+  CHECK(last.exit_code == 1);
+  CHECK_FALSE(decide_after_stop(GroupOutcome::kFailed, 0, 0, 0).restart);
+  auto sig = decide_after_stop(GroupOutcome::kSignaled, 15, 0, 5);
+  CHECK_FALSE(sig.restart);
+  CHECK(sig.exit_code == 143);
+  CHECK(decide_after_stop(GroupOutcome::kSucceeded, 0, 0, 5).exit_code == 0);
+}
+
+TEST_CASE("after the end of a round: rejoin, give up, restart counted or not", "[decisions]") {
+  using Kind = trun::rendezvous::RoundEvent::Kind;
+  CHECK(decide_after_round(Kind::kStoreLost, true, 0, 3) == RoundAction::kRejoin);
+  CHECK(decide_after_round(Kind::kStoreLost, false, 0, 3) == RoundAction::kStoreLost);
+  CHECK(decide_after_round(Kind::kClosed, true, 0, 3) == RoundAction::kJobClosed);
+  // A failure elsewhere costs a restart like a local one.
+  CHECK(decide_after_round(Kind::kWorkerFailed, true, 2, 3) == RoundAction::kRestart);
+  CHECK(decide_after_round(Kind::kWorkerFailed, true, 3, 3) == RoundAction::kNoRestartsLeft);
+  CHECK(decide_after_round(Kind::kWorkerFailed, true, 0, 0) == RoundAction::kNoRestartsLeft);
+  // Membership changes never do, even with no restarts left.
+  for (Kind k : {Kind::kNodeJoined, Kind::kNodeLeft, Kind::kRestart, Kind::kMembershipLost}) {
+    CHECK(decide_after_round(k, true, 3, 3) == RoundAction::kReform);
+  }
+}
