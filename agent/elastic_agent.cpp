@@ -109,10 +109,18 @@ class Agent {
   bool all_groups_gone() const;
   int running_count() const;
   StreamMode stream_mode(int local_rank, int stream) const;
-  // After the group stopped for `outcome`: whether to run a new attempt (true) or finish with
-  // *exit_code (false).
-  bool after_stop(GroupOutcome outcome, int* exit_code);
-  bool after_round_over(int* exit_code);
+  // What follows a stopped group: exit with exit_code, or another attempt (counted or not
+  // against max_restarts; kAgainNow: the round is already formed).
+  struct Next {
+    enum Kind { kExit, kAgain, kAgainNow } kind = kExit;
+    bool counted = false;
+    int exit_code = kExitAgentError;
+    explicit Next(int code) : exit_code(code) {}
+    explicit Next(Kind k, bool counts = false) : kind(k), counted(counts) {}
+  };
+  Next after_stop(GroupOutcome outcome);
+  Next after_round_over();
+  bool prepare_next_attempt(const Next& next, bool after_round);
   void finish(GroupOutcome outcome);
   void cleanup();
 
@@ -128,7 +136,7 @@ class Agent {
   EnvMap base_env_;
   std::string hostname_;
 
-  int restart_count_ = 0;  // incremented in one place: run()
+  int restart_count_ = 0;  // incremented in one place: prepare_next_attempt()
   std::vector<Worker> workers_;
   std::unordered_map<pid_t, size_t> by_pid_;
   std::unique_ptr<LogMux> logs_;
@@ -238,31 +246,30 @@ int Agent::run() {
       }
       return kExitAgentError;
     }
-    int exit_code = kExitAgentError;
-    if (!after_stop(outcome, &exit_code)) return exit_code;
+    const Next next = after_stop(outcome);
+    if (next.kind == Next::kExit) return next.exit_code;
+    if (!prepare_next_attempt(next, outcome == GroupOutcome::kRoundOver)) return kExitAgentError;
   }
 }
 
-// The group stopped because the round ended. Returns whether to run a new attempt.
-bool Agent::after_round_over(int* exit_code) {
+// The group stopped because the round ended: the next step (kAgain: after the next round).
+Agent::Next Agent::after_round_over() {
   const rendezvous::RoundEvent e = *session_->round_over();
   const RoundAction action =
       decide_after_round(e.kind, session_->dynamic(), restart_count_, cfg_.max_restarts);
   switch (action) {
     case RoundAction::kRejoin:
-      *exit_code = kExitAgentError;
-      return session_->rejoin(e.detail);
+      // The rejoin forms the next round itself.
+      return session_->rejoin(e.detail) ? Next{Next::kAgainNow} : Next{kExitAgentError};
     case RoundAction::kStoreLost:
       spdlog::error("lost the rendezvous store at {} ({}): {}; giving up",
                     session_->store_endpoint(), session_->backend(), e.describe());
       std::fprintf(stderr, "trun: error: lost the rendezvous store at %s: %s\n",
                    session_->store_endpoint().c_str(), e.detail.c_str());
-      *exit_code = kExitAgentError;
-      return false;
+      return Next{kExitAgentError};
     case RoundAction::kJobClosed:
       spdlog::error("the job was closed by node {}: {}", e.node_id, e.detail);
-      *exit_code = kExitWorkersFailed;
-      return false;
+      return Next{kExitWorkersFailed};
     case RoundAction::kNoRestartsLeft:
       std::fprintf(stderr,
                    "trun: error: the worker group failed on node %s and no restarts are "
@@ -270,63 +277,58 @@ bool Agent::after_round_over(int* exit_code) {
                    e.node_id.c_str(), restart_count_, cfg_.max_restarts, e.detail.c_str());
       std::fflush(stderr);
       session_->close_job();
-      *exit_code = kExitWorkersFailed;
-      return false;
+      return Next{kExitWorkersFailed};
     case RoundAction::kRestart:
-      ++restart_count_;
-      spdlog::warn("worker failure on node {} ({}); restarting the worker group ({}/{} restarts)",
-                   e.node_id, e.detail, restart_count_, cfg_.max_restarts);
-      break;
+      spdlog::warn("worker failure on node {} ({})", e.node_id, e.detail);
+      return Next{Next::kAgain, true};
     case RoundAction::kReform:
       spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
                    restart_count_);
-      break;
+      return Next{Next::kAgain};
   }
-  try {
-    session_->next_round();
-  } catch (const rendezvous::RendezvousClosedError& ex) {
-    spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
-    *exit_code = kExitAgentError;
-    return false;
-  } catch (const std::exception& ex) {
-    if (!session_->dynamic() || !session_->rejoin(ex.what())) {
-      spdlog::error("rendezvous for the restart failed: {}", ex.what());
-      *exit_code = kExitAgentError;
-      return false;
-    }
-  }
-  return true;
+  return Next{kExitAgentError};
 }
 
-bool Agent::after_stop(GroupOutcome outcome, int* exit_code) {
-  if (outcome == GroupOutcome::kRoundOver) return after_round_over(exit_code);
+// The group stopped on its own (success, failure) or after a signal: the next step.
+Agent::Next Agent::after_stop(GroupOutcome outcome) {
+  if (outcome == GroupOutcome::kRoundOver) return after_round_over();
   const AfterStop next =
       decide_after_stop(outcome, received_signal_, restart_count_, cfg_.max_restarts);
   // Ends the round on every node: they restart too, or give up with this root cause.
-  if (outcome == GroupOutcome::kFailed)
+  if (outcome == GroupOutcome::kFailed) {
     session_->report_worker_failure(failure_line(failures_, hostname_));
+  }
   if (!next.restart) {
-    *exit_code = next.exit_code;
     finish(outcome);
-    return false;
+    return Next{next.exit_code};
   }
   for (const auto& f : failures_) {
     spdlog::warn("worker group failed (attempt {}): rank {} (local_rank {}) exited with {}",
                  restart_count_, f.rank, f.local_rank,
                  f.exitcode < 0 ? signal_name(-f.exitcode) : std::to_string(f.exitcode));
   }
-  ++restart_count_;
-  spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_, cfg_.max_restarts);
-  if (session_->multi_node()) {
-    try {
-      session_->next_round();
-    } catch (const std::exception& e) {
-      spdlog::error("rendezvous for the restart failed: {}", e.what());
-      *exit_code = kExitAgentError;
-      return false;
-    }
+  return Next{Next::kAgain, true};
+}
+
+// Before the next attempt: counts the restart and forms the next round where there are others.
+// Returns false (the agent exits 3) when that round cannot be formed.
+bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
+  if (next.counted) {
+    ++restart_count_;
+    spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_, cfg_.max_restarts);
   }
-  return true;
+  if (next.kind == Next::kAgainNow || !session_->multi_node()) return true;
+  try {
+    session_->next_round();
+    return true;
+  } catch (const rendezvous::RendezvousClosedError& ex) {
+    spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
+  } catch (const std::exception& ex) {
+    // After the end of a round the store may have gone with it: a dynamic backend rejoins.
+    if (after_round && session_->dynamic() && session_->rejoin(ex.what())) return true;
+    spdlog::error("rendezvous for the restart failed: {}", ex.what());
+  }
+  return false;
 }
 
 // The job ends on this node: the failure summary, the exit barrier, closing the rendezvous.
