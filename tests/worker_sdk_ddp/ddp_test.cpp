@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "examples/train_mlp/mlp.h"
-#include "tests/worker_sdk/job.h"
+#include "tests/worker_sdk/run_job.h"
 #include "trun/sampler.h"
 
 using namespace trun::worker;
@@ -69,20 +69,11 @@ std::vector<float> read_floats(const std::string& path) {
 
 std::vector<test::RankResult> run(int world, std::vector<std::string> argv,
                                   std::chrono::milliseconds timeout = 120s) {
-  test::Job job;
   test::JobSpec spec;
   spec.argv = std::move(argv);
   spec.nodes = {world};
   spec.run_id = test::unique_run_id("ddp");
-  job.start(spec);
-  auto results = job.wait(timeout);
-  for (auto& r : results) {
-    INFO(job.describe(results));
-    REQUIRE(r.exited);
-    REQUIRE(r.exit_code == 0);
-  }
-  REQUIRE(test::shm_segments(spec.run_id).empty());
-  return results;
+  return test::run_job_ok(spec, timeout);
 }
 
 }  // namespace

@@ -17,7 +17,7 @@
 #include <thread>
 #include <vector>
 
-#include "tests/worker_sdk/job.h"
+#include "tests/worker_sdk/run_job.h"
 
 using namespace trun::worker;
 using namespace std::chrono_literals;
@@ -65,21 +65,13 @@ void collect(const std::string& dir, const std::string& prefix, uint64_t max_ste
 
 std::vector<test::RankResult> run_job(int world, std::vector<std::string> argv,
                                       std::chrono::milliseconds timeout = 120s) {
-  test::Job job;
   test::JobSpec spec;
   spec.argv = std::move(argv);
   spec.nodes = {world};
   spec.run_id = test::unique_run_id("mlp");
   // Each launch has a run id of its own; the checkpoints belong to the one training they continue.
   spec.env["TRUN_JOB_ID"] = "train-mlp-test";
-  job.start(spec);
-  auto results = job.wait(timeout);
-  INFO(job.describe(results));
-  for (auto& r : results) {
-    REQUIRE(r.exited);
-    REQUIRE(r.exit_code == 0);
-  }
-  return results;
+  return test::run_job_ok(spec, timeout);
 }
 
 uint64_t resumed_step(const std::string& out) {
