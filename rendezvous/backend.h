@@ -1,7 +1,7 @@
 #pragma once
 // RendezvousBackend: the shared state under the dynamic rendezvous protocol
 // (dynamic_rendezvous.h). The protocol is written once against this interface; the c10d backend
-// implements it over the trun store (c10d_backend.h), and an etcd backend can implement it with
+// implements it over the trun store (c10d/backend.h), and an etcd backend can implement it with
 // etcd's transactions, leases and watches.
 //
 // What the protocol needs: a counter (add), compare-and-set on an absent key, append, a blocking

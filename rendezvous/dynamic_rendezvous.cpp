@@ -4,7 +4,7 @@
 
 #include <algorithm>
 
-#include "rendezvous/c10d_backend.h"
+#include "rendezvous/c10d/backend.h"
 #include "rendezvous/etcd/backend.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/prefix_store.h"
@@ -82,17 +82,8 @@ class DynamicRendezvous : public RoundRendezvous {
       me.prev_round = last_round;
       me.prev_rank = last_rank;
       me.master_port = pick_free_port();
-      LeaseSpec lease;
-      lease.set_key = keys_.node(j, ticket);
-      lease.set_value = encode_node(me);
-      lease.a_key = keys_.result(j);
-      lease.a_value = abort_record("node " + me.id + " left before the round completed");
-      lease.b_key = keys_.over(j);
-      lease.b_value = encode_over({RoundEvent::Kind::kNodeLeft, me.id,
-                                   "connection to the store closed or keep-alives stopped"});
-      lease.ttl = lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt);
-      backend_->arm_lease(lease);
-      lease_armed();
+      arm_node_lease(j, keys_.node(j, ticket), encode_node(me), keys_.result(j),
+                     abort_record("node " + me.id + " left before the round completed"));
 
       // A node new to a running group that has room tells its members, so they re-rendezvous.
       if (j > 0 && last_round != j - 1) {

@@ -283,7 +283,18 @@ Clock::time_point RoundRendezvous::join_deadline() {
   return deadline;
 }
 
-void RoundRendezvous::lease_armed() {
+void RoundRendezvous::arm_node_lease(int64_t k, std::string node_key, std::string node_value,
+                                     std::string abort_key, std::string abort_value) {
+  LeaseSpec lease;
+  lease.set_key = std::move(node_key);
+  lease.set_value = std::move(node_value);
+  lease.a_key = std::move(abort_key);
+  lease.a_value = std::move(abort_value);
+  lease.b_key = over_key(k);
+  lease.b_value = encode_over({RoundEvent::Kind::kNodeLeft, options_.node_id,
+                               "connection to the store closed or keep-alives stopped"});
+  lease.ttl = lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt);
+  backend_->arm_lease(lease);
   std::lock_guard<std::mutex> lock(mu_);
   lease_ = true;
   cv_.notify_all();

@@ -79,8 +79,12 @@ class RoundRendezvous : public RendezvousHandler {
   // first round no later than options_.first_round_deadline (the creation and the first join
   // share one bound). Call once per join_round(), on its thread.
   std::chrono::steady_clock::time_point join_deadline();
-  // Lease bookkeeping for subclasses: call after arming a lease so keep-alives run.
-  void lease_armed();
+  // Arms this node's lease for round k and starts its keep-alives: `node_key` holds `node_value`
+  // while the node lives; when the lease lapses (the node died, or its connection closed) the
+  // backend writes `abort_value` to `abort_key` and ends round k with kNodeLeft for this node
+  // (over_key(k)). Both backends' join_round() call it once per round they join.
+  void arm_node_lease(int64_t k, std::string node_key, std::string node_value,
+                      std::string abort_key, std::string abort_value);
   void check_not_shut_down() const;
   std::string error_prefix() const {
     return backend_name_ + " rendezvous '" + options_.run_id + "'";

@@ -1,6 +1,6 @@
 #include "rendezvous/static_rendezvous.h"
 
-#include "rendezvous/c10d_backend.h"
+#include "rendezvous/c10d/backend.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/prefix_store.h"
 
@@ -55,18 +55,10 @@ class StaticRendezvous : public RoundRendezvous {
     const int rank = options_.node_rank;
     joining_round_ = k;
     if (backend_->try_get(keys_.closed())) throw closed_error();
-    LeaseSpec lease;
-    lease.set_key = keys_.node(k, rank);
-    lease.set_value = options_.node_id + " " + options_.local_addr;
-    lease.a_key = keys_.all(k);
-    lease.a_value = "aborted node " + options_.node_id + " (rank " + std::to_string(rank) +
-                    ") left during the barrier";
-    lease.b_key = keys_.over(k);
-    lease.b_value = encode_over({RoundEvent::Kind::kNodeLeft, options_.node_id,
-                                 "connection to the store closed or keep-alives stopped"});
-    lease.ttl = lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt);
-    backend_->arm_lease(lease);
-    lease_armed();
+    arm_node_lease(k, keys_.node(k, rank), options_.node_id + " " + options_.local_addr,
+                   keys_.all(k),
+                   "aborted node " + options_.node_id + " (rank " + std::to_string(rank) +
+                       ") left during the barrier");
     int64_t arrived = backend_->add(keys_.arrived(k), 1);
     if (arrived > world) {
       throw RendezvousError(error_prefix() + ": more than " + std::to_string(world) +

@@ -1,4 +1,4 @@
-#include "rendezvous/c10d_backend.h"
+#include "rendezvous/c10d/backend.h"
 
 #include <atomic>
 #include <mutex>
