@@ -1,9 +1,10 @@
 // The etcd rendezvous end to end: several trun agents on this machine (the real binary, real
 // workers from tests/bin) with --rdzv-backend=etcd against a real etcd
-// (tests/rendezvous/etcd_server.h; skipped with a warning where /usr/bin/etcd is missing). They
-// must behave as with c10d: one job across agents, restarts on worker failure everywhere,
-// scale-down when an agent dies, clear errors for an unreachable or TLS endpoint. Every process
-// is ended by its pid (Child); every wait is bounded, generously: these are behaviour checks.
+// (tests/rendezvous/etcd_server.h; where /usr/bin/etcd is missing a listed skip, or a failure in
+// strict mode: tests/skip.h). They must behave as with c10d: one job across agents, restarts on
+// worker failure everywhere, scale-down when an agent dies, clear errors for an unreachable or TLS
+// endpoint. Every process is ended by its pid (Child); every wait is bounded, generously: these are
+// behaviour checks.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>

@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/launcher/process_util.h"
+#include "tests/skip.h"
 
 using namespace trun::testing;
 using nlohmann::json;
@@ -404,8 +405,7 @@ TEST_CASE("SIGKILL of trun leaves no worker or grandchild alive (50 times)", "[a
 
 TEST_CASE("as PID 1 of a pid namespace trun reaps orphans and forwards SIGTERM", "[agent][pid1]") {
   if (geteuid() != 0 || access("/usr/bin/unshare", X_OK) != 0) {
-    WARN("skipped: needs root and /usr/bin/unshare to create a pid namespace");
-    return;
+    TRUN_SKIP("needs root and /usr/bin/unshare (util-linux) to create a pid namespace", kSetup);
   }
   {
     // Workers orphan a grandchild; it must be reaped by trun (PID 1 and subreaper).
@@ -414,8 +414,7 @@ TEST_CASE("as PID 1 of a pid namespace trun reaps orphans and forwards SIGTERM",
     REQUIRE(c.wait(std::chrono::seconds(30)));
     INFO(c.err());
     if (c.exit_code() != 0 && c.err().find("unshare failed") != std::string::npos) {
-      WARN("skipped: unshare cannot create a pid namespace here: " << c.err());
-      return;
+      TRUN_SKIP("unshare cannot create a pid namespace here: " << c.err(), kSetup);
     }
     CHECK(c.exit_code() == 0);
   }

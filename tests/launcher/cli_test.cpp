@@ -3,6 +3,7 @@
 
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
+#include "tests/skip.h"
 
 using namespace trun::testing;
 
@@ -93,8 +94,7 @@ TEST_CASE("a malformed c10d endpoint exits 2 naming it, before anything starts",
 TEST_CASE("nproc-per-node=gpu is a clear error on a host without CUDA devices", "[cli]") {
   if (file_exists("/proc/driver/nvidia/gpus") &&
       !std::filesystem::is_empty("/proc/driver/nvidia/gpus")) {
-    WARN("skipped: this host has NVIDIA GPUs, so gpu is valid here");
-    return;
+    TRUN_SKIP("this host has NVIDIA GPUs, so gpu is valid here", kEnvironment);
   }
   expect_usage_error({"--nproc-per-node", "gpu", test_worker()}, "no CUDA device");
 }

@@ -7,6 +7,7 @@
 
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
+#include "tests/skip.h"
 
 using namespace trun::testing;
 using nlohmann::json;
@@ -80,10 +81,7 @@ TEST_CASE(
     "torchrun",
     "[torch]") {
   std::string why;
-  if (!torch_available(why)) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (!torch_available(why)) TRUN_SKIP(why, kSetup);
   TempDir mine, theirs;
   auto a = run_trun_py({script("ddp_toy.py"), mine.path()});
   INFO("trun stderr:\n" << a.err);
@@ -138,10 +136,7 @@ TEST_CASE(
 
 TEST_CASE("an exception inside @record is the root cause, as under torchrun", "[torch]") {
   std::string why;
-  if (!torch_available(why)) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (!torch_available(why)) TRUN_SKIP(why, kSetup);
   TempDir d;
   auto a = run_trun_py({script("record_raise.py")}, {{"TORCHELASTIC_ERROR_FILE", d / "mine.json"}});
   auto b =

@@ -1,10 +1,11 @@
 // The dynamic rendezvous executor against both of its backends, each scenario once per backend:
 // "c10d: ..." [c10d] over a real StoreServer on loopback, "etcd: ..." [etcd] over a real etcd
-// (tests/rendezvous/etcd_server.h; skipped with a warning where /usr/bin/etcd is missing). N
-// handlers in threads, and helper processes (rdzv_test_node) for deaths by SIGKILL (c10d: the
-// connection closes; etcd: the lease lapses) and SIGSTOP (missed keep-alives). Scenarios that
-// inherently differ (how a kill is noticed, store traffic, who hosts the store, losing the store)
-// say so in their names. Timeouts here are generous bounds so nothing hangs, never speed targets.
+// (tests/rendezvous/etcd_server.h; where /usr/bin/etcd is missing a listed skip, or a failure in
+// strict mode: tests/skip.h). N handlers in threads, and helper processes (rdzv_test_node) for
+// deaths by SIGKILL (c10d: the connection closes; etcd: the lease lapses) and SIGSTOP (missed
+// keep-alives). Scenarios that inherently differ (how a kill is noticed, store traffic, who hosts
+// the store, losing the store) say so in their names. Timeouts here are generous bounds so nothing
+// hangs, never speed targets.
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>

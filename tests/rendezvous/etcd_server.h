@@ -52,19 +52,20 @@
 
 #include "rendezvous/etcd/client.h"  // base64, prefix_end
 #include "tests/launcher/free_port.h"
+#include "tests/skip.h"
 
 namespace trun::testing {
 
 inline constexpr const char* kEtcdBinary = "/usr/bin/etcd";
 
-// In a Catch2 test: skips it (with the reason) where etcd is not installed.
+// In a Catch2 test: skips it (with the reason) where etcd is not installed: a kSetup skip
+// (tests/skip.h), a failure under CI=true or TRUN_STRICT_SKIPS=1.
 #define SKIP_WITHOUT_ETCD()                                                \
   if (auto why = trun::testing::etcd_unavailable_reason(); !why.empty()) { \
-    WARN("skipped: " << why);                                              \
-    return;                                                                \
+    TRUN_SKIP(why, kSetup);                                                \
   }
 
-// Empty when etcd tests can run here; else why not (for a WARN before skipping).
+// Empty when etcd tests can run here; else why not (the skip's reason).
 inline std::string etcd_unavailable_reason() {
   if (::access(kEtcdBinary, X_OK) == 0) return "";
   return std::string(kEtcdBinary) +

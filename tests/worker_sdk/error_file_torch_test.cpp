@@ -6,14 +6,14 @@
 #include <cstdio>
 #include <string>
 
+#include "tests/skip.h"
 #include "tests/worker_sdk/error_file_helpers.h"
 
 using namespace trun::worker::test;
 
 TEST_CASE("PyTorch's own error-file reader accepts the file", "[worker_sdk][error_file][torch]") {
   if (::access("/usr/bin/python3", X_OK) != 0) {
-    WARN("skipped: /usr/bin/python3 not found");
-    return;
+    TRUN_SKIP("/usr/bin/python3 not found", kSetup);
   }
   Tmp f;
   run_worker("throw", f.path);
@@ -34,8 +34,7 @@ TEST_CASE("PyTorch's own error-file reader accepts the file", "[worker_sdk][erro
   while (std::fgets(buf, sizeof buf, p)) out += buf;
   int rc = ::pclose(p);
   if (WIFEXITED(rc) && WEXITSTATUS(rc) == 3) {
-    WARN("skipped: torch is not importable by /usr/bin/python3: " << out);
-    return;
+    TRUN_SKIP("torch is not importable by /usr/bin/python3: " << out, kSetup);
   }
   INFO(out);
   REQUIRE(WIFEXITED(rc));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "rendezvous/store/in_memory_store.h"
+#include "tests/skip.h"
 #include "trun/process_group.h"
 
 namespace trun::worker::test {
@@ -37,22 +38,21 @@ inline std::string no_gpu_reason() {
 }
 
 // First statement of a "GPU:" test case: without a usable device it reports why and returns.
-#define TRUN_SKIP_WITHOUT_GPU()                                                  \
-  do {                                                                           \
-    if (!::trun::worker::nccl_available()) {                                     \
-      WARN("skipped: " << ::trun::worker::test::no_gpu_reason()                  \
-                       << " (scripts/gpu-check.sh runs this on a GPU machine)"); \
-      return;                                                                    \
-    }                                                                            \
+#define TRUN_SKIP_WITHOUT_GPU()                                              \
+  do {                                                                       \
+    if (!::trun::worker::nccl_available()) {                                 \
+      TRUN_SKIP(::trun::worker::test::no_gpu_reason()                        \
+                    << " (scripts/gpu-check.sh runs this on a GPU machine)", \
+                kEnvironment);                                               \
+    }                                                                        \
   } while (0)
 
 // First statement of a case whose ranks need `n` CUDA devices (NCCL refuses two ranks on one).
-#define TRUN_SKIP_WITHOUT_GPUS(n)                                      \
-  do {                                                                 \
-    if (!::trun::worker::test::have_cuda_devices(n)) {                 \
-      WARN("skipped: needs " << (n) << " CUDA devices, one per rank"); \
-      return;                                                          \
-    }                                                                  \
+#define TRUN_SKIP_WITHOUT_GPUS(n)                                                \
+  do {                                                                           \
+    if (!::trun::worker::test::have_cuda_devices(n)) {                           \
+      TRUN_SKIP("needs " << (n) << " CUDA devices, one per rank", kEnvironment); \
+    }                                                                            \
   } while (0)
 
 // Options for rank `rank` of `world` on CUDA device `rank`, NCCL backend, a 120 s timeout.

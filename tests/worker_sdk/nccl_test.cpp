@@ -9,6 +9,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/skip.h"
 #include "trun/config.h"
 #include "trun/process_group.h"
 
@@ -27,7 +28,7 @@ using namespace trun::worker;
 
 #if !TRUN_HAVE_NCCL
 TEST_CASE("NCCL backend is not built", "[worker_sdk][nccl]") {
-  WARN("skipped: libtrun_worker was configured without CUDA/NCCL");
+  TRUN_SKIP_REPORT("libtrun_worker was configured without CUDA/NCCL", kEnvironment);
   ProcessGroupOptions o;
   o.backend = Backend::kNccl;
   CHECK_THROWS_AS(ProcessGroup(o), CollectiveError);
@@ -75,8 +76,7 @@ TEST_CASE("without a CUDA device: auto falls back to CPU, nccl fails clearly",
           "[worker_sdk][nccl]") {
   std::string why;
   if (detail::cuda_device_count(&why) > 0) {
-    WARN("skipped: this machine has a CUDA device (covered by the GPU tests)");
-    return;
+    TRUN_SKIP("this machine has a CUDA device (covered by the GPU tests)", kEnvironment);
   }
   CHECK_FALSE(nccl_available());
   CHECK_FALSE(why.empty());
@@ -397,8 +397,7 @@ TEST_CASE("GPU: an asynchronous NCCL error fails its rank's collective; the peer
           "[worker_sdk][nccl][gpu]") {
   auto fail_next = simulator_fault_hook();
   if (!fail_next || !test::have_cuda_devices(2)) {
-    WARN("skipped: needs the GPU simulator (tests/simgpu) with two devices");
-    return;
+    TRUN_SKIP("needs the GPU simulator (tests/simgpu) with two devices", kEnvironment);
   }
   REQUIRE(fail_next(1, ncclRemoteError) == 0);  // rank 1's next collective
   auto errors = test::run_nccl_ranks(2, [&](ProcessGroup& pg, int rank) -> std::string {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tests/launcher/process_util.h"
+#include "tests/skip.h"
 
 using namespace trun::testing;
 
@@ -93,10 +94,7 @@ void check_both_ranks_passed(const RunResult& r, const std::string& store) {
 
 TEST_CASE("a libtrun_worker program runs under torchrun 1.13 on its agent's store (static)",
           "[worker_sdk][torch]") {
-  if (auto why = torch_missing(); !why.empty()) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (auto why = torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   auto r = run_torchrun({"--nnodes=1", "--node_rank=0", "--master_addr=127.0.0.1",
                          "--master_port=" + std::to_string(free_port())});
   check_both_ranks_passed(r, "agent");
@@ -104,10 +102,7 @@ TEST_CASE("a libtrun_worker program runs under torchrun 1.13 on its agent's stor
 
 TEST_CASE("a libtrun_worker program runs under torchrun 1.13 --standalone (c10d)",
           "[worker_sdk][torch]") {
-  if (auto why = torch_missing(); !why.empty()) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (auto why = torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   // --standalone is exactly "--rdzv_backend=c10d --rdzv_endpoint=localhost:29400 --rdzv_id=<uuid>"
   // in 1.13; a fixed port would collide with other tests, so it is spelled out with a free one.
   auto r = run_torchrun({"--rdzv_backend=c10d",

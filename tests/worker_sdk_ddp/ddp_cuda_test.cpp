@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/skip.h"
 #include "trun/config.h"
 #include "trun/ddp.h"
 
@@ -113,6 +114,6 @@ TEST_CASE("GPU: DDP on device buffers, two ranks on two devices", "[ddp][cuda][g
 }
 #else
 TEST_CASE("GPU: DDP on device buffers (not built)", "[ddp][cuda][gpu]") {
-  WARN("skipped: libtrun_worker was configured without CUDA/NCCL");
+  TRUN_SKIP("libtrun_worker was configured without CUDA/NCCL", kEnvironment);
 }
 #endif

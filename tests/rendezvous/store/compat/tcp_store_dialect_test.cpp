@@ -18,6 +18,7 @@
 #include "rendezvous/store/tcp_store.h"
 #include "tests/rendezvous/store/compat/child_process.h"
 #include "tests/rendezvous/store/compat/torch_server.h"
+#include "tests/skip.h"
 
 namespace {
 
@@ -110,10 +111,7 @@ void run_supported_operations(TcpStore& a, TcpStore& b, const std::string& p) {
 
 TEST_CASE("TcpStore runs the Store operations against PyTorch 1.13's own server",
           "[store][compat][torch]") {
-  if (auto why = torch_missing(); !why.empty()) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (auto why = torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   TorchServer server;
   for (auto dialect : {StoreDialect::kTorch1_13, StoreDialect::kAuto}) {
     INFO("dialect " << to_string(dialect));
@@ -138,10 +136,7 @@ TEST_CASE("TcpStore runs the Store operations against PyTorch 1.13's own server"
 
 TEST_CASE("the auto probe leaves PyTorch 1.13's server serving its other clients",
           "[store][compat][torch]") {
-  if (auto why = torch_missing(); !why.empty()) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (auto why = torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   TorchServer server;
   auto plain = client(server.port, StoreDialect::kTorch1_13);
   plain->set("/before", "1");

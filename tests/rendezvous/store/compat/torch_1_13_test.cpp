@@ -19,6 +19,7 @@
 #include "rendezvous/store/server.h"
 #include "tests/rendezvous/store/compat/child_process.h"
 #include "tests/rendezvous/store/compat/torch_server.h"
+#include "tests/skip.h"
 
 namespace {
 
@@ -97,10 +98,7 @@ bool wait_connections(StoreServer& server, size_t n) {
 
 TEST_CASE("PyTorch 1.13 Python clients get PyTorch's own results from trun's store",
           "[store][compat][torch]") {
-  if (auto why = torch_missing(); !why.empty()) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (auto why = torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   TorchServer oracle;
   auto in_process = start_trun_server();
   TrunStoreBinary binary;
@@ -126,14 +124,8 @@ TEST_CASE("PyTorch 1.13 Python clients get PyTorch's own results from trun's sto
 TEST_CASE("PyTorch 1.13's C++ client gets PyTorch's own check() results from trun's store",
           "[store][compat][torch]") {
   std::string client_path = TRUN_TORCH_CHECK_CLIENT;
-  if (client_path.empty()) {
-    WARN("skipped: " TRUN_TORCH_CHECK_CLIENT_WHY);
-    return;
-  }
-  if (auto why = torch_missing(); !why.empty()) {
-    WARN("skipped: " << why);
-    return;
-  }
+  if (client_path.empty()) TRUN_SKIP(TRUN_TORCH_CHECK_CLIENT_WHY, kSetup);
+  if (auto why = torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   TorchServer oracle;
   auto server = start_trun_server();
   ChildProcess on_torch({client_path, "127.0.0.1", std::to_string(oracle.port)});
