@@ -291,9 +291,9 @@ void RoundRendezvous::arm_node_lease(int64_t k, std::string node_key, std::strin
   lease.a_key = std::move(abort_key);
   lease.a_value = std::move(abort_value);
   lease.b_key = over_key(k);
-  lease.b_value = encode_over({RoundEvent::Kind::kNodeLeft, options_.node_id,
-                               "connection to the store closed or keep-alives stopped"});
-  lease.ttl = lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt);
+  lease.b_value = dynamic::encode_over({RoundEvent::Kind::kNodeLeft, options_.node_id,
+                                        "connection to the store closed or keep-alives stopped"});
+  lease.ttl = dynamic::lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt);
   backend_->arm_lease(lease);
   std::lock_guard<std::mutex> lock(mu_);
   lease_ = true;
