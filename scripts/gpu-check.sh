@@ -25,7 +25,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 
 # The files a check run needs, relative to a build dir (and to a bundle, which keeps the layout).
-check_bins=(tests/worker_sdk/worker_sdk_nccl_test tests/worker_sdk_ddp/worker_sdk_ddp_cuda_test
+check_bins=(tests/worker_sdk/worker_sdk_nccl_test tests/worker_sdk/worker_sdk_ddp_cuda_test
   tests/worker_sdk/pg_worker launcher/trun)
 trun_lib=worker_sdk/libtrun_worker.so.0  # the SONAME the binaries ask for
 bench_bin=bench/allreduce_bench           # bundled when built: the CPU allreduce on many cores
@@ -181,7 +181,7 @@ run_catch_binary() {
 echo "== NCCL collectives"
 run_catch_binary "$build/tests/worker_sdk/worker_sdk_nccl_test"
 echo "== DDP on CUDA"
-run_catch_binary "$build/tests/worker_sdk_ddp/worker_sdk_ddp_cuda_test"
+run_catch_binary "$build/tests/worker_sdk/worker_sdk_ddp_cuda_test"
 
 echo "== PyTorch clients"
 py=${PYTHON_EXEC:-python3}

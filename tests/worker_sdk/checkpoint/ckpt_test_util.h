@@ -54,7 +54,7 @@ inline std::string read_file(const std::string& path) {
 }
 
 inline std::string writer_binary() {
-  return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk_ddp/ckpt_writer";
+  return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk/ckpt_writer";
 }
 
 using Env = std::vector<std::pair<std::string, std::string>>;

@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "tests/skip.h"
-#include "tests/worker_sdk_ddp/ckpt_content.h"
-#include "tests/worker_sdk_ddp/ckpt_test_util.h"
+#include "tests/worker_sdk/checkpoint/ckpt_content.h"
+#include "tests/worker_sdk/checkpoint/ckpt_test_util.h"
 #include "trun/checkpoint.h"
 
 using namespace trun::worker;

@@ -21,7 +21,7 @@
 #include <cstring>
 #include <string>
 
-#include "tests/worker_sdk_ddp/ckpt_content.h"
+#include "tests/worker_sdk/checkpoint/ckpt_content.h"
 #include "trun/checkpoint.h"
 
 using namespace trun::worker;

@@ -23,7 +23,7 @@ using namespace std::chrono_literals;
 namespace {
 
 std::string ddp_worker() {
-  return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk_ddp/ddp_worker";
+  return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk/ddp_worker";
 }
 
 // What ddp_worker's "train" mode must produce: one process, the concatenated batch.

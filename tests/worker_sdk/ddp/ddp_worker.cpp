@@ -1,4 +1,4 @@
-// A rank program for the DDP tests (launched by tests/worker_sdk_ddp/ddp_test.cpp through the
+// A rank program for the DDP tests (launched by tests/worker_sdk/ddp/ddp_test.cpp through the
 // launcher environment):
 //
 //   ddp_worker train STEPS BATCH CAP_MB FIRST_CAP_MB ACCUM OUT
