@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "rendezvous/shm_names.h"
 #include "rendezvous/store/prefix_store.h"
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
@@ -77,7 +78,8 @@ std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
   o.local_rank = env_.local_rank;
   o.backend = backend == Backend::kAuto ? options_.backend : backend;
   o.timeout = options_.timeout;
-  o.tag = env_.run_id + "-r" + std::to_string(env_.restart_count) + "-pg" + std::to_string(n);
+  // Shared-memory segment names: the agent removes leftovers by the same rule.
+  o.tag = rendezvous::shm_group_tag(env_.run_id, env_.restart_count, n);
   o.gloo_peer_hint = env_.master_addr;
   o.cuda_stream = options_.cuda_stream;
   return std::make_unique<ProcessGroup>(std::move(o));
