@@ -4,6 +4,8 @@
 #include <charconv>
 #include <map>
 
+#include "rendezvous/check.h"
+
 namespace trun::rendezvous {
 
 const char* to_string(RoundEvent::Kind kind) {
@@ -343,13 +345,20 @@ std::vector<NodeDesc> assign_ranks(std::vector<NodeDesc> joined, int max_nodes) 
     if (sa) return joined[a].prev_rank < joined[b].prev_rank;
     return false;  // keep ticket order
   });
+  // The nodes without a rank take the free ranks in order: as many free ranks as such nodes.
   int next = 0;
   for (int i : rest) {
-    while (at[next] >= 0) ++next;
+    while (next < n && at[next] >= 0) ++next;
+    TRUN_CHECK_LT(next, n,
+                  "no free rank left for node " << joined[i].id << " (" << rest.size()
+                                                << " nodes without a rank)");
     place(i, next);
   }
   std::vector<NodeDesc> out(n);
-  for (int r = 0; r < n; ++r) out[r] = std::move(joined[at[r]]);
+  for (int r = 0; r < n; ++r) {
+    TRUN_CHECK_GE(at[r], 0, "rank " << r << " of " << n << " was given to no node");
+    out[r] = std::move(joined[at[r]]);
+  }
   return out;
 }
 

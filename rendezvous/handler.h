@@ -9,7 +9,9 @@
 // somewhere, a node joined or left, the job was closed. Every node learns of that at once by a
 // blocking wait on one store key (wait_round_over / set_round_over_callback) and then calls
 // next_rendezvous() to form the next round. Backends: "c10d" (dynamic membership over the trun
-// store, dynamic_rendezvous.h) and "static" (fixed nodes and ranks, static_rendezvous.h).
+// store, dynamic_rendezvous.h), "etcd" (alias "etcd-v2": the same dynamic protocol with its state
+// in an etcd cluster, nobody hosting a store; dynamic_rendezvous.h, etcd/backend.h) and "static"
+// (fixed nodes and ranks, static_rendezvous.h).
 //
 // Thread safety: every method may be called from any thread. next_rendezvous() is called by one
 // thread at a time; wait_round_over() by one thread at a time (do not mix it with a callback).
@@ -18,7 +20,7 @@
 // Blocking: creating a handler and its first next_rendezvous() end within join_timeout together
 // (or by first_round_deadline); later next_rendezvous() calls block until the round completes
 // (at most join_timeout); wait_round_over() until the round ends (at most its timeout);
-// everything else is a few store round trips, bounded by read_timeout.
+// everything else is a few store (or etcd) round trips, bounded by read_timeout.
 //
 // Errors (all derive from RendezvousError): RendezvousClosedError when the job has finished
 // (closed) -- the agent should exit; RendezvousTimeoutError when a round did not complete within
@@ -134,7 +136,7 @@ class RendezvousHandler {
  public:
   virtual ~RendezvousHandler() = default;
 
-  // Name of the backend ("c10d", "static").
+  // Name of the backend ("c10d", "etcd" (also when created as "etcd-v2"), "static").
   virtual std::string backend() const = 0;
   // The job's run id (TORCHELASTIC_RUN_ID).
   virtual std::string run_id() const = 0;
@@ -173,8 +175,11 @@ class RendezvousHandler {
 
 // Options every backend accepts. Validated by create_rendezvous_handler (RendezvousOptionError).
 struct RendezvousOptions {
-  std::string run_id;    // required, [A-Za-z0-9._-]+ (torchrun's silent default "none" collides)
-  std::string endpoint;  // HOST[:PORT] of the store (c10d; port defaults to 29400)
+  std::string run_id;  // required, [A-Za-z0-9._-]+ (torchrun's silent default "none" collides)
+  // c10d: HOST[:PORT] of the store (port 29400 by default); etcd: HOST[:PORT] of a client URL
+  // (port 2379 by default, "http://" allowed) or several separated by commas; static: where
+  // node 0 hosts the store when master_addr/master_port are unset.
+  std::string endpoint;
   int min_nodes = 1;
   int max_nodes = 1;
   std::string node_id;     // unique per agent; empty: "<hostname>-<pid>-<random>"
@@ -194,8 +199,10 @@ struct RendezvousOptions {
   // next_rendezvous() share this one deadline. Unset: join_timeout from the creation. An agent
   // rejoining after losing its store passes the end of its rejoin window.
   std::optional<std::chrono::steady_clock::time_point> first_round_deadline;
-  std::optional<bool> is_host;  // unset: host the store when the endpoint is this machine
-  std::string store_token;      // shared secret for the store (TRUN_STORE_TOKEN)
+  // c10d: unset hosts the store when the endpoint is this machine; etcd ignores it (warning).
+  std::optional<bool> is_host;
+  // Shared secret for the store (TRUN_STORE_TOKEN); etcd does not use it (warning).
+  std::string store_token;
   // etcd: every key starts with it (--rdzv-conf etcd_prefix; empty: "/"). Other backends refuse
   // it.
   std::string etcd_prefix;
@@ -214,11 +221,11 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
 
 // Creates the backend called `name` ("c10d", "etcd" (alias "etcd-v2") or "static") and validates
 // `options` for it before any I/O. Then hosts the store when this node should (c10d: the endpoint
-// is this machine or is_host=true; static: node_rank 0) and connects to it (retrying a refused
-// port until read_timeout or the first round's deadline, whichever comes first; static non-zero
-// ranks until join_timeout; a host name that does not resolve or an unreachable network fails at
-// once). Throws RendezvousOptionError (unknown backend, bad options) or RendezvousError (cannot
-// host or reach the store).
+// is this machine or is_host=true; static: node_rank 0; etcd: never) and connects to it, or to
+// etcd (retrying a refused port until read_timeout or the first round's deadline, whichever comes
+// first; static non-zero ranks until join_timeout; a host name that does not resolve or an
+// unreachable network fails at once). Throws RendezvousOptionError (unknown backend, bad options)
+// or RendezvousError (cannot host or reach the store).
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
                                                              const RendezvousOptions& options);
 // What create_rendezvous_handler checks of one backend's own options before the common ones, for

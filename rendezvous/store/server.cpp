@@ -11,6 +11,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "rendezvous/check.h"
 #include "rendezvous/store/auth.h"
 #include "rendezvous/store/log_limiter.h"
 #include "rendezvous/store/store.h"
@@ -427,6 +428,12 @@ void Connection::process() {
 }
 
 bool Connection::execute(wire::Request& r) {
+  // process() holds requests back behind a blocked one, with the two exceptions it names;
+  // finish_wait() clears the wait before it runs the blocked request again.
+  TRUN_CHECK(!blocked_ || r.op == Op::kCancelWait ||
+                 (dialect_ == wire::Dialect::kV1 && blocked_request_.op == Op::kWait),
+             "connection from " << peer_ << " executes " << op_name(r.op) << " while blocked in "
+                                << op_name(blocked_request_.op));
   auto& data = server_->data_;
   wire::Encoder enc(&out_);
 
@@ -696,6 +703,9 @@ void Connection::block_on(std::vector<std::string> missing, wire::Request reques
 
 bool Connection::on_key_ready(uint64_t wait_id) {
   if (closed_ || !blocked_ || wait_id != wait_id_) return false;
+  // Each missing key is registered once per wait, and notify() removes the waiters it wakes.
+  TRUN_CHECK_GT(wait_remaining_, 0u,
+                "wait " << wait_id << " of " << peer_ << " woken once more than it has keys");
   if (--wait_remaining_ > 0) return false;
   finish_wait(0);
   return true;

@@ -1,6 +1,8 @@
 #pragma once
 // Store: the key-value contract that trun's rendezvous, agents and workers share, with c10d's
-// semantics. Implementations: TcpStore (client of StoreServer, tcp_store.h), PrefixStore (a
+// semantics. Implementations: TcpStore (client of StoreServer or of PyTorch's TCPStore server,
+// tcp_store.h), the etcd store (the agent's store with the etcd rendezvous backend:
+// etcd::make_etcd_store in rendezvous/etcd/kv.h; no queues, no list_keys), PrefixStore (a
 // namespaced view, prefix_store.h) and InMemoryStore (unit tests only, in_memory_store.h).
 //
 // Values are byte strings. Counters written by add() are decimal strings, as in c10d.

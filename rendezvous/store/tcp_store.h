@@ -140,11 +140,16 @@ class TcpStore : public Store {
   StoreDialect dialect() const { return dialect_; }
 
  private:
-  // Sends `request` and, when `reply` is given, lets it read the response; all under the
-  // mutex, reconnecting first if needed. `deadline_extra` stretches the socket deadline past
-  // the operation timeout for server-side waits.
+  // Sends `request` and lets `reply` read the response (returning what it returns), all under
+  // the mutex, reconnecting first if needed. `budget` bounds the whole call, the reconnect
+  // included: one deadline for connecting, writing and reading. Waits that end with an answer
+  // (trun's GET_TIMEOUT and WAIT_TIMEOUT, timed out by the server; PyTorch 2.x's WAIT, which the
+  // reply reader cancels with CANCEL_WAIT at the timeout) pass their timeout plus a grace period
+  // (with_grace in tcp_store.cpp: 10 s), so that answer arrives before the socket deadline;
+  // PyTorch 1.13's WAIT passes the bare timeout; other calls pass timeout(). A transport failure
+  // or the deadline drops the connection: StoreError, or StoreTimeoutError at the deadline.
   template <typename Reply>
-  auto call(const char* op, const std::string& request, Duration deadline, Reply reply);
+  auto call(const char* op, const std::string& request, Duration budget, Reply reply);
   void call_no_reply(const char* op, const std::string& request);
   // Connects, retrying for connect_timeout (reconnect_timeout after a lost connection), at most
   // `cap`.

@@ -1,13 +1,23 @@
 #include "trun/worker.h"
 
 #include <cstdio>
+#include <mutex>
 
+#include "rendezvous/shm_names.h"
 #include "rendezvous/store/prefix_store.h"
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
 #include "trun/error_file.h"
 
 namespace trun::worker {
+
+// new_group builds one group at a time per process: the Worker's store is one connection whose
+// calls are serialized, so two groups under construction at once could each block it in a wait
+// for keys that the other rank's thread, stuck behind its own wait, has not written yet.
+struct Worker::Groups {
+  std::mutex mu;
+  int next = 0;  // under mu
+};
 
 Worker init(const InitOptions& options) {
   Worker w;
@@ -43,7 +53,7 @@ Worker init(const InitOptions& options) {
     auto base = std::make_shared<rendezvous::TcpStore>(so);
     w.store_ = std::make_shared<rendezvous::PrefixStore>("trun/worker/" + w.env_.run_id, base);
   }
-  w.group_counter_ = std::make_shared<int>(0);
+  w.groups_ = std::make_shared<Worker::Groups>();
   if (options.create_default_group) w.default_group_ = w.new_group(options.backend);
   return w;
 }
@@ -55,7 +65,9 @@ ProcessGroup& Worker::process_group() {
 }
 
 std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
-  const int n = (*group_counter_)++;
+  // Threads (and copies of this Worker) may call new_group at the same time: see Groups.
+  std::lock_guard<std::mutex> lock(groups_->mu);
+  const int n = groups_->next++;
   const std::string round =
       "restart" + std::to_string(env_.restart_count) + "/pg" + std::to_string(n);
   ProcessGroupOptions o;
@@ -66,7 +78,8 @@ std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
   o.local_rank = env_.local_rank;
   o.backend = backend == Backend::kAuto ? options_.backend : backend;
   o.timeout = options_.timeout;
-  o.tag = env_.run_id + "-r" + std::to_string(env_.restart_count) + "-pg" + std::to_string(n);
+  // Shared-memory segment names: the agent removes leftovers by the same rule.
+  o.tag = rendezvous::shm_group_tag(env_.run_id, env_.restart_count, n);
   o.gloo_peer_hint = env_.master_addr;
   o.cuda_stream = options_.cuda_stream;
   return std::make_unique<ProcessGroup>(std::move(o));

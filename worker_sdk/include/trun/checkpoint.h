@@ -35,16 +35,19 @@
 //
 // Async mode: save() copies every tensor into a host staging buffer (that copy is the only time
 // training is blocked) and a background thread writes it; the next save(), wait(), load_latest()
-// and the destructor wait for it. A background failure is rethrown by the next of those calls.
+// and the destructor wait for it. A background failure is rethrown by the next save() or wait();
+// load_latest() and the destructor log it on stderr instead.
 //
 // Loading: load_latest() is collective when a process group is given: rank 0 finishes its
 // pending write, verifies the checkpoints (manifest CRC, data size, every tensor's CRC32C; a read
-// error is retried once), decides, and tells every rank which checkpoint to load (a broadcast);
-// each rank then reads that one. The newest valid checkpoint of this job wins (the one `latest`
-// names first). Damage is never silent and never destructive: a checkpoint that does not verify
-// is quarantined (renamed to DIR/step_<n>.damaged-<unix ms>, with a REASON file, and kept; no
-// retention ever removes it), with a line on stderr. When checkpoints exist but none is
-// readable, load_latest() throws CheckpointError listing each one and why, unless
+// error is retried once), decides, and tells every rank which checkpoint to load (it writes its
+// decision to DIR/.resume before a barrier of the group; NCCL groups cannot broadcast host
+// memory); each rank then reads that one. When rank 0 cannot write DIR/.resume (a full disk),
+// the other ranks decide on their own, reading only. The newest valid checkpoint of this job wins
+// (the one `latest` names first). Damage is never silent and never destructive: a checkpoint that
+// does not verify is quarantined (renamed to DIR/step_<n>.damaged-<unix ms>, with a REASON file,
+// and kept; no retention ever removes it), with a line on stderr. When checkpoints exist but none
+// is readable, load_latest() throws CheckpointError listing each one and why, unless
 // `start_fresh_if_damaged` is set (then they are quarantined and it returns std::nullopt).
 // Loading does not depend on the world size that saved: tensors are the replicated state, and
 // the sampler state is a global offset (trun/sampler.h).
@@ -55,7 +58,7 @@
 // is internal. Errors: CheckpointError (I/O, with the path and errno text, error_number() = the
 // errno; a damaged checkpoint when one is loaded by path; none readable), CheckpointOwnerError
 // (the directory belongs to another job), std::invalid_argument (bad arguments), CollectiveError
-// from the broadcast.
+// from the load barrier.
 
 #include <chrono>
 #include <cstddef>

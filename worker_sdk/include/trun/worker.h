@@ -6,7 +6,8 @@
 //   pg.allreduce(grads.data(), grads.size(), trun::worker::DataType::kFloat32);
 //
 // Environment (set by the agent, as torchrun does): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-// (the agent's store), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,
+// (the agent's store, or with TORCHELASTIC_USE_AGENT_STORE=False where rank 0 hosts the job's
+// store), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,
 // ROLE_NAME, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID, TORCHELASTIC_ERROR_FILE, and
 // TRUN_STORE_TOKEN when the store requires authentication. TRUN_STORE_DIALECT (auto, trun,
 // torch2, torch1.13; default auto) names the store's protocol when the probe should be skipped
@@ -14,7 +15,9 @@
 // MASTER_ADDR, MASTER_PORT set, the worker is a world of size 1 (logged once on stderr). With
 // some set but not all, or a malformed value, init throws EnvError naming the variable.
 //
-// Thread safety: a Worker may be used from several threads; see ProcessGroup for its rules.
+// Thread safety: a Worker (and its copies, which share its store, default group and group
+// numbering) may be used from several threads at once: its accessors read state fixed by init(),
+// and new_group() calls run one at a time. See ProcessGroup for the groups' rules.
 
 #include <chrono>
 #include <functional>
@@ -85,12 +88,19 @@ class Worker {
   const WorkerEnv& env() const { return env_; }
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
-  // The agent's store, namespaced for this job's run id; nullptr when standalone.
+  // The job's store (the agent's, or the one rank 0 hosts: see WorkerEnv::use_agent_store),
+  // namespaced for this job's run id; nullptr when standalone.
   const std::shared_ptr<rendezvous::Store>& store() const { return store_; }
   // The default group (CollectiveError if init() was told not to create one).
   ProcessGroup& process_group();
   // A new group over all ranks, with its own keys and segments. Collective: every rank must
-  // call it, in the same order relative to other new_group calls.
+  // call it, in the same order relative to other new_group calls: the k-th call on one rank
+  // builds a group with the k-th call on every other rank. Calls from several threads (or
+  // copies) at once are safe: they run one at a time, each building its group (a collective,
+  // bounded by InitOptions::timeout) before the next starts, so they cannot hold one another up
+  // across ranks. Which thread's call is the k-th then depends on timing, so the threads' groups
+  // pair up across ranks arbitrarily: do that only with interchangeable calls (same backend,
+  // groups used alike).
   std::unique_ptr<ProcessGroup> new_group(Backend backend = Backend::kAuto);
 
  private:
@@ -101,7 +111,8 @@ class Worker {
   std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when !env_.use_agent_store
   std::shared_ptr<rendezvous::Store> store_;
   std::shared_ptr<ProcessGroup> default_group_;
-  std::shared_ptr<int> group_counter_;
+  struct Groups;  // new_group's numbering and lock, shared by copies (worker.cpp)
+  std::shared_ptr<Groups> groups_;
 };
 
 // Reads the environment, connects to the agent's store (bounded by options.timeout) and builds

@@ -20,6 +20,7 @@
 #include <random>
 #include <thread>
 
+#include "rendezvous/check.h"
 #include "rendezvous/shm_names.h"
 #include "rendezvous/store/auth.h"
 #include "worker_sdk/src/reduce.h"
@@ -542,6 +543,10 @@ void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, D
   // Slices are whole cache lines so that two ranks never write the same line.
   const size_t line_elems = std::max<size_t>(1, kLine / es);
   const size_t slice_cap = (slot_bytes_ / n_) / kLine * kLine / es;
+  // The constructor makes a slot at least one cache line per rank; else this loop never ends.
+  TRUN_CHECK_GT(
+      slice_cap, 0u,
+      "slot of " << slot_bytes_ << " bytes, " << n_ << " local ranks, " << dtype_name(dtype));
   const size_t round_cap = slice_cap * n_;
   // Slice j of every slot sits at a fixed offset: a short last round must not move a slice
   // onto bytes a peer may still be copying out of the previous round.
@@ -620,6 +625,9 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
   }
   const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
   const size_t sub = sub_bytes / es;
+  TRUN_CHECK_GT(
+      sub, 0u,
+      "slot of " << slot_bytes_ << " bytes, " << n_ << " local ranks, " << dtype_name(dtype));
   for (size_t off = 0; off < count; off += sub) {
     const size_t m = std::min(sub, count - off);
     for (int d = 0; d < n_; ++d) {
