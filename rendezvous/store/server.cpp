@@ -5,14 +5,13 @@
 
 #include <atomic>
 #include <boost/asio.hpp>
-#include <charconv>
-#include <deque>
 #include <thread>
 #include <unordered_map>
-#include <unordered_set>
 
 #include "rendezvous/check.h"
 #include "rendezvous/store/auth.h"
+#include "rendezvous/store/kv_state.h"
+#include "rendezvous/store/lease.h"
 #include "rendezvous/store/log_limiter.h"
 #include "rendezvous/store/store.h"
 
@@ -28,66 +27,6 @@ constexpr size_t kReadChunk = 64 * 1024;
 // but stops once this much unprocessed input has piled up.
 constexpr size_t kMaxBufferedWhileBlocked = 1 << 20;
 
-const char* op_name(Op op) {
-  switch (op) {
-    case Op::kValidate:
-      return "VALIDATE";
-    case Op::kSet:
-      return "SET";
-    case Op::kCompareSet:
-      return "COMPARE_SET";
-    case Op::kGet:
-      return "GET";
-    case Op::kAdd:
-      return "ADD";
-    case Op::kCheck:
-      return "CHECK";
-    case Op::kWait:
-      return "WAIT";
-    case Op::kNumKeys:
-      return "GETNUMKEYS";
-    case Op::kWatchKey:
-      return "WATCH_KEY";
-    case Op::kDeleteKey:
-      return "DELETE_KEY";
-    case Op::kAppend:
-      return "APPEND";
-    case Op::kMultiGet:
-      return "MULTI_GET";
-    case Op::kMultiSet:
-      return "MULTI_SET";
-    case Op::kCancelWait:
-      return "CANCEL_WAIT";
-    case Op::kPing:
-      return "PING";
-    case Op::kQueuePush:
-      return "QUEUE_PUSH";
-    case Op::kQueuePop:
-      return "QUEUE_POP";
-    case Op::kQueueLen:
-      return "QUEUE_LEN";
-    case Op::kListKeys:
-      return "LIST_KEYS";
-    case Op::kBarrier:
-      return "BARRIER";
-    case Op::kAuthHello:
-      return "AUTH_HELLO";
-    case Op::kAuthProof:
-      return "AUTH_PROOF";
-    case Op::kWaitKeys:
-      return "WAIT_TIMEOUT";
-    case Op::kGetWait:
-      return "GET_TIMEOUT";
-    case Op::kLeaseArm:
-      return "LEASE_ARM";
-    case Op::kLeaseRenew:
-      return "LEASE_RENEW";
-    case Op::kLeaseRelease:
-      return "LEASE_RELEASE";
-  }
-  return "?";
-}
-
 class ServerImpl;
 
 class Connection : public std::enable_shared_from_this<Connection> {
@@ -95,9 +34,8 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(ServerImpl* server, tcp::socket socket, uint64_t id);
   void start();
   void close(const std::string& why);
-  // Called by the server when a key this connection waits for has appeared. True when that
-  // completed the wait.
-  bool on_key_ready(uint64_t wait_id);
+  // Called by the server when every key this connection's parked request waits for exists.
+  void on_keys_ready();
 
   uint64_t id() const { return id_; }
   bool closed() const { return closed_; }
@@ -108,11 +46,13 @@ class Connection : public std::enable_shared_from_this<Connection> {
   void on_read(const boost::system::error_code& ec, size_t n);
   // Decodes and executes buffered requests until one blocks or the buffer runs dry.
   void process();
-  // Executes one request. Returns false when it blocked (the connection now waits for keys).
+  // Executes one request. Returns false when it blocked (the connection now waits for keys) or
+  // closed the connection.
   bool execute(wire::Request& request);
+  // Acts on what the key-value state made of a request: false unless it was answered.
+  bool follow(const KvState::Outcome& outcome);
+  bool blocked() const;
   void flush();
-  void block_on(std::vector<std::string> missing, wire::Request request, int64_t timeout_ms);
-  void finish_wait(uint8_t timed_out_code);
   void clear_wait();
   void arm_lease_timer();
   // Performs the armed lease's notification (the connection is gone or went silent).
@@ -133,25 +73,19 @@ class Connection : public std::enable_shared_from_this<Connection> {
   wire::Dialect dialect_ = wire::Dialect::kUnknown;
   bool authenticated_ = false;
   std::string challenge_;
-  // Blocked-wait state: the request to re-run once its keys exist.
-  bool blocked_ = false;
-  uint64_t wait_id_ = 0;
-  size_t wait_remaining_ = 0;
-  std::vector<std::string> wait_keys_;
-  wire::Request blocked_request_;
+  // A parked request (kv_.parked(id_)) times out on this timer, when it has a deadline.
   asio::steady_timer wait_timer_;
-  // Lease (trun extension): keys[0..2] / values[0..2] as sent by LEASE_ARM; see wire.h.
-  bool lease_armed_ = false;
-  wire::Request lease_;
-  int64_t lease_ttl_ms_ = 0;
-  uint64_t lease_generation_ = 0;
+  Lease lease_;
   asio::steady_timer lease_timer_;
 };
 
 class ServerImpl : public StoreServer {
  public:
   explicit ServerImpl(const StoreServerOptions& options)
-      : options_(options), acceptor_(io_), signals_guard_(asio::make_work_guard(io_)) {}
+      : options_(options),
+        kv_(options.limits, [this](KvState::Waiter id) { wake(id); }),
+        acceptor_(io_),
+        signals_guard_(asio::make_work_guard(io_)) {}
 
   ~ServerImpl() override { stop(); }
 
@@ -204,52 +138,8 @@ class ServerImpl : public StoreServer {
 
   const StoreServerOptions& options() const { return options_; }
 
-  // --- the data, touched only on the event-loop thread ---
-  std::unordered_map<std::string, std::string> data_;
-  // PyTorch 2.7+'s queues (queue_push/pop/len): FIFOs apart from the key-value map. A non-empty
-  // queue counts as an existing key for CHECK and WAIT, as in PyTorch's libuv server.
-  std::unordered_map<std::string, std::deque<std::string>> queues_;
-  std::unordered_map<std::string, std::vector<std::pair<std::weak_ptr<Connection>, uint64_t>>>
-      waiters_;
-  uint64_t next_wait_id_ = 1;
-
-  bool queued(const std::string& key) const {
-    auto it = queues_.find(key);
-    return it != queues_.end() && !it->second.empty();
-  }
-
-  // Wakes the connections waiting for `key`, in the order they came. With `first_only` (after a
-  // queue push) it stops after the first whose wait is then complete: that one pops the element,
-  // the rest keep waiting, ahead of any registered meanwhile (PyTorch's wakeupOneWaitingClient,
-  // except that woken waiters leave the list).
-  void notify(const std::string& key, bool first_only = false) {
-    auto it = waiters_.find(key);
-    if (it == waiters_.end()) return;
-    auto list = std::move(it->second);
-    waiters_.erase(it);
-    for (size_t i = 0; i < list.size(); ++i) {
-      auto c = list[i].first.lock();
-      if (c && c->on_key_ready(list[i].second) && first_only) {
-        if (i + 1 == list.size()) return;
-        auto& rest = waiters_[key];
-        rest.insert(rest.begin(), list.begin() + i + 1, list.end());
-        return;
-      }
-    }
-  }
-
-  void remove_waiter(const std::string& key, const Connection* conn) {
-    auto it = waiters_.find(key);
-    if (it == waiters_.end()) return;
-    auto& list = it->second;
-    list.erase(std::remove_if(list.begin(), list.end(),
-                              [conn](const auto& w) {
-                                auto c = w.first.lock();
-                                return !c || c.get() == conn;
-                              }),
-               list.end());
-    if (list.empty()) waiters_.erase(it);
-  }
+  // The keys, queues and parked waits, touched only on the event-loop thread.
+  KvState& kv() { return kv_; }
 
   void forget(uint64_t id) {
     if (connections_.erase(id)) num_connections_.fetch_sub(1);
@@ -270,6 +160,14 @@ class ServerImpl : public StoreServer {
   }
 
  private:
+  // Resumes a connection whose parked request's keys all exist (called from inside kv_).
+  void wake(KvState::Waiter id) {
+    auto it = connections_.find(id);
+    if (it == connections_.end()) return;
+    auto conn = it->second;  // it may close, and leave connections_, while resuming
+    conn->on_keys_ready();
+  }
+
   void run() {
     for (;;) {
       try {
@@ -327,6 +225,7 @@ class ServerImpl : public StoreServer {
   }
 
   StoreServerOptions options_;
+  KvState kv_;
   asio::io_context io_{1};
   tcp::acceptor acceptor_;
   asio::executor_work_guard<asio::io_context::executor_type> signals_guard_;
@@ -367,7 +266,7 @@ void Connection::read() {
   // Back-pressure: stop reading from a client that does not read its responses, or that piles up
   // requests behind a blocked wait.
   if (out_.size() + writing_.size() > server_->options().max_pending_output) return;
-  if (blocked_ && in_.size() > kMaxBufferedWhileBlocked) return;
+  if (in_.size() > kMaxBufferedWhileBlocked && blocked()) return;
   reading_ = true;
   socket_.async_read_some(asio::buffer(chunk_),
                           [self = shared_from_this()](const boost::system::error_code& ec,
@@ -391,7 +290,7 @@ void Connection::on_read(const boost::system::error_code& ec, size_t n) {
 }
 
 void Connection::process() {
-  if (processing_) return;  // re-entered from finish_wait inside execute
+  if (processing_) return;  // re-entered from on_keys_ready inside execute
   processing_ = true;
   size_t offset = 0;
   while (!closed_) {
@@ -412,8 +311,9 @@ void Connection::process() {
     // a 1.13 WAIT: the 1.13 client gives up on a wait silently (a socket timeout, no CANCEL_WAIT)
     // and goes on using the connection, and PyTorch's 1.13 server keeps serving it, sending the
     // STOP_WAITING whenever the keys appear. Do the same.
-    bool background_wait = dialect_ == wire::Dialect::kV1 && blocked_request_.op == Op::kWait;
-    if (blocked_ && request.op != Op::kCancelWait && !background_wait) break;
+    const wire::Request* parked = server_->kv().parked(id_);
+    bool background_wait = dialect_ == wire::Dialect::kV1 && parked && parked->op == Op::kWait;
+    if (parked && request.op != Op::kCancelWait && !background_wait) break;
     offset += result.consumed;
     // Counted once here: a blocked request runs execute() again when its keys arrive.
     if (request.op != Op::kValidate && request.op != Op::kAuthHello &&
@@ -428,18 +328,18 @@ void Connection::process() {
 }
 
 bool Connection::execute(wire::Request& r) {
-  // process() holds requests back behind a blocked one, with the two exceptions it names;
-  // finish_wait() clears the wait before it runs the blocked request again.
-  TRUN_CHECK(!blocked_ || r.op == Op::kCancelWait ||
-                 (dialect_ == wire::Dialect::kV1 && blocked_request_.op == Op::kWait),
-             "connection from " << peer_ << " executes " << op_name(r.op) << " while blocked in "
-                                << op_name(blocked_request_.op));
-  auto& data = server_->data_;
+  // process() holds requests back behind a parked one, with the two exceptions it names; the
+  // state machine clears the wait before the parked request runs again.
+  const wire::Request* parked = server_->kv().parked(id_);
+  TRUN_CHECK(parked == nullptr || r.op == Op::kCancelWait ||
+                 (dialect_ == wire::Dialect::kV1 && parked->op == Op::kWait),
+             "connection from " << peer_ << " executes " << wire::op_name(r.op)
+                                << " while parked in " << wire::op_name(parked->op));
   wire::Encoder enc(&out_);
 
   if (!authenticated_ && r.op != Op::kValidate && r.op != Op::kAuthHello &&
       r.op != Op::kAuthProof) {
-    server_->warn_client("rejected " + peer_ + ": " + op_name(r.op) +
+    server_->warn_client("rejected " + peer_ + ": " + wire::op_name(r.op) +
                          " before authenticating (a token is required)");
     close("");
     return false;
@@ -472,140 +372,35 @@ bool Connection::execute(wire::Request& r) {
       enc.u8(1);
       return true;
     }
-    case Op::kSet:
-      data[r.keys[0]] = std::move(r.values[0]);
-      server_->notify(r.keys[0]);
-      return true;
-    case Op::kAppend: {
-      auto& v = data[r.keys[0]];
-      if (v.size() + r.values[0].size() > server_->options().limits.max_value_bytes) {
-        close("append would grow '" + r.keys[0] + "' past the value size limit");
-        return false;
-      }
-      v.append(r.values[0]);
-      server_->notify(r.keys[0]);
-      return true;
-    }
-    case Op::kMultiSet:
-      for (size_t i = 0; i < r.keys.size(); ++i) {
-        data[r.keys[i]] = std::move(r.values[i]);
-        server_->notify(r.keys[i]);
-      }
-      return true;
-    case Op::kCompareSet: {
-      auto it = data.find(r.keys[0]);
-      const std::string& expected = r.values[0];
-      std::string& desired = r.values[1];
-      if (it == data.end()) {
-        if (expected.empty()) {
-          data[r.keys[0]] = desired;
-          enc.bytes(desired);
-          server_->notify(r.keys[0]);
-        } else {
-          enc.bytes(expected);
-        }
-      } else if (it->second == expected) {
-        it->second = desired;
-        enc.bytes(desired);
-        server_->notify(r.keys[0]);
-      } else {
-        enc.bytes(it->second);
-      }
-      return true;
-    }
-    case Op::kAdd:
-    case Op::kBarrier: {
-      // BARRIER counts arrivals in the key's decimal value, as ADD does; the arrival that
-      // reaches the world size (r.number) releases everyone waiting on the key.
-      const std::string& key = r.keys[0];
-      auto it = data.find(key);
-      int64_t value = 0;
-      if (it != data.end()) {
-        const std::string& s = it->second;
-        auto [p, err] = std::from_chars(s.data(), s.data() + s.size(), value);
-        if (err != std::errc() || p != s.data() + s.size()) {
-          close(std::string(op_name(r.op)) + " on key '" + key + "' whose value is not an integer");
-          return false;
-        }
-      }
-      const int64_t delta = r.op == Op::kAdd ? r.number : 1;
-      value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(delta));
-      data[key] = std::to_string(value);
-      if (r.op == Op::kAdd) {
-        enc.i64(value);
-        server_->notify(key);
-        return true;
-      }
-      if (value >= r.number) {
-        server_->notify(key);
-        enc.u8(wire::kWaitStop);
-        return true;
-      }
-      // Wait for the next change of the key: then a WAIT on it answers STOP_WAITING. A timed-out
-      // client sends CANCEL_WAIT, as after a WAIT.
-      wire::Request wait;
-      wait.op = Op::kWait;
-      wait.keys = {key};
-      block_on({key}, std::move(wait), -1);
-      return false;
-    }
-    case Op::kListKeys:
-      enc.i64(static_cast<int64_t>(data.size()));
-      for (const auto& kv : data) enc.bytes(kv.first);
-      return true;
-    case Op::kCheck: {
-      bool all = true;
-      for (auto& k : r.keys) all = all && (data.count(k) || server_->queued(k));
-      enc.u8(all ? wire::kCheckReady : wire::kCheckNotReady);
-      return true;
-    }
-    case Op::kNumKeys:
-      enc.i64(static_cast<int64_t>(data.size()));
-      return true;
-    case Op::kDeleteKey:
-      enc.i64(static_cast<int64_t>(data.erase(r.keys[0])));
-      return true;
     case Op::kPing:
       enc.u32(static_cast<uint32_t>(r.number));
       return true;
-    case Op::kLeaseArm: {
+    case Op::kLeaseArm:
       if (r.number < 0) {
         close("LEASE_ARM with a negative ttl");
         return false;
       }
-      if (!r.keys[0].empty()) {
-        data[r.keys[0]] = r.values[0];
-        server_->notify(r.keys[0]);
-      }
-      lease_ = std::move(r);
-      lease_ttl_ms_ = lease_.number;
-      lease_armed_ = true;
+      lease_.arm(std::move(r), server_->kv());
       arm_lease_timer();
       enc.u8(1);
       return true;
-    }
     case Op::kLeaseRenew:
       if (r.number < 0) {
         close("LEASE_RENEW with a negative ttl");
         return false;
       }
-      if (lease_armed_) {
-        if (r.number > 0) lease_ttl_ms_ = r.number;
-        arm_lease_timer();
-      }
-      enc.u8(lease_armed_ ? 1 : 0);
+      if (lease_.renew(r.number)) arm_lease_timer();
+      enc.u8(lease_.armed() ? 1 : 0);
       return true;
     case Op::kLeaseRelease: {
-      bool was = lease_armed_;
-      lease_armed_ = false;
-      ++lease_generation_;
+      bool was = lease_.release();
       boost::system::error_code ec;
       lease_timer_.cancel(ec);
       enc.u8(was ? 1 : 0);
       return true;
     }
     case Op::kCancelWait:
-      if (blocked_) clear_wait();
+      if (blocked()) clear_wait();
       enc.u8(wire::kWaitCanceled);
       return true;
     case Op::kWatchKey:
@@ -616,162 +411,79 @@ bool Connection::execute(wire::Request& r) {
                     r.keys[0]);
       enc.u8(3);  // WatchResponseType::KEY_CALLBACK_REGISTERED
       return true;
-    case Op::kQueuePush: {
-      auto& q = server_->queues_[r.keys[0]];
-      q.push_back(std::move(r.values[0]));
-      server_->notify(r.keys[0], /*first_only=*/true);
-      return true;
-    }
-    case Op::kQueuePop: {
-      // The length before the pop, then the front element when there is one.
-      auto it = server_->queues_.find(r.keys[0]);
-      size_t n = it == server_->queues_.end() ? 0 : it->second.size();
-      enc.i64(static_cast<int64_t>(n));
-      if (n > 0) {
-        enc.bytes(it->second.front());
-        it->second.pop_front();
-        if (it->second.empty()) server_->queues_.erase(it);
-      }
-      return true;
-    }
-    case Op::kQueueLen: {
-      auto it = server_->queues_.find(r.keys[0]);
-      enc.i64(static_cast<int64_t>(it == server_->queues_.end() ? 0 : it->second.size()));
-      return true;
-    }
-    case Op::kWait:
-    case Op::kWaitKeys:
-    case Op::kGet:
-    case Op::kGetWait:
-    case Op::kMultiGet: {
-      std::vector<std::string> missing;
-      std::unordered_set<std::string_view> seen;
-      // A WAIT is also satisfied by a non-empty queue (queue_pop(block=True) is WAIT + QUEUE_POP).
-      const bool queues_count = r.op == Op::kWait || r.op == Op::kWaitKeys;
-      for (auto& k : r.keys) {
-        bool present = data.count(k) || (queues_count && server_->queued(k));
-        if (!present && seen.insert(k).second) missing.push_back(k);
-      }
-      if (!missing.empty()) {
-        int64_t timeout_ms = (r.op == Op::kWaitKeys || r.op == Op::kGetWait) ? r.number : -1;
-        if (timeout_ms == 0) {
-          enc.u8(wire::kWaitTimedOut);
-          return true;
-        }
-        block_on(std::move(missing), std::move(r), timeout_ms);
-        return false;
-      }
-      switch (r.op) {
-        case Op::kWait:
-        case Op::kWaitKeys:
-          enc.u8(wire::kWaitStop);
-          break;
-        case Op::kGetWait:
-          enc.u8(wire::kWaitStop);
-          enc.bytes(data[r.keys[0]]);
-          break;
-        case Op::kGet:
-          enc.bytes(data[r.keys[0]]);
-          break;
-        default:  // kMultiGet
-          for (auto& k : r.keys) enc.bytes(data[k]);
-      }
-      return true;
-    }
+    default:
+      return follow(server_->kv().execute(id_, r, &out_));
   }
-  return true;
 }
 
-void Connection::block_on(std::vector<std::string> missing, wire::Request request,
-                          int64_t timeout_ms) {
-  if (blocked_) clear_wait();  // a new wait replaces a pending 1.13 one (see process())
-  blocked_ = true;
-  wait_id_ = server_->next_wait_id_++;
-  wait_remaining_ = missing.size();
-  wait_keys_ = std::move(missing);
-  blocked_request_ = std::move(request);
-  for (auto& k : wait_keys_) server_->waiters_[k].emplace_back(weak_from_this(), wait_id_);
-  if (timeout_ms > 0) {
-    wait_timer_.expires_after(std::chrono::milliseconds(timeout_ms));
+bool Connection::follow(const KvState::Outcome& outcome) {
+  switch (outcome.kind) {
+    case KvState::Outcome::Kind::kReply:
+      return true;
+    case KvState::Outcome::Kind::kClose:
+      close(outcome.why);
+      return false;
+    case KvState::Outcome::Kind::kPark:
+      break;
+  }
+  // A new wait replaces a pending 1.13 one (see process()), and its timer.
+  boost::system::error_code ec;
+  wait_timer_.cancel(ec);
+  if (outcome.timeout_ms > 0) {
+    wait_timer_.expires_after(std::chrono::milliseconds(outcome.timeout_ms));
     wait_timer_.async_wait(
-        [self = shared_from_this(), id = wait_id_](const boost::system::error_code& ec) {
-          if (ec || self->closed_ || !self->blocked_ || self->wait_id_ != id) return;
-          self->finish_wait(wire::kWaitTimedOut);
+        [self = shared_from_this(), id = outcome.wait_id](const boost::system::error_code& ec) {
+          if (ec || self->closed_) return;
+          if (!self->server_->kv().time_out(self->id_, id, &self->out_)) return;  // stale
+          self->process();  // serve what queued up behind the wait
+          self->read();
         });
   }
+  return false;
 }
 
-bool Connection::on_key_ready(uint64_t wait_id) {
-  if (closed_ || !blocked_ || wait_id != wait_id_) return false;
-  // Each missing key is registered once per wait, and notify() removes the waiters it wakes.
-  TRUN_CHECK_GT(wait_remaining_, 0u,
-                "wait " << wait_id << " of " << peer_ << " woken once more than it has keys");
-  if (--wait_remaining_ > 0) return false;
-  finish_wait(0);
-  return true;
-}
+bool Connection::blocked() const { return server_->kv().parked(id_) != nullptr; }
 
-void Connection::finish_wait(uint8_t timed_out_code) {
-  wire::Request request = std::move(blocked_request_);
-  clear_wait();
-  if (timed_out_code) {
-    wire::Encoder(&out_).u8(timed_out_code);
-  } else {
-    // Every key exists now (or one was deleted again, in which case this blocks anew).
-    execute(request);
-  }
+void Connection::on_keys_ready() {
+  if (closed_) return;
+  boost::system::error_code ec;
+  wait_timer_.cancel(ec);
+  // Every key exists now (or one was deleted again, in which case this blocks anew).
+  follow(server_->kv().resume(id_, &out_));
   process();  // serve what queued up behind the wait
   read();
 }
 
 void Connection::clear_wait() {
-  for (auto& k : wait_keys_) server_->remove_waiter(k, this);
-  wait_keys_.clear();
-  blocked_ = false;
-  wait_remaining_ = 0;
+  server_->kv().cancel(id_);
   boost::system::error_code ec;
   wait_timer_.cancel(ec);
 }
 
 void Connection::arm_lease_timer() {
-  uint64_t generation = ++lease_generation_;
+  uint64_t generation = lease_.restart();
   boost::system::error_code ec;
   lease_timer_.cancel(ec);
-  if (lease_ttl_ms_ <= 0) return;  // bound to the connection only
-  lease_timer_.expires_after(std::chrono::milliseconds(lease_ttl_ms_));
+  if (lease_.ttl_ms() <= 0) return;  // bound to the connection only
+  lease_timer_.expires_after(std::chrono::milliseconds(lease_.ttl_ms()));
   lease_timer_.async_wait(
       [self = shared_from_this(), generation](const boost::system::error_code& ec) {
-        if (ec || self->closed_ || !self->lease_armed_ || self->lease_generation_ != generation) {
-          return;
-        }
+        if (ec || self->closed_ || !self->lease_.current(generation)) return;
         self->fire_lease("no keep-alive");
       });
 }
 
 void Connection::fire_lease(const char* why) {
-  if (!lease_armed_) return;
-  lease_armed_ = false;
-  ++lease_generation_;
+  if (!lease_.armed()) return;
   boost::system::error_code ec;
   lease_timer_.cancel(ec);
-  auto& data = server_->data_;
-  const std::string& a_key = lease_.keys[1];
-  const std::string& b_key = lease_.keys[2];
+  auto& kv = server_->kv();
   spdlog::info("store server: lease of {} lost ({}{}): notifying '{}'", peer_, why,
-               lease_ttl_ms_ > 0 && std::string_view(why) == "no keep-alive"
-                   ? " for " + std::to_string(lease_ttl_ms_) + " ms"
+               lease_.ttl_ms() > 0 && std::string_view(why) == "no keep-alive"
+                   ? " for " + std::to_string(lease_.ttl_ms()) + " ms"
                    : std::string(),
-               !a_key.empty() && !data.count(a_key) ? a_key : b_key);
-  if (!a_key.empty() && !data.count(a_key)) {
-    data[a_key] = lease_.values[1];
-    server_->notify(a_key);
-  } else if (!b_key.empty()) {
-    auto& v = data[b_key];
-    if (v.size() + lease_.values[2].size() <= server_->options().limits.max_value_bytes) {
-      v.append(lease_.values[2]);
-    }
-    server_->notify(b_key);
-  }
+               lease_.target(kv));
+  lease_.fire(kv);
 }
 
 void Connection::flush() {
@@ -797,10 +509,10 @@ void Connection::close(const std::string& why) {
   if (closed_) return;
   closed_ = true;
   if (!why.empty()) server_->warn_client("closing connection from " + peer_ + ": " + why);
-  if (blocked_) clear_wait();
+  if (blocked()) clear_wait();
   // A lease fires when its connection goes away, unless the whole server is stopping.
-  if (lease_armed_ && !server_->stopping()) fire_lease("connection closed");
-  lease_armed_ = false;
+  if (!server_->stopping()) fire_lease("connection closed");
+  lease_.release();
   boost::system::error_code ec;
   lease_timer_.cancel(ec);
   socket_.shutdown(tcp::socket::shutdown_both, ec);

@@ -257,6 +257,66 @@ DecodeResult decode(std::string_view data, Dialect dialect, const Limits& limits
   return result;
 }
 
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::kValidate:
+      return "VALIDATE";
+    case Op::kSet:
+      return "SET";
+    case Op::kCompareSet:
+      return "COMPARE_SET";
+    case Op::kGet:
+      return "GET";
+    case Op::kAdd:
+      return "ADD";
+    case Op::kCheck:
+      return "CHECK";
+    case Op::kWait:
+      return "WAIT";
+    case Op::kNumKeys:
+      return "GETNUMKEYS";
+    case Op::kWatchKey:
+      return "WATCH_KEY";
+    case Op::kDeleteKey:
+      return "DELETE_KEY";
+    case Op::kAppend:
+      return "APPEND";
+    case Op::kMultiGet:
+      return "MULTI_GET";
+    case Op::kMultiSet:
+      return "MULTI_SET";
+    case Op::kCancelWait:
+      return "CANCEL_WAIT";
+    case Op::kPing:
+      return "PING";
+    case Op::kQueuePush:
+      return "QUEUE_PUSH";
+    case Op::kQueuePop:
+      return "QUEUE_POP";
+    case Op::kQueueLen:
+      return "QUEUE_LEN";
+    case Op::kListKeys:
+      return "LIST_KEYS";
+    case Op::kBarrier:
+      return "BARRIER";
+    case Op::kAuthHello:
+      return "AUTH_HELLO";
+    case Op::kAuthProof:
+      return "AUTH_PROOF";
+    case Op::kWaitKeys:
+      return "WAIT_TIMEOUT";
+    case Op::kGetWait:
+      return "GET_TIMEOUT";
+    case Op::kLeaseArm:
+      return "LEASE_ARM";
+    case Op::kLeaseRenew:
+      return "LEASE_RENEW";
+    case Op::kLeaseRelease:
+      return "LEASE_RELEASE";
+  }
+  return "?";
+}
+
 int query_byte(Op op, Dialect dialect) {
   auto find = [op](const auto& table) {
     for (const auto& e : table) {

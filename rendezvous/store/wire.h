@@ -94,6 +94,10 @@ Dialect detect_dialect(std::string_view data);
 // rejects a length prefix over its limit as soon as the prefix itself has arrived.
 DecodeResult decode(std::string_view data, Dialect dialect, const Limits& limits, Request* out);
 
+// PyTorch's name for `op` (its QueryType's, e.g. "GETNUMKEYS"), or trun's for an extension: for
+// log lines and error messages. "?" for a value outside the enum.
+const char* op_name(Op op);
+
 // The query byte that `op` has in `dialect` (for encoders); -1 if the dialect lacks it.
 int query_byte(Op op, Dialect dialect);
 
