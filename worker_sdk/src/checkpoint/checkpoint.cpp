@@ -356,11 +356,11 @@ void Checkpointer::State::write(const Snapshot& snap) {
                  {"tensors", std::move(tensors)},
                  {"metadata", snap.metadata}};
     body["sampler"] = snap.sampler ? json::parse(sampler_state_to_json(*snap.sampler)) : json();
-    const std::string body_text = body.dump();
+    const std::string body_text = json_text(body);
     json manifest = {{"manifest", std::move(body)},
                      {"crc32c", crc32c(body_text.data(), body_text.size())}};
     {
-      const std::string text = manifest.dump(1) + "\n";
+      const std::string text = json_text(manifest, 1) + "\n";
       const std::string path = tmp_dir + "/manifest.json";
       Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
       if (f.fd < 0) io_fail("create", path, errno);
@@ -588,7 +588,7 @@ std::optional<Checkpoint> Checkpointer::load_latest() {
   }
   if (collective) {
     try {
-      s.write_small_file(".resume", d.dump() + "\n");
+      s.write_small_file(".resume", json_text(d) + "\n");
     } catch (const CheckpointError& e) {
       // The other ranks then decide alone (read-only): the same choice unless a read differs.
       std::fprintf(stderr, "[trun.checkpoint] cannot record the resume decision: %s\n", e.what());

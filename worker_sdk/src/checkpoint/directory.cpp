@@ -136,7 +136,7 @@ std::shared_ptr<DirLock> DirLock::acquire(const std::string& dir, const std::str
                                 {"host", host_name()},
                                 {"pid", static_cast<long>(::getpid())},
                                 {"since_unix_ms", unix_ms()}}
-                               .dump() +
+                               .dump(-1, ' ', false, json::error_handler_t::replace) +
                            "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {
     const int err = errno;

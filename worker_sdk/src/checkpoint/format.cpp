@@ -59,7 +59,7 @@ json read_manifest(const std::string& step_dir) {
     json m = json::parse(text);
     body = m.at("manifest");
     const uint32_t want = m.at("crc32c").get<uint32_t>();
-    const std::string canon = body.dump();
+    const std::string canon = json_text(body);
     const uint32_t got = crc32c(canon.data(), canon.size());
     if (want != got)
       throw bad("manifest CRC32C mismatch (stored " + std::to_string(want) + ", computed " +

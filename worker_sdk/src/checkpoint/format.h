@@ -31,6 +31,13 @@ constexpr size_t kMaxManifestBytes = size_t{256} << 20;
 
 inline std::string errno_text(int err) { return std::strerror(err); }
 
+// JSON text of `j` that never throws on bytes that are not UTF-8 (a job id from the environment,
+// an error message quoting a damaged file): they become U+FFFD. Every JSON file of a checkpoint
+// directory is written through it.
+inline std::string json_text(const json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, json::error_handler_t::replace);
+}
+
 [[noreturn]] inline void io_fail(const std::string& what, const std::string& path, int err) {
   throw CheckpointError("checkpoint: " + what + " " + path + ": " + errno_text(err), err);
 }
