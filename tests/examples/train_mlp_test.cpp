@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -189,4 +190,55 @@ TEST_CASE("train_mlp: a job killed mid-training resumes from its checkpoint at a
     twice += c == 2;
   }
   REQUIRE(twice == (3 - (1200 - 20 * step) % 3) % 3);
+}
+
+TEST_CASE(
+    "train_mlp: two ranks on checkpoints whose manifests hold bytes that are not UTF-8 "
+    "refuse with the list, keeping them",
+    "[train_mlp][damage]") {
+  TempDir d;
+  const std::vector<std::string> args = {train_mlp(),
+                                         "--ckpt-dir",
+                                         d.path + "/ck",
+                                         "--dataset-size",
+                                         "200",
+                                         "--batch-size",
+                                         "5",
+                                         "--epochs",
+                                         "1",
+                                         "--ckpt-every",
+                                         "5"};
+  run_job(2, args);
+  // A 0xFF inside the first key of every manifest: the parser quotes it in its error message.
+  int damaged = 0;
+  for (const auto& e : fs::directory_iterator(d.path + "/ck")) {
+    const std::string m = e.path().string() + "/manifest.json";
+    if (!fs::exists(m)) continue;
+    std::fstream f(m, std::ios::in | std::ios::out | std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const auto quote = text.find('"');
+    REQUIRE(quote != std::string::npos);
+    f.seekp(static_cast<std::streamoff>(quote + 1));
+    f.put('\xff');
+    ++damaged;
+  }
+  REQUIRE(damaged > 0);
+  test::Job job;
+  test::JobSpec spec;
+  spec.argv = args;
+  spec.nodes = {2};
+  spec.run_id = test::unique_run_id("mlp-utf8");
+  spec.env["TRUN_JOB_ID"] = "train-mlp-test";
+  job.start(spec);
+  auto results = job.wait(60s);
+  INFO(job.describe(results));
+  REQUIRE(results[0].exited);
+  REQUIRE(results[0].exit_code != 0);
+  CHECK_THAT(results[0].output, Catch::Contains("none is readable"));
+  CHECK_THAT(results[0].output, !Catch::Contains("type_error"));
+  int left = 0;
+  for (const auto& e : fs::directory_iterator(d.path + "/ck")) {
+    left += e.path().filename().string().rfind("step_", 0) == 0 ? 1 : 0;
+  }
+  CHECK(left == damaged);  // nothing removed, nothing renamed without --fresh-start
 }
