@@ -12,18 +12,17 @@
 #include <cstring>
 #include <filesystem>
 #include <optional>
-#include <random>
 #include <unordered_map>
 
 #include "agent/decisions.h"
 #include "agent/event_loop.h"
 #include "agent/failure_report.h"
+#include "agent/job_local.h"
 #include "agent/log_mux.h"
 #include "agent/process_supervisor.h"
 #include "agent/rendezvous_session.h"
 #include "agent/worker_env.h"
 #include "rendezvous/handler.h"
-#include "rendezvous/shm_names.h"
 
 extern char** environ;
 
@@ -34,46 +33,6 @@ namespace fs = std::filesystem;
 
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
-
-// libtrun_worker shares its segments as unnamed memfds by default; with TRUN_SHM_NAMED=1 (or
-// where memfd_create is missing) it names them in /dev/shm (rendezvous/shm_names.h) and unlinks
-// each as soon as every local rank mapped it. This removes the named ones a local rank 0 left
-// behind when it died between creating and sharing one. Called once every worker is gone.
-void remove_worker_shm_segments(const std::string& run_id) {
-  const std::string prefix = rendezvous::shm_run_prefix(run_id);
-  std::error_code ec;
-  for (fs::directory_iterator it("/dev/shm", ec), end; !ec && it != end; it.increment(ec)) {
-    std::string name = it->path().filename().string();
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    std::error_code rm;
-    if (fs::remove(it->path(), rm)) {
-      spdlog::warn("removed shared-memory segment {} left by a worker", name);
-    }
-  }
-}
-
-std::string generate_run_id() {
-  std::random_device rd;
-  std::mt19937_64 gen(
-      (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-      static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()));
-  uint64_t a = gen(), b = gen();
-  // UUID version 4 layout, as torchrun's uuid.uuid4().
-  a = (a & ~0xF000ull) | 0x4000ull;
-  b = (b & 0x3FFFFFFFFFFFFFFFull) | 0x8000000000000000ull;
-  char buf[40];
-  std::snprintf(buf, sizeof buf, "%08x-%04x-%04x-%04x-%012llx", static_cast<unsigned>(a >> 32),
-                static_cast<unsigned>((a >> 16) & 0xFFFF), static_cast<unsigned>(a & 0xFFFF),
-                static_cast<unsigned>(b >> 48),
-                static_cast<unsigned long long>(b & 0xFFFFFFFFFFFFull));
-  return buf;
-}
-
-std::string host_name() {
-  char buf[256] = {0};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "localhost";
-  return buf;
-}
 
 struct Worker {
   int local_rank = 0;
@@ -176,20 +135,7 @@ void Agent::setup_signals() {
 // The log and error-file directory: DIR/<run id> under --log-dir, else a temporary one.
 bool Agent::make_base_dir() {
   try {
-    if (cfg_.log_dir.empty()) {
-      const char* tmp = std::getenv("TMPDIR");
-      std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/trun-XXXXXX";
-      std::vector<char> buf(tmpl.begin(), tmpl.end());
-      buf.push_back('\0');
-      if (mkdtemp(buf.data()) == nullptr) {
-        throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
-      }
-      base_dir_ = buf.data();
-      temp_base_ = true;
-    } else {
-      base_dir_ = cfg_.log_dir + "/" + run_id_;
-      fs::create_directories(base_dir_);
-    }
+    base_dir_ = make_log_dir(cfg_.log_dir, run_id_, &temp_base_);
   } catch (const std::exception& e) {
     spdlog::error("cannot create the log directory: {}", e.what());
     return false;
