@@ -5,7 +5,7 @@
 
 using namespace trun::agent;
 
-TEST_CASE("a failing worker stops a running group; exits during a stop change nothing",
+TEST_CASE("a failing worker stops a running group, exits during a stop change nothing",
           "[decisions]") {
   CHECK(on_worker_exit(GroupPhase::kRunning, 1, 3) == ExitAction::kStopGroupFailed);
   CHECK(on_worker_exit(GroupPhase::kRunning, -9, 3) == ExitAction::kStopGroupFailed);

@@ -93,7 +93,7 @@ TEST_CASE("per-rank redirect maps and stream selection", "[logs]") {
   CHECK(unprefixed);  // rank 0's line, straight from the worker
 }
 
-TEST_CASE("the local ranks filter shows only the chosen ranks; files keep everything", "[logs]") {
+TEST_CASE("the local ranks filter shows only the chosen ranks, files keep everything", "[logs]") {
   TempDir d;
   auto r = run_trun({"--nproc-per-node=3", "--tee=3", "--local-ranks-filter=1", "--log-dir",
                      d.path(), test_worker(), "print", "hello"});

@@ -9,7 +9,7 @@
 using namespace trun::agent;
 using namespace std::chrono_literals;
 
-TEST_CASE("global ranks follow group rank order; role ranks count only the same role", "[ranks]") {
+TEST_CASE("global ranks follow group rank order, role ranks count only the same role", "[ranks]") {
   // Nodes listed out of order: 0 trainer x2, 1 server x1, 2 trainer x3.
   const std::vector<NodeRoleInfo> nodes = {{2, "trainer", 3}, {0, "trainer", 2}, {1, "server", 1}};
   const Ranks r2 = compute_ranks(nodes, 2, "trainer", 3);
@@ -28,7 +28,7 @@ TEST_CASE("global ranks follow group rank order; role ranks count only the same 
   CHECK(single.world_size == 4);
 }
 
-TEST_CASE("role info round-trips; malformed entries name the node", "[ranks]") {
+TEST_CASE("role info round-trips, malformed entries name the node", "[ranks]") {
   const NodeRoleInfo i = parse_role_info(3, format_role_info("my role", 8));
   CHECK(i.group_rank == 3);
   CHECK(i.role == "my role");

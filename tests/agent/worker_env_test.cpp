@@ -33,7 +33,7 @@ AttemptEnv attempt() {
 }
 }  // namespace
 
-TEST_CASE("env_map reads KEY=VALUE strings; the last repeat wins; entries without = are skipped",
+TEST_CASE("env_map reads KEY=VALUE strings, the last repeat wins, entries without = are skipped",
           "[worker_env]") {
   const char* env[] = {"A=1", "B=x=y", "junk", "A=2", "EMPTY=", nullptr};
   const EnvMap m = env_map(env);

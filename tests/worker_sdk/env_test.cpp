@@ -200,7 +200,7 @@ TEST_CASE("TORCHELASTIC_USE_AGENT_STORE says whether rank 0 hosts the job's stor
   require_error_naming(vars, "TORCHELASTIC_USE_AGENT_STORE");
 }
 
-TEST_CASE("TRUN_STORE_DIALECT names the store's protocol; unset means probe", "[worker_sdk][env]") {
+TEST_CASE("TRUN_STORE_DIALECT names the store's protocol, unset means probe", "[worker_sdk][env]") {
   using trun::rendezvous::StoreDialect;
   auto vars = full();
   CHECK(parse(vars).store_dialect == StoreDialect::kAuto);

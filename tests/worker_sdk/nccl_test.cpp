@@ -315,7 +315,7 @@ TEST_CASE("GPU: asynchronous collectives return work handles", "[worker_sdk][ncc
 
 // Rank 1 stops calling collectives (a hung or dead peer): rank 0's collective times out, its
 // communicator is aborted, and a group made afresh afterwards (as after a restart) works.
-TEST_CASE("GPU: a peer that stops: the collective times out and aborts; a new group works",
+TEST_CASE("GPU: a peer that stops: the collective times out and aborts, a new group works",
           "[worker_sdk][nccl][gpu]") {
   TRUN_SKIP_WITHOUT_GPUS(2);
   auto second_store = std::make_shared<trun::rendezvous::InMemoryStore>();
@@ -393,7 +393,7 @@ TEST_CASE("GPU: abort() from another thread ends a collective waiting for its pe
 // An asynchronous NCCL error (a network failure under real NCCL) on rank 1: rank 1's collective
 // fails at once with NCCL's error, rank 0's times out; neither hangs. Real NCCL cannot be made to
 // fail on demand, so this runs on the GPU simulator only.
-TEST_CASE("GPU: an asynchronous NCCL error fails its rank's collective; the peer times out",
+TEST_CASE("GPU: an asynchronous NCCL error fails its rank's collective, the peer times out",
           "[worker_sdk][nccl][gpu]") {
   auto fail_next = simulator_fault_hook();
   if (!fail_next || !test::have_cuda_devices(2)) {

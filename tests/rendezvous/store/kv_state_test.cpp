@@ -302,7 +302,7 @@ TEST_CASE("queues: push, len, pop answer as PyTorch's server does", "[kv_state]"
   CHECK_FALSE(f.kv.present("q", true));  // an emptied queue is gone
 }
 
-TEST_CASE("a queue push wakes the first waiting WAIT only; a GET does not see queues",
+TEST_CASE("a queue push wakes the first waiting WAIT only, a GET does not see queues",
           "[kv_state]") {
   Fixture f;
   CHECK(f.run(1, req(Op::kGet, {"q"})).kind == Kind::kPark);  // get sees keys only
