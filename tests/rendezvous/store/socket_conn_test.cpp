@@ -114,7 +114,7 @@ TEST_CASE("a name that does not resolve fails at once and is not retried",
   CHECK(Clock::now() - start < 5s);
 }
 
-TEST_CASE("retrying stops at the first connection or permanent failure; exceptions pass",
+TEST_CASE("retrying stops at the first connection or permanent failure, and exceptions pass",
           "[store][client][socket]") {
   const auto deadline = Clock::now() + 10s;
   int calls = 0;
@@ -152,7 +152,7 @@ TEST_CASE("an endpoint is named host:port, an IPv6 literal in brackets",
   CHECK(net::endpoint_name("::1", 29500) == "[::1]:29500");
 }
 
-TEST_CASE("values round-trip; a read ends at its deadline, at EOF, at an implausible length",
+TEST_CASE("values round-trip, and a read ends at its deadline, at EOF, at an implausible length",
           "[store][client][socket]") {
   SocketPair pair;
   const int a = pair.fds[0];

@@ -194,7 +194,7 @@ TEST_CASE("the probe tells PyTorch 2.x from 1.13 by how a server answers it", "[
   }
 }
 
-TEST_CASE("a probe that gets no answer ends at its deadline; a failed reopen is undecided",
+TEST_CASE("a probe that gets no answer ends at its deadline, and a failed reopen is undecided",
           "[store][probe]") {
   SECTION("silence") {
     ScriptedServer server([](int, int fd) { read_n(fd, 1 << 20); });  // reads until closed
