@@ -3,15 +3,17 @@
 // connection within a deadline, retrying with backoff, and sending and receiving with deadlines.
 //
 // Blocking: every function blocks the calling thread, never past the deadline it is given (a
-// connect attempt gets at least 1 ms of poll). Sockets are non-blocking underneath; waits use
-// poll(2), and EINTR is retried.
+// connect attempt gets at least 1 ms of poll), except name resolution: getaddrinfo(3) takes the
+// resolver's own time. Sockets are non-blocking underneath; waits use poll(2), and EINTR is
+// retried.
 //
 // Errors: transport failures throw IoError (timed_out tells a deadline from anything else: a
 // closed connection, a send or recv error). Opening reports through OpenError instead of
 // throwing, with `permanent` set when retrying cannot help: a host name that does not resolve
 // (EAI_NONAME, EAI_SERVICE, EAI_NODATA, EAI_ADDRFAMILY; not the transient EAI_AGAIN) or no route
 // to any of its addresses (ENETUNREACH, EHOSTUNREACH). A refused port is not permanent: the
-// server may be starting. Messages name no endpoint; the caller adds it.
+// server may be starting. Messages name no endpoint (only a resolution error names the host);
+// the caller adds it.
 //
 // Thread safety: no shared state. A descriptor and a Reader belong to one thread at a time; the
 // caller owns (and closes) every descriptor these functions return.
