@@ -84,9 +84,10 @@ std::string read_n(int fd, size_t n) {
   return out;
 }
 
+// Sends `bytes` (the scripted server's side; no assertions on its thread: the client sees a short
+// write as a wrong answer).
 void write_bytes(int fd, const std::string& bytes) {
-  REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
-          static_cast<ssize_t>(bytes.size()));
+  (void)::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL);
 }
 
 std::string le32(uint32_t v) { return std::string(reinterpret_cast<const char*>(&v), sizeof(v)); }
@@ -179,8 +180,9 @@ TEST_CASE("the probe tells PyTorch 2.x from 1.13 by how a server answers it", "[
     CHECK(p.result.dialect == StoreDialect::kTorch1_13);
     CHECK(p.reopened == 1);
     CHECK(p.result.fd >= 0);
-    CHECK(first_request_of_second == trun::test::hex("06"));
     ::close(p.result.fd);
+    for (int i = 0; i < 500 && server.accepted < 2; ++i) std::this_thread::sleep_for(10ms);
+    CHECK(first_request_of_second == trun::test::hex("06"));  // read once the script ended
   }
   SECTION("a wrong echo is an error") {
     ScriptedServer server([](int, int fd) {
