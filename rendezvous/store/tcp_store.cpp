@@ -1,242 +1,67 @@
 #include "rendezvous/store/tcp_store.h"
 
-#include <fcntl.h>
-#include <netdb.h>
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-#include <random>
-#include <thread>
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/store/auth.h"
+#include "rendezvous/store/dialect_ops.h"
+#include "rendezvous/store/dialect_probe.h"
+#include "rendezvous/store/socket_conn.h"
 #include "rendezvous/store/wire.h"
 
 namespace trun::rendezvous {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using dialect::StoreOp;
+using dialect::Support;
+using dialect::Way;
+using net::IoError;
+using net::Reader;
+using net::write_all;
 using wire::Op;
-
-// Transport failure inside one call; translated to StoreError at the API boundary.
-struct IoError {
-  bool timed_out;
-  std::string what;
-};
-
-int remaining_ms(Clock::time_point deadline) {
-  auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-  if (left.count() <= 0) return 0;
-  return left.count() > INT32_MAX ? INT32_MAX : static_cast<int>(left.count());
-}
-
-void wait_fd(int fd, short events, Clock::time_point deadline) {
-  for (;;) {
-    pollfd p{fd, events, 0};
-    int ms = remaining_ms(deadline);
-    if (ms == 0) throw IoError{true, "timed out"};
-    int rc = ::poll(&p, 1, ms);
-    if (rc > 0) return;
-    if (rc == 0) throw IoError{true, "timed out"};
-    if (errno != EINTR) throw IoError{false, std::string("poll: ") + std::strerror(errno)};
-  }
-}
-
-void write_all(int fd, std::string_view data, Clock::time_point deadline) {
-  size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      wait_fd(fd, POLLOUT, deadline);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      throw IoError{false, std::string("send: ") + std::strerror(errno)};
-    }
-  }
-}
-
-class Reader {
- public:
-  Reader(int fd, Clock::time_point deadline) : fd_(fd), deadline_(deadline) {}
-
-  int fd() const { return fd_; }
-  Clock::time_point deadline() const { return deadline_; }
-  void set_deadline(Clock::time_point deadline) { deadline_ = deadline; }
-
-  void exact(void* buf, size_t len) {
-    auto* p = static_cast<char*>(buf);
-    size_t off = 0;
-    while (off < len) {
-      ssize_t n = ::recv(fd_, p + off, len - off, 0);
-      if (n > 0) {
-        off += static_cast<size_t>(n);
-      } else if (n == 0) {
-        throw IoError{false, "connection closed by the server"};
-      } else if (errno == EAGAIN || errno == EWOULDBLOCK) {
-        wait_fd(fd_, POLLIN, deadline_);
-      } else if (errno != EINTR) {
-        throw IoError{false, std::string("recv: ") + std::strerror(errno)};
-      }
-    }
-  }
-  uint8_t u8() {
-    uint8_t v;
-    exact(&v, 1);
-    return v;
-  }
-  uint32_t u32() {
-    uint32_t v;
-    exact(&v, sizeof(v));
-    return v;
-  }
-  int64_t i64() {
-    int64_t v;
-    exact(&v, sizeof(v));
-    return v;
-  }
-  std::string bytes() {
-    uint64_t len;
-    exact(&len, sizeof(len));
-    if (len > (1ull << 40)) throw IoError{false, "implausible response length"};
-    std::string s(len, '\0');
-    exact(s.data(), len);
-    return s;
-  }
-
- private:
-  int fd_;
-  Clock::time_point deadline_;
-};
-
-// Why one connection attempt failed, and whether trying again can help.
-struct OpenError {
-  std::string what;
-  // Retrying cannot help: the name does not exist (EAI_NONAME, not the transient EAI_AGAIN), or
-  // no route leads to any of its addresses (ENETUNREACH, EHOSTUNREACH). A refused port is not
-  // permanent: the server may be starting.
-  bool permanent = false;
-};
-
-bool permanent_gai_error(int rc) {
-  switch (rc) {
-    case EAI_NONAME:
-    case EAI_SERVICE:
-#ifdef EAI_NODATA
-    case EAI_NODATA:
-#endif
-#ifdef EAI_ADDRFAMILY
-    case EAI_ADDRFAMILY:
-#endif
-      return true;
-    default:
-      return false;
-  }
-}
-
-// Opens a non-blocking TCP connection to one of host's addresses, within `deadline`.
-int open_socket(const std::string& host, uint16_t port, Clock::time_point deadline,
-                OpenError* error) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  int rc = ::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res);
-  if (rc != 0) {
-    error->what = "cannot resolve host '" + host +
-                  "': " + (rc == EAI_SYSTEM ? std::strerror(errno) : ::gai_strerror(rc));
-    error->permanent = permanent_gai_error(rc);
-    return -1;
-  }
-  int fd = -1;
-  bool all_unreachable = true;  // every address failed with no route to it
-  for (addrinfo* ai = res; ai != nullptr && fd < 0; ai = ai->ai_next) {
-    fd = ::socket(ai->ai_family, ai->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, ai->ai_protocol);
-    if (fd < 0) {
-      error->what = std::string("socket: ") + std::strerror(errno);
-      all_unreachable = false;
-      continue;
-    }
-    if (::connect(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
-      int err = errno;
-      if (err == EINPROGRESS) {
-        // Never past the caller's deadline: an attempt gets what is left of it, no more.
-        pollfd p{fd, POLLOUT, 0};
-        int prc = ::poll(&p, 1, std::max(1, remaining_ms(deadline)));
-        socklen_t len = sizeof(err);
-        if (prc <= 0) {
-          err = ETIMEDOUT;
-        } else if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) {
-          err = errno;
-        }
-      }
-      if (err != 0 && err != EINPROGRESS) {
-        error->what = std::strerror(err);
-        all_unreachable = all_unreachable && (err == ENETUNREACH || err == EHOSTUNREACH);
-        ::close(fd);
-        fd = -1;
-      }
-    }
-  }
-  ::freeaddrinfo(res);
-  if (fd < 0) {
-    error->permanent = all_unreachable;
-    return -1;
-  }
-  int one = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  ::setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
-  return fd;
-}
-
-wire::Dialect wire_dialect(StoreDialect d) {
-  return d == StoreDialect::kTorch1_13 ? wire::Dialect::kV1 : wire::Dialect::kV2;
-}
 
 std::string encode(Op op, StoreDialect d) {
   std::string s;
-  wire::Encoder(&s).query(op, wire_dialect(d));
+  wire::Encoder(&s).query(op, dialect::numbering(d));
   return s;
 }
 
-const char* server_name(StoreDialect d) {
-  switch (d) {
-    case StoreDialect::kTorch1_13:
-      return "PyTorch 1.13's TCPStore server";
-    case StoreDialect::kTorch2:
-      return "PyTorch 2.x's TCPStore server";
-    default:
-      return "trun's store server";
+// How the store's dialect carries `op`; a StoreError naming `what` and the server when it lacks
+// it. Every operation asks once.
+const Way& require(const TcpStore& store, StoreOp op, const std::string& what) {
+  const Way& way = dialect::way(op, store.dialect());
+  if (way.support == Support::kUnsupported) {
+    throw StoreError("store " + store.endpoint() + ": " + what + ": " +
+                     dialect::server_name(store.dialect()) + " lacks this operation (dialect " +
+                     to_string(store.dialect()) + ")");
   }
+  return way;
 }
 
-// The auto-detection probe (docs/tcpstore-protocol.md §12). Sent in one write:
-//   VALIDATE magic | PING kProbeNonce | LEASE_RELEASE
-// trun's server answers the echo and then 0 (no lease armed); PyTorch >= 2.4 answers the echo
-// and closes on the unknown LEASE_RELEASE; PyTorch 2.2/2.3 close on PING. PyTorch 1.13 reads
-// VALIDATE as a SET whose key length spans bytes 1-8: the nonce's third byte (0xA5) makes that
-// length over 2^63, so its server fails the allocation at once and closes this connection (a
-// shorter message would leave its single thread blocked reading the rest of a key). When the
-// probe gets nothing back, 1.13 and 2.2/2.3 are told apart on a new connection by 1.13's
-// GETNUMKEYS (0x06), which a 2.x server refuses as a first message.
-constexpr uint32_t kProbeNonce = 0x54A5554E;
-static_assert(((kProbeNonce >> 16) & 0xFF) >= 0x80, "the 1.13 key length must exceed 2^63");
+// Starts a request for `op` (after require()): the table's query, in the dialect's numbering.
+wire::Encoder begin_request(std::string* req, const TcpStore& store, StoreOp op,
+                            const std::string& what) {
+  wire::Encoder enc(req);
+  enc.query(require(store, op, what).query, dialect::numbering(store.dialect()));
+  return enc;
+}
 
 std::string quoted(const std::string& key) { return "('" + key + "')"; }
+
+// Server-side waits answer at `timeout`; the socket deadline leaves room for that answer.
+Store::Duration with_grace(Store::Duration t) { return t + std::chrono::seconds(10); }
 
 }  // namespace
 
 TcpStore::TcpStore(TcpStoreOptions options)
-    : options_(std::move(options)),
-      endpoint_((options_.host.find(':') != std::string::npos ? "[" + options_.host + "]"
-                                                              : options_.host) +
-                ":" + std::to_string(options_.port)) {
+    : options_(std::move(options)), endpoint_(net::endpoint_name(options_.host, options_.port)) {
   timeout_ = options_.timeout;
   dialect_ = options_.dialect;
   if (!options_.token.empty() && dialect_ == StoreDialect::kAuto) dialect_ = StoreDialect::kTrun;
@@ -248,37 +73,15 @@ TcpStore::TcpStore(TcpStoreOptions options)
   connect_locked("connect");
 }
 
-const char* to_string(StoreDialect dialect) {
-  switch (dialect) {
-    case StoreDialect::kAuto:
-      return "auto";
-    case StoreDialect::kTrun:
-      return "trun";
-    case StoreDialect::kTorch2:
-      return "torch2";
-    case StoreDialect::kTorch1_13:
-      return "torch1.13";
-  }
-  return "?";
-}
-
-std::optional<StoreDialect> parse_store_dialect(std::string_view name) {
-  for (auto d : {StoreDialect::kAuto, StoreDialect::kTrun, StoreDialect::kTorch2,
-                 StoreDialect::kTorch1_13}) {
-    if (name == to_string(d)) return d;
-  }
-  return std::nullopt;
-}
-
 TcpStore::~TcpStore() {
   if (fd_ >= 0) ::close(fd_);
 }
 
 int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::string* error,
                           bool* permanent) {
-  OpenError open_error;
+  net::OpenError open_error;
   auto open = [&] {
-    int fd = open_socket(options_.host, options_.port, deadline, &open_error);
+    int fd = net::open_socket(options_.host, options_.port, deadline, &open_error);
     if (fd < 0) {
       *error = open_error.what;
       *permanent = open_error.permanent;
@@ -291,56 +94,13 @@ int TcpStore::open_locked(const char* op, Clock::time_point deadline, std::strin
   auto hs_deadline = std::min(deadline, Clock::now() + std::chrono::seconds(30));
   try {
     if (dialect_ == StoreDialect::kAuto) {
-      std::string probe;
-      wire::Encoder(&probe)
-          .query(Op::kValidate)
-          .u32(wire::kValidationMagic)
-          .query(Op::kPing)
-          .u32(kProbeNonce)
-          .query(Op::kLeaseRelease);
-      Reader r(fd, hs_deadline);
-      int answered = 0;  // bytes of the expected answer (4 echo + 1) that arrived
-      bool wrong_echo = false;
-      try {
-        write_all(fd, probe, hs_deadline);
-        if (r.u32() != kProbeNonce) {
-          wrong_echo = true;
-        } else {
-          answered = 4;
-          r.u8();
-          answered = 5;
-        }
-      } catch (const IoError& e) {
-        if (e.timed_out) throw;  // no answer at all: a failed attempt (retried)
-      }
-      if (wrong_echo) throw IoError{false, "unexpected answer to the probe"};
-      if (answered == 5) {
-        dialect_ = StoreDialect::kTrun;  // keep this connection: validated, nothing pending
-        return fd;
-      }
-      ::close(fd);
-      fd = -1;
-      if (answered == 4) {
-        dialect_ = StoreDialect::kTorch2;
-        return open_locked(op, deadline, error, permanent);
-      }
-      fd = open();
-      if (fd < 0) return -1;
-      write_all(fd, encode(Op::kNumKeys, StoreDialect::kTorch1_13), hs_deadline);
-      Reader r2(fd, hs_deadline);
-      try {
-        r2.i64();
-        dialect_ = StoreDialect::kTorch1_13;  // keep this one too: its answer was read
-        return fd;
-      } catch (const IoError& e) {
-        if (e.timed_out) throw;
-      }
-      ::close(fd);
-      fd = -1;
-      dialect_ = StoreDialect::kTorch2;
-      return open_locked(op, deadline, error, permanent);
+      ProbeResult probe = probe_dialect(std::exchange(fd, -1), hs_deadline, open);
+      if (probe.dialect == StoreDialect::kAuto) return -1;  // reopening failed: *error says why
+      dialect_ = probe.dialect;
+      if (probe.fd >= 0) return probe.fd;
+      return open_locked(op, deadline, error, permanent);  // kTorch2: a connection with VALIDATE
     }
-    if (dialect_ == StoreDialect::kTorch1_13) return fd;  // 1.13 has no handshake
+    if (!dialect::validates(dialect_)) return fd;  // 1.13 has no handshake
     std::string hello;
     wire::Encoder(&hello).query(Op::kValidate).u32(wire::kValidationMagic);
     if (!options_.token.empty()) wire::Encoder(&hello).query(Op::kAuthHello);
@@ -375,38 +135,22 @@ void TcpStore::connect_locked(const char* op, Duration cap) {
       std::min(cap, reconnect ? std::min(options_.connect_timeout, options_.reconnect_timeout)
                               : options_.connect_timeout);
   auto deadline = Clock::now() + budget;
-  std::mt19937 rng(std::random_device{}());
-  auto backoff = std::chrono::milliseconds(10);
-  std::string error;
-  bool permanent = false;
-  int attempts = 0;
-  for (;;) {
-    ++attempts;
-    int fd = open_locked(op, deadline, &error, &permanent);
-    if (fd >= 0) {
-      std::lock_guard<std::mutex> fd_lock(fd_mu_);
-      fd_ = fd;
-      connected_once_ = true;
-      answered_ = false;
-      return;
-    }
-    if (permanent) {
-      // Retrying a name that does not exist or a network with no route only hides the cause
-      // behind a timeout.
-      throw StoreError("store " + endpoint_ + ": " + op + ": " + error + " (not retried)");
-    }
-    const auto left = deadline - Clock::now();
-    if (left <= Clock::duration::zero()) break;
-    // Exponential backoff with +-50% jitter, so a storm of clients does not retry in lockstep;
-    // the last pause is cut short so that the final attempt comes at the deadline, not up to a
-    // second before it.
-    std::uniform_real_distribution<double> jitter(0.5, 1.5);
-    std::this_thread::sleep_for(std::min<Clock::duration>(
-        std::chrono::duration_cast<std::chrono::microseconds>(backoff * jitter(rng)), left));
-    backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
+  net::RetryResult result = net::connect_retrying(deadline, [&](net::OpenError* error) {
+    return open_locked(op, deadline, &error->what, &error->permanent);
+  });
+  if (result.fd >= 0) {
+    std::lock_guard<std::mutex> fd_lock(fd_mu_);
+    fd_ = result.fd;
+    connected_once_ = true;
+    answered_ = false;
+    return;
   }
-  std::string detail = std::to_string(attempts) + " attempts; last error: " + error;
-  if (error == std::strerror(ECONNREFUSED)) detail += ": nothing listens there";
+  if (result.last.permanent) {
+    // Retrying a name that does not exist or a network with no route only hides the cause
+    // behind a timeout.
+    throw StoreError("store " + endpoint_ + ": " + op + ": " + result.last.what + " (not retried)");
+  }
+  const std::string detail = result.detail();
   if (reconnect) {
     // Not a StoreTimeoutError: no key is late, the server is gone (callers that treat a timeout
     // as "not there yet" must not retry this forever).
@@ -466,9 +210,9 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
 }
 
 bool TcpStore::server_listens() const {
-  OpenError ignored;
-  int fd = open_socket(options_.host, options_.port, Clock::now() + std::chrono::milliseconds(200),
-                       &ignored);
+  net::OpenError ignored;
+  int fd = net::open_socket(options_.host, options_.port,
+                            Clock::now() + std::chrono::milliseconds(200), &ignored);
   if (fd < 0) return false;
   ::close(fd);
   return true;
@@ -478,28 +222,20 @@ void TcpStore::call_no_reply(const char* op, const std::string& request) {
   call(op, request, timeout_, [](Reader&) { return 0; });
 }
 
-void TcpStore::unsupported(const char* op) const {
-  throw StoreError("store " + endpoint_ + ": " + op + ": " + server_name(dialect_) +
-                   " lacks this operation (dialect " + to_string(dialect_) + ")");
-}
-
 void TcpStore::set(const std::string& key, std::string_view value) {
   std::string req;
-  wire::Encoder(&req).query(Op::kSet, wire_dialect(dialect_)).bytes(key).bytes(value);
+  begin_request(&req, *this, StoreOp::kSet, "set").bytes(key).bytes(value);
   call_no_reply("set", req);
 }
 
-// Server-side waits answer at `timeout`; the socket deadline leaves room for that answer.
-static Store::Duration with_grace(Store::Duration t) { return t + std::chrono::seconds(10); }
-
 bool TcpStore::plain_wait(const std::string& op, const std::vector<std::string>& keys,
-                          Duration timeout) {
+                          Duration timeout, bool cancel_wait) {
   if (timeout <= Duration(0)) return check(keys);  // a WAIT would always end by its deadline
   std::string req;
   wire::Encoder enc(&req);
-  enc.query(Op::kWait, wire_dialect(dialect_)).u64(keys.size());
+  enc.query(Op::kWait, dialect::numbering(dialect_)).u64(keys.size());
   for (auto& k : keys) enc.bytes(k);
-  if (dialect_ == StoreDialect::kTorch1_13) {
+  if (!cancel_wait) {
     // 1.13 cannot cancel a WAIT: when the deadline passes, call() drops the connection (a late
     // STOP_WAITING would otherwise be read as the next reply) and the next call reconnects.
     try {
@@ -540,18 +276,15 @@ std::string TcpStore::get(const std::string& key, Duration timeout) {
     return StoreTimeoutError("store " + endpoint_ + ": " + op + ": key did not appear within " +
                              std::to_string(timeout.count()) + " ms");
   };
-  if (dialect_ != StoreDialect::kTrun) {
-    if (!plain_wait(op, {key}, timeout)) throw timed_out();
+  const Way& way = require(*this, StoreOp::kGet, op);
+  if (way.support == Support::kEmulated) {
+    if (!plain_wait(op, {key}, timeout, way.cancel_wait)) throw timed_out();
     std::string req;
-    wire::Encoder(&req).query(Op::kGet, wire_dialect(dialect_)).bytes(key);
+    wire::Encoder(&req).query(Op::kGet, dialect::numbering(dialect_)).bytes(key);
     return call(op.c_str(), req, timeout_, [](Reader& r) { return r.bytes(); });
   }
   std::string req;
-  wire::Encoder(&req)
-      .query(Op::kGetWait)
-      .u64(1)
-      .bytes(key)
-      .i64(std::max<int64_t>(timeout.count(), 0));
+  wire::Encoder(&req).query(way.query).u64(1).bytes(key).i64(std::max<int64_t>(timeout.count(), 0));
   auto [status, value] = call(op.c_str(), req, with_grace(timeout), [](Reader& r) {
     uint8_t status = r.u8();
     return std::make_pair(status, status == wire::kWaitStop ? r.bytes() : std::string());
@@ -561,27 +294,24 @@ std::string TcpStore::get(const std::string& key, Duration timeout) {
 }
 
 int64_t TcpStore::add(const std::string& key, int64_t delta) {
+  const std::string op = "add" + quoted(key);
   std::string req;
-  wire::Encoder(&req).query(Op::kAdd, wire_dialect(dialect_)).bytes(key).i64(delta);
-  return call(("add" + quoted(key)).c_str(), req, timeout_, [](Reader& r) { return r.i64(); });
+  begin_request(&req, *this, StoreOp::kAdd, op).bytes(key).i64(delta);
+  return call(op.c_str(), req, timeout_, [](Reader& r) { return r.i64(); });
 }
 
 std::string TcpStore::compare_set(const std::string& key, std::string_view expected,
                                   std::string_view desired) {
+  const std::string op = "compare_set" + quoted(key);
   std::string req;
-  wire::Encoder(&req)
-      .query(Op::kCompareSet, wire_dialect(dialect_))
-      .bytes(key)
-      .bytes(expected)
-      .bytes(desired);
-  return call(("compare_set" + quoted(key)).c_str(), req, timeout_,
-              [](Reader& r) { return r.bytes(); });
+  begin_request(&req, *this, StoreOp::kCompareSet, op).bytes(key).bytes(expected).bytes(desired);
+  return call(op.c_str(), req, timeout_, [](Reader& r) { return r.bytes(); });
 }
 
 bool TcpStore::check(const std::vector<std::string>& keys) {
   std::string req;
-  wire::Encoder enc(&req);
-  enc.query(Op::kCheck, wire_dialect(dialect_)).u64(keys.size());
+  wire::Encoder enc = begin_request(&req, *this, StoreOp::kCheck, "check");
+  enc.u64(keys.size());
   for (auto& k : keys) enc.bytes(k);
   return call("check", req, timeout_, [](Reader& r) { return r.u8() == wire::kCheckReady; });
 }
@@ -591,13 +321,14 @@ void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
   for (size_t i = 0; i < keys.size() && i < 4; ++i) names += (i ? ", '" : "'") + keys[i] + "'";
   if (keys.size() > 4) names += ", ...";
   const std::string op = "wait(" + names + ")";
+  const Way& way = require(*this, StoreOp::kWait, op);
   bool ok;
-  if (dialect_ != StoreDialect::kTrun) {
-    ok = plain_wait(op, keys, timeout);
+  if (way.support == Support::kEmulated) {
+    ok = plain_wait(op, keys, timeout, way.cancel_wait);
   } else {
     std::string req;
     wire::Encoder enc(&req);
-    enc.query(Op::kWaitKeys).u64(keys.size());
+    enc.query(way.query).u64(keys.size());
     for (auto& k : keys) enc.bytes(k);
     enc.i64(std::max<int64_t>(timeout.count(), 0));
     ok =
@@ -610,27 +341,29 @@ void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
 }
 
 int64_t TcpStore::num_keys() {
-  return call("num_keys", encode(Op::kNumKeys, dialect_), timeout_,
-              [](Reader& r) { return r.i64(); });
+  std::string req;
+  begin_request(&req, *this, StoreOp::kNumKeys, "num_keys");
+  return call("num_keys", req, timeout_, [](Reader& r) { return r.i64(); });
 }
 
 bool TcpStore::delete_key(const std::string& key) {
+  const std::string op = "delete_key" + quoted(key);
   std::string req;
-  wire::Encoder(&req).query(Op::kDeleteKey, wire_dialect(dialect_)).bytes(key);
-  return call(("delete_key" + quoted(key)).c_str(), req, timeout_,
-              [](Reader& r) { return r.i64() > 0; });
+  begin_request(&req, *this, StoreOp::kDeleteKey, op).bytes(key);
+  return call(op.c_str(), req, timeout_, [](Reader& r) { return r.i64() > 0; });
 }
 
 std::vector<std::string> TcpStore::multi_get(const std::vector<std::string>& keys,
                                              Duration timeout) {
   wait(keys, timeout);
+  const Way& way = require(*this, StoreOp::kMultiGet, "multi_get");
+  const wire::Dialect numbering = dialect::numbering(dialect_);
   std::string req;
   wire::Encoder enc(&req);
-  if (dialect_ == StoreDialect::kTorch1_13) {
-    // No MULTI_GET in 1.13: one GET per key, sent in one write.
-    for (auto& k : keys) enc.query(Op::kGet, wire::Dialect::kV1).bytes(k);
+  if (way.support == Support::kEmulated) {
+    for (auto& k : keys) enc.query(way.query, numbering).bytes(k);  // GETs, in one write
   } else {
-    enc.query(Op::kMultiGet).u64(keys.size());
+    enc.query(way.query, numbering).u64(keys.size());
     for (auto& k : keys) enc.bytes(k);
   }
   return call("multi_get", req, timeout_, [n = keys.size()](Reader& r) {
@@ -647,43 +380,41 @@ void TcpStore::multi_set(const std::vector<std::string>& keys,
     throw std::invalid_argument("multi_set: " + std::to_string(keys.size()) + " keys but " +
                                 std::to_string(values.size()) + " values");
   }
+  const Way& way = require(*this, StoreOp::kMultiSet, "multi_set");
+  const wire::Dialect numbering = dialect::numbering(dialect_);
   std::string req;
   wire::Encoder enc(&req);
-  if (dialect_ == StoreDialect::kTorch1_13) {
-    // No MULTI_SET in 1.13: one SET per pair, in order, in one write (not atomic).
+  if (way.support == Support::kEmulated) {
+    // SETs, in order, in one write (not atomic).
     for (size_t i = 0; i < keys.size(); ++i) {
-      enc.query(Op::kSet, wire::Dialect::kV1).bytes(keys[i]).bytes(values[i]);
+      enc.query(way.query, numbering).bytes(keys[i]).bytes(values[i]);
     }
   } else {
-    enc.query(Op::kMultiSet).u64(keys.size());
+    enc.query(way.query, numbering).u64(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) enc.bytes(keys[i]).bytes(values[i]);
   }
   call_no_reply("multi_set", req);
 }
 
 void TcpStore::append(const std::string& key, std::string_view value) {
-  // 1.13 has no APPEND, and a compare_set loop cannot stand in for it: compare_set's answer is
-  // the same when another client appended the same bytes first, so an append would be lost.
-  if (dialect_ == StoreDialect::kTorch1_13) unsupported(("append" + quoted(key)).c_str());
+  const std::string op = "append" + quoted(key);
   std::string req;
-  wire::Encoder(&req).query(Op::kAppend).bytes(key).bytes(value);
-  call_no_reply(("append" + quoted(key)).c_str(), req);
+  begin_request(&req, *this, StoreOp::kAppend, op).bytes(key).bytes(value);
+  call_no_reply(op.c_str(), req);
 }
 
 void TcpStore::queue_push(const std::string& key, std::string_view value) {
   const std::string op = "queue_push" + quoted(key);
-  if (dialect_ == StoreDialect::kTorch1_13) unsupported(op.c_str());
   std::string req;
-  wire::Encoder(&req).query(Op::kQueuePush).bytes(key).bytes(value);
+  begin_request(&req, *this, StoreOp::kQueuePush, op).bytes(key).bytes(value);
   call_no_reply(op.c_str(), req);
 }
 
 std::optional<std::string> TcpStore::queue_pop(const std::string& key, bool block,
                                                Duration timeout) {
   const std::string op = "queue_pop" + quoted(key);
-  if (dialect_ == StoreDialect::kTorch1_13) unsupported(op.c_str());
   std::string req;
-  wire::Encoder(&req).query(Op::kQueuePop).bytes(key);
+  begin_request(&req, *this, StoreOp::kQueuePop, op).bytes(key);
   auto pop = [&] {
     return call(op.c_str(), req, timeout_, [](Reader& r) -> std::optional<std::string> {
       if (r.i64() <= 0) return std::nullopt;  // the length before the pop, then the value
@@ -710,16 +441,14 @@ std::optional<std::string> TcpStore::queue_pop(const std::string& key, bool bloc
 
 int64_t TcpStore::queue_len(const std::string& key) {
   const std::string op = "queue_len" + quoted(key);
-  if (dialect_ == StoreDialect::kTorch1_13) unsupported(op.c_str());
   std::string req;
-  wire::Encoder(&req).query(Op::kQueueLen).bytes(key);
+  begin_request(&req, *this, StoreOp::kQueueLen, op).bytes(key);
   return call(op.c_str(), req, timeout_, [](Reader& r) { return r.i64(); });
 }
 
 std::vector<std::string> TcpStore::list_keys() {
-  if (dialect_ == StoreDialect::kTorch1_13) unsupported("list_keys");
   std::string req;
-  wire::Encoder(&req).query(Op::kListKeys);
+  begin_request(&req, *this, StoreOp::kListKeys, "list_keys");
   return call("list_keys", req, timeout_, [](Reader& r) {
     std::vector<std::string> keys;
     for (int64_t i = 0, n = r.i64(); i < n; ++i) keys.push_back(r.bytes());  // n: the server's
@@ -729,27 +458,21 @@ std::vector<std::string> TcpStore::list_keys() {
 
 Store::Duration TcpStore::ping() {
   auto start = Clock::now();
-  if (dialect_ != StoreDialect::kTrun) {
-    // PyTorch 1.13 has no PING and 2.2/2.3 servers refuse it; GETNUMKEYS is a round trip too.
-    num_keys();
+  const Way& way = require(*this, StoreOp::kPing, "ping");
+  if (way.support == Support::kEmulated) {
+    num_keys();  // a GETNUMKEYS round trip
     return std::chrono::duration_cast<Duration>(Clock::now() - start);
   }
   std::string req;
-  wire::Encoder(&req).query(Op::kPing).u32(0x5452554e);
+  wire::Encoder(&req).query(way.query).u32(0x5452554e);
   uint32_t echo = call("ping", req, timeout_, [](Reader& r) { return r.u32(); });
   if (echo != 0x5452554e) throw StoreError("store " + endpoint_ + ": ping: wrong echo");
   return std::chrono::duration_cast<Duration>(Clock::now() - start);
 }
 
-}  // namespace trun::rendezvous
-
-namespace trun::rendezvous {
-
 void TcpStore::lease_arm(const LeaseSpec& lease) {
-  if (dialect_ != StoreDialect::kTrun) unsupported("lease_arm");
   std::string req;
-  wire::Encoder(&req)
-      .query(Op::kLeaseArm)
+  begin_request(&req, *this, StoreOp::kLeaseArm, "lease_arm")
       .bytes(lease.set_key)
       .bytes(lease.set_value)
       .bytes(lease.a_key)
@@ -762,16 +485,15 @@ void TcpStore::lease_arm(const LeaseSpec& lease) {
 }
 
 bool TcpStore::lease_renew(std::chrono::milliseconds ttl) {
-  if (dialect_ != StoreDialect::kTrun) unsupported("lease_renew");
   std::string req;
-  wire::Encoder(&req).query(Op::kLeaseRenew).i64(ttl.count());
+  begin_request(&req, *this, StoreOp::kLeaseRenew, "lease_renew").i64(ttl.count());
   return call("lease_renew", req, timeout_, [](Reader& r) { return r.u8(); }) == 1;
 }
 
 bool TcpStore::lease_release() {
-  if (dialect_ != StoreDialect::kTrun) unsupported("lease_release");
-  return call("lease_release", encode(Op::kLeaseRelease, dialect_), timeout_,
-              [](Reader& r) { return r.u8(); }) == 1;
+  std::string req;
+  begin_request(&req, *this, StoreOp::kLeaseRelease, "lease_release");
+  return call("lease_release", req, timeout_, [](Reader& r) { return r.u8(); }) == 1;
 }
 
 void TcpStore::interrupt() {

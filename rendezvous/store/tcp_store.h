@@ -159,9 +159,10 @@ class TcpStore : public Store {
   // *permanent tells that retrying cannot help (see connect_locked).
   int open_locked(const char* op, std::chrono::steady_clock::time_point deadline,
                   std::string* error, bool* permanent);
-  // WAIT without a server-side timeout (kTorch2, kTorch1_13); false when `timeout` passed.
-  bool plain_wait(const std::string& op, const std::vector<std::string>& keys, Duration timeout);
-  [[noreturn]] void unsupported(const char* op) const;
+  // WAIT without a server-side timeout (kTorch2, kTorch1_13); false when `timeout` passed. At
+  // the deadline it sends CANCEL_WAIT when `cancel_wait` (2.x), else drops the connection.
+  bool plain_wait(const std::string& op, const std::vector<std::string>& keys, Duration timeout,
+                  bool cancel_wait);
   // One quick connection attempt (no handshake): whether anything accepts connections there.
   bool server_listens() const;
 
