@@ -23,6 +23,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -94,4 +95,25 @@ inline void log_skip(const std::string& reason, SkipKind kind) {
   do {                              \
     TRUN_SKIP_REPORT(reason, kind); \
     return;                         \
+  } while (0)
+
+namespace trun::testing {
+// Whether looking `host` up fails with EAI_NONAME here, as a name under .invalid must (RFC 6761)
+// wherever a resolver answers.
+inline bool fails_with_noname(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  const int rc = ::getaddrinfo(host.c_str(), "29500", &hints, &res);
+  if (res) ::freeaddrinfo(res);
+  return rc == EAI_NONAME;
+}
+}  // namespace trun::testing
+
+// Tests of "a name that does not resolve fails at once" need a resolver that says so.
+#define TRUN_SKIP_UNLESS_NONAME(host)                                                    \
+  do {                                                                                   \
+    if (!::trun::testing::fails_with_noname(host)) {                                     \
+      TRUN_SKIP((host) << " does not fail with EAI_NONAME here (no resolver?)", kSetup); \
+    }                                                                                    \
   } while (0)

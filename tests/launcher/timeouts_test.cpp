@@ -111,14 +111,7 @@ TEST_CASE("when the agent hosting the store is killed, the other exits 3 within 
 TEST_CASE("a rendezvous endpoint whose name does not resolve fails at once, naming it",
           "[timeouts]") {
   const std::string host = "no-such-host.invalid";
-  addrinfo hints{};
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* res = nullptr;
-  const int rc = ::getaddrinfo(host.c_str(), "29500", &hints, &res);
-  if (res) ::freeaddrinfo(res);
-  if (rc != EAI_NONAME) {
-    TRUN_SKIP(host << " does not fail with EAI_NONAME here (no resolver?)", kSetup);
-  }
+  TRUN_SKIP_UNLESS_NONAME(host);
   const auto start = Clock::now();
   auto r = run_trun({"--rdzv-backend=c10d", "--rdzv-endpoint=" + host + ":29500", "--rdzv-conf",
                      "join_timeout=5", test_worker()},
