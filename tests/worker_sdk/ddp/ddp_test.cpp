@@ -22,9 +22,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string ddp_worker() {
-  return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk/ddp_worker";
-}
+std::string ddp_worker() { return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk/ddp_worker"; }
 
 // What ddp_worker's "train" mode must produce: one process, the concatenated batch.
 std::vector<float> reference(int world, int steps, size_t batch, int accum) {
