@@ -80,7 +80,9 @@ TEST_CASE("when the agent hosting the store is killed, the other exits 3 within 
   auto agent_args = [&](const std::string& is_host, const TempDir& d) {
     return trun_args({"--nnodes=2", "--rdzv-backend=c10d", "--rdzv-id=timeouts-host",
                       "--rdzv-endpoint=" + endpoint, "--rdzv-conf",
-                      "join_timeout=3,is_host=" + is_host, test_worker(), "pidfile", d.path(),
+                      "join_timeout=3,is_host=" + is_host,
+                      // A SIGKILLed agent cannot remove a temporary log directory: keep it in d.
+                      "--log-dir=" + d.path() + "/trun-logs", test_worker(), "pidfile", d.path(),
                       "sleep", "60"});
   };
   Child host(agent_args("true", d0), {}, kUnset);
