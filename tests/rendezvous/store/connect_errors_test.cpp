@@ -144,6 +144,14 @@ TEST_CASE("a log limiter lets a burst through per interval and counts the rest",
 
 TEST_CASE("trun store out of descriptors logs a few lines, not one per accept, and recovers",
           "[store][server][cli]") {
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // The sanitizer runtimes need descriptors of their own: to tell whether memory is readable they
+  // write it into a pipe (sanitizer_common's IsAccessibleMemoryRange). With none left, UBSan's
+  // vptr check reports a valid fmt::buffer as "invalid vptr" and -fno-sanitize-recover aborts the
+  // store mid-log (seen in CI). The plain build runs this case.
+  TRUN_SKIP("a sanitizer build cannot run out of file descriptors without false reports",
+            kEnvironment);
+#endif
   using trun::testing::Child;
   using trun::testing::wait_until;
   // Both limits at 32 (the server raises its soft limit to the hard one): the kernel completes
@@ -169,7 +177,7 @@ TEST_CASE("trun store out of descriptors logs a few lines, not one per accept, a
   const bool emfile_logged =
       wait_until([&] { return store.err().find("Too many open files") != std::string::npos; }, 20s);
   if (!emfile_logged) {
-    // Seen once in CI and never reproduced: say what the store had when it did not log.
+    // Say what the store had when it did not log (this is how the sanitizer case above was found).
     const std::string proc = "/proc/" + std::to_string(store.pid());
     size_t open_fds = 0;
     std::error_code ec;
