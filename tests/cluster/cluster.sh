@@ -355,7 +355,8 @@ mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the check
     --ckpt-every 5 --step-sleep-ms 20)
   for i in 0 1; do add_node $i; done
   start_agent 0 --nnodes 1:2 --nproc-per-node 2 --max-restarts 0 $(c10d)
-  has_ckpt() { [ -n "$(ls -A "$TMP/ckpt" 2>/dev/null)" ]; }
+  # `latest` names a complete checkpoint (the directory holds the owner's .lock from the start).
+  has_ckpt() { [ -e "$TMP/ckpt/latest" ]; }
   wait_for 30 "a checkpoint from the 2-worker run" has_ckpt
   log "node 1 joins mid-training"
   start_agent 1 --nnodes 1:2 --nproc-per-node 2 --max-restarts 0 $(c10d)
