@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <system_error>
+#include <thread>
 
 #include "agent/console.h"
 
@@ -272,9 +274,17 @@ void LogMux::finish(Tee& t) {
 }
 
 void LogMux::drain() {
+  // The rule of on_readable() holds here too: a console that is slow but moving gets every line
+  // (wait for room), one that takes nothing for kConsoleStallAfter gets the rest dropped. The whole
+  // drain waits at most kDrainBound, so a console that trickles cannot hold trun's exit for long.
+  const auto deadline = std::chrono::steady_clock::now() + kDrainBound;
   for (auto& t : tees_) {
     // Writers are gone: read until EOF (bounded by what the pipe can hold).
-    for (int i = 0; i < 1024 && read_some(*t, 1); ++i) {
+    for (int i = 0; i < 1024; ++i) {
+      while (!console_accepts(*t) && std::chrono::steady_clock::now() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      if (!read_some(*t, 1)) break;
     }
     finish(*t);
   }

@@ -37,6 +37,8 @@ enum class StreamMode { kInherit, kFile, kTee, kDiscard };
 
 // How long a console may take nothing before worker output stops waiting for it.
 inline constexpr std::chrono::milliseconds kConsoleStallAfter{1000};
+// drain() waits at most this long in all for a slow console.
+inline constexpr std::chrono::milliseconds kDrainBound{10000};
 
 class LogMux {
  public:
@@ -55,7 +57,8 @@ class LogMux {
   // After the workers were spawned: closes trun's copies of their ends.
   void close_child_ends();
   // After the workers (and their groups) are gone: reads what is left in every pipe, writes the
-  // last partial lines, and closes all files.
+  // last partial lines, and closes all files. Blocks while a tee'd console is slow but moving
+  // (as the workers would have), at most kDrainBound in all; a stalled console's copy is dropped.
   void drain();
 
  private:
