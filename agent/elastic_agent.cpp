@@ -34,6 +34,15 @@ namespace fs = std::filesystem;
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
 
+// The signals the agent takes through its signalfd: SIGCHLD and config.signals_to_handle.
+sigset_t agent_signal_set(const LaunchConfig& config) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  for (int s : config.signals_to_handle) sigaddset(&set, s);
+  return set;
+}
+
 struct Worker {
   int local_rank = 0;
   int rank = 0;
@@ -119,11 +128,9 @@ bool Agent::on_round_over(const rendezvous::RoundEvent& e) {
   return true;
 }
 
+// The signals are already blocked (ElasticAgent::run); the signalfd takes them from here on.
 void Agent::setup_signals() {
-  sigset_t set = agent_signal_set(cfg_);
-  if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) {
-    throw std::system_error(errno, std::generic_category(), "pthread_sigmask");
-  }
+  const sigset_t set = agent_signal_set(cfg_);
   sigfd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sigfd_ < 0) throw std::system_error(errno, std::generic_category(), "signalfd");
   // Writes to a closed console or to the guardian must fail with EPIPE, not kill trun. Workers
@@ -550,26 +557,20 @@ void Agent::cleanup() {
 
 }  // namespace
 
-sigset_t agent_signal_set(const LaunchConfig& config) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGCHLD);
-  for (int s : config.signals_to_handle) sigaddset(&set, s);
-  return set;
-}
-
 int ElasticAgent::run() {
+  // Blocked first, for the whole process: the real supervisor's threads must start with the
+  // agent's signals blocked (its header), and only the agent's signalfd may take them.
+  const sigset_t set = agent_signal_set(config_);
+  if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) {
+    spdlog::error("cannot set up process supervision: pthread_sigmask: {}", std::strerror(errno));
+    return kExitAgentError;
+  }
   if (spawner_ != nullptr) {
     Agent agent(config_, *clock_, *spawner_);
     return agent.run();
   }
-  // The real supervisor's threads must start with the agent's signals blocked (its header).
   std::unique_ptr<ProcessSupervisor> supervisor;
   try {
-    sigset_t set = agent_signal_set(config_);
-    if (pthread_sigmask(SIG_BLOCK, &set, nullptr) != 0) {
-      throw std::system_error(errno, std::generic_category(), "pthread_sigmask");
-    }
     if (!ProcessSupervisor::become_subreaper()) {
       spdlog::warn("cannot become a child subreaper: {}", std::strerror(errno));
     }

@@ -24,8 +24,6 @@
 // the worker environment (agent/worker_env.h), every decision (agent/decisions.h), worker output
 // (agent/log_mux.h) and failure reports (agent/failure_report.h).
 
-#include <signal.h>
-
 #include "agent/clock.h"
 #include "agent/launch_config.h"
 #include "agent/process_spawner.h"
@@ -47,9 +45,5 @@ class ElasticAgent {
   Clock* clock_ = nullptr;
   ProcessSpawner* spawner_ = nullptr;
 };
-
-// The signals the agent takes through its signalfd: SIGCHLD and config.signals_to_handle. run()
-// blocks them for the calling thread (hence for every thread it starts afterwards).
-sigset_t agent_signal_set(const LaunchConfig& config);
 
 }  // namespace trun::agent
