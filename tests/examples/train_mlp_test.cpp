@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/worker_sdk/checkpoint/ckpt_test_util.h"
 #include "tests/worker_sdk/run_job.h"
 
 using namespace trun::worker;
@@ -28,18 +29,7 @@ namespace {
 
 std::string train_mlp() { return std::string(TRUN_BINARY_DIR) + "/examples/train_mlp"; }
 
-struct TempDir {
-  std::string path;
-  TempDir() {
-    char tmpl[] = "/tmp/trun-train-mlp-test-XXXXXX";
-    REQUIRE(::mkdtemp(tmpl) != nullptr);
-    path = tmpl;
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path, ec);
-  }
-};
+using trun::test::TempDir;
 
 // Samples of epoch 0 seen in the logs starting with `prefix`, at steps <= max_step.
 void collect(const std::string& dir, const std::string& prefix, uint64_t max_step,
