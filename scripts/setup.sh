@@ -11,22 +11,34 @@ PACKAGES=(
   etcd-server etcd-client
   iproute2 util-linux procps hyperfine
 )
+# A real SLURM for tests/slurm (scripts/slurm-local.sh): installed by that script, which keeps the
+# packages' postinst from starting system-wide daemons.
+SLURM_PACKAGES=(slurmctld slurmd slurm-client munge)
 
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
 for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
+  installed "$p" || missing+=("$p")
+done
+slurm_missing=0
+for p in "${SLURM_PACKAGES[@]}"; do
+  installed "$p" || slurm_missing=1
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#PACKAGES[@]} packages already installed"
+if ((${#missing[@]} == 0 && slurm_missing == 0)); then
+  echo "setup: all $((${#PACKAGES[@]} + ${#SLURM_PACKAGES[@]})) packages already installed"
   exit 0
 fi
 
-echo "setup: installing ${missing[*]}"
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if ((${#missing[@]} > 0)); then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+if ((slurm_missing)); then
+  echo "setup: installing ${SLURM_PACKAGES[*]} (scripts/slurm-local.sh install)"
+  $SUDO bash "$(dirname "$0")/slurm-local.sh" install
+fi
