@@ -131,8 +131,17 @@ void check_resume_is_exact(const TempDir& d, uint64_t step) {
   CHECK(a == b);
 }
 
-void wait_for_training(Child& trun, const TempDir& d) {
-  REQUIRE(wait_until([&] { return fs::exists(d / "ck/latest") || !trun.running(); }, 60s));
+// Until every rank trained past `step` (a checkpoint exists, and a stop lands between two of
+// them, so that the final save is one of its own).
+void wait_for_training(Child& trun, const TempDir& d, uint64_t step) {
+  auto past = [&] {
+    const auto logs = rank_logs(d.path(), "log");
+    if (logs.size() != 2 || !fs::exists(d / "ck/latest")) return false;
+    for (const auto& [pid, l] : logs)
+      if (l.last_step <= step) return false;
+    return true;
+  };
+  REQUIRE(wait_until([&] { return past() || !trun.running(); }, 60s));
   REQUIRE(trun.running());
 }
 
@@ -145,7 +154,7 @@ TEST_CASE(
   TempDir d;
   auto job = start_trun({"--ckpt-dir", d / "ck", "--ckpt-every", "7", "--step-sleep-ms", "30",
                          "--sample-log", d / "log"});
-  wait_for_training(*job, d);
+  wait_for_training(*job, d, 8);
   job->signal(SIGUSR1);
   REQUIRE(job->wait(60s));
   INFO(job->out() << job->err());
@@ -161,7 +170,7 @@ TEST_CASE("train_mlp: a SIGUSR1 that reaches one worker only still stops every r
   TempDir d;
   auto job = start_trun({"--ckpt-dir", d / "ck", "--ckpt-every", "7", "--step-sleep-ms", "30",
                          "--sample-log", d / "log"});
-  wait_for_training(*job, d);
+  wait_for_training(*job, d, 8);
   const pid_t rank1 = pid_of_rank(d.path(), "log", 1);
   REQUIRE(rank1 > 0);
   REQUIRE(::kill(rank1, SIGUSR1) == 0);
@@ -182,7 +191,7 @@ TEST_CASE(
   TempDir d;
   auto job = start_trun({"--ckpt-dir", d / "ck", "--ckpt-every", "3", "--step-sleep-ms", "200",
                          "--sample-log", d / "log", "--async-ckpt"});
-  wait_for_training(*job, d);
+  wait_for_training(*job, d, 3);
   const pid_t rank0 = pid_of_rank(d.path(), "log", 0);
   REQUIRE(rank0 > 0);
   // As SLURM does (every task), then as trun does (it forwards the one it receives).
