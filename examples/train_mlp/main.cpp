@@ -254,7 +254,8 @@ int run(int argc, char** argv) {
   StopAgreement stop(host_pg, args.stop_check_every);
   std::unique_ptr<Checkpointer> ckpt;
   uint64_t step = 0;
-  bool own_dir = false;  // the default directory of a run without a run id
+  uint64_t saved_step = UINT64_MAX;  // the step of the last checkpoint saved (or resumed from)
+  bool own_dir = false;              // the default directory of a run without a run id
   std::string dir = args.ckpt_dir;
   if (!args.no_ckpt) {
     if (dir.empty()) {
@@ -281,6 +282,7 @@ int run(int argc, char** argv) {
       }
       if (c->sampler) sampler.load_state(*c->sampler);
       step = c->step;
+      saved_step = step;
       if (rank == 0)
         std::printf("[%d] resumed from %s (step %" PRIu64 ", epoch %" PRIu64
                     ", sample offset %" PRIu64 ", saved at world size %d, now %d)\n",
@@ -305,7 +307,6 @@ int run(int argc, char** argv) {
 
   // A periodic save that fails (a full or read-only disk) does not stop training: the error is
   // reported and the next period tries again. The final save must succeed.
-  uint64_t saved_step = UINT64_MAX;  // the step of the last save() that did not fail
   auto save = [&](bool final_save) {
     if (!ckpt) return;
     SaveRequest req;
@@ -408,7 +409,7 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
     sampler.set_epoch(sampler.epoch() + 1);
   }
-  if (ckpt && step % args.ckpt_every != 0) save(true);
+  if (ckpt && saved_step != step) save(true);
   if (ckpt) ckpt->wait();
   if (sample_log) std::fclose(sample_log);
   if (!args.final_params.empty() && rank == 0) {
@@ -441,7 +442,16 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return record([&] { return run(argc, argv); });
+    return record([&] {
+      try {
+        return run(argc, argv);
+      } catch (const CollectiveError&) {
+        // Asked to stop, but the group broke first (a peer was stopped before the agreement):
+        // end by the signal as a program without handlers would, not as a failure.
+        if (stop_requested()) exit_by_stop_signal();
+        throw;
+      }
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: %s\n", e.what());
     return 1;

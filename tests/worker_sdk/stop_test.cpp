@@ -83,6 +83,15 @@ TEST_CASE("a program that never asks about stop signals still dies by SIGTERM", 
   CHECK(c.exit_code() == 128 + SIGTERM);
 }
 
+TEST_CASE("exit_by_stop_signal ends a program that handles the signal by that signal", "[stop]") {
+  Child c({stop_worker(), "exit-by-signal"}, {{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM"}},
+          kLauncherVars);
+  REQUIRE(c.wait(30s));
+  INFO(c.err());
+  CHECK(c.signaled());
+  CHECK(c.exit_code() == 128 + SIGTERM);
+}
+
 TEST_CASE("stop signals raised twice and of two kinds count once, with one callback run",
           "[stop]") {
   Child c({stop_worker(), "twice"}, {{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"}},

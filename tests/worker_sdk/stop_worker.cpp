@@ -3,6 +3,7 @@
 //   stop_worker signals [--ignore-hup]   prints the signals watched ("SIGTERM SIGUSR1"); with
 //                                        --ignore-hup, SIGHUP is set to SIG_IGN first
 //   stop_worker never-asks               raises SIGTERM without asking for stop signals (dies)
+//   stop_worker exit-by-signal           raises SIGTERM (handled), then exit_by_stop_signal()
 //   stop_worker twice                    raises SIGTERM, SIGTERM and SIGUSR1 at itself; prints
 //                                        "first=SIGTERM callbacks=1 late=1"
 //   stop_worker wait FILE                prints "ready", waits for a stop signal, then for FILE
@@ -62,6 +63,11 @@ int run(int argc, char** argv) {
   if (mode == "never-asks") {
     ::raise(SIGTERM);
     return fail("still alive after SIGTERM");
+  }
+  if (mode == "exit-by-signal") {
+    ::raise(SIGTERM);  // handled: recorded only
+    if (!stop_requested()) return fail("SIGTERM was not recorded");
+    exit_by_stop_signal();
   }
   if (mode == "twice") {
     std::atomic<int> calls{0}, late{0}, seen{0};

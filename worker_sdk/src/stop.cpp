@@ -220,6 +220,22 @@ void on_stop_requested(std::function<void(int signal)> callback) {
   if (g_signal.load() != 0) wake();
 }
 
+void exit_by_stop_signal() {
+  const int sig = g_signal.load();
+  if (sig == 0) ::_exit(1);
+  std::fflush(nullptr);
+  struct sigaction sa {};
+  sa.sa_handler = SIG_DFL;
+  sigemptyset(&sa.sa_mask);
+  ::sigaction(sig, &sa, nullptr);
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, sig);
+  ::pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+  ::raise(sig);
+  ::_exit(128 + sig);
+}
+
 void request_stop_for_testing(int signal) {
   ensure_installed();
   record(signal);

@@ -73,6 +73,13 @@ std::vector<int> default_stop_signals(bool slurm_job);
 // "SIGTERM" for SIGTERM; "signal N" for a number not in the table above.
 std::string stop_signal_name(int signal);
 
+// Ends the process by its stop signal with that signal's default action, as if no handler had
+// been installed (trun then counts the worker as stopped, not failed, and it writes no error
+// file): for a worker that was asked to stop but cannot honour it, e.g. its group broke because
+// a peer was stopped first. Falls back to _exit(128 + signal) when the default action does not
+// end the process (SIGCONT, SIGWINCH), and to _exit(1) when no stop signal arrived.
+[[noreturn]] void exit_by_stop_signal();
+
 // Test seam: records `signal` as if its handler had run (same path, same idempotence).
 void request_stop_for_testing(int signal);
 
