@@ -99,9 +99,9 @@ size_t count_of(const std::string& text, const std::regex& re) {
       std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
 }
 
-// Every rank stopped at `step` (its sample log ends there), step_<step> is the latest checkpoint,
-// and both workers exited 75.
-void check_stopped_together(const TempDir& d, const std::string& log, uint64_t step,
+// Every rank stopped at `step` (its sample log ends there), step_<step> is the latest checkpoint
+// and the only one besides the periodic ones (every `every` steps), and both workers exited 75.
+void check_stopped_together(const TempDir& d, const std::string& log, uint64_t step, uint64_t every,
                             const std::string& trun_err) {
   const auto logs = rank_logs(d.path(), log);
   REQUIRE(logs.size() == 2);
@@ -112,6 +112,14 @@ void check_stopped_together(const TempDir& d, const std::string& log, uint64_t s
   CHECK(fs::exists(d / ("ck/step_" + std::to_string(step)) + "/manifest.json"));
   CHECK(trun::testing::read_file(d / "ck/latest") == "step_" + std::to_string(step) + "\n");
   CHECK(count_of(trun_err, std::regex(R"(worker local_rank=\d pid=\d+ exited with 75)")) == 2);
+  for (const auto& e : fs::directory_iterator(d / "ck")) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0) continue;
+    INFO(name);
+    const uint64_t n = std::stoull(name.substr(5));
+    CHECK(n <= step);
+    CHECK((n % every == 0 || n == step));
+  }
 }
 
 // Resumes the training in d/ck (and runs it uninterrupted in d/ck2): same final parameters.
@@ -161,7 +169,7 @@ TEST_CASE(
   CHECK(job->exit_code() == 128 + SIGUSR1);
   const uint64_t step = stopped_step(job->out(), "SIGUSR1");
   CHECK(step < 120);
-  check_stopped_together(d, "log", step, job->err());
+  check_stopped_together(d, "log", step, 7, job->err());
   check_resume_is_exact(d, step);
 }
 
@@ -180,7 +188,7 @@ TEST_CASE("train_mlp: a SIGUSR1 that reaches one worker only still stops every r
   CHECK(job->exit_code() == 1);
   CHECK_THAT(job->err(), Catch::Contains("exitcode  : 75"));
   const uint64_t step = stopped_step(job->out(), "SIGUSR1");
-  check_stopped_together(d, "log", step, job->err());
+  check_stopped_together(d, "log", step, 7, job->err());
   check_resume_is_exact(d, step);
 }
 
@@ -202,7 +210,7 @@ TEST_CASE(
   INFO(job->out() << job->err());
   CHECK(job->exit_code() == 128 + SIGTERM);
   const uint64_t step = stopped_step(job->out(), "SIGTERM");
-  check_stopped_together(d, "log", step, job->err());
+  check_stopped_together(d, "log", step, 3, job->err());
   check_resume_is_exact(d, step);
 }
 
