@@ -1,12 +1,13 @@
-# DDP reducer, checkpoints and the distributed sampler: part of libtrun_worker, kept in their own
-# file so the collectives' build rules stay untouched.
+# DDP reducer, checkpoints, the distributed sampler and stopping on request (stop.cpp): part of
+# libtrun_worker, kept in their own file so the collectives' build rules stay untouched.
 target_sources(trun_worker PRIVATE
   src/checkpoint/checkpoint.cpp
   src/checkpoint/crc32c.cpp
   src/checkpoint/directory.cpp
   src/checkpoint/format.cpp
   src/ddp/ddp.cpp
-  src/sampler/sampler.cpp)
+  src/sampler/sampler.cpp
+  src/stop.cpp)
 if(TRUN_HAVE_NCCL)
   target_sources(trun_worker PRIVATE src/ddp/device_memory_cuda.cpp)
 else()

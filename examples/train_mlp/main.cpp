@@ -5,6 +5,8 @@
 //
 // Every K steps rank 0 saves a checkpoint (parameters, momentum, sampler position); on start
 // every rank resumes from the newest valid one, whatever the world size was when it was saved.
+// A stop signal (trun/stop.h: TORCHELASTIC_SIGNALS_TO_HANDLE, e.g. SIGTERM or SLURM's SIGUSR1)
+// makes every rank stop at one agreed step, save it and exit 75 (EX_TEMPFAIL: resume me).
 // See examples/train_mlp/README.md.
 
 #include <unistd.h>
@@ -14,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <sstream>
@@ -26,6 +29,7 @@
 #include "trun/ddp.h"
 #include "trun/error_file.h"
 #include "trun/sampler.h"
+#include "trun/stop.h"
 #include "trun/worker.h"
 
 using namespace trun::worker;
@@ -33,6 +37,10 @@ using trun::examples::Mlp;
 using trun::examples::Sgd;
 
 namespace {
+
+// Stopped on request (a stop signal) after saving a checkpoint of the agreed step: run the job
+// again, with the same checkpoint directory, to resume from it. sysexits.h's EX_TEMPFAIL.
+constexpr int kExitStoppedOnRequest = 75;
 
 struct Args {
   std::string sizes = "10,10,5";
@@ -55,32 +63,42 @@ struct Args {
   int64_t crash_at_step = -1;     // rank crash_rank exits 1 at this step on the first attempt
   int crash_rank = 0;
   int step_sleep_ms = 0;
-  std::string sample_log;  // prefix of per-process sample logs
+  std::string sample_log;         // prefix of per-process sample logs
+  uint64_t stop_check_every = 1;  // steps between stop agreements (trun/stop.h)
+  std::string final_params;       // rank 0 writes the final parameters and momentum here
 };
 
 void usage() {
-  std::fprintf(stderr,
-               "usage: train_mlp [options]\n"
-               "  --sizes A,B,...        layer sizes (default 10,10,5)\n"
-               "  --dataset-size N       synthetic samples (default 2048)\n"
-               "  --batch-size B         samples per rank per step (default 32)\n"
-               "  --epochs E             (default 10)\n"
-               "  --lr X --momentum M    SGD (default 0.01, 0.9)\n"
-               "  --seed S               init and shuffle seed (default 0)\n"
-               "  --ckpt-dir DIR         checkpoints (default $TMPDIR/train_mlp-<run id>)\n"
-               "  --ckpt-every K         save every K steps (default 20)\n"
-               "  --keep K               checkpoints to keep (default 3)\n"
-               "  --async-ckpt           write checkpoints on a background thread\n"
-               "  --no-ckpt              neither save nor resume\n"
-               "  --fresh-start          when every checkpoint is damaged, quarantine them and\n"
-               "                         start over (default: refuse to start)\n"
-               "  --adopt-checkpoints    resume from another job's checkpoints in --ckpt-dir\n"
-               "  --bucket-cap-mb X      DDP bucket cap (default 25)\n"
-               "  --backend cpu|nccl|auto  (default cpu; the model runs on the CPU)\n"
-               "  --step-sleep-ms T      sleep per step (to watch restarts)\n"
-               "  --stop-after-steps N   exit 0 after N steps of this run (a preemption)\n"
-               "  --crash-at-step N [--crash-rank R]  rank R exits 1 at step N on attempt 0\n"
-               "  --sample-log PREFIX    append the sample indices of each step to PREFIX.<pid>\n");
+  std::fprintf(
+      stderr,
+      "usage: train_mlp [options]\n"
+      "  --sizes A,B,...        layer sizes (default 10,10,5)\n"
+      "  --dataset-size N       synthetic samples (default 2048)\n"
+      "  --batch-size B         samples per rank per step (default 32)\n"
+      "  --epochs E             (default 10)\n"
+      "  --lr X --momentum M    SGD (default 0.01, 0.9)\n"
+      "  --seed S               init and shuffle seed (default 0)\n"
+      "  --ckpt-dir DIR         checkpoints (default $TMPDIR/train_mlp-<run id>; without\n"
+      "                         a run id, a directory of this run's own: no resume)\n"
+      "  --ckpt-every K         save every K steps (default 20)\n"
+      "  --keep K               checkpoints to keep (default 3)\n"
+      "  --async-ckpt           write checkpoints on a background thread\n"
+      "  --no-ckpt              neither save nor resume\n"
+      "  --fresh-start          when every checkpoint is damaged, quarantine them and\n"
+      "                         start over (default: refuse to start)\n"
+      "  --adopt-checkpoints    resume from another job's checkpoints in --ckpt-dir\n"
+      "  --bucket-cap-mb X      DDP bucket cap (default 25)\n"
+      "  --backend cpu|nccl|auto  (default cpu; the model runs on the CPU)\n"
+      "  --step-sleep-ms T      sleep per step (to watch restarts)\n"
+      "  --stop-after-steps N   exit 0 after N steps of this run (a preemption)\n"
+      "  --crash-at-step N [--crash-rank R]  rank R exits 1 at step N on attempt 0\n"
+      "  --sample-log PREFIX    append the sample indices of each step to PREFIX.<pid>\n"
+      "  --stop-check-every K   agree on stop requests every K steps (default 1)\n"
+      "  --final-params FILE    rank 0 writes the final parameters and momentum (raw\n"
+      "                         float32, in registration order) to FILE\n"
+      "On a stop signal (TORCHELASTIC_SIGNALS_TO_HANDLE; default SIGTERM, SIGINT, SIGHUP,\n"
+      "SIGQUIT, and SIGUSR1 under SLURM) every rank stops at the same step, rank 0 saves it\n"
+      "and every rank exits 75.\n");
 }
 
 Args parse(int argc, char** argv) {
@@ -155,6 +173,10 @@ Args parse(int argc, char** argv) {
       a.crash_rank = static_cast<int>(count(val()));
     else if (k == "--sample-log")
       a.sample_log = val();
+    else if (k == "--stop-check-every")
+      a.stop_check_every = count(val());
+    else if (k == "--final-params")
+      a.final_params = val();
     else if (k == "-h" || k == "--help") {
       usage();
       std::exit(0);
@@ -164,17 +186,42 @@ Args parse(int argc, char** argv) {
       std::exit(2);
     }
   }
-  if (a.batch_size == 0 || a.dataset_size == 0 || a.ckpt_every == 0 || a.keep < 1) {
+  if (a.batch_size == 0 || a.dataset_size == 0 || a.ckpt_every == 0 || a.keep < 1 ||
+      a.stop_check_every == 0) {
     std::fprintf(stderr,
-                 "train_mlp: --batch-size, --dataset-size, --ckpt-every and --keep must "
-                 "be positive\n");
+                 "train_mlp: --batch-size, --dataset-size, --ckpt-every, --keep and "
+                 "--stop-check-every must be positive\n");
     std::exit(2);
   }
   return a;
 }
 
+// The checkpoint directory when --ckpt-dir is not given: $TMPDIR/train_mlp-<run id> when a
+// launcher gave a run id (a restart of the same run resumes from it), else a directory of this
+// run's own (rank 0's host and pid, told to the other ranks through the store), so that unrelated
+// runs without a run id never share (and resume from) one directory. *own is set in that case.
+std::string default_ckpt_dir(Worker& worker, ProcessGroup& pg, bool* own) {
+  const char* tmp = std::getenv("TMPDIR");
+  const std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/train_mlp-";
+  *own = worker.env().run_id == "none";
+  if (!*own) return base + worker.env().run_id;
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
+  std::string dir = base + host + "-" + std::to_string(::getpid());
+  if (worker.world_size() > 1 && worker.store()) {
+    const std::string key = "train_mlp/default_ckpt_dir";
+    if (worker.rank() == 0) worker.store()->set(key, dir);
+    pg.barrier();  // rank 0's value is in the store (replacing any older one)
+    if (worker.rank() != 0) dir = worker.store()->get(key, std::chrono::minutes(1));
+  }
+  return dir;
+}
+
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
+  // Before init(): a stop signal that arrives while the group forms or the checkpoint loads is
+  // acted on at the first step instead of killing the process.
+  watch_stop_signals();
   Mlp model(trun::examples::parse_sizes(args.sizes));
 
   InitOptions io;
@@ -200,13 +247,24 @@ int run(int argc, char** argv) {
   so.seed = args.seed;
   DistributedSampler sampler(args.dataset_size, rank, world, so);
 
+  // The stop agreement's flag is host memory: with NCCL it runs on a CPU group of its own.
+  std::unique_ptr<ProcessGroup> cpu_group;
+  if (pg.backend() == Backend::kNccl) cpu_group = worker.new_group(Backend::kCpu);
+  ProcessGroup& host_pg = cpu_group ? *cpu_group : pg;
+  StopAgreement stop(host_pg, args.stop_check_every);
   std::unique_ptr<Checkpointer> ckpt;
   uint64_t step = 0;
+  uint64_t saved_step = UINT64_MAX;  // the step of the last checkpoint saved (or resumed from)
+  bool own_dir = false;              // the default directory of a run without a run id
+  std::string dir = args.ckpt_dir;
   if (!args.no_ckpt) {
-    std::string dir = args.ckpt_dir;
     if (dir.empty()) {
-      const char* tmp = std::getenv("TMPDIR");
-      dir = std::string(tmp && *tmp ? tmp : "/tmp") + "/train_mlp-" + env.run_id;
+      dir = default_ckpt_dir(worker, host_pg, &own_dir);
+      if (own_dir && rank == 0)
+        std::printf(
+            "[%d] checkpoints in %s (no run id from a launcher: this run's own directory; "
+            "pass --ckpt-dir to be able to resume)\n",
+            static_cast<int>(::getpid()), dir.c_str());
     }
     CheckpointerOptions co;
     co.group = &pg;
@@ -224,6 +282,7 @@ int run(int argc, char** argv) {
       }
       if (c->sampler) sampler.load_state(*c->sampler);
       step = c->step;
+      saved_step = step;
       if (rank == 0)
         std::printf("[%d] resumed from %s (step %" PRIu64 ", epoch %" PRIu64
                     ", sample offset %" PRIu64 ", saved at world size %d, now %d)\n",
@@ -263,6 +322,7 @@ int run(int argc, char** argv) {
         "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " + std::to_string(world) + "}";
     try {
       ckpt->save(req);
+      saved_step = step;
       if (final_save) ckpt->wait();
     } catch (const CheckpointOwnerError&) {
       throw;
@@ -314,6 +374,27 @@ int run(int argc, char** argv) {
       if (step % args.ckpt_every == 0) save(false);
       if (args.step_sleep_ms > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
+      if (stop.should_stop(step)) {  // the same step on every rank
+        if (ckpt) {
+          if (saved_step == step)
+            ckpt->wait();  // the periodic save of this step; it must succeed
+          else
+            save(true);
+        }
+        if (sample_log) std::fclose(sample_log);
+        if (rank == 0) {
+          const std::string what = ckpt ? "checkpoint step_" + std::to_string(step) + " saved"
+                                        : "no checkpoint (--no-ckpt)";
+          std::printf("[%d] stopped on request (%s) at step %" PRIu64 ": %s\n",
+                      static_cast<int>(::getpid()), stop_signal_name(stop.agreed_signal()).c_str(),
+                      step, what.c_str());
+          if (ckpt && own_dir)
+            std::printf("[%d] resume with --ckpt-dir %s\n", static_cast<int>(::getpid()),
+                        dir.c_str());
+        }
+        std::fflush(stdout);
+        return kExitStoppedOnRequest;
+      }
       if (args.stop_after_steps && steps_this_run >= args.stop_after_steps) {
         if (ckpt) ckpt->wait();
         std::printf("[%d] stopping after %" PRIu64 " steps (--stop-after-steps), at step %" PRIu64
@@ -328,9 +409,29 @@ int run(int argc, char** argv) {
     std::fflush(stdout);
     sampler.set_epoch(sampler.epoch() + 1);
   }
-  if (ckpt && step % args.ckpt_every != 0) save(true);
+  if (ckpt && saved_step != step) save(true);
   if (ckpt) ckpt->wait();
   if (sample_log) std::fclose(sample_log);
+  if (!args.final_params.empty() && rank == 0) {
+    std::ofstream out(args.final_params, std::ios::binary | std::ios::trunc);
+    for (size_t i = 0; i < model.num_params(); ++i)
+      out.write(reinterpret_cast<const char*>(model.param(i)),
+                static_cast<std::streamsize>(model.param_numel(i) * sizeof(float)));
+    for (size_t i = 0; i < model.num_params(); ++i)
+      out.write(reinterpret_cast<const char*>(opt.momentum_buffers()[i].data()),
+                static_cast<std::streamsize>(model.param_numel(i) * sizeof(float)));
+    if (!out.flush()) {
+      std::fprintf(stderr, "train_mlp: cannot write %s\n", args.final_params.c_str());
+      return 1;
+    }
+  }
+  // A run's own directory (no run id) cannot be resumed by a later run: do not leave it behind
+  // once training is complete.
+  if (own_dir && rank == 0) {
+    ckpt.reset();  // releases the directory's lock
+    std::error_code ec;
+    std::filesystem::remove_all(dir, ec);
+  }
   if (rank == 0)
     std::printf("[%d] done: %" PRIu64 " steps, world size %d\n", static_cast<int>(::getpid()), step,
                 world);
@@ -341,7 +442,16 @@ int run(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   try {
-    return record([&] { return run(argc, argv); });
+    return record([&] {
+      try {
+        return run(argc, argv);
+      } catch (const CollectiveError&) {
+        // Asked to stop, but the group broke first (a peer was stopped before the agreement):
+        // end by the signal as a program without handlers would, not as a failure.
+        if (stop_requested()) exit_by_stop_signal();
+        throw;
+      }
+    });
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_mlp: %s\n", e.what());
     return 1;

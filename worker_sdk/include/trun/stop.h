@@ -1,0 +1,122 @@
+#pragma once
+// Stopping on request (preemption): a worker asked to stop by a signal finishes its current step,
+// agrees with the other ranks on one step to stop at, saves a checkpoint of it and exits, instead
+// of dying mid-step.
+//
+//   trun::worker::watch_stop_signals();            // first thing in main(), before init()
+//   auto worker = trun::worker::init();
+//   trun::worker::StopAgreement stop(worker.process_group());
+//   for (;;) {
+//     train_one_step(); ++step;
+//     if (stop.should_stop(step)) {                // true on every rank at the same step
+//       save_checkpoint(step); ckpt.wait();
+//       return 75;                                 // EX_TEMPFAIL: stopped on request, resume me
+//     }
+//   }
+//
+// Which signals. The names in TORCHELASTIC_SIGNALS_TO_HANDLE (set by trun and torchrun from
+// --signals-to-handle; comma-separated, case-insensitive, "SIG" optional: "SIGTERM,SIGUSR1").
+// When it is unset or empty: SIGTERM, SIGINT, SIGHUP, SIGQUIT, plus SIGUSR1 when SLURM_JOB_ID is
+// set (SLURM's usual preemption notice, `--signal=USR1@90`). Known names: SIGTERM SIGINT SIGHUP
+// SIGQUIT SIGUSR1 SIGUSR2 SIGALRM SIGXCPU SIGPWR SIGCONT SIGWINCH; an unknown name is reported
+// once on stderr and skipped. A signal that is ignored (SIG_IGN, e.g. SIGHUP under nohup) when
+// the handlers are installed stays ignored; one that already has a handler of the program's own
+// keeps it: that handler is called after the stop request is recorded.
+//
+// When the handlers are installed. Not by init() or by linking the library: a program that never
+// asks keeps the default behaviour (SIGTERM kills it). They are installed, once for the process,
+// by the first call of watch_stop_signals(), stop_requested(), stop_signal(), on_stop_requested()
+// or the StopAgreement constructor. Before that a stop signal has its default action (the process
+// dies, and is restarted from its last periodic checkpoint): call watch_stop_signals() first in
+// main() to close that window, which otherwise spans whatever runs before the first call
+// (init(), loading the checkpoint).
+//
+// Idempotent. Only the first stop signal counts: stop_signal() keeps it, the callbacks run once,
+// and the same or another stop signal arriving again (SLURM signals every task, and trun forwards
+// the one it receives to every worker too) changes nothing; the process is not killed by it.
+//
+// Async-signal-safety: the handler only stores the signal number in an atomic and writes one
+// byte to a pipe; a thread of the SDK ("stop watcher", started with the handlers) reads the pipe
+// and runs the callbacks. Thread safety: every function may be called from any thread.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "trun/process_group.h"
+
+namespace trun::worker {
+
+// Installs the stop-signal handlers (see the header comment) unless installed already. Returns
+// the signals watched. Never throws for a bad TORCHELASTIC_SIGNALS_TO_HANDLE (unknown names are
+// reported on stderr and skipped); throws std::system_error when a pipe or thread cannot be made.
+std::vector<int> watch_stop_signals();
+
+// True once a stop signal arrived (installs the handlers on first use). Lock-free, cheap.
+bool stop_requested();
+// The first stop signal received (e.g. SIGTERM), 0 if none (installs the handlers on first use).
+int stop_signal();
+// Runs `callback(signal)` once, on the SDK's stop-watcher thread (never inside the signal
+// handler), when the first stop signal arrives; at once (on that thread) when it already
+// arrived. Several callbacks may be registered; each runs once, in registration order. The
+// callback must not block for long (it delays the others) and must not throw (an exception is
+// reported on stderr and dropped). Installs the handlers on first use.
+void on_stop_requested(std::function<void(int signal)> callback);
+
+// The signals named by `text` (TORCHELASTIC_SIGNALS_TO_HANDLE's syntax), in order, without
+// duplicates; names that are not known are appended to `unknown` when it is given.
+std::vector<int> parse_stop_signals(const std::string& text,
+                                    std::vector<std::string>* unknown = nullptr);
+// The signals watched when TORCHELASTIC_SIGNALS_TO_HANDLE is unset or empty.
+std::vector<int> default_stop_signals(bool slurm_job);
+// "SIGTERM" for SIGTERM; "signal N" for a number not in the table above.
+std::string stop_signal_name(int signal);
+
+// Ends the process by its stop signal with that signal's default action, as if no handler had
+// been installed (trun then counts the worker as stopped, not failed, and it writes no error
+// file): for a worker that was asked to stop but cannot honour it, e.g. its group broke because
+// a peer was stopped first. Falls back to _exit(128 + signal) when the default action does not
+// end the process (SIGCONT, SIGWINCH), and to _exit(1) when no stop signal arrived.
+[[noreturn]] void exit_by_stop_signal();
+
+// Test seam: records `signal` as if its handler had run (same path, same idempotence).
+void request_stop_for_testing(int signal);
+
+// Lets every rank of a group agree on the same step to stop at, even when the stop signal
+// reached only some ranks (or reached them at different steps).
+//
+// should_stop(step) is collective: every rank of the group calls it with the same sequence of
+// steps (once per step is the intended use). When step % check_every == 0 it runs one allreduce
+// (max) of one int32, this rank's stop_signal(), on the group; it returns true on every rank at
+// the first such step at which any rank had received a stop signal, and true (without
+// communicating) on every later call. At other steps it returns false without communicating
+// (unless it already returned true). A stop signal is thus acted on at most check_every steps
+// after the agreement step at which it is first seen.
+//
+// Cost: one allreduce of 4 bytes per check, a latency-bound collective (docs/checkpoints.md has
+// measured numbers); raise check_every for very short steps.
+//
+// The group must be a CPU group (the flag is host memory): with NCCL, pass a group made with
+// worker.new_group(Backend::kCpu). The group must outlive the StopAgreement. Throws
+// std::invalid_argument (an NCCL group, check_every 0); should_stop throws CollectiveError as the
+// group does. Not thread-safe: one thread (the training loop) uses it.
+class StopAgreement {
+ public:
+  explicit StopAgreement(ProcessGroup& group, uint64_t check_every = 1);
+  bool should_stop(uint64_t step);
+  // After should_stop returned true: the largest signal number any rank had received (the same
+  // on every rank); this rank may not have received it. 0 before.
+  int agreed_signal() const { return agreed_signal_; }
+  // The step at which should_stop first returned true (0 before).
+  uint64_t agreed_step() const { return agreed_step_; }
+
+ private:
+  ProcessGroup* group_;
+  uint64_t check_every_;
+  int agreed_signal_ = 0;
+  uint64_t agreed_step_ = 0;
+  bool stopped_ = false;
+};
+
+}  // namespace trun::worker
