@@ -35,8 +35,12 @@ INIT_PID=
 
 cleanup() {
   # PID 1 of the namespace takes every process in it along when it dies.
+  # unshare runs with --kill-child: killing it kills PID 1 too, when PID 1 was not found.
   if [[ -n $INIT_PID ]] && kill -0 "$INIT_PID" 2>/dev/null; then kill -KILL "$INIT_PID"; fi
-  if [[ -n $UNSHARE_PID ]]; then wait "$UNSHARE_PID" 2>/dev/null || true; fi
+  if [[ -n $UNSHARE_PID ]]; then
+    kill -KILL "$UNSHARE_PID" 2>/dev/null || true
+    wait "$UNSHARE_PID" 2>/dev/null || true
+  fi
   rm -rf "$TMP"
 }
 trap cleanup EXIT
@@ -191,7 +195,7 @@ run_case() {
   # commands with them ignored; a container's PID 1 starts with the defaults).
   env -i --default-signal=INT,QUIT PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     HOME=/root LD_LIBRARY_PATH="$PREFIX/lib" TORCH_ELASTIC_SHUTDOWN_TIMEOUT="$timeout" \
-    unshare --pid --fork --mount-proc "$PREFIX/bin/trun" --standalone --nproc-per-node=2 \
+    unshare --pid --fork --mount-proc --kill-child "$PREFIX/bin/trun" --standalone --nproc-per-node=2 \
     "$SRC/tests/container/worker.sh" "$ctl" "$mode" >"$TMP/trun.log" 2>&1 &
   UNSHARE_PID=$!
   for _ in $(seq 100); do
@@ -222,6 +226,11 @@ run_case() {
     "$(ns_pids "$ns" | wc -l) processes in the namespace"
 
   kill "-$sig" "$INIT_PID"
+  for _ in $(seq 600); do
+    kill -0 "$UNSHARE_PID" 2>/dev/null || break
+    sleep 0.1
+  done
+  kill -0 "$UNSHARE_PID" 2>/dev/null && fail "$name: trun still runs 60 s after SIG$sig"
   status=0
   wait "$UNSHARE_PID" || status=$?
   UNSHARE_PID=
