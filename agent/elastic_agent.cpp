@@ -565,6 +565,18 @@ int ElasticAgent::run() {
     spdlog::error("cannot set up process supervision: pthread_sigmask: {}", std::strerror(errno));
     return kExitAgentError;
   }
+  // A parent may have started trun with some of them ignored (a shell's background job ignores
+  // SIGINT and SIGQUIT; some programs ignore SIGCHLD), and an ignored disposition survives exec.
+  // An ignored SIGCHLD makes the kernel reap the workers itself, so their exits would never be
+  // seen; ignored stop signals would be inherited by the workers, which would then ignore what
+  // trun forwards. Blocked, the default action cannot run, so the defaults are safe here.
+  for (int sig = 1; sig < NSIG; ++sig) {
+    struct sigaction old {};
+    if (sigismember(&set, sig) == 1 && sigaction(sig, nullptr, &old) == 0 &&
+        old.sa_handler == SIG_IGN) {
+      signal(sig, SIG_DFL);
+    }
+  }
   if (spawner_ != nullptr) {
     Agent agent(config_, *clock_, *spawner_);
     return agent.run();

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Installs every Debian package that trun's build, tests and benchmarks need.
 # Idempotent: when everything is already installed it only runs dpkg-query (well under a second).
+#   scripts/setup.sh               everything
+#   scripts/setup.sh --build-only  only what building trun and libtrun_worker needs (configured
+#                                  with -DTRUN_BUILD_TESTS=OFF -DTRUN_BUILD_BENCH=OFF): the
+#                                  Containerfile's build stage
 set -euo pipefail
 
-PACKAGES=(
-  build-essential cmake ninja-build pkg-config clang clang-format libclang-rt-14-dev
+# Building trun and libtrun_worker.
+BUILD_PACKAGES=(
+  build-essential cmake ninja-build pkg-config
   libboost-dev libboost-filesystem-dev
-  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev catch2 libgloo-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
+)
+# The tests, sanitizer builds, fuzzing and benchmarks.
+TEST_PACKAGES=(
+  clang clang-format libclang-rt-14-dev catch2
   python3 python3-torch libtorch-dev python3-etcd
   etcd-server etcd-client
   iproute2 util-linux procps hyperfine
@@ -14,6 +23,18 @@ PACKAGES=(
 # A real SLURM for tests/slurm (scripts/slurm-local.sh): installed by that script, which keeps the
 # packages' postinst from starting system-wide daemons.
 SLURM_PACKAGES=(slurmctld slurmd slurm-client munge)
+
+case ${1:-} in
+  "") PACKAGES=("${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}") ;;
+  --build-only)
+    PACKAGES=("${BUILD_PACKAGES[@]}")
+    SLURM_PACKAGES=()
+    ;;
+  *)
+    echo "usage: scripts/setup.sh [--build-only]" >&2
+    exit 2
+    ;;
+esac
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()

@@ -6,6 +6,9 @@
 #include <sys/socket.h>
 #include <catch2/catch.hpp>
 
+#include <sstream>
+#include <string>
+
 #include <nlohmann/json.hpp>
 
 #include "tests/launcher/process_util.h"
@@ -369,6 +372,49 @@ TEST_CASE("TORCH_ELASTIC_SHUTDOWN_TIMEOUT applies when --shutdown-timeout is not
     CHECK(c.exit_code() == 143);
     CHECK_FALSE(pid_alive(read_pid(d / "pid_0_0")));
     CHECK(c.err().find("sending SIGKILL") != std::string::npos);
+  }
+}
+
+TEST_CASE("signals trun inherited as ignored still work and workers get them at their defaults",
+          "[agent][signals]") {
+  // env(1) starts trun with SIGCHLD and the stop signals ignored, as a shell does for a
+  // background job's SIGINT and SIGQUIT; an ignored disposition survives exec.
+  const std::string ignore = "--ignore-signal=CHLD,HUP,INT,QUIT,TERM";
+  {
+    // Ignored SIGCHLD: the kernel would reap the workers itself and trun would wait forever.
+    Child c({"/usr/bin/env", ignore, trun_binary(), "--nproc-per-node", "2", "--no-python",
+             "/bin/grep", "SigIgn", "/proc/self/status"});
+    REQUIRE(c.wait(std::chrono::seconds(20)));
+    INFO(c.out() << c.err());
+    CHECK(c.exit_code() == 0);
+    // Each worker's ignored-signal mask (bit N-1 for signal N) has none of them.
+    std::istringstream lines(c.out());
+    std::string line;
+    int workers = 0;
+    while (std::getline(lines, line)) {
+      auto colon = line.find("SigIgn:");
+      if (colon == std::string::npos) continue;
+      ++workers;
+      const unsigned long long mask = std::stoull(line.substr(colon + 7), nullptr, 16);
+      for (int sig : {SIGCHLD, SIGHUP, SIGINT, SIGQUIT, SIGTERM}) {
+        INFO(line << ": signal " << sig);
+        CHECK((mask & (1ULL << (sig - 1))) == 0);
+      }
+    }
+    CHECK(workers == 2);
+  }
+  {
+    // The forwarded SIGINT stops a worker that keeps its inherited dispositions (sleep), long
+    // before the shutdown timeout would SIGKILL it.
+    TempDir d;
+    Child c({"/usr/bin/env", ignore, trun_binary(), "--nproc-per-node", "1", "--shutdown-timeout",
+             "600", "--no-python", "/bin/sh", "-c", "echo $$ > " + d / "pid; exec sleep 60"});
+    REQUIRE(wait_until([&] { return file_exists(d / "pid"); }));
+    c.signal(SIGINT);
+    REQUIRE(c.wait(std::chrono::seconds(20)));
+    INFO(c.err());
+    CHECK(c.exit_code() == 130);
+    CHECK(c.err().find("sending SIGKILL") == std::string::npos);
   }
 }
 
