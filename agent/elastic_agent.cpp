@@ -68,6 +68,7 @@ class Agent {
   void start_workers();
   GroupOutcome supervise();
   void on_signalfd();
+  void take_pending_signals();
   void on_children();
   void on_agent_signal(int sig);
   bool on_round_over(const rendezvous::RoundEvent& e);
@@ -463,9 +464,27 @@ void Agent::on_signalfd() {
   }
 }
 
+// Handles the handled signals (not SIGCHLD) already pending, without waiting.
+void Agent::take_pending_signals() {
+  signalfd_siginfo si[16];
+  for (int round = 0; round < 64; ++round) {
+    ssize_t n = read(sigfd_, si, sizeof si);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(signalfd_siginfo); ++i) {
+      // A SIGCHLD read here needs nothing: the caller reaps every exited child.
+      if (si[i].ssi_signo != SIGCHLD) on_agent_signal(static_cast<int>(si[i].ssi_signo));
+    }
+  }
+}
+
 void Agent::on_children() {
-  const GroupPhase phase_before = phase_;
   auto exits = sup_.reap([this](pid_t pid) { return by_pid_.count(pid) > 0; });
+  // A scheduler stopping the job (scancel) signals trun and its workers at the same moment: a
+  // worker may exit on its own handler before trun has read its own signal. That exit is part of
+  // the shutdown, not a failure to restart from, so a signal pending now is taken first.
+  if (!exits.empty() && phase_ == GroupPhase::kRunning) take_pending_signals();
+  const GroupPhase phase_before = phase_;
   bool failed = false;
   for (const auto& e : exits) {
     Worker& w = workers_[by_pid_.at(e.pid)];
