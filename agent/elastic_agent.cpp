@@ -190,6 +190,12 @@ int Agent::run() {
     try {
       start_workers();
       outcome = supervise();
+      // The last chance for a signal sent with the workers' (see on_children): a stop after a
+      // failure took some time, and a restart would start workers the scheduler is stopping.
+      if (outcome == GroupOutcome::kFailed) {
+        take_pending_signals();
+        if (outcome_ == GroupOutcome::kSignaled) outcome = GroupOutcome::kSignaled;
+      }
     } catch (const std::exception& e) {
       spdlog::error("agent error: {}", e.what());
       if (!workers_.empty()) {
@@ -479,12 +485,12 @@ void Agent::take_pending_signals() {
 }
 
 void Agent::on_children() {
+  const GroupPhase phase_before = phase_;
   auto exits = sup_.reap([this](pid_t pid) { return by_pid_.count(pid) > 0; });
   // A scheduler stopping the job (scancel) signals trun and its workers at the same moment: a
-  // worker may exit on its own handler before trun has read its own signal. That exit is part of
-  // the shutdown, not a failure to restart from, so a signal pending now is taken first.
-  if (!exits.empty() && phase_ == GroupPhase::kRunning) take_pending_signals();
-  const GroupPhase phase_before = phase_;
+  // worker may exit on its own handler before trun has read its own signal. on_signalfd() reads
+  // again after this, and run() once more when the group has stopped, so such an exit ends in
+  // the shutdown (128+N), not a restart.
   bool failed = false;
   for (const auto& e : exits) {
     Worker& w = workers_[by_pid_.at(e.pid)];

@@ -11,11 +11,20 @@ namespace {
 
 using namespace dynamic;
 
-// "host-1234-ab12cd (10.0.0.7)" from a node's "node_id local_addr".
+// "trun pid 1234 at 10.0.0.7 (node host-1234-ab12cd)" from a node's "node_id local_addr"; the
+// default node id is host-pid-suffix (default_node_id()).
 std::string describe_node(const std::string& value) {
-  auto space = value.find(' ');
-  if (space == std::string::npos) return value;
-  return value.substr(0, space) + " (" + value.substr(space + 1) + ")";
+  const auto space = value.find(' ');
+  const std::string id = value.substr(0, space);
+  const std::string addr = space == std::string::npos ? "" : value.substr(space + 1);
+  const auto last = id.rfind('-');
+  const auto before =
+      last == std::string::npos || last == 0 ? std::string::npos : id.rfind('-', last - 1);
+  std::string pid;
+  if (before != std::string::npos) pid = id.substr(before + 1, last - before - 1);
+  const bool numeric = !pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos;
+  if (!numeric) return id + (addr.empty() ? "" : " (" + addr + ")");
+  return "trun pid " + pid + (addr.empty() ? "" : " at " + addr) + " (node " + id + ")";
 }
 
 std::string duplicate_rank(int rank, const std::string& holder, const std::string& me) {

@@ -364,11 +364,11 @@ TEST_CASE("two static agents given the same node rank are told so, naming both",
       CHECK_THAT(c->err(), Catch::Contains("--node-rank=1 was given to two nodes: "));
       CHECK_THAT(c->err(), Catch::Contains("give every node its own --node-rank"));
     }
-    // The message names both agents by pid (node ids are host-pid-suffix).
+    // The message names both agents by pid.
     const std::string later =
         first.err().find("round 0 aborted") == std::string::npos ? first.err() : second.err();
-    CHECK_THAT(later, Catch::Contains("-" + std::to_string(first.pid()) + "-"));
-    CHECK_THAT(later, Catch::Contains("-" + std::to_string(second.pid()) + "-"));
+    CHECK_THAT(later, Catch::Contains("trun pid " + std::to_string(first.pid()) + " at "));
+    CHECK_THAT(later, Catch::Contains("trun pid " + std::to_string(second.pid()) + " at "));
   }
   SECTION("node rank 0 twice: the second cannot host the store and names the first") {
     Child first(agent(0), {}, kUnset);
@@ -391,7 +391,7 @@ TEST_CASE("two static agents given the same node rank are told so, naming both",
     INFO(first.err() << "\n---\n" << second.err());
     CHECK(second.exit_code() == 3);
     CHECK_THAT(second.err(), Catch::Contains("--node-rank=0 was given to two nodes: "));
-    CHECK_THAT(second.err(), Catch::Contains("-" + std::to_string(first.pid()) + "-"));
+    CHECK_THAT(second.err(), Catch::Contains("trun pid " + std::to_string(first.pid()) + " at "));
     CHECK_THAT(second.err(), Catch::Contains("the first hosts the store at 127.0.0.1:" + port));
     CHECK(first.exit_code() == 3);
     CHECK_THAT(first.err(), Catch::Contains("round 0 aborted: --node-rank=0 was given to two"));
