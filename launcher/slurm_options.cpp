@@ -131,9 +131,13 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
     }
     if (!nodes) nodes = hosts.size();
   }
+  // Where the node count came from, "NAME=VALUE", for messages.
+  const std::string nodes_given = count_var  ? count_var->name + "=" + count_var->value
+                                  : list_var ? list_var->name + "=" + list_var->value
+                                             : std::string();
   if (node_id && nodes && *node_id >= *nodes) {
     throw SlurmOptionError(node_var->name + "=" + node_var->value + " is not a node of the step (" +
-                           count_var->name + "=" + count_var->value + ")");
+                           nodes_given + ")");
   }
 
   // One trun per node: trun itself starts the node's workers.
@@ -165,18 +169,17 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
       count_var ? count_var->name : (list_var ? list_var->name : std::string());
   if (given.standalone && nodes && *nodes > 1) {
     throw SlurmOptionError("--standalone runs on one node, but this srun step has " + nodes_text +
-                           " nodes (" + nodes_source + "=" +
-                           (count_var ? count_var->value : list_var->value) +
+                           " nodes (" + nodes_given +
                            "): leave --standalone out and trun meets the other nodes at the "
                            "step's first node");
   }
   if (given.nnodes && nodes) {
     unsigned long long lo, hi;
     if (parse_nnodes_range(*given.nnodes, lo, hi) && (*nodes < lo || *nodes > hi)) {
-      throw SlurmOptionError(
-          "--nnodes=" + *given.nnodes + " contradicts " + nodes_source + "=" +
-          (count_var ? count_var->value : list_var->value) + ": this srun step has " + nodes_text +
-          " nodes (leave --nnodes out, or give a count or range that includes " + nodes_text + ")");
+      throw SlurmOptionError("--nnodes=" + *given.nnodes + " contradicts " + nodes_given +
+                             ": this srun step has " + nodes_text +
+                             " nodes (leave --nnodes out, or give a count or range that includes " +
+                             nodes_text + ")");
     }
   }
 

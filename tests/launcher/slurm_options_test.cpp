@@ -241,6 +241,20 @@ TEST_CASE("malformed SLURM variables are errors naming the variable and its valu
             .rfind("SLURM_STEP_TASKS_PER_NODE=1(x: tasks per node '1(x': ", 0) == 0);
 }
 
+TEST_CASE("without SLURM_STEP_NUM_NODES the node list gives the count in messages too",
+          "[slurm_options]") {
+  Env env = step_env();
+  env.erase("SLURM_STEP_NUM_NODES");
+  env.erase("SLURM_NNODES");
+  env["SLURM_NODEID"] = "5";
+  CHECK(error_of(env) == "SLURM_NODEID=5 is not a node of the step (SLURM_STEP_NODELIST=n[1-2])");
+  env["SLURM_NODEID"] = "0";
+  GivenOptions g;
+  g.nnodes = "3";
+  CHECK(error_of(env, g).rfind("--nnodes=3 contradicts SLURM_STEP_NODELIST=n[1-2]: ", 0) == 0);
+  CHECK(options_of(derive(env))["--nnodes"] == "2");
+}
+
 TEST_CASE("several trun processes on one node are refused", "[slurm_options]") {
   Env env = step_env();
   env["SLURM_STEP_TASKS_PER_NODE"] = "1,2";  // this node (SLURM_NODEID=1) runs two
