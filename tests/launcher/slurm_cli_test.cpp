@@ -117,7 +117,7 @@ std::pair<unsigned, int> free_slurm_job() {
 
 }  // namespace
 
-TEST_CASE("--dry-run prints the resolved configuration and starts nothing", "[slurm_cli]") {
+TEST_CASE("trun --dry-run prints the resolved configuration and starts nothing", "[slurm_cli]") {
   TempDir d;
   auto r = dry_run({"--nproc-per-node=2", "--max-restarts=3", "--tee=3", "--log-dir", d / "logs",
                     test_worker(), "pidfile", d.path(), "exit", "0"},

@@ -155,7 +155,7 @@ TEST_CASE("c10d and etcd derive no node rank, and etcd no endpoint", "[slurm_opt
   CHECK(o["--rdzv-id"] == "12.0");
 }
 
-TEST_CASE("--standalone derives no rendezvous option, and is refused on several nodes",
+TEST_CASE("a given --standalone derives no rendezvous option, and is refused on several nodes",
           "[slurm_options]") {
   GivenOptions g;
   g.standalone = true;
@@ -172,7 +172,7 @@ TEST_CASE("--standalone derives no rendezvous option, and is refused on several 
         "leave --standalone out and trun meets the other nodes at the step's first node");
 }
 
-TEST_CASE("--nnodes that excludes the step's node count is refused", "[slurm_options]") {
+TEST_CASE("a given --nnodes that excludes the step's node count is refused", "[slurm_options]") {
   GivenOptions g;
   g.nnodes = "4";
   CHECK(error_of(step_env(), g) ==
