@@ -68,6 +68,7 @@ class Agent {
   void start_workers();
   GroupOutcome supervise();
   void on_signalfd();
+  void take_pending_signals();
   void on_children();
   void on_agent_signal(int sig);
   bool on_round_over(const rendezvous::RoundEvent& e);
@@ -189,6 +190,12 @@ int Agent::run() {
     try {
       start_workers();
       outcome = supervise();
+      // The last chance for a signal sent with the workers' (see on_children): a stop after a
+      // failure took some time, and a restart would start workers the scheduler is stopping.
+      if (outcome == GroupOutcome::kFailed) {
+        take_pending_signals();
+        if (outcome_ == GroupOutcome::kSignaled) outcome = GroupOutcome::kSignaled;
+      }
     } catch (const std::exception& e) {
       spdlog::error("agent error: {}", e.what());
       if (!workers_.empty()) {
@@ -463,9 +470,27 @@ void Agent::on_signalfd() {
   }
 }
 
+// Handles the handled signals (not SIGCHLD) already pending, without waiting.
+void Agent::take_pending_signals() {
+  signalfd_siginfo si[16];
+  for (int round = 0; round < 64; ++round) {
+    ssize_t n = read(sigfd_, si, sizeof si);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(signalfd_siginfo); ++i) {
+      // A SIGCHLD read here needs nothing: the caller reaps every exited child.
+      if (si[i].ssi_signo != SIGCHLD) on_agent_signal(static_cast<int>(si[i].ssi_signo));
+    }
+  }
+}
+
 void Agent::on_children() {
   const GroupPhase phase_before = phase_;
   auto exits = sup_.reap([this](pid_t pid) { return by_pid_.count(pid) > 0; });
+  // A scheduler stopping the job (scancel) signals trun and its workers at the same moment: a
+  // worker may exit on its own handler before trun has read its own signal. on_signalfd() reads
+  // again after this, and run() once more when the group has stopped, so such an exit ends in
+  // the shutdown (128+N), not a restart.
   bool failed = false;
   for (const auto& e : exits) {
     Worker& w = workers_[by_pid_.at(e.pid)];

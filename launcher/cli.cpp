@@ -16,6 +16,8 @@
 
 #include "rendezvous/handler.h"
 
+extern char** environ;
+
 namespace trun::launcher {
 namespace {
 
@@ -271,7 +273,9 @@ constexpr const char* kDescription =
     "torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), supervises\n"
     "them, restarts the whole group when one fails (up to --max-restarts) and reports failures.\n"
     "Every option can also be set through PET_<OPTION> (e.g. PET_NPROC_PER_NODE=4); the\n"
-    "command line wins. Both spellings work: --nproc-per-node and --nproc_per_node.";
+    "command line wins. Both spellings work: --nproc-per-node and --nproc_per_node.\n"
+    "Inside an srun step, options given neither way come from SLURM_* (the c10d store on the\n"
+    "step's first node; TRUN_SLURM=0 turns this off); --dry-run shows the result.";
 
 constexpr const char* kFooter =
     "Examples:\n"
@@ -309,7 +313,7 @@ CliResult parse_command_line(int argc, char** argv) {
               prefix_template, event_log_handler = "null", logs_specs, numa_binding, dup_stdout,
               dup_stderr;
   bool standalone = false, module = false, no_python = false, run_path = false,
-       virtual_local_rank = false;
+       virtual_local_rank = false, dry_run = false;
   int max_restarts = 0, node_rank = 0, master_port = 29500;
 
   // Both spellings of an option's name (--a-b and --a_b) and its PET_A_B variable.
@@ -335,7 +339,7 @@ CliResult parse_command_line(int argc, char** argv) {
 
   const std::string kGroup = "Worker group", kRdzv = "Rendezvous", kRun = "What to run",
                     kLogs = "Logs", kSup = "Supervision", kLegacy = "Node and master (static)";
-  opt("nnodes", nnodes, "Number of nodes N, or a range MIN:MAX", kGroup);
+  auto* nnodes_opt = opt("nnodes", nnodes, "Number of nodes N, or a range MIN:MAX", kGroup);
   opt("nproc-per-node", nproc,
       "Workers on this node: a number, cpu (one per CPU), gpu (one per visible CUDA device) or "
       "auto (gpu if any, else cpu)",
@@ -348,22 +352,30 @@ CliResult parse_command_line(int argc, char** argv) {
   opt("max-restarts", max_restarts,
       "Restarts of the whole worker group allowed after a failure before the job fails", kGroup);
 
-  flag("standalone", standalone,
-       "Single node: host the rendezvous store inside trun on a free port with a generated run "
-       "id (overrides --rdzv-backend/--rdzv-endpoint/--rdzv-id)",
-       kRdzv);
-  opt("rdzv-backend", backend,
-      "Rendezvous backend: static, c10d (a store hosted by one agent) or etcd (alias etcd-v2: "
-      "an etcd cluster's v3 API over plain HTTP)",
-      kRdzv);
-  opt("rdzv-endpoint", endpoint,
+  auto* standalone_opt =
+      flag("standalone", standalone,
+           "Single node: host the rendezvous store inside trun on a free port with a generated run "
+           "id (overrides --rdzv-backend/--rdzv-endpoint/--rdzv-id)",
+           kRdzv);
+  auto* backend_opt =
+      opt("rdzv-backend", backend,
+          "Rendezvous backend: static, c10d (a store hosted by one agent) or etcd (alias etcd-v2: "
+          "an etcd cluster's v3 API over plain HTTP)",
+          kRdzv);
+  auto* endpoint_opt = opt(
+      "rdzv-endpoint", endpoint,
       "Rendezvous endpoint HOST:PORT (c10d: the store; etcd: a client URL, port 2379 by default, "
       "or several members separated by commas; static: defaults to MASTER_ADDR:MASTER_PORT)",
       kRdzv);
-  opt("rdzv-id", rdzv_id, "Job id shared by all nodes (TORCHELASTIC_RUN_ID)", kRdzv);
+  auto* rdzv_id_opt =
+      opt("rdzv-id", rdzv_id, "Job id shared by all nodes (TORCHELASTIC_RUN_ID)", kRdzv);
   opt("rdzv-conf", rdzv_conf, "Extra rendezvous settings: key1=value1,key2=value2", kRdzv);
 
   flag("module", module, "Run TRAINING_SCRIPT as a Python module (python -m)", kRun, "-m");
+  flag("dry-run", dry_run,
+       "Print the resolved launch configuration as JSON on stdout and start nothing (a trun "
+       "extension)",
+       kRun);
   flag("no-python", no_python, "Execute TRAINING_SCRIPT directly, even if it ends in .py", kRun);
   flag("run-path", run_path,
        "Run TRAINING_SCRIPT with the Python interpreter (torchrun runs it in-process; trun has "
@@ -413,18 +425,24 @@ CliResult parse_command_line(int argc, char** argv) {
                            "Seconds between SIGTERM and SIGKILL when stopping workers (default: "
                            "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT, else 30)",
                            kSup);
-  opt("signals-to-handle", signals,
-      "Signals trun forwards to the workers before stopping them and exiting 128+N", kSup);
+  auto* signals_opt =
+      opt("signals-to-handle", signals,
+          "Signals trun forwards to the workers before stopping them and exiting 128+N (in an "
+          "srun step SIGUSR1 is added to the default)",
+          kSup);
   opt("exit-barrier-timeout", barrier,
       "Seconds to wait for other nodes to finish after this node's workers succeeded", kSup);
 
-  opt("node-rank", node_rank, "This node's rank (GROUP_RANK) for the static backend", kLegacy);
-  opt("master-addr", master_addr,
+  auto* node_rank_opt =
+      opt("node-rank", node_rank, "This node's rank (GROUP_RANK) for the static backend", kLegacy);
+  auto* master_addr_opt = opt(
+      "master-addr", master_addr,
       "Address of node 0, where the store runs (static backend); MASTER_ADDR for workers", kLegacy);
-  opt("master-port", master_port,
-      "Port of the store on node 0 (static backend); MASTER_PORT for workers. 0 picks a free "
-      "port (single node)",
-      kLegacy);
+  auto* master_port_opt =
+      opt("master-port", master_port,
+          "Port of the store on node 0 (static backend); MASTER_PORT for workers. 0 picks a free "
+          "port (single node)",
+          kLegacy);
   opt("local-addr", local_addr, "This node's address as other nodes should reach it", kLegacy);
 
   try {
@@ -438,6 +456,54 @@ CliResult parse_command_line(int argc, char** argv) {
     result.exit_code = 2;
     result.error = what + " (see trun --help)";
     return result;
+  }
+
+  // SLURM's environment fills what neither the command line nor PET_* gave (CLI11 counts an
+  // option read from its PET_* variable as given).
+  try {
+    auto value_if = [](CLI::Option* o, const std::string& v) {
+      return o->count() > 0 ? std::optional<std::string>(v) : std::nullopt;
+    };
+    GivenOptions given;
+    given.standalone = standalone_opt->count() > 0 && standalone;
+    given.nnodes = value_if(nnodes_opt, nnodes);
+    given.rdzv_backend = value_if(backend_opt, backend);
+    given.rdzv_endpoint = value_if(endpoint_opt, endpoint);
+    given.rdzv_id = value_if(rdzv_id_opt, rdzv_id);
+    given.node_rank = value_if(node_rank_opt, std::to_string(node_rank));
+    given.master_addr = value_if(master_addr_opt, master_addr);
+    given.master_port = value_if(master_port_opt, std::to_string(master_port));
+    given.signals_to_handle = value_if(signals_opt, signals);
+    result.slurm = derive_slurm_options(
+        [](const std::string& name) -> std::optional<std::string> {
+          const char* v = std::getenv(name.c_str());
+          return v ? std::optional<std::string>(v) : std::nullopt;
+        },
+        given);
+  } catch (const SlurmOptionError& e) {
+    result.exit_code = e.exit_code();
+    result.error = e.what();
+    return result;
+  }
+  for (const auto& d : result.slurm.derived) {
+    if (d.option == "--rdzv-backend") backend = d.value;
+    if (d.option == "--rdzv-id") rdzv_id = d.value;
+    if (d.option == "--nnodes") nnodes = d.value;
+    if (d.option == "--node-rank") node_rank = std::stoi(d.value);
+    if (d.option == "--rdzv-endpoint") endpoint = d.value;
+    if (d.option == "--signals-to-handle") signals = d.value;
+  }
+  result.dry_run = dry_run;
+  for (const char* name :
+       {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+        "CUDA_VISIBLE_DEVICES", "PYTHON_EXEC", "TRUN_SLURM"}) {
+    if (const char* v = std::getenv(name)) result.environment[name] = v;
+  }
+  for (char** e = environ; e && *e; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("PET_", 0) == 0 && kv.find('=') != std::string::npos) {
+      result.environment[kv.substr(0, kv.find('='))] = kv.substr(kv.find('=') + 1);
+    }
   }
 
   try {

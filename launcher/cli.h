@@ -3,13 +3,17 @@
 //
 // Accepts every torchrun option in both spellings (--nproc-per-node and --nproc_per_node); each
 // option may also come from PET_<NAME> (upper case, underscores), the command line winning.
+// Inside an srun step, options neither given nor in PET_* are derived from SLURM_* variables
+// (launcher/slurm_options.h) before the defaults apply.
 // Single-threaded; reads the process environment; never exits the process itself.
 
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "agent/launch_config.h"
+#include "launcher/slurm_options.h"
 
 namespace trun::launcher {
 
@@ -21,6 +25,13 @@ struct CliResult {
   std::string error;
   // Accepted-but-ignored settings worth one warning line each (e.g. --start-method=fork).
   std::vector<std::string> notes;
+  // --dry-run: print the resolved configuration (launcher/dry_run.h) instead of running it.
+  bool dry_run = false;
+  // What SLURM's environment implied (launcher/slurm_options.h); its log_line is logged before
+  // the job starts, or before the error when a derived value turned out invalid.
+  SlurmOptions slurm;
+  // The environment variables (other than SLURM_*) the resolved configuration read, as set.
+  std::map<std::string, std::string> environment;
 };
 
 // argv as given to main (argv[0] is the program name).

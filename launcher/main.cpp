@@ -12,6 +12,7 @@
 #include "agent/console.h"
 #include "agent/elastic_agent.h"
 #include "launcher/cli.h"
+#include "launcher/dry_run.h"
 #include "launcher/store_command.h"
 
 namespace {
@@ -50,11 +51,19 @@ void setup_logging() {
 int run_launcher(int argc, char** argv) {
   setup_logging();
   trun::launcher::CliResult cli = trun::launcher::parse_command_line(argc, argv);
+  if (!cli.slurm.log_line.empty()) spdlog::warn("{}", cli.slurm.log_line);
   if (!cli.config) {
     if (!cli.error.empty()) std::fprintf(stderr, "trun: error: %s\n", cli.error.c_str());
     return cli.exit_code;
   }
   for (const auto& note : cli.notes) spdlog::warn("{}", note);
+  if (cli.dry_run) {
+    const std::string json = trun::launcher::dry_run_json(cli);
+    // Nothing else runs: a plain blocking write is right here.
+    std::fwrite(json.data(), 1, json.size(), stdout);
+    std::fflush(stdout);
+    return 0;
+  }
   trun::agent::ElasticAgent agent(*cli.config);
   const int code = agent.run();
   if (uint64_t dropped = trun::agent::console_dropped_lines(); dropped > 0) {

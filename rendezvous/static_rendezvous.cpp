@@ -1,5 +1,7 @@
 #include "rendezvous/static_rendezvous.h"
 
+#include <optional>
+
 #include "rendezvous/c10d/backend.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/prefix_store.h"
@@ -9,10 +11,36 @@ namespace {
 
 using namespace dynamic;
 
+// "trun pid 1234 at 10.0.0.7 (node host-1234-ab12cd)" from a node's "node_id local_addr"; the
+// default node id is host-pid-suffix (default_node_id()).
+std::string describe_node(const std::string& value) {
+  const auto space = value.find(' ');
+  const std::string id = value.substr(0, space);
+  const std::string addr = space == std::string::npos ? "" : value.substr(space + 1);
+  const auto last = id.rfind('-');
+  const auto before =
+      last == std::string::npos || last == 0 ? std::string::npos : id.rfind('-', last - 1);
+  std::string pid;
+  if (before != std::string::npos) pid = id.substr(before + 1, last - before - 1);
+  const bool numeric = !pid.empty() && pid.find_first_not_of("0123456789") == std::string::npos;
+  if (!numeric) return id + (addr.empty() ? "" : " (" + addr + ")");
+  return "trun pid " + pid + (addr.empty() ? "" : " at " + addr) + " (node " + id + ")";
+}
+
+std::string duplicate_rank(int rank, const std::string& holder, const std::string& me) {
+  return "--node-rank=" + std::to_string(rank) +
+         " was given to two nodes: " + describe_node(holder) + " and " + describe_node(me) +
+         " (give every node its own --node-rank)";
+}
+
 struct StaticKeys {
   std::string base;
   explicit StaticKeys(const std::string& run_id) : base("trun/static/" + run_id) {}
   std::string closed() const { return base + "/closed"; }
+  // Node 0's "node_id local_addr", set once it hosts the store: a second node 0 names it.
+  std::string host() const { return base + "/host"; }
+  // Who holds a rank in round k ("node_id local_addr"): taken once, so a duplicate is seen.
+  std::string claim(int64_t k, int rank) const { return r(k) + "/claim/" + std::to_string(rank); }
   std::string r(int64_t k) const { return base + "/" + std::to_string(k); }
   std::string arrived(int64_t k) const { return r(k) + "/arrived"; }
   std::string all(int64_t k) const { return r(k) + "/all"; }
@@ -55,6 +83,16 @@ class StaticRendezvous : public RoundRendezvous {
     const int rank = options_.node_rank;
     joining_round_ = k;
     if (backend_->try_get(keys_.closed())) throw closed_error();
+    // Two nodes with the same --node-rank: the later one ends the round for everyone (it could
+    // never form: another rank is missing), naming both, instead of a timeout.
+    const std::string me = options_.node_id + " " + options_.local_addr;
+    const std::string holder = backend_->compare_set(keys_.claim(k, rank), "", me);
+    // (A holder of a round that is over is a node that has gone: the old checks below apply.)
+    if (holder != me && !backend_->try_get(keys_.over(k))) {
+      const std::string why = duplicate_rank(rank, holder, me);
+      backend_->compare_set(keys_.all(k), "", "aborted: " + why);
+      throw RendezvousError(error_prefix() + ": " + why);
+    }
     arm_node_lease(k, keys_.node(k, rank), options_.node_id + " " + options_.local_addr,
                    keys_.all(k),
                    "aborted node " + options_.node_id + " (rank " + std::to_string(rank) +
@@ -65,7 +103,8 @@ class StaticRendezvous : public RoundRendezvous {
                             " nodes joined round " + std::to_string(k) +
                             " (is every --node-rank unique, and --nnodes the same everywhere?)");
     }
-    if (arrived == world) backend_->set(keys_.all(k), "ok");
+    // Not a plain set: a duplicate rank may have aborted the round already.
+    if (arrived == world) backend_->compare_set(keys_.all(k), "", "ok");
     auto v = backend_->wait_get(keys_.all(k), time_left(deadline, options_.join_timeout));
     if (!v) {
       throw RendezvousTimeoutError(error_prefix() + ": only some of the " + std::to_string(world) +
@@ -142,7 +181,14 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOpti
   if (o.node_id.empty()) o.node_id = default_node_id();
   if (o.local_addr.empty()) o.local_addr = default_local_addr();
   std::unique_ptr<StoreServer> server;
-  if (o.node_rank == 0) server = host_store(master, o.store_token, /*forced=*/true, "static");
+  std::optional<RendezvousError> cannot_host;
+  if (o.node_rank == 0) {
+    try {
+      server = host_store(master, o.store_token, /*forced=*/true, "static");
+    } catch (const RendezvousError& e) {
+      cannot_host = e;  // perhaps another node 0 of this job holds the port: asked below
+    }
+  }
   StoreBackendOptions bo;
   bo.host = master.host;
   bo.port = server ? server->port() : master.port;
@@ -152,8 +198,33 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOpti
   // first round's deadline covers both).
   bo.connect_timeout = start_first_round(&o, o.node_rank == 0 ? o.read_timeout : o.join_timeout);
   std::unique_ptr<RendezvousBackend> backend;
+  const StaticKeys keys(o.run_id);
+  const std::string me = o.node_id + " " + o.local_addr;
+  if (cannot_host) {
+    // A store holds the port. If it is this job's, hosted by a node 0, two nodes were given
+    // --node-rank=0: say so, and end the first round for the others too (a no-op once it has
+    // formed: a running job is not disturbed by a mistaken extra node).
+    std::optional<std::string> holder;
+    try {
+      bo.connect_timeout = std::chrono::seconds(2);
+      bo.read_timeout = std::chrono::seconds(5);
+      backend = connect_store_backend(bo);
+      // Node 0 names itself just after it starts listening: wait that long, not more.
+      holder = backend->wait_get(keys.host(), std::chrono::seconds(2));
+      if (holder) {
+        backend->compare_set(keys.all(0), "", "aborted: " + duplicate_rank(0, *holder, me));
+      }
+    } catch (const StoreError&) {
+      // Not a trun store, or not reachable: the bind error is the one to report.
+    }
+    if (!holder) throw *cannot_host;
+    throw RendezvousError(
+        "static rendezvous '" + o.run_id + "': " + duplicate_rank(0, *holder, me) +
+        "; the first hosts the store at " + master.host + ":" + std::to_string(master.port));
+  }
   try {
     backend = connect_store_backend(bo);
+    if (server) backend->set(keys.host(), me);
   } catch (const StoreError& e) {
     throw RendezvousError("static rendezvous '" + o.run_id +
                           "': cannot reach node 0's store: " + e.what());

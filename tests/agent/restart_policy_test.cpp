@@ -35,6 +35,9 @@ struct Script {
   int exit_code = 0;
   bool ignores_sigterm = false;
   bool cannot_start = false;
+  // When its exit is reaped, this signal is raised at the agent (as when scancel signals trun and
+  // its workers together and the worker's exit is seen first); 0: none.
+  int signal_agent_on_reap = 0;
 };
 
 class FakeSpawner final : public ProcessSpawner {
@@ -83,6 +86,9 @@ class FakeSpawner final : public ProcessSpawner {
     std::vector<ExitStatus> out;
     for (const auto& e : exited_) {
       if (is_worker(e.pid)) out.push_back(e);
+      // Pending (the agent blocks it) and not yet read: the agent must notice it before it
+      // decides what the exit means.
+      if (int sig = workers_[e.pid].script.signal_agent_on_reap) raise(sig);
     }
     exited_.clear();
     return out;
@@ -157,6 +163,25 @@ TEST_CASE("with no restarts left the agent fails with exit 1 after max_restarts 
   CHECK(ElasticAgent(c, clock, spawner).run() == kExitWorkersFailed);
   CHECK(spawner.attempts == 3);
   CHECK(spawner.restart_counts == std::vector<std::string>{"0", "1", "2"});
+}
+
+TEST_CASE("a worker exit seen just before the agent's own SIGTERM is part of the shutdown",
+          "[restart_policy]") {
+  for (int sig : {SIGTERM, SIGUSR1}) {
+    INFO("signal " << sig);
+    FakeClock clock;
+    // The worker exits 1 on its own handler; the agent's signal is pending when it reaps it.
+    FakeSpawner spawner(clock, [sig](int, int) {
+      Script s;
+      s.exit_code = 1;
+      s.signal_agent_on_reap = sig;
+      return s;
+    });
+    LaunchConfig c = config(1, 3);
+    c.signals_to_handle.push_back(SIGUSR1);
+    CHECK(ElasticAgent(c, clock, spawner).run() == kExitSignalBase + sig);
+    CHECK(spawner.attempts == 1);  // not restarted
+  }
 }
 
 TEST_CASE("a program that cannot start counts as a failed attempt", "[restart_policy]") {

@@ -9,6 +9,7 @@
 //                      trun (subreaper) and exit 0, or exit 1 if it stays a zombie
 //   exit N             exit with status N
 //   signal N           die by signal N (default action restored first)
+//   signal-parent N    send signal N to the parent (trun), as scancel signals a whole step
 //   ignore-term        ignore SIGTERM from now on
 //   trap DIR           on SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 write the signal number
 //                      to DIR/sig_<local_rank> and exit 0
@@ -163,7 +164,7 @@ int main(int argc, char** argv) {
         {"signal", 1},     {"ignore-term", 0}, {"trap", 1},         {"sleep", 1},
         {"error-file", 2}, {"flood", 1},       {"print", 1},        {"eprint", 1},
         {"partial", 1},    {"env", 1},         {"store-check", 0},  {"on-rank", 1},
-        {"on-attempt", 1}, {"wait-file", 1},   {"trap-time", 1}};
+        {"on-attempt", 1}, {"wait-file", 1},   {"trap-time", 1},    {"signal-parent", 1}};
     if (i >= a.size()) return;
     std::string action = a[i++];
     for (const auto& [name, n] : kArity) {
@@ -220,6 +221,10 @@ int main(int argc, char** argv) {
       sigprocmask(SIG_UNBLOCK, &set, nullptr);
       raise(sig);
       return 98;  // not reached for fatal signals
+    } else if (act == "signal-parent") {
+      // As scancel does to a whole step: the agent gets a signal while its worker exits.
+      need(1);
+      kill(getppid(), std::atoi(a[i++].c_str()));
     } else if (act == "ignore-term") {
       signal(SIGTERM, SIG_IGN);
     } else if (act == "trap") {

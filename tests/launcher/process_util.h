@@ -27,6 +27,9 @@ namespace trun::testing {
 // so every trun these tests start picks a free store port unless a test passes --master-port.
 // Set once, before any child is forked.
 inline const bool kFreeStorePortByDefault = (setenv("PET_MASTER_PORT", "0", 0), true);
+// The same for SLURM: a test run inside a SLURM job (srun ctest) must not have every trun derive
+// its rendezvous from the job's SLURM_* variables. Tests of that behaviour unset TRUN_SLURM.
+inline const bool kNoSlurmByDefault = (setenv("TRUN_SLURM", "0", 0), true);
 
 inline std::string trun_binary() { return std::string(TRUN_BINARY_DIR) + "/launcher/trun"; }
 inline std::string test_worker() {

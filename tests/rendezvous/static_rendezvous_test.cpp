@@ -103,6 +103,10 @@ TEST_CASE("static: too few nodes time out with a clear error", "[static]") {
 TEST_CASE("static: node 0 cannot host on a taken port", "[static]") {
   uint16_t port = pick_free_port();
   auto a = create_rendezvous_handler("static", static_options("s5", port, 0, 2));
-  CHECK_THROWS_WITH(create_rendezvous_handler("static", static_options("s5", port, 0, 2)),
+  // Another job's store holds the port.
+  CHECK_THROWS_WITH(create_rendezvous_handler("static", static_options("s5-other", port, 0, 2)),
                     Catch::Contains("cannot host the store"));
+  // This job's node 0 holds it: a second node was given --node-rank=0.
+  CHECK_THROWS_WITH(create_rendezvous_handler("static", static_options("s5", port, 0, 2)),
+                    Catch::Contains("--node-rank=0 was given to two nodes"));
 }
