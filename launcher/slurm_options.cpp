@@ -95,7 +95,7 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
                    (step ? "SLURM_STEP_ID=" + step->value + " is the batch or extern step"
                          : std::string("SLURM_STEP_ID is unset")) +
                    "): deriving no options from SLURM; start trun with srun, one per node "
-                   "(docs/launcher.md, Under SLURM)";
+                   "(docs/slurm.md)";
     return out;
   }
   out.context = SlurmContext::kStep;

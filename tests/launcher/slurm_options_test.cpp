@@ -193,7 +193,7 @@ TEST_CASE("outside an srun step nothing is derived, and the line says so", "[slu
   CHECK(s.derived.empty());
   CHECK(s.log_line ==
         "in SLURM job 12 but not in an srun step (SLURM_STEP_ID is unset): deriving no options "
-        "from SLURM; start trun with srun, one per node (docs/launcher.md, Under SLURM)");
+        "from SLURM; start trun with srun, one per node (docs/slurm.md)");
   for (const char* special : {"4294967294", "4294967295", "4294967291", "4294967292"}) {
     batch["SLURM_STEP_ID"] = special;
     s = derive(batch);
