@@ -63,9 +63,11 @@ class EnvError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What the agent told this worker. Terms as in torchrun: `rank` is global, `local_rank` within
-// this node, `group_rank` is the node's index among the nodes (group_world_size of them).
 struct InitOptions;
+
+// What the launcher (trun's agent, torchrun, srun, mpirun, or the init method) told this worker.
+// Terms as in torchrun: `rank` is global, `local_rank` within this node, `group_rank` is the
+// node's index among the nodes (group_world_size of them).
 
 struct WorkerEnv {
   bool standalone = true;  // no launcher environment and env://: a world of size 1
@@ -82,9 +84,9 @@ struct WorkerEnv {
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
-  // -1 under mpirun across several nodes: MPI exports no node index (Open MPI's
-  // OMPI_COMM_WORLD_NODE_RANK is a rank within the node), so every rank is then treated as a node
-  // of its own by the process groups.
+  // Both -1 under mpirun across several nodes: MPI exports no node index (Open MPI's
+  // OMPI_COMM_WORLD_NODE_RANK is a rank within the node), so the process groups then treat every
+  // rank as a node of its own.
   int group_rank = 0;
   int group_world_size = 1;
   int role_rank = 0;
