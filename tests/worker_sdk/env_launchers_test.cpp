@@ -115,6 +115,25 @@ TEST_CASE("torch's variables win over srun's (srun trun ...)", "[worker_sdk][env
   CHECK(e.run_id == "none");
 }
 
+TEST_CASE("mpirun inside an allocation: MPI's world, not the daemons' srun step",
+          "[worker_sdk][env][slurm][mpi]") {
+  // Open MPI's daemons run as a step of one task per node; ranks inherit its SLURM_*.
+  Vars v = srun(1, {1, 1}, "1(x2)");
+  for (auto& [k, val] : ompi(3, 4, 2)) v[k] = val;
+  v["MASTER_ADDR"] = "gpu07";
+  WorkerEnv e = parse(v);
+  CHECK(e.launcher == "mpi");
+  CHECK(e.rank == 3);
+  CHECK(e.world_size == 4);
+  // srun --mpi=pmi2: PMI_SIZE agrees with the step, SLURM's variables win.
+  Vars p = srun(3, {2, 2}, "2(x2)");
+  p["PMI_RANK"] = "3";
+  p["PMI_SIZE"] = "4";
+  WorkerEnv s = parse(p);
+  CHECK(s.launcher == "slurm");
+  CHECK(s.group_rank == 1);
+}
+
 TEST_CASE("a partial or contradictory srun environment fails naming the variable",
           "[worker_sdk][env][slurm]") {
   for (const char* missing : {"SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID",

@@ -260,6 +260,18 @@ Launch mpi_launch(const Lookup& lookup, bool open_mpi) {
   return l;
 }
 
+// mpirun inside a SLURM allocation starts its daemons with srun, one task per node, so its
+// ranks inherit the daemons' step (SLURM_PROCID = the node's index, SLURM_STEP_NUM_TASKS = the
+// number of nodes): when MPI's world size is set and differs from the step's, MPI's is the truth.
+// (Under `srun --mpi=pmi2` PMI_SIZE agrees with SLURM's and SLURM's richer variables win.)
+bool mpirun_in_allocation(const Lookup& lookup) {
+  const char* mpi = lookup("OMPI_COMM_WORLD_SIZE");
+  if (!mpi) mpi = lookup("PMI_SIZE");
+  const char* step = lookup("SLURM_STEP_NUM_TASKS");
+  if (!step) step = lookup("SLURM_NTASKS");
+  return mpi && (!step || std::string(mpi) != step);
+}
+
 struct Url {
   std::string scheme;  // "env", "tcp", "file"
   std::string rest;    // after "://", without the query
@@ -379,7 +391,7 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup, const InitOptions& options) {
   if (const char* first = first_set(
           lookup, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"})) {
     l = torch_launch(lookup, first, is_env && given_world < 0);
-  } else if (lookup("SLURM_STEP_ID")) {
+  } else if (lookup("SLURM_STEP_ID") && !mpirun_in_allocation(lookup)) {
     l = slurm_launch(lookup);
   } else if (lookup("OMPI_COMM_WORLD_RANK") || lookup("OMPI_COMM_WORLD_SIZE")) {
     l = mpi_launch(lookup, true);

@@ -14,7 +14,8 @@
 //   PyTorch's FileStore format). Rank and world size: InitOptions::rank/world_size, else the
 //   URL's query (?rank=R&world_size=N; not both), else the launcher environment below.
 //
-//   Launcher environments, first match wins:
+//   Launcher environments, first match wins (except that an MPI world size which differs from
+//   the SLURM step's, as under mpirun inside an allocation, makes mpi win over slurm):
 //   - torch (trun, torchrun, or by hand): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,
 //     LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME,
 //     TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID. With env://, MASTER_ADDR:MASTER_PORT is the
