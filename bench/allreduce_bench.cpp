@@ -238,6 +238,7 @@ int main(int argc, char** argv) {
       ::setenv("GROUP_WORLD_SIZE", "1", 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);  // the server above
       ::setenv("TORCHELASTIC_RUN_ID", ("bench" + std::to_string(::getppid())).c_str(), 1);
       ::execl("/proc/self/exe", argv[0], "--worker", "--sizes-mib", sizes.c_str(),
               static_cast<char*>(nullptr));

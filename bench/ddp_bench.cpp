@@ -196,6 +196,7 @@ int main(int argc, char** argv) {
       ::setenv("GROUP_WORLD_SIZE", "1", 1);
       ::setenv("MASTER_ADDR", "127.0.0.1", 1);
       ::setenv("MASTER_PORT", port.c_str(), 1);
+      ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);  // the server above
       ::setenv("TORCHELASTIC_RUN_ID", run_id.c_str(), 1);
       ::setenv("TORCHELASTIC_RESTART_COUNT", "0", 1);
       ::execv("/proc/self/exe", argv);

@@ -46,6 +46,14 @@ void require_error_naming(const std::map<std::string, std::string>& vars,
   }
 }
 
+// init() reads the process environment: no launcher variables the test itself runs under.
+void unset_launcher_env() {
+  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
+                        "LOCAL_WORLD_SIZE", "GROUP_RANK", "SLURM_STEP_ID", "OMPI_COMM_WORLD_RANK",
+                        "OMPI_COMM_WORLD_SIZE", "PMI_RANK", "PMI_SIZE", "TRUN_INIT_METHOD"})
+    ::unsetenv(v);
+}
+
 }  // namespace
 
 TEST_CASE("the agent's full environment is parsed field by field", "[worker_sdk][env]") {
@@ -118,9 +126,7 @@ TEST_CASE("without placement variables every rank is a node of its own", "[worke
 }
 
 TEST_CASE("init() outside a launcher gives a working world of size 1", "[worker_sdk][env]") {
-  for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK",
-                        "LOCAL_WORLD_SIZE", "GROUP_RANK"})
-    ::unsetenv(v);
+  unset_launcher_env();
   Worker w = init();
   CHECK(w.env().standalone);
   CHECK(w.world_size() == 1);
@@ -144,6 +150,7 @@ TEST_CASE("init() outside a launcher gives a working world of size 1", "[worker_
 }
 
 TEST_CASE("invalid collective arguments are rejected on the caller's thread", "[worker_sdk][env]") {
+  unset_launcher_env();
   Worker w = init();
   ProcessGroup& pg = w.process_group();
   std::vector<float> x(4);
@@ -168,6 +175,7 @@ TEST_CASE("init() connects to an authenticating store with TRUN_STORE_TOKEN", "[
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
   ::setenv("MASTER_PORT", std::to_string(server->port()).c_str(), 1);
   ::setenv("TORCHELASTIC_RUN_ID", "tokentest", 1);
+  ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);  // the server above is the "agent's"
   InitOptions io;
   io.timeout = std::chrono::seconds(5);
   SECTION("right token") {
@@ -183,7 +191,7 @@ TEST_CASE("init() connects to an authenticating store with TRUN_STORE_TOKEN", "[
     CHECK_THROWS_AS(init(io), trun::rendezvous::StoreError);
   }
   for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-                        "TRUN_STORE_TOKEN"})
+                        "TRUN_STORE_TOKEN", "TORCHELASTIC_USE_AGENT_STORE"})
     ::unsetenv(v);
   server->stop();
 }
@@ -191,7 +199,10 @@ TEST_CASE("init() connects to an authenticating store with TRUN_STORE_TOKEN", "[
 TEST_CASE("TORCHELASTIC_USE_AGENT_STORE says whether rank 0 hosts the job's store",
           "[worker_sdk][env]") {
   auto vars = full();
-  CHECK(parse(vars).use_agent_store);  // unset: MASTER_ADDR/PORT is the agent's store
+  // Unset: rank 0 hosts it, as PyTorch's env:// does (only True means the agent's store).
+  CHECK_FALSE(parse(vars).use_agent_store);
+  CHECK(parse(vars).store_origin ==
+        "MASTER_ADDR/MASTER_PORT; rank 0 hosts it: TORCHELASTIC_USE_AGENT_STORE is not True");
   vars["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   CHECK(parse(vars).use_agent_store);
   vars["TORCHELASTIC_USE_AGENT_STORE"] = "False";

@@ -57,8 +57,23 @@ void Job::start(const JobSpec& spec) {
         if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
       }
       for (const char* k : {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
-                            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"})
+                            "GROUP_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TRUN_INIT_METHOD",
+                            "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RUN_ID"})
         env.erase(k);
+      for (auto it = env.begin(); it != env.end();) {
+        const std::string& k = it->first;
+        bool launcher = false;
+        for (const char* p : {"SLURM_", "OMPI_", "PMI_", "PMIX_", "MPI_LOCAL"})
+          launcher = launcher || k.rfind(p, 0) == 0;
+        it = launcher ? env.erase(it) : std::next(it);
+      }
+      if (!spec.torch_env) {
+        for (auto& [k, v] : spec.env) env[k] = v;
+        if (static_cast<size_t>(rank) < spec.rank_env.size())
+          for (auto& [k, v] : spec.rank_env[rank]) env[k] = v;
+        spawn(spec, env);
+        continue;
+      }
       env["RANK"] = std::to_string(rank);
       env["WORLD_SIZE"] = std::to_string(world);
       if (!spec.no_placement) {
@@ -75,32 +90,38 @@ void Job::start(const JobSpec& spec) {
       env["TORCHELASTIC_RUN_ID"] = spec.run_id;
       env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
       for (auto& [k, v] : spec.env) env[k] = v;
-      std::vector<std::string> env_strs;
-      for (auto& [k, v] : env) env_strs.push_back(k + "=" + v);
-      std::vector<char*> envp, argv;
-      for (auto& s : env_strs) envp.push_back(s.data());
-      envp.push_back(nullptr);
-      std::vector<std::string> args = spec.argv;
-      for (auto& s : args) argv.push_back(s.data());
-      argv.push_back(nullptr);
-      std::string out_path = dir_ + "/rank" + std::to_string(pids_.size());
-      pid_t pid = ::fork();
-      if (pid < 0) throw std::runtime_error("fork failed");
-      if (pid == 0) {
-        int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-          ::dup2(fd, 1);
-          ::dup2(fd, 2);
-          ::close(fd);
-        }
-        ::execve(argv[0], argv.data(), envp.data());
-        std::fprintf(stderr, "execve %s: %s\n", argv[0], std::strerror(errno));
-        ::_exit(127);
-      }
-      pids_.push_back(pid);
-      reaped_.push_back(false);
+      if (static_cast<size_t>(rank) < spec.rank_env.size())
+        for (auto& [k, v] : spec.rank_env[rank]) env[k] = v;
+      spawn(spec, env);
     }
   }
+}
+
+void Job::spawn(const JobSpec& spec, const std::map<std::string, std::string>& env) {
+  std::vector<std::string> env_strs;
+  for (auto& [k, v] : env) env_strs.push_back(k + "=" + v);
+  std::vector<char*> envp, argv;
+  for (auto& s : env_strs) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = spec.argv;
+  for (auto& s : args) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::string out_path = dir_ + "/rank" + std::to_string(pids_.size());
+  pid_t pid = ::fork();
+  if (pid < 0) throw std::runtime_error("fork failed");
+  if (pid == 0) {
+    int fd = ::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0) {
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      ::close(fd);
+    }
+    ::execve(argv[0], argv.data(), envp.data());
+    std::fprintf(stderr, "execve %s: %s\n", argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  pids_.push_back(pid);
+  reaped_.push_back(false);
 }
 
 std::string Job::output(int r) const {

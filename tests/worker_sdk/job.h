@@ -26,6 +26,10 @@ struct JobSpec {
   std::string run_id = "test";
   int restart_count = 0;
   std::map<std::string, std::string> env;  // extra variables for every rank
+  // False: none of the variables above (RANK ... TORCHELASTIC_*); only `env` and `rank_env`, as
+  // under srun, mpirun or a hand-set environment. `nodes` then only counts the ranks.
+  bool torch_env = true;
+  std::vector<std::map<std::string, std::string>> rank_env;  // rank_env[r]: rank r's extras
 };
 
 struct RankResult {
@@ -44,7 +48,8 @@ class Job {
   ~Job();  // SIGKILLs and reaps whatever still runs; removes its temp dir
 
   uint16_t port() const { return port_; }
-  // Spawns every rank; returns at once.
+  // Spawns every rank; returns at once. Launcher variables the test itself inherited (SLURM_*,
+  // OMPI_*, PMI_*, PMIX_*, MPI_LOCAL*, TRUN_INIT_METHOD) are not passed on.
   void start(const JobSpec& spec);
   // Waits for every rank, SIGKILLing all that remain after `timeout`.
   std::vector<RankResult> wait(std::chrono::milliseconds timeout);
@@ -57,6 +62,8 @@ class Job {
   std::string describe(const std::vector<RankResult>& results) const;
 
  private:
+  void spawn(const JobSpec& spec, const std::map<std::string, std::string>& env);
+
   std::unique_ptr<rendezvous::StoreServer> server_;
   uint16_t port_ = 0;
   std::string dir_;

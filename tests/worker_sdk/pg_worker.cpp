@@ -23,6 +23,8 @@
 //                                1000 (an elastic job that loses its other nodes)
 //   pg_worker throw | segv       die by an uncaught exception / SIGSEGV (error-file tests)
 //
+// Every scenario first prints "env launcher=... init=... rank=... world=... local_rank=...
+// local_world=... group_rank=... group_world=... run_id=..." (WorkerEnv, for the launcher tests).
 // PG_WORKER_BACKEND=cpu|nccl|auto picks the backend; PG_WORKER_CUDA=1 (builds with NCCL) runs
 // matrix, stall and loop on device buffers: each collective gets device copies of its buffers.
 //
@@ -418,8 +420,16 @@ int main(int argc, char** argv) {
       cudaSetDevice(std::max(w.env().local_rank, 0) % devices);
 #endif
     std::printf("rank %d/%d backend %s\n", pg.rank(), pg.size(), pg.backend_description().c_str());
+    const WorkerEnv& env = w.env();
     std::printf("rank %d store %s\n", pg.rank(),
-                w.env().use_agent_store ? "agent" : "hosted by rank 0");
+                !env.store_path.empty() ? "file"
+                : env.use_agent_store   ? "agent"
+                                        : "hosted by rank 0");
+    std::printf(
+        "env launcher=%s init=%s rank=%d world=%d local_rank=%d local_world=%d "
+        "group_rank=%d group_world=%d run_id=%s\n",
+        env.launcher.c_str(), env.init_method.c_str(), env.rank, env.world_size, env.local_rank,
+        env.local_world_size, env.group_rank, env.group_world_size, env.run_id.c_str());
     if (scenario == "matrix") {
       std::vector<size_t> sizes;
       for (int i = 2; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));

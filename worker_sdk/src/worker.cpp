@@ -1,15 +1,78 @@
 #include "trun/worker.h"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <mutex>
 
 #include "rendezvous/shm_names.h"
+#include "rendezvous/store/file_store.h"
 #include "rendezvous/store/prefix_store.h"
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
 #include "trun/error_file.h"
+#include "worker_sdk/src/waiting_store.h"
 
 namespace trun::worker {
+namespace {
+
+std::string who(const WorkerEnv& env) {
+  return "rank " + std::to_string(env.rank) + "/" + std::to_string(env.world_size);
+}
+
+// "the store at 127.0.0.1:29500 (MASTER_ADDR/MASTER_PORT; ...)", for the waiting messages.
+std::string store_description(const WorkerEnv& env) {
+  if (!env.store_path.empty())
+    return "the store in " + env.store_path + " (" + env.store_origin + ")";
+  const bool v6 = env.master_addr.find(':') != std::string::npos;
+  return "the store at " + (v6 ? "[" + env.master_addr + "]" : env.master_addr) + ":" +
+         std::to_string(env.master_port) + " (" + env.store_origin + ")";
+}
+
+// The job's store, before namespacing: the file of file://, else a TcpStore connected to the
+// agent's store or to the one rank 0 hosts (started here, into *hosted). Connecting reports on
+// stderr while it waits (detail::wait_reporting).
+std::shared_ptr<rendezvous::Store> open_store(const WorkerEnv& env, const InitOptions& options,
+                                              std::shared_ptr<void>* hosted) {
+  if (!env.store_path.empty()) {
+    auto store = std::make_shared<rendezvous::FileStore>(env.store_path, env.world_size);
+    store->set_timeout(options.timeout);
+    return store;
+  }
+  if (!env.use_agent_store && env.rank == 0) {
+    // Not the agent's store (torchrun's c10d backend, a hand-set env://, tcp://, srun, mpirun):
+    // rank 0 hosts the job's store on the port, on every address, as PyTorch does.
+    rendezvous::StoreServerOptions server_options;
+    server_options.host = "0.0.0.0";
+    server_options.port = env.master_port;
+    server_options.token = env.store_token;
+    try {
+      std::shared_ptr<rendezvous::StoreServer> server =
+          rendezvous::StoreServer::start(server_options);
+      *hosted = server;
+    } catch (const rendezvous::StoreError& e) {
+      throw rendezvous::StoreError(who(env) + ": cannot host " + store_description(env) + ": " +
+                                   e.what());
+    }
+  }
+  rendezvous::TcpStoreOptions so;
+  so.host = env.master_addr;
+  so.port = env.master_port;
+  so.timeout = options.timeout;
+  so.token = env.store_token;
+  // The store rank 0 hosts is trun's; the agent's may be trun's or a foreign torchrun's
+  // (PyTorch 1.13 or 2.x), which the probe tells apart.
+  so.dialect = env.use_agent_store ? env.store_dialect : rendezvous::StoreDialect::kTrun;
+  std::shared_ptr<rendezvous::TcpStore> store;
+  detail::wait_reporting(who(env), store_description(env), options.timeout,
+                         [&](std::chrono::milliseconds slice) {
+                           so.connect_timeout = slice;
+                           store = std::make_shared<rendezvous::TcpStore>(so);
+                         });
+  return store;
+}
+
+}  // namespace
 
 // new_group builds one group at a time per process: the Worker's store is one connection whose
 // calls are serialized, so two groups under construction at once could each block it in a wait
@@ -21,36 +84,16 @@ struct Worker::Groups {
 
 Worker init(const InitOptions& options) {
   Worker w;
-  w.env_ = WorkerEnv::from_environment();
+  w.env_ = WorkerEnv::from_environment(options);
   w.options_ = options;
   if (options.install_error_handler && !w.env_.error_file.empty())
     install_error_handler(w.env_.error_file);
   if (w.env_.standalone) {
     std::fprintf(stderr,
-                 "[trun.worker] RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set: "
-                 "not launched by trun, running as a world of size 1\n");
+                 "[trun.worker] RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set, and "
+                 "there is no srun or mpirun environment: running as a world of size 1\n");
   } else {
-    if (!w.env_.use_agent_store && w.env_.rank == 0) {
-      // The agent's store is not for workers (torchrun's c10d backend): rank 0 hosts the job's
-      // store on MASTER_PORT, on every address, as PyTorch's env:// initialization does.
-      rendezvous::StoreServerOptions server_options;
-      server_options.host = "0.0.0.0";
-      server_options.port = w.env_.master_port;
-      server_options.token = w.env_.store_token;
-      std::shared_ptr<rendezvous::StoreServer> server =
-          rendezvous::StoreServer::start(server_options);
-      w.hosted_store_ = server;
-    }
-    rendezvous::TcpStoreOptions so;
-    so.host = w.env_.master_addr;
-    so.port = w.env_.master_port;
-    so.timeout = options.timeout;
-    so.connect_timeout = options.timeout;
-    so.token = w.env_.store_token;
-    // The store rank 0 hosts is trun's; the agent's may be trun's or a foreign torchrun's
-    // (PyTorch 1.13 or 2.x), which the probe tells apart.
-    so.dialect = w.env_.use_agent_store ? w.env_.store_dialect : rendezvous::StoreDialect::kTrun;
-    auto base = std::make_shared<rendezvous::TcpStore>(so);
+    auto base = open_store(w.env_, options, &w.hosted_store_);
     w.store_ = std::make_shared<rendezvous::PrefixStore>("trun/worker/" + w.env_.run_id, base);
   }
   w.groups_ = std::make_shared<Worker::Groups>();
@@ -71,11 +114,17 @@ std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
   const std::string round =
       "restart" + std::to_string(env_.restart_count) + "/pg" + std::to_string(n);
   ProcessGroupOptions o;
-  if (store_) o.store = std::make_shared<rendezvous::PrefixStore>(round, store_);
+  if (store_) {
+    // Waiting for the other ranks says so on stderr (detail::WaitingStore).
+    o.store = std::make_shared<detail::WaitingStore>(
+        std::make_shared<rendezvous::PrefixStore>(round, store_), who(env_),
+        "the other ranks to build process group " + std::to_string(n), store_description(env_));
+  }
   o.rank = env_.rank;
   o.world_size = env_.world_size;
+  // group_rank -1 (mpirun across nodes): placement unknown, each rank a node of its own.
   o.node_rank = env_.group_rank;
-  o.local_rank = env_.local_rank;
+  o.local_rank = env_.group_rank < 0 ? -1 : env_.local_rank;
   o.backend = backend == Backend::kAuto ? options_.backend : backend;
   o.timeout = options_.timeout;
   // Shared-memory segment names: the agent removes leftovers by the same rule.

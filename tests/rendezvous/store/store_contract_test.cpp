@@ -1,12 +1,18 @@
 // The Store contract, run against every implementation: the TCP client talking to a real server
 // over loopback, a PrefixStore over it, the in-memory store used by unit tests, and the etcd store
-// (the agent's store with --rdzv-backend=etcd) against a real etcd.
+// (the agent's store with --rdzv-backend=etcd) against a real etcd, and the file store (every
+// "client" a FileStore of its own on one file).
+#include <unistd.h>
+
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
+#include <stdexcept>
 #include <thread>
 
 #include "rendezvous/etcd/kv.h"
+#include "rendezvous/store/file_store.h"
 #include "rendezvous/store/in_memory_store.h"
 #include "rendezvous/store/prefix_store.h"
 #include "rendezvous/store/server.h"
@@ -65,12 +71,33 @@ struct EtcdFixture {
   }
 };
 
+// Each make() is a FileStore of its own on the fixture's file, as separate processes would be.
+struct FileFixture {
+  std::string dir, path;
+  FileFixture() {
+    char tmpl[] = "/tmp/trun-filestore-XXXXXX";
+    if (!::mkdtemp(tmpl)) throw std::runtime_error("mkdtemp failed");
+    dir = tmpl;
+    path = dir + "/store";
+  }
+  ~FileFixture() {
+    std::remove(path.c_str());
+    ::rmdir(dir.c_str());
+  }
+  std::shared_ptr<Store> make() {
+    auto s = std::make_shared<FileStore>(path, -1);
+    s->set_timeout(5s);
+    return s;
+  }
+};
+
 using Clock = std::chrono::steady_clock;
 
 }  // namespace
 
 TEMPLATE_TEST_CASE("set then get returns the value, including empty and binary values",
-                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture,
+                   FileFixture) {
   TestType f;
   auto s = f.make();
   s->set("a", "hello");
@@ -86,7 +113,7 @@ TEMPLATE_TEST_CASE("set then get returns the value, including empty and binary v
 }
 
 TEMPLATE_TEST_CASE("get blocks until another client sets the key", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture, EtcdFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   auto reader = f.make();
   auto writer = f.make();
@@ -101,7 +128,8 @@ TEMPLATE_TEST_CASE("get blocks until another client sets the key", "[store][cont
 }
 
 TEMPLATE_TEST_CASE("get of a key that never appears times out with StoreTimeoutError",
-                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture,
+                   FileFixture) {
   TestType f;
   auto s = f.make();
   s->set_timeout(200ms);
@@ -114,7 +142,7 @@ TEMPLATE_TEST_CASE("get of a key that never appears times out with StoreTimeoutE
 }
 
 TEMPLATE_TEST_CASE("add is atomic across clients and counts from zero", "[store][contract]",
-                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
+                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   CHECK(f.make()->add("fresh", 5) == 5);
   CHECK(f.make()->add("fresh", -7) == -2);
@@ -133,7 +161,7 @@ TEMPLATE_TEST_CASE("add is atomic across clients and counts from zero", "[store]
 }
 
 TEMPLATE_TEST_CASE("compare_set follows c10d's rules", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture, EtcdFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   auto s = f.make();
   // Missing key, empty expected: set.
@@ -150,7 +178,7 @@ TEMPLATE_TEST_CASE("compare_set follows c10d's rules", "[store][contract]", TcpF
 }
 
 TEMPLATE_TEST_CASE("compare_set wakes a waiter on the key", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture, EtcdFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   auto waiter = f.make();
   auto writer = f.make();
@@ -164,7 +192,7 @@ TEMPLATE_TEST_CASE("compare_set wakes a waiter on the key", "[store][contract]",
 }
 
 TEMPLATE_TEST_CASE("check reports whether all keys exist without blocking", "[store][contract]",
-                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
+                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   auto s = f.make();
   CHECK(s->check({}));
@@ -177,7 +205,8 @@ TEMPLATE_TEST_CASE("check reports whether all keys exist without blocking", "[st
 }
 
 TEMPLATE_TEST_CASE("wait returns once every key exists and times out otherwise",
-                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
+                   "[store][contract]", TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture,
+                   FileFixture) {
   TestType f;
   auto s = f.make();
   auto writer = f.make();
@@ -206,7 +235,7 @@ TEMPLATE_TEST_CASE("wait returns once every key exists and times out otherwise",
 }
 
 TEMPLATE_TEST_CASE("num_keys and delete_key", "[store][contract]", TcpFixture, PrefixFixture,
-                   MemoryFixture, EtcdFixture) {
+                   MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   auto s = f.make();
   int64_t base = s->num_keys();
@@ -221,7 +250,7 @@ TEMPLATE_TEST_CASE("num_keys and delete_key", "[store][contract]", TcpFixture, P
 }
 
 TEMPLATE_TEST_CASE("multi_set and multi_get keep the order of keys", "[store][contract]",
-                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture) {
+                   TcpFixture, PrefixFixture, MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   auto s = f.make();
   s->multi_set({"m1", "m2", "m3"}, {"one", "", "three"});
@@ -232,7 +261,7 @@ TEMPLATE_TEST_CASE("multi_set and multi_get keep the order of keys", "[store][co
 }
 
 TEMPLATE_TEST_CASE("append creates and extends a value", "[store][contract]", TcpFixture,
-                   PrefixFixture, MemoryFixture, EtcdFixture) {
+                   PrefixFixture, MemoryFixture, EtcdFixture, FileFixture) {
   TestType f;
   auto s = f.make();
   s->append("log", "a");

@@ -5,15 +5,41 @@
 //   auto& pg = worker.process_group();             // the default group over all ranks
 //   pg.allreduce(grads.data(), grads.size(), trun::worker::DataType::kFloat32);
 //
-// Environment (set by the agent, as torchrun does): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
-// (the agent's store, or with TORCHELASTIC_USE_AGENT_STORE=False where rank 0 hosts the job's
-// store), LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK,
-// ROLE_NAME, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID, TORCHELASTIC_ERROR_FILE, and
-// TRUN_STORE_TOKEN when the store requires authentication. TRUN_STORE_DIALECT (auto, trun,
-// torch2, torch1.13; default auto) names the store's protocol when the probe should be skipped
-// (docs/worker_sdk.md); the agent does not set it. With none of RANK, WORLD_SIZE,
-// MASTER_ADDR, MASTER_PORT set, the worker is a world of size 1 (logged once on stderr). With
-// some set but not all, or a malformed value, init throws EnvError naming the variable.
+// Where the ranks and the store come from (docs/worker_sdk.md, "Environment"), as
+// torch.distributed.init_process_group does, plus `srun` and `mpirun`:
+//
+//   init_method (InitOptions::init_method, or TRUN_INIT_METHOD when the program leaves the default
+//   "env://"): "env://" (below), "tcp://host:port" (rank 0 hosts the store there, the others
+//   connect) or "file:///path" (a store in a file every rank opens: rendezvous/store/file_store.h,
+//   PyTorch's FileStore format). Rank and world size: InitOptions::rank/world_size, else the
+//   URL's query (?rank=R&world_size=N; not both), else the launcher environment below.
+//
+//   Launcher environments, first match wins (except that an MPI world size which differs from
+//   the SLURM step's, as under mpirun inside an allocation, makes mpi win over slurm):
+//   - torch (trun, torchrun, or by hand): RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK,
+//     LOCAL_WORLD_SIZE, GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_NAME,
+//     TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_RUN_ID. With env://, MASTER_ADDR:MASTER_PORT is the
+//     agent's store only when TORCHELASTIC_USE_AGENT_STORE=True; otherwise (unset, False) rank 0
+//     hosts the store on MASTER_PORT and the others connect, as in PyTorch.
+//   - slurm (plain `srun -n N prog`, inside a step: SLURM_STEP_ID set): SLURM_PROCID,
+//     SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), SLURM_LOCALID, SLURM_NODEID,
+//     SLURM_STEP_TASKS_PER_NODE, SLURM_STEP_NODELIST (first host: rank 0, unless MASTER_ADDR),
+//     SLURM_JOB_ID (the port, unless MASTER_PORT: launcher/slurm.h; run id "slurm-<job>.<step>").
+//   - mpi (`mpirun -np N`, `mpiexec`): Open MPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,
+//     LOCAL_SIZE}, or MPICH/Hydra's PMI_RANK, PMI_SIZE (MPI_LOCALRANKID, MPI_LOCALNRANKS). The
+//     store is at MASTER_ADDR, or 127.0.0.1 when every rank is on this node; its port MASTER_PORT
+//     or one derived from the MPI job id (OMPI_MCA_ess_base_jobid, OMPI_MCA_orte_ess_jobid or
+//     PMIX_NAMESPACE) in 10000-31999.
+//   - standalone: none of these: a world of size 1 (logged once on stderr).
+// Also TORCHELASTIC_ERROR_FILE, TRUN_STORE_TOKEN when the store requires authentication, and
+// TRUN_STORE_DIALECT (auto, trun, torch2, torch1.13; default auto), the agent store's protocol
+// when the probe should be skipped. A partial, contradictory or malformed environment (or
+// init_method) throws EnvError naming the variables; a launcher that says N > 1 never becomes a
+// world of size 1.
+//
+// Waiting: while init() connects to the store, and while a group waits for its peers, a line on
+// stderr after 5 s (then every 30 s) says what is awaited, where, and which variables decided it;
+// the timeout's error says the same.
 //
 // Thread safety: a Worker (and its copies, which share its store, default group and group
 // numbering) may be used from several threads at once: its accessors read state fixed by init(),
@@ -38,14 +64,30 @@ class EnvError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// What the agent told this worker. Terms as in torchrun: `rank` is global, `local_rank` within
-// this node, `group_rank` is the node's index among the nodes (group_world_size of them).
+struct InitOptions;
+
+// What the launcher (trun's agent, torchrun, srun, mpirun, or the init method) told this worker.
+// Terms as in torchrun: `rank` is global, `local_rank` within this node, `group_rank` is the
+// node's index among the nodes (group_world_size of them).
+
 struct WorkerEnv {
-  bool standalone = true;  // no launcher environment: a world of size 1
+  bool standalone = true;  // no launcher environment and env://: a world of size 1
+  // Where rank and world size came from: "torch" (RANK, WORLD_SIZE, ...), "slurm", "mpi", "tcp" /
+  // "file" (InitOptions::rank/world_size or the init method's URL query), or "standalone".
+  std::string launcher = "standalone";
+  // The init method in effect, without its query: "env://", "tcp://host:port", "file:///path".
+  std::string init_method = "env://";
+  std::string store_path;  // file://: the store's file; empty otherwise
+  // Which variables (or options) decided where the store is and who hosts it, for messages, e.g.
+  // "MASTER_ADDR/MASTER_PORT; rank 0 hosts it: TORCHELASTIC_USE_AGENT_STORE is not True".
+  std::string store_origin;
   int rank = 0;
   int world_size = 1;
   int local_rank = 0;
   int local_world_size = 1;
+  // Both -1 under mpirun across several nodes: MPI exports no node index (Open MPI's
+  // OMPI_COMM_WORLD_NODE_RANK is a rank within the node), so the process groups then treat every
+  // rank as a node of its own.
   int group_rank = 0;
   int group_world_size = 1;
   int role_rank = 0;
@@ -53,25 +95,36 @@ struct WorkerEnv {
   std::string master_addr;
   uint16_t master_port = 0;
   int restart_count = 0;
-  std::string run_id = "none";
-  std::string error_file;   // empty: not set
-  std::string store_token;  // empty: the store does not authenticate
-  // TORCHELASTIC_USE_AGENT_STORE: true (or unset) when MASTER_ADDR/PORT is the agent's store;
-  // "False" (torchrun's c10d backend) means rank 0 hosts the job's store on MASTER_PORT, as
-  // PyTorch's env:// initialization does, and the other ranks connect to it.
-  bool use_agent_store = true;
+  std::string run_id = "none";  // "none": nothing gave one
+  std::string error_file;       // empty: not set
+  std::string store_token;      // empty: the store does not authenticate
+  // TORCHELASTIC_USE_AGENT_STORE=True (env:// only): MASTER_ADDR/PORT is the agent's store.
+  // Otherwise (unset or False, as PyTorch reads it; and always with tcp://) rank 0 hosts the
+  // job's store on master_port and the other ranks connect to it.
+  bool use_agent_store = false;
   // TRUN_STORE_DIALECT: how to talk to MASTER_ADDR/PORT's store. kAuto probes on connect: trun's
   // agent store, PyTorch 2.x's and PyTorch 1.13's (a foreign torchrun's agent store) all work.
   // Ignored when rank 0 hosts the store itself (use_agent_store false): that store is trun's.
   rendezvous::StoreDialect store_dialect = rendezvous::StoreDialect::kAuto;
 
-  // Reads the process environment. Throws EnvError.
+  // Reads the process environment with InitOptions' init method, rank and world size (default:
+  // env://, from the environment). Throws EnvError.
   static WorkerEnv from_environment();
+  static WorkerEnv from_environment(const InitOptions& options);
   // Same, reading variables through `lookup` (nullptr: unset). For tests.
   static WorkerEnv parse(const std::function<const char*(const char*)>& lookup);
+  static WorkerEnv parse(const std::function<const char*(const char*)>& lookup,
+                         const InitOptions& options);
 };
 
 struct InitOptions {
+  // As torch.distributed.init_process_group's: "env://", "tcp://host:port" or "file:///path",
+  // optionally with "?rank=R&world_size=N". TRUN_INIT_METHOD replaces the default "env://" (an
+  // init method the program sets itself wins).
+  std::string init_method = "env://";
+  // -1: from the init method's query, else from the launcher environment.
+  int rank = -1;
+  int world_size = -1;
   Backend backend = Backend::kAuto;
   // Deadline for connecting to the store, building groups, and each collective.
   std::chrono::milliseconds timeout = std::chrono::minutes(10);
@@ -88,8 +141,8 @@ class Worker {
   const WorkerEnv& env() const { return env_; }
   int rank() const { return env_.rank; }
   int world_size() const { return env_.world_size; }
-  // The job's store (the agent's, or the one rank 0 hosts: see WorkerEnv::use_agent_store),
-  // namespaced for this job's run id; nullptr when standalone.
+  // The job's store (the agent's, the one rank 0 hosts: see WorkerEnv::use_agent_store, or the
+  // file of file://), namespaced for this job's run id; nullptr when standalone.
   const std::shared_ptr<rendezvous::Store>& store() const { return store_; }
   // The default group (CollectiveError if init() was told not to create one).
   ProcessGroup& process_group();
@@ -108,15 +161,16 @@ class Worker {
   Worker() = default;
   WorkerEnv env_;
   InitOptions options_;
-  std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when !env_.use_agent_store
+  std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when it hosts the store
   std::shared_ptr<rendezvous::Store> store_;
   std::shared_ptr<ProcessGroup> default_group_;
   struct Groups;  // new_group's numbering and lock, shared by copies (worker.cpp)
   std::shared_ptr<Groups> groups_;
 };
 
-// Reads the environment, connects to the agent's store (bounded by options.timeout) and builds
-// the default group. Throws EnvError, rendezvous::StoreError, CollectiveError.
+// Reads the environment, connects to the store (bounded by options.timeout) and builds the
+// default group. Throws EnvError, rendezvous::StoreError (StoreTimeoutError when the store never
+// answered), CollectiveError.
 Worker init(const InitOptions& options = {});
 
 }  // namespace trun::worker
