@@ -30,6 +30,11 @@ skip() {
 }
 fail() {
   echo "FAIL: slurm.$CASE: $*"
+  if [[ -n ${CLUSTER_DIR:-} ]]; then
+    echo "--- the cluster's jobs and the end of slurmctld's log:"
+    scontrol show job 2>&1 | grep -E 'JobId|JobState|Restarts|EligibleTime|ExitCode'
+    tail -n 25 "$CLUSTER_DIR/log/slurmctld.log"
+  fi
   exit 1
 }
 
@@ -132,6 +137,9 @@ start_etcd() {
   export ETCD_ENDPOINT=127.0.0.1:$port
 }
 # requeue_now JOB: a requeued job waits 2 min to be eligible again (SLURM's rule); start it now.
+# Not at once: a start in the same second as the requeue's kill fails ("Job credential revoked",
+# the credential's times have 1 s resolution), so wait 2 s; an update while the requeue is still
+# being completed does not stick, so repeat it (bounded) until the job leaves PENDING.
 requeue_now() {
   local i
   for ((i = 0; i < 150; i++)); do
@@ -139,10 +147,16 @@ requeue_now() {
     sleep 0.2
   done
   [[ $(job_state "$1") == PENDING ]] || fail "job $1 was not requeued: $(job_state "$1"), $(cat "$TMP"/*-"$1".out)"
-  scontrol update JobId="$1" StartTime=now || fail "scontrol update StartTime=now"
+  sleep 2
+  for ((i = 0; i < 20; i++)); do
+    [[ $(job_state "$1") == PENDING ]] || return 0
+    scontrol update JobId="$1" StartTime=now || fail "scontrol update StartTime=now"
+    sleep 1
+  done
+  fail "job $1 still pending 20 s after its requeue"
 }
-# The training of the stop tests: long enough (3 epochs of 16 steps at 40 ms) to be interrupted.
-TRAIN=(--epochs 3 --step-sleep-ms 40 --ckpt-every 1000 --seed 11)
+# The training of the stop tests: long enough (3 epochs of 16 steps at 60 ms) to be interrupted.
+TRAIN=(--epochs 3 --step-sleep-ms 60 --ckpt-every 1000 --seed 11)
 
 case $CASE in
   c10d | static)
@@ -185,11 +199,12 @@ case $CASE in
       scancel --signal=USR1 --batch "$job" || fail "scancel --signal=USR1 --batch"  # as --signal=B:USR1@N
     fi
     requeue_now "$job"
-    wait_job "$job" 120
+    wait_output "$out" "step ended with [0-9]+ \\(run 2\\)" 120
+    wait_job "$job" 60
     exited "$job" 0:0
     step=$(stop_step "$out" SIGUSR1)
     grep -q "step ended with 138 (run 1)" "$out" || fail "trun did not exit 138 on the forwarded USR1: $(cat "$out")"
-    grep -q "resum.* step $step\b" "$out" || fail "the requeued run did not resume at step $step: $(cat "$out")"
+    grep -q "resumed from .*/step_$step (step $step," "$out" || fail "the requeued run did not resume at step $step: $(cat "$out")"
     trained 4 "$out"
     cmp "$TMP/ref.params" "$TMP/stopped.params" ||
       fail "final parameters differ from the uninterrupted run's (stopped at step $step)"
