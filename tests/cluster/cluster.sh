@@ -60,23 +60,9 @@ WATCHDOG=
 CONF="last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=3,join_timeout=8,read_timeout=3"
 PORT=29611
 
-# skip KIND REASON (tests/CMakeLists.txt, "skips are visible"): KIND setup is something
-# scripts/setup.sh installs or the test machine provides (root, `ip netns`, etcd): a failure in
-# strict mode (CI=true or TRUN_STRICT_SKIPS=1); KIND environment never fails. A skip that does not
-# fail appends its line to $TRUN_SKIP_LOG (when set) and exits 77, which CTest reports as skipped.
-skip() {
-  local kind=$1
-  shift
-  if [[ $kind == setup && (${CI:-} == true || ${TRUN_STRICT_SKIPS:-} == 1) ]]; then
-    echo "FAIL: $* (this test machine should provide it, so no skip in strict mode: CI=true or TRUN_STRICT_SKIPS=1)"
-    exit 1
-  fi
-  if [[ -n ${TRUN_SKIP_LOG:-} ]]; then
-    printf 'cluster.%s (cluster.sh): %s [%s]\n' "$TEST" "$*" "$kind" >>"$TRUN_SKIP_LOG"
-  fi
-  echo "SKIP: $*"
-  exit 77
-}
+SKIP_TEST_NAME="cluster.$TEST (cluster.sh)"
+# shellcheck source=tests/skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 fail() {
   echo "FAIL: $*"
   echo "--- worker log"; cat "$CLUSTER_LOG"

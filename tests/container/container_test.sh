@@ -54,20 +54,9 @@ fail() {
   exit 1
 }
 
-# skip KIND REASON: tests/CMakeLists.txt, "skips are visible".
-skip() {
-  local kind=$1
-  shift
-  if [[ $kind == setup && (${CI:-} == true || ${TRUN_STRICT_SKIPS:-} == 1) ]]; then
-    echo "FAIL: $* (this test machine should provide it, so no skip in strict mode: CI=true or TRUN_STRICT_SKIPS=1)"
-    exit 1
-  fi
-  if [[ -n ${TRUN_SKIP_LOG:-} ]]; then
-    printf 'container.image (container_test.sh): %s [%s]\n' "$*" "$kind" >>"$TRUN_SKIP_LOG"
-  fi
-  echo "SKIP: $*"
-  exit 77
-}
+SKIP_TEST_NAME="container.image (container_test.sh)"
+# shellcheck source=tests/skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 
 # ---- 1. the install
 bash "$SRC/scripts/install-runtime.sh" "$BUILD" "$PREFIX" >"$TMP/install.log" ||

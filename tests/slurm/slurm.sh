@@ -17,17 +17,9 @@ SRC=$(cd "$(dirname "$0")/../.." && pwd)
 EXAMPLES=$SRC/examples/slurm
 SLURM_LOCAL=$SRC/scripts/slurm-local.sh
 
-skip() {
-  local kind=$1
-  shift
-  if [[ $kind == setup && (${CI:-} == true || ${TRUN_STRICT_SKIPS:-} == 1) ]]; then
-    echo "FAIL: $* (this test machine should provide it, so no skip in strict mode)"
-    exit 1
-  fi
-  [[ -n ${TRUN_SKIP_LOG:-} ]] && printf 'slurm.%s (slurm.sh): %s [%s]\n' "$CASE" "$*" "$kind" >>"$TRUN_SKIP_LOG"
-  echo "SKIP: $*"
-  exit 77
-}
+SKIP_TEST_NAME="slurm.$CASE (slurm.sh)"
+# shellcheck source=tests/skip.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
 fail() {
   echo "FAIL: slurm.$CASE: $*"
   if [[ -n ${CLUSTER_DIR:-} ]]; then
