@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/worker_sdk/job.h"
 #include "tests/worker_sdk/signal_pending.h"
@@ -79,6 +80,28 @@ TEST_CASE("a program that never asks about stop signals still dies by SIGTERM", 
   Child c({stop_worker(), "never-asks"}, {{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM"}},
           kLauncherVars);
   REQUIRE(c.wait(30s));
+  CHECK(c.signaled());
+  CHECK(c.exit_code() == 128 + SIGTERM);
+}
+
+TEST_CASE("a stop signal while init() waits for the store ends the program by that signal",
+          "[stop]") {
+  // Rank 1 of 2 with nobody hosting the store on MASTER_PORT: init() waits (up to 60 s here,
+  // 10 min by default) and says so after 5 s; the signal then must not wait for a stop_requested()
+  // that the program cannot reach.
+  const std::string port = std::to_string(trun::testing::free_port());
+  Child c({stop_worker(), "init-waits"},
+          {{"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM"},
+           {"RANK", "1"},
+           {"WORLD_SIZE", "2"},
+           {"MASTER_ADDR", "127.0.0.1"},
+           {"MASTER_PORT", port}},
+          kLauncherVars);
+  REQUIRE(trun::testing::wait_until(
+      [&] { return c.err().find("waiting 5 s so far for the store") != std::string::npos; }, 30s));
+  c.signal(SIGTERM);
+  REQUIRE(c.wait(30s));
+  INFO(c.err());
   CHECK(c.signaled());
   CHECK(c.exit_code() == 128 + SIGTERM);
 }

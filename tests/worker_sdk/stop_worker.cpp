@@ -13,6 +13,9 @@
 //                                        at step STEP; StopAgreement(check_every EVERY) decides;
 //                                        prints "rank R stopped at step S (SIGx)" and exits 75,
 //                                        or "rank R ran STEPS steps" and exits 0
+//   stop_worker init-waits               watches the stop signals, then init() for a launcher
+//                                        environment whose store never comes (the test signals
+//                                        it while init waits): must die by the signal
 //   stop_worker bench CALLS              a rank of a job: times CALLS should_stop calls; rank 0
 //                                        prints "should_stop: X us per call (world W, CALLS calls,
 //                                        slowest rank)"
@@ -122,6 +125,14 @@ int run(int argc, char** argv) {
     }
     std::printf("rank %d ran %llu steps\n", w.rank(), static_cast<unsigned long long>(steps));
     return 0;
+  }
+  if (mode == "init-waits") {
+    watch_stop_signals();
+    InitOptions io;
+    io.backend = Backend::kCpu;
+    io.timeout = 60s;
+    init(io);
+    return fail("init() returned without the store");
   }
   if (mode == "bench" && argc > 2) {
     const uint64_t calls = std::strtoull(argv[2], nullptr, 10);

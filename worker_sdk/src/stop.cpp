@@ -20,6 +20,8 @@
 #include <thread>
 #include <utility>
 
+#include "worker_sdk/src/stop_scope.h"
+
 namespace trun::worker {
 namespace {
 
@@ -32,6 +34,7 @@ constexpr std::pair<const char*, int> kSignals[] = {
 // entry is installed.
 std::atomic<int> g_signal{0};
 std::atomic<int> g_wake_fd{-1};
+std::atomic<int> g_die_on_stop{0};  // live detail::DieOnStopScope objects
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler needs lock-free atomics");
 struct sigaction g_previous[NSIG];
 
@@ -73,6 +76,15 @@ void on_signal(int sig, siginfo_t* info, void* context) {
     if (prev.sa_sigaction) prev.sa_sigaction(sig, info, context);
   } else if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
     prev.sa_handler(sig);
+  }
+  if (g_die_on_stop.load() > 0) {
+    // detail::DieOnStopScope: the default action, once this handler returns and the signal is
+    // unblocked (sigaction and raise are async-signal-safe).
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(sig, &dfl, nullptr);
+    ::raise(sig);
   }
   errno = saved_errno;
 }
@@ -235,6 +247,17 @@ void exit_by_stop_signal() {
   ::raise(sig);
   ::_exit(128 + sig);
 }
+
+namespace detail {
+
+DieOnStopScope::DieOnStopScope() {
+  ++g_die_on_stop;  // before the check: a signal from here on ends the process in the handler
+  if (g_signal.load() != 0) exit_by_stop_signal();
+}
+
+DieOnStopScope::~DieOnStopScope() { --g_die_on_stop; }
+
+}  // namespace detail
 
 void request_stop_for_testing(int signal) {
   ensure_installed();

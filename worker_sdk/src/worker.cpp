@@ -11,6 +11,7 @@
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
 #include "trun/error_file.h"
+#include "worker_sdk/src/stop_scope.h"
 #include "worker_sdk/src/waiting_store.h"
 
 namespace trun::worker {
@@ -83,6 +84,8 @@ struct Worker::Groups {
 };
 
 Worker init(const InitOptions& options) {
+  // Connecting and waiting for the peers: a stop signal now ends the process (nothing to save).
+  detail::DieOnStopScope die_on_stop;
   Worker w;
   w.env_ = WorkerEnv::from_environment(options);
   w.options_ = options;

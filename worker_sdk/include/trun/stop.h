@@ -29,7 +29,9 @@
 // or the StopAgreement constructor. Before that a stop signal has its default action (the process
 // dies, and is restarted from its last periodic checkpoint): call watch_stop_signals() first in
 // main() to close that window, which otherwise spans whatever runs before the first call
-// (init(), loading the checkpoint).
+// (loading the checkpoint). During init() a stop signal still ends the process by its default
+// action (a worker that waits for the store or its peers has nothing to save and could not reach
+// stop_requested() before its timeout), and one received before init() ends it as init() starts.
 //
 // Idempotent. Only the first stop signal counts: stop_signal() keeps it, the callbacks run once,
 // and the same or another stop signal arriving again (SLURM signals every task, and trun forwards
