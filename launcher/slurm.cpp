@@ -53,6 +53,16 @@ std::vector<int> expand_tasks_per_node(const std::string& text) {
   return out;
 }
 
+bool is_srun_step_id(const std::string& text) {
+  if (text.empty() || text.size() > 19) return true;
+  unsigned long long v = 0;
+  for (char c : text) {
+    if (c < '0' || c > '9') return true;
+    v = v * 10 + static_cast<unsigned long long>(c - '0');
+  }
+  return v < kFirstSpecialStepId;
+}
+
 uint16_t slurm_port(unsigned long long job_id, unsigned long long step_id) {
   return static_cast<uint16_t>(kSlurmPortBase + (job_id % kSlurmPortJobs) * kSlurmPortSteps +
                                step_id % kSlurmPortSteps);

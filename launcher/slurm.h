@@ -25,6 +25,14 @@ std::vector<int> expand_tasks_per_node(const std::string& text);
 // time can collide. docs/slurm.md documents the formula.
 uint16_t slurm_port(unsigned long long job_id, unsigned long long step_id);
 
+// SLURM's special step ids (the batch script, the extern step, the interactive and pending
+// steps: 0xfffffffa..0xffffffff across SLURM versions) start here; none is an srun step.
+inline constexpr unsigned long long kFirstSpecialStepId = 0xfffffff0ULL;
+
+// Whether SLURM_STEP_ID's text names an srun step: false for a special step id. Text that is not
+// a number counts as a step, so that the caller's own parse reports it.
+bool is_srun_step_id(const std::string& text);
+
 inline constexpr uint16_t kSlurmPortBase = 10000;
 inline constexpr unsigned kSlurmPortJobs = 2750;
 inline constexpr unsigned kSlurmPortSteps = 8;

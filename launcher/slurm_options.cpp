@@ -8,10 +8,6 @@
 namespace trun::launcher {
 namespace {
 
-// SLURM's special step ids (slurm.h): the batch script, the extern step, the interactive and
-// pending steps, 0xfffffffa..0xffffffff across SLURM versions. None is an srun step.
-constexpr unsigned long long kFirstSpecialStep = 0xfffffff0ULL;
-
 // Strict unsigned decimal: the whole string, at most 19 digits.
 bool parse_unsigned(const std::string& s, unsigned long long& out) {
   if (s.empty() || s.size() > 19) return false;
@@ -89,7 +85,7 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
     out.step_id = step->value;
     step_id = unsigned_var(*step, "expected a numeric step id");
   }
-  if (!step || step_id >= kFirstSpecialStep) {
+  if (!step || !is_srun_step_id(step->value)) {
     out.context = SlurmContext::kOutsideStep;
     out.log_line = "in SLURM job " + job->value + " but not in an srun step (" +
                    (step ? "SLURM_STEP_ID=" + step->value + " is the batch or extern step"

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 using trun::launcher::expand_tasks_per_node;
+using trun::launcher::is_srun_step_id;
 using trun::launcher::slurm_port;
 using V = std::vector<int>;
 
@@ -46,4 +47,16 @@ TEST_CASE("the derived port: the documented formula, below the ephemeral range",
       seen.insert(p);
     }
   CHECK(seen.size() == 2750u * 8u);
+}
+
+TEST_CASE("srun step ids and SLURM's special step ids", "[slurm]") {
+  CHECK(is_srun_step_id("0"));
+  CHECK(is_srun_step_id("7"));
+  CHECK(is_srun_step_id("4294967279"));        // 0xffffffef: the last ordinary id
+  CHECK_FALSE(is_srun_step_id("4294967280"));  // 0xfffffff0
+  CHECK_FALSE(is_srun_step_id("4294967294"));  // the batch step
+  CHECK_FALSE(is_srun_step_id("4294967295"));  // the extern step
+  // Not a number: left for the caller's parse to report.
+  CHECK(is_srun_step_id("x"));
+  CHECK(is_srun_step_id(""));
 }

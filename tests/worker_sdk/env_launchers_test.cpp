@@ -100,6 +100,20 @@ TEST_CASE("srun's environment gives one rank per task, the store on the first no
   CHECK(m.store_origin.rfind("MASTER_ADDR/MASTER_PORT;", 0) == 0);
 }
 
+TEST_CASE("the batch script's and the extern step's special step ids are not an srun step",
+          "[worker_sdk][env][slurm]") {
+  // A program run by the batch script itself sees the job's task count, not a step of its own:
+  // it is a world of one, not rank 0 of SLURM_NTASKS waiting for the others.
+  for (const char* special : {"4294967294", "4294967295", "4294967290"}) {
+    INFO(special);
+    Vars v = srun(0, {2, 2}, "2(x2)");
+    v["SLURM_STEP_ID"] = special;
+    WorkerEnv e = parse(v);
+    CHECK(e.standalone);
+    CHECK(e.world_size == 1);
+  }
+}
+
 TEST_CASE("torch's variables win over srun's (srun trun ...)", "[worker_sdk][env][slurm]") {
   Vars v = srun(1, {2}, "2");
   v.insert({{"RANK", "5"},

@@ -391,7 +391,8 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup, const InitOptions& options) {
   if (const char* first = first_set(
           lookup, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"})) {
     l = torch_launch(lookup, first, is_env && given_world < 0);
-  } else if (lookup("SLURM_STEP_ID") && !mpirun_in_allocation(lookup)) {
+  } else if (const char* step = lookup("SLURM_STEP_ID");
+             step && launcher::is_srun_step_id(step) && !mpirun_in_allocation(lookup)) {
     l = slurm_launch(lookup);
   } else if (lookup("OMPI_COMM_WORLD_RANK") || lookup("OMPI_COMM_WORLD_SIZE")) {
     l = mpi_launch(lookup, true);
