@@ -10,6 +10,7 @@
 
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
+#include "tests/launcher/slurm_step_env.h"
 #include "tests/skip.h"
 
 using namespace trun::testing;
@@ -44,22 +45,7 @@ const std::vector<std::string> kUnset{"SLURM_JOB_ID",
                                       "TRUN_STORE_TOKEN"};
 
 // As srun -N2 -n2 sets them for job 12, step 0, on node `node_id`.
-Env step_env(int node_id = 0) {
-  return {{"SLURM_JOB_ID", "12"},
-          {"SLURM_STEP_ID", "0"},
-          {"SLURM_STEP_NODELIST", "n[1-2]"},
-          {"SLURM_JOB_NODELIST", "n[1-2]"},
-          {"SLURM_NODELIST", "n[1-2]"},
-          {"SLURM_STEP_NUM_NODES", "2"},
-          {"SLURM_JOB_NUM_NODES", "2"},
-          {"SLURM_NNODES", "2"},
-          {"SLURM_NODEID", std::to_string(node_id)},
-          {"SLURM_PROCID", std::to_string(node_id)},
-          {"SLURM_LOCALID", "0"},
-          {"SLURM_NTASKS", "2"},
-          {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
-          {"SLURM_TASKS_PER_NODE", "1(x2)"}};
-}
+Env step_env(int node_id = 0) { return trun::testing::slurm_step_env(node_id); }
 
 Env with(Env env, const Env& more) {
   for (const auto& [k, v] : more) env[k] = v;

@@ -5,29 +5,16 @@
 #include <catch2/catch.hpp>
 #include <map>
 
+#include "tests/launcher/slurm_step_env.h"
+
 using namespace trun::launcher;
 
 namespace {
 
 using Env = std::map<std::string, std::string>;
 
-// SLURM's variables inside `srun -N2 -n2` of job 12 (step 0 unless changed).
-Env step_env() {
-  return {{"SLURM_JOB_ID", "12"},
-          {"SLURM_STEP_ID", "0"},
-          {"SLURM_STEP_NODELIST", "n[1-2]"},
-          {"SLURM_JOB_NODELIST", "n[1-2]"},
-          {"SLURM_NODELIST", "n[1-2]"},
-          {"SLURM_STEP_NUM_NODES", "2"},
-          {"SLURM_JOB_NUM_NODES", "2"},
-          {"SLURM_NNODES", "2"},
-          {"SLURM_NODEID", "1"},
-          {"SLURM_PROCID", "1"},
-          {"SLURM_LOCALID", "0"},
-          {"SLURM_NTASKS", "2"},
-          {"SLURM_STEP_TASKS_PER_NODE", "1(x2)"},
-          {"SLURM_TASKS_PER_NODE", "1(x2)"}};
-}
+// As srun -N2 -n2 sets them for job 12, step 0, on node 1.
+Env step_env() { return trun::testing::slurm_step_env(1); }
 
 SlurmOptions derive(const Env& env, const GivenOptions& given = {}) {
   return derive_slurm_options(
