@@ -68,7 +68,7 @@ class Agent {
   void start_workers();
   GroupOutcome supervise();
   void on_signalfd();
-  void take_pending_signals();
+  void read_signals(bool reap_children);
   void on_children();
   void on_agent_signal(int sig);
   bool on_round_over(const rendezvous::RoundEvent& e);
@@ -193,7 +193,7 @@ int Agent::run() {
       // The last chance for a signal sent with the workers' (see on_children): a stop after a
       // failure took some time, and a restart would start workers the scheduler is stopping.
       if (outcome == GroupOutcome::kFailed) {
-        take_pending_signals();
+        read_signals(false);  // the handled signals already pending; no reaping here
         if (outcome_ == GroupOutcome::kSignaled) outcome = GroupOutcome::kSignaled;
       }
     } catch (const std::exception& e) {
@@ -451,7 +451,11 @@ GroupOutcome Agent::supervise() {
   return *outcome_;
 }
 
-void Agent::on_signalfd() {
+void Agent::on_signalfd() { read_signals(true); }
+
+// Reads the signalfd until it is empty (bounded): each handled signal goes to on_agent_signal;
+// a SIGCHLD reaps the exited children when reap_children is set (otherwise the caller reaps).
+void Agent::read_signals(bool reap_children) {
   signalfd_siginfo si[16];
   for (int round = 0; round < 64; ++round) {
     ssize_t n = read(sigfd_, si, sizeof si);
@@ -466,21 +470,7 @@ void Agent::on_signalfd() {
         on_agent_signal(sig);
       }
     }
-    if (child) on_children();
-  }
-}
-
-// Handles the handled signals (not SIGCHLD) already pending, without waiting.
-void Agent::take_pending_signals() {
-  signalfd_siginfo si[16];
-  for (int round = 0; round < 64; ++round) {
-    ssize_t n = read(sigfd_, si, sizeof si);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return;
-    for (size_t i = 0; i < static_cast<size_t>(n) / sizeof(signalfd_siginfo); ++i) {
-      // A SIGCHLD read here needs nothing: the caller reaps every exited child.
-      if (si[i].ssi_signo != SIGCHLD) on_agent_signal(static_cast<int>(si[i].ssi_signo));
-    }
+    if (child && reap_children) on_children();
   }
 }
 
