@@ -372,7 +372,7 @@ void Agent::start_workers() {
     fs::create_directories(dir);
     w.error_file = dir + "/error.json";
     SpawnRequest& req = requests[i];
-    req.argv = cfg_.entrypoint;
+    req.argv = worker_argv(cfg_.entrypoint, w.local_rank);
     req.env = worker_env(base_env_, cfg_, attempt,
                          WorkerEnv{w.local_rank, w.rank, w.role_rank, w.error_file});
     const std::string prefix =
