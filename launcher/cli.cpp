@@ -319,7 +319,8 @@ constexpr const char* kDescription =
     "torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), supervises\n"
     "them, restarts the whole group when one fails (up to --max-restarts) and reports failures.\n"
     "Every option can also be set through PET_<OPTION> (e.g. PET_NPROC_PER_NODE=4); the\n"
-    "command line wins. Both spellings work: --nproc-per-node and --nproc_per_node.\n"
+    "command line wins. Both spellings work: --nproc-per-node and --nproc_per_node, and so\n"
+    "does any unique prefix, as in torchrun (--nproc_per=2).\n"
     "Inside an srun step, options given neither way come from SLURM_* (the c10d store on the\n"
     "step's first node; TRUN_SLURM=0 turns this off); --dry-run shows the result.";
 

@@ -213,7 +213,7 @@ nlohmann::json dry_run(const std::vector<std::string>& args) {
 }  // namespace
 
 TEST_CASE(
-    "--legacy-launch passes --local_rank=N before the script's arguments, as "
+    "legacy launch passes --local_rank=N before the script's arguments, as "
     "torch.distributed.launch does",
     "[cli]") {
   auto r = run_trun({"--nproc-per-node=2", "--legacy-launch", legacy_script(), "a", "b"});
@@ -227,7 +227,7 @@ TEST_CASE(
         nlohmann::json::array({test_worker(), "--local_rank=${local_rank}", "x"}));
 }
 
-TEST_CASE("--legacy-launch=dash passes torch 2.x's --local-rank=N", "[cli]") {
+TEST_CASE("legacy launch with =dash passes torch 2.x's --local-rank=N", "[cli]") {
   auto r = run_trun({"--nproc_per_node=2", "--legacy_launch=dash", legacy_script()});
   INFO("stderr: " << r.err);
   REQUIRE(r.exit_code == 0);
@@ -237,7 +237,7 @@ TEST_CASE("--legacy-launch=dash passes torch 2.x's --local-rank=N", "[cli]") {
   CHECK(j["entrypoint"] == nlohmann::json::array({test_worker(), "--local-rank=${local_rank}"}));
 }
 
-TEST_CASE("--use-env turns --legacy-launch's argument off, leaving LOCAL_RANK", "[cli]") {
+TEST_CASE("use-env turns the legacy launch argument off, leaving LOCAL_RANK", "[cli]") {
   for (const char* use_env : {"--use-env", "--use_env"}) {
     auto r = run_trun({"--nproc-per-node=2", "--legacy-launch", use_env, legacy_script()});
     INFO(use_env << " stderr: " << r.err);
@@ -248,8 +248,8 @@ TEST_CASE("--use-env turns --legacy-launch's argument off, leaving LOCAL_RANK", 
 }
 
 TEST_CASE(
-    "${local_rank} and $local_rank in the script's arguments become each worker's local "
-    "rank, $$ a dollar",
+    "the local_rank macro in the script's arguments becomes each worker's local rank, and a "
+    "doubled dollar sign a single one",
     "[cli]") {
   auto r = run_trun(
       {"--nproc-per-node=2", legacy_script(), "out_${local_rank}", "$local_rank", "$$", "${x}"});
