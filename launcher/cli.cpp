@@ -100,26 +100,8 @@ int count_cpus() {
 // per GPU under /proc/driver/nvidia/gpus, and CUDA_VISIBLE_DEVICES narrows the set as it does
 // for torch.cuda.device_count().
 int count_gpus() {
-  int physical = 0;
-  if (DIR* d = opendir("/proc/driver/nvidia/gpus")) {
-    while (dirent* e = readdir(d)) {
-      if (e->d_name[0] != '.') ++physical;
-    }
-    closedir(d);
-  }
-  if (physical == 0) return 0;
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (visible == nullptr) return physical;
-  int n = 0;
-  for (const auto& item : split(visible, ',')) {
-    std::string t = trim(item);
-    if (t.empty()) break;
-    long long idx;
-    // CUDA stops at the first invalid index (e.g. -1).
-    if (parse_int(t, idx) && (idx < 0 || idx >= physical)) break;
-    ++n;
-  }
-  return std::min(n, physical);
+  return static_cast<int>(
+      agent::visible_nvidia_gpus("/proc", std::getenv("CUDA_VISIBLE_DEVICES")).size());
 }
 
 // Intel GPUs this process may use, without loading Level Zero: one DRM render node per device
@@ -806,18 +788,16 @@ CliResult parse_command_line(int argc, char** argv) {
                          "load; leave it out and use --log-dir, --redirects, --tee and "
                          "--local-ranks-filter (torchrun's default layout)");
     }
-    if (!numa_binding.empty() && numa_binding != "none") {
-      static const char* const kModes[] = {"node", "socket", "exclusive", "core-complex"};
-      bool ok = false;
-      for (const char* m : kModes) ok = ok || numa_binding == m;
-      if (!ok) {
-        throw InvalidInput("--numa-binding=" + numa_binding +
-                           ": expected node, socket, exclusive or core-complex (or none)");
+    try {
+      c.numa_binding = agent::parse_numa_mode(numa_binding);
+      if (c.numa_binding != agent::NumaMode::kNone) {
+        const agent::CpuTopology topology = agent::read_cpu_topology(
+            "/sys", agent::visible_nvidia_gpus("/proc", std::getenv("CUDA_VISIBLE_DEVICES")),
+            agent::current_cpu_affinity());
+        c.numa_bindings = agent::plan_numa_bindings(topology, c.numa_binding, c.nproc_per_node);
       }
-      throw InvalidInput("--numa-binding=" + numa_binding +
-                         ": trun does not bind workers to NUMA nodes yet; leave it out and start "
-                         "the program through a wrapper that runs numactl --cpunodebind=N "
-                         "--membind=N for its LOCAL_RANK");
+    } catch (const std::exception& e) {
+      throw InvalidInput(e.what());
     }
     c.duplicate_stdout_filters = parse_filters(dup_stdout);
     c.duplicate_stderr_filters = parse_filters(dup_stderr);

@@ -163,18 +163,12 @@ TEST_CASE("accepted-but-ignored options work and say so", "[cli]") {
   CHECK(defaults.exit_code == 0);
 }
 
-TEST_CASE(
-    "torchrun 2.x plug-in and NUMA options trun does not implement are refused, saying "
-    "what to use instead",
-    "[cli]") {
+TEST_CASE("torchrun 2.x plug-in options trun cannot load are refused, saying what to use instead",
+          "[cli]") {
   const std::string w = test_worker();
   expect_usage_error({"--event-log-handler=console", w},
                      "--event-log-handler=console: torchrun's event handlers are Python");
   expect_usage_error({"--logs-specs=my_specs", w}, "use --log-dir, --redirects, --tee");
-  for (const char* mode : {"node", "socket", "exclusive", "core-complex"}) {
-    expect_usage_error({std::string("--numa-binding=") + mode, w},
-                       "does not bind workers to NUMA nodes yet");
-  }
 }
 
 TEST_CASE("nproc-per-node=xpu is a clear error on a host without Intel GPUs", "[cli]") {
@@ -302,4 +296,61 @@ TEST_CASE("with --virtual-local-rank, CUDA_VISIBLE_DEVICES must list a device pe
   REQUIRE(r.finished);
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("CUDA_VISIBLE_DEVICES=0,1 lists 2 device(s)") != std::string::npos);
+}
+
+namespace {
+
+// Each worker of a 2-worker job with `mode` prints "<LOCAL_RANK> <Cpus_allowed_list>
+// <policy of its first mapping>"; returns the lines by local rank.
+std::vector<std::string> numa_report(const std::string& mode) {
+  std::vector<std::string> args{"--standalone", "--nproc-per-node=2"};
+  if (!mode.empty()) args.push_back("--numa-binding=" + mode);
+  args.insert(args.end(), {"--no-python", "/bin/sh", "-c",
+                           "echo $LOCAL_RANK $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "
+                           "/proc/self/status) $(head -1 /proc/self/numa_maps | cut -d' ' -f2)"});
+  auto r = run_trun(args);
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  return sorted_lines(r.out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--numa-binding binds each worker's CPUs and preferred memory node to its plan; without it "
+    "workers keep trun's affinity and the default policy",
+    "[cli]") {
+  const auto unbound = numa_report("");
+  REQUIRE(unbound.size() == 2);
+  const std::string all_cpus = unbound[0].substr(2, unbound[0].rfind(' ') - 2);
+  CHECK(unbound[0] == "0 " + all_cpus + " default");
+  CHECK(unbound[1] == "1 " + all_cpus + " default");
+  std::vector<std::string> modes{"node", "socket", "core-complex"};
+  if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) modes.push_back("exclusive");
+  for (const auto& mode : modes) {
+    INFO("mode " << mode);
+    auto plan = dry_run({"--nproc-per-node=2", "--numa-binding=" + mode, "true"});
+    REQUIRE(plan["numa_binding"]["mode"] == mode);
+    REQUIRE(plan["numa_binding"]["workers"].size() == 2);
+    std::vector<std::string> expected;
+    for (const auto& w : plan["numa_binding"]["workers"]) {
+      expected.push_back(std::to_string(w["local_rank"].get<int>()) + " " +
+                         w["cpus"].get<std::string>() +
+                         " prefer:" + std::to_string(w["memory_node"].get<int>()));
+    }
+    CHECK(numa_report(mode) == expected);
+    if (mode == "exclusive") {
+      CHECK(plan["numa_binding"]["workers"][0]["cpus"] !=
+            plan["numa_binding"]["workers"][1]["cpus"]);
+    }
+  }
+}
+
+TEST_CASE("--numa-binding that the machine cannot honour exits 2 before anything starts", "[cli]") {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  expect_usage_error(
+      {"--nproc-per-node=" + std::to_string(cpus + 1), "--numa-binding=exclusive", test_worker()},
+      "usable physical core(s) for " + std::to_string(cpus + 1) + " devices");
+  expect_usage_error({"--numa-binding=nodes", test_worker()},
+                     "--numa-binding=nodes: expected node, socket, exclusive or core-complex");
 }
