@@ -1,39 +1,31 @@
 // agent/numa_binding.h: the binding of each local rank, planned from a fake sysfs tree that has
 // the shape of a two-socket GPU server (and from a tree missing parts of it).
-#include <stdlib.h>
-
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 
 #include "agent/numa_binding.h"
+#include "tests/launcher/process_util.h"
 
 using namespace trun::agent;
 namespace fs = std::filesystem;
 
 namespace {
 
+// A sysfs (or procfs) tree in a temporary directory.
 class FakeRoot {
  public:
-  FakeRoot() {
-    char tmpl[] = "/tmp/trun-numa-XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~FakeRoot() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
+  const std::string& path() const { return dir_.path(); }
   void write(const std::string& rel, const std::string& text) const {
-    const fs::path p = fs::path(path_) / rel;
+    const fs::path p = fs::path(path()) / rel;
     fs::create_directories(p.parent_path());
     std::ofstream(p) << text << "\n";
   }
-  void mkdir(const std::string& rel) const { fs::create_directories(fs::path(path_) / rel); }
+  void mkdir(const std::string& rel) const { fs::create_directories(fs::path(path()) / rel); }
 
  private:
-  std::string path_;
+  trun::testing::TempDir dir_;
 };
 
 // Two sockets of two NUMA nodes each; node n has two physical cores, CPUs 4n+k and their SMT
