@@ -20,6 +20,10 @@
 //       and the results are representable in them), a user hook (called once per bucket per
 //       iteration with the bucket's local gradients, its parameters and divisor), and
 //       registering twice is a DdpError.
+//   ddp_worker hook_dump OUT N
+//       one parameter of N floats, rank r's gradient value(r, k) (the formula of
+//       ddp_hooks_torch.py); rank 0 writes the reduced gradient without a hook, with
+//       fp16_compress_hook and with bf16_compress_hook to OUT.none, OUT.fp16, OUT.bf16.
 //   ddp_worker static_order
 //       static_graph with ranks marking in different orders: every rank rebuilds in rank 0's
 //       order; averages stay right; find_unused_parameters' first-iteration unused set is kept,
@@ -341,8 +345,9 @@ int hooks(ProcessGroup& pg) {
         for (int r = 0; r < world; ++r)
           for (size_t k = 0; k < sizes[i]; ++k)
             max_abs = std::max(max_abs, std::fabs(double(value(r, i, k, iter))));
-        // Each rank's share (|share| <= max_abs / world) is rounded once, and the running sum
-        // (|sum| <= max_abs) once per added rank: at most world * eps * max_abs in all.
+        // Each rank's share is rounded twice (the cast, then the division), each time by at
+        // most eps * max_abs / world, and the running sum (|sum| <= max_abs) once per added
+        // rank: at most (world + 1) * eps * max_abs in all.
         const double tol = (world + 1) * kind.eps * max_abs;
         for (size_t k = 0; k < sizes[i]; ++k, ++flat) {
           const double d = std::fabs(double(g[k]) - ref[iter][flat]);
@@ -447,6 +452,35 @@ int hooks(ProcessGroup& pg) {
     }
   }
   std::printf("PASS hooks\n");
+  return 0;
+}
+
+int hook_dump(ProcessGroup& pg, int argc, char** argv) {
+  if (argc != 4) return 2;
+  const std::string out = argv[2];
+  const size_t n = std::strtoul(argv[3], nullptr, 10);
+  std::vector<float> w(n, 0.0f);
+  const std::pair<const char*, std::shared_ptr<CommHook>> kinds[] = {
+      {"none", nullptr}, {"fp16", fp16_compress_hook()}, {"bf16", bf16_compress_hook()}};
+  for (const auto& [name, hook] : kinds) {
+    DistributedDataParallel ddp(pg, {{"w", w.data(), n}});
+    if (hook) ddp.register_comm_hook(hook);
+    ddp.zero_grad();
+    float* g = ddp.grad_as<float>(0);
+    for (size_t k = 0; k < n; ++k)
+      g[k] = static_cast<float>(static_cast<double>(static_cast<int>(k % 251) - 125) *
+                                (pg.rank() + 1.5) / 13.0 *
+                                std::ldexp(1.0, static_cast<int>(k % 20) - 14));
+    ddp.mark_ready(0);
+    ddp.finalize();
+    if (pg.rank() == 0) {
+      std::FILE* f = std::fopen((out + "." + name).c_str(), "wb");
+      if (!f) return fail("cannot write " + out);
+      std::fwrite(g, sizeof(float), n, f);
+      std::fclose(f);
+    }
+  }
+  std::printf("PASS hook_dump\n");
   return 0;
 }
 
@@ -648,6 +682,8 @@ int main(int argc, char** argv) {
       rc = join(w.process_group(), argc, argv);
     else if (mode == "hooks")
       rc = hooks(w.process_group());
+    else if (mode == "hook_dump")
+      rc = hook_dump(w.process_group(), argc, argv);
     else if (mode == "static_order")
       rc = static_order(w.process_group());
     std::fflush(stdout);

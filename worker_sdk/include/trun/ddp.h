@@ -164,9 +164,9 @@ class CommHook {
 
 // The default: allreduce (kAvg, or kSum and a division when divisor != group size).
 std::shared_ptr<CommHook> allreduce_hook();
-// PyTorch's fp16_compress_hook / bf16_compress_hook: each gradient divided by `divisor`, rounded
-// to float16 (bfloat16) in a scratch buffer, allreduced (kSum) in that dtype, and written back
-// (rounded from the 16-bit sum) into the bucket. Halves the bytes sent. Host buckets only (the
+// PyTorch's fp16_compress_hook / bf16_compress_hook: each gradient rounded to float16 (bfloat16)
+// in a scratch buffer and divided by `divisor` there (rounded again), allreduced (kSum) in that
+// dtype, and written back into the bucket. Halves the bytes sent. Host buckets only (the
 // conversion runs on the CPU): launch() on a CUDA bucket throws. Integer buckets throw.
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();

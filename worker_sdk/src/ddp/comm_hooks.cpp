@@ -67,20 +67,24 @@ void store(void* data, size_t i, DataType dtype, float v) {
   }
 }
 
-// float -> 16 bits, divided by `divisor` first. The scalar conversions cost ~10 ns an element,
-// which on a 10M-parameter model is more than the allreduce they save: use F16C where the CPU
-// has it (every x86 CPU since 2012) and a branch-free loop the compiler vectorizes for bfloat16.
+// float -> 16 bits, then divided by `divisor` in the 16-bit type (computed in float and rounded
+// again), exactly as PyTorch's `bucket.buffer().to(torch.float16).div_(world_size)`. The scalar
+// conversions cost ~10 ns an element, which on a 10M-parameter model is more than the allreduce
+// they save: use F16C where the CPU has it (every x86 CPU since 2012) and a branch-free loop the
+// compiler vectorizes for bfloat16.
 #if defined(__x86_64__)
 __attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, size_t n,
                                                          float divisor) {
   const __m256 d = _mm256_set1_ps(divisor);
   size_t i = 0;
   for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_div_ps(_mm256_loadu_ps(src + i), d);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRound);
+    const __m256 v = _mm256_div_ps(_mm256_cvtph_ps(h), d);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(v, kRound));
   }
-  for (; i < n; ++i) dst[i] = detail::float_to_half(src[i] / divisor);
+  for (; i < n; ++i)
+    dst[i] = detail::float_to_half(detail::half_to_float(detail::float_to_half(src[i])) / divisor);
 }
 
 __attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* src, float* dst,
@@ -119,8 +123,9 @@ inline float f32_of_bf16(uint16_t b) {
 }
 
 // Compresses to a 16-bit float type (wire = kFloat16 or kBFloat16). As PyTorch's
-// fp16_compress_hook, the division comes before the allreduce, so the 16-bit sum of the ranks'
-// shares cannot overflow where the sum of the raw gradients would.
+// fp16_compress_hook: cast, then divide (before the allreduce, so that the 16-bit sum of the
+// ranks' shares does not overflow where the sum of the raw values would; a single gradient
+// beyond the 16-bit range is already infinite after the cast, as in PyTorch).
 class CompressHook : public CommHook {
  public:
   explicit CompressHook(DataType wire) : wire_(wire) {}
@@ -140,12 +145,14 @@ class CompressHook : public CommHook {
       f32_to_f16_f16c(static_cast<const float*>(b.data), s.data(), b.numel, d);
     } else if (f32 && wire_ == DataType::kBFloat16) {
       const float* src = static_cast<const float*>(b.data);
-      for (size_t i = 0; i < b.numel; ++i) s[i] = bf16_of(src[i] / d);
+      for (size_t i = 0; i < b.numel; ++i) s[i] = bf16_of(f32_of_bf16(bf16_of(src[i])) / d);
     } else {
       for (size_t i = 0; i < b.numel; ++i) {
-        const float v = load(b.data, i, b.dtype) / d;
-        s[i] =
-            wire_ == DataType::kFloat16 ? detail::float_to_half(v) : detail::float_to_bfloat16(v);
+        const float v = load(b.data, i, b.dtype);
+        s[i] = wire_ == DataType::kFloat16
+                   ? detail::float_to_half(detail::half_to_float(detail::float_to_half(v)) / d)
+                   : detail::float_to_bfloat16(
+                         detail::bfloat16_to_float(detail::float_to_bfloat16(v)) / d);
       }
     }
     return b.group->allreduce_async(s.data(), b.numel, wire_, ReduceOp::kSum, b.timeout);
