@@ -273,3 +273,19 @@ TEST_CASE("ddp: static_graph rebuilds buckets in rank 0's arrival order on every
     for (auto& r : results) REQUIRE(r.output.find("PASS static_order") != std::string::npos);
   }
 }
+
+TEST_CASE("ddp: join: a peer that dies while others shadow is an error, not a hang", "[ddp]") {
+  test::Job job;
+  test::JobSpec spec;
+  spec.argv = {ddp_worker(), "join_peer_dies"};
+  spec.nodes = {2};
+  spec.run_id = test::unique_run_id("ddp-join-dies");
+  job.start(spec);
+  auto results = job.wait(120s);
+  INFO(job.describe(results));
+  REQUIRE(results[1].exited);
+  REQUIRE(results[1].exit_code == 7);
+  REQUIRE(results[0].exited);
+  REQUIRE(results[0].exit_code == 0);
+  REQUIRE(results[0].output.find("PASS join_peer_dies") != std::string::npos);
+}

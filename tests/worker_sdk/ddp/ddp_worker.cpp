@@ -20,6 +20,11 @@
 //       and the results are representable in them), a user hook (called once per bucket per
 //       iteration with the bucket's local gradients, its parameters and divisor), and
 //       registering twice is a DdpError.
+//   ddp_worker join_peer_dies
+//       2 ranks, 5 s collective deadline: rank 0 has no data and shadows; rank 1 trains one step,
+//       then exits with 7 in the middle of the second (after its join_iteration, before
+//       finalize). Rank 0's join_iteration() must fail with CollectiveError (no hang): it prints
+//       the error and "PASS join_peer_dies".
 //   ddp_worker hook_dump OUT N
 //       one parameter of N floats, rank r's gradient value(r, k) (the formula of
 //       ddp_hooks_torch.py); rank 0 writes the reduced gradient without a hook, with
@@ -455,6 +460,39 @@ int hooks(ProcessGroup& pg) {
   return 0;
 }
 
+int join_peer_dies(ProcessGroup& pg) {
+  if (pg.size() != 2) return 2;
+  std::vector<float> a(1000, 1.0f), b(10, 2.0f);
+  DdpOptions opt;
+  opt.timeout = std::chrono::seconds(5);
+  DistributedDataParallel ddp(pg, {{"a", a.data(), a.size()}, {"b", b.data(), b.size()}}, opt);
+  if (pg.rank() == 1) {
+    for (int step = 0; step < 2; ++step) {
+      if (!ddp.join_iteration(true)) return fail("join_iteration(true) returned false");
+      ddp.zero_grad();
+      ddp.mark_ready(1);
+      if (step == 1) {
+        std::fflush(stdout);
+        ::_exit(7);  // dies with a bucket launched and one gradient missing
+      }
+      ddp.mark_ready(0);
+      ddp.finalize();
+    }
+    return fail("unreachable");
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    ddp.join_iteration(false);
+    return fail("join_iteration(false) returned although the peer died");
+  } catch (const CollectiveError& e) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("shadowing rank: %s (after %.1f s)\n", e.what(), s);
+  }
+  std::printf("PASS join_peer_dies\n");
+  std::fflush(stdout);
+  return 0;
+}
+
 int hook_dump(ProcessGroup& pg, int argc, char** argv) {
   if (argc != 4) return 2;
   const std::string out = argv[2];
@@ -682,6 +720,8 @@ int main(int argc, char** argv) {
       rc = join(w.process_group(), argc, argv);
     else if (mode == "hooks")
       rc = hooks(w.process_group());
+    else if (mode == "join_peer_dies")
+      rc = join_peer_dies(w.process_group());
     else if (mode == "hook_dump")
       rc = hook_dump(w.process_group(), argc, argv);
     else if (mode == "static_order")
