@@ -152,8 +152,11 @@ struct GradBucket {
 // held (a hook must not call back into the reducer), at most once per bucket per synchronized
 // iteration, and finish() once for each launch(), in bucket order, from finalize(). A hook may
 // keep per-bucket state (keyed by index); bucket sizes change once under static_graph. Every rank
-// must register an equivalent hook: its collectives must match across ranks. An exception from
-// either breaks the reducer (DdpError naming the bucket and the cause).
+// must register an equivalent hook: its collectives must match across ranks. A hook may issue
+// several collectives on bucket.group (in the same order on every rank) and return the last
+// one's Work (collectives complete in issue order), or work synchronously and return Work() (a
+// default Work counts as complete). An exception from either breaks the reducer (DdpError
+// naming the hook, the bucket and the cause).
 class CommHook {
  public:
   virtual ~CommHook() = default;
