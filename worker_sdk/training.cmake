@@ -7,6 +7,7 @@ target_sources(trun_worker PRIVATE
   src/checkpoint/format.cpp
   src/ddp/bucket_plan.cpp
   src/ddp/comm_hooks.cpp
+  src/ddp/powersgd_hook.cpp
   src/ddp/ddp.cpp
   src/sampler/sampler.cpp
   src/stop.cpp)

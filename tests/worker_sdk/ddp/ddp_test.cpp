@@ -289,3 +289,11 @@ TEST_CASE("ddp: join: a peer that dies while others shadow is an error, not a ha
   REQUIRE(results[0].exit_code == 0);
   REQUIRE(results[0].output.find("PASS join_peer_dies") != std::string::npos);
 }
+
+TEST_CASE("ddp: PowerSGD hook: exact at full rank, converges with error feedback at rank 1",
+          "[ddp]") {
+  for (int world : {2, 3}) {
+    auto results = run(world, {ddp_worker(), "powersgd"});
+    for (auto& r : results) REQUIRE(r.output.find("PASS powersgd") != std::string::npos);
+  }
+}

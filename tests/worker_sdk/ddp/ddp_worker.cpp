@@ -29,6 +29,12 @@
 //       one parameter of N floats, rank r's gradient value(r, k) (the formula of
 //       ddp_hooks_torch.py); rank 0 writes the reduced gradient without a hook, with
 //       fp16_compress_hook and with bf16_compress_hook to OUT.none, OUT.fp16, OUT.bf16.
+//   ddp_worker powersgd
+//       powersgd_hook on matrices whose gradients have rank 2 (every rank a different mix of the
+//       same two outer products): at rank 2 the result equals the plain average, before and after
+//       start_powersgd_iter, and a matrix the compression-rate rule skips is averaged exactly; at
+//       rank 1 each result is rank 1 and the same on every rank, and with error feedback the
+//       mean over iterations of a constant gradient converges to its average.
 //   ddp_worker static_order
 //       static_graph with ranks marking in different orders: every rank rebuilds in rank 0's
 //       order; averages stay right; find_unused_parameters' first-iteration unused set is kept,
@@ -522,6 +528,137 @@ int hook_dump(ProcessGroup& pg, int argc, char** argv) {
   return 0;
 }
 
+int powersgd(ProcessGroup& pg) {
+  // Parameters: A 6x5, a bias of 7, B 8x6, C 4x4 (skipped at rate 1, rank 2: 16 >= 16).
+  struct Shape {
+    size_t rows, cols;
+  };
+  const std::vector<Shape> shapes = {{6, 5}, {7, 1}, {8, 6}, {4, 4}};
+  std::vector<std::vector<float>> data;
+  std::vector<Parameter> params;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    data.emplace_back(shapes[i].rows * shapes[i].cols, 0.0f);
+    params.push_back({"m" + std::to_string(i), data[i].data(), data[i].size()});
+  }
+  const int world = pg.size();
+  // value = sum_t c(rank, t, iter) u_t[i] v_t[j]: rank 2 for every rank and for the average.
+  auto coeff = [](int rank, int t, int iter) {
+    return t == 0 ? 1.0 + 0.5 * rank + 0.1 * iter : (0.6 - 0.3 * rank) * (1.0 + 0.05 * iter);
+  };
+  auto value = [&](int rank, size_t p, size_t i, size_t j, int iter) {
+    if (shapes[p].cols == 1) return static_cast<float>(0.3 * i - rank + iter);
+    double v = 0;
+    for (int t = 0; t < 2; ++t)
+      v += coeff(rank, t, iter) * std::sin(1.0 + i * (t + 1) + p) * std::cos(0.5 * j * (t + 2) + p);
+    return static_cast<float>(v);
+  };
+  auto fill = [&](DistributedDataParallel& ddp, int iter) {
+    ddp.zero_grad();
+    for (size_t p = shapes.size(); p-- > 0;) {
+      float* g = ddp.grad_as<float>(p);
+      for (size_t i = 0; i < shapes[p].rows; ++i)
+        for (size_t j = 0; j < shapes[p].cols; ++j)
+          g[i * shapes[p].cols + j] = value(pg.rank(), p, i, j, iter);
+      ddp.mark_ready(p);
+    }
+    ddp.finalize();
+  };
+  auto average = [&](size_t p, size_t i, size_t j, int iter) {
+    double s = 0;
+    for (int r = 0; r < world; ++r) s += value(r, p, i, j, iter);
+    return s / world;
+  };
+  PowerSgdOptions po;
+  po.matrix_approximation_rank = 2;
+  po.start_powersgd_iter = 2;
+  po.min_compression_rate = 1;
+  po.seed = 11;
+  for (size_t p = 0; p < shapes.size(); ++p) po.matrix_shapes[p] = {shapes[p].rows, shapes[p].cols};
+  DdpOptions opt;
+  opt.bucket_cap_mb = 0.0003;  // several buckets
+  opt.first_bucket_cap_mb = 0.0003;
+  {
+    DistributedDataParallel ddp(pg, params, opt);
+    ddp.register_comm_hook(powersgd_hook(po));
+    for (int iter = 0; iter < 5; ++iter) {
+      fill(ddp, iter);
+      for (size_t p = 0; p < shapes.size(); ++p) {
+        double worst = 0, scale = 0;
+        for (size_t i = 0; i < shapes[p].rows; ++i)
+          for (size_t j = 0; j < shapes[p].cols; ++j) {
+            const double want = average(p, i, j, iter);
+            scale = std::max(scale, std::fabs(want));
+            worst =
+                std::max(worst, std::fabs(ddp.grad_as<float>(p)[i * shapes[p].cols + j] - want));
+          }
+        if (worst > 1e-4 * scale)
+          return fail("powersgd rank 2, iteration " + std::to_string(iter) + ": m" +
+                      std::to_string(p) + " differs from the average by " + std::to_string(worst) +
+                      " (scale " + std::to_string(scale) + ")");
+      }
+    }
+  }
+  // Rank 1, constant gradients (iteration 0's), 60 iterations after 2 plain ones.
+  po.matrix_approximation_rank = 1;
+  {
+    DistributedDataParallel ddp(pg, params, opt);
+    ddp.register_comm_hook(powersgd_hook(po));
+    const size_t p = 2;  // B, 8 x 6
+    const size_t rows = shapes[p].rows, cols = shapes[p].cols;
+    std::vector<double> sum(rows * cols, 0.0);
+    double first_err = 0, scale = 0;
+    const int iters = 60;
+    for (int iter = 0; iter < 2 + iters; ++iter) {
+      fill(ddp, 0);
+      if (iter < 2) continue;
+      const float* g = ddp.grad_as<float>(p);
+      // Rank 1: every 2x2 minor vanishes.
+      double minor = 0, big = 0;
+      for (size_t i = 1; i < rows; ++i)
+        for (size_t j = 1; j < cols; ++j) {
+          minor = std::max(minor,
+                           std::fabs(double(g[0]) * g[i * cols + j] - double(g[j]) * g[i * cols]));
+          big = std::max(big, std::fabs(double(g[i * cols + j])));
+        }
+      if (minor > 1e-4 * big * big) return fail("powersgd rank 1: B's result is not rank 1");
+      uint32_t crc = crc32c(g, rows * cols * sizeof(float));
+      int64_t mine = crc;
+      std::vector<int64_t> all(world);
+      pg.allgather(&mine, all.data(), 1, DataType::kInt64);
+      for (int r = 0; r < world; ++r)
+        if (all[r] != mine) return fail("powersgd rank 1: results differ between ranks");
+      double err = 0;
+      for (size_t k = 0; k < rows * cols; ++k) {
+        sum[k] += g[k];
+        const double want = average(p, k / cols, k % cols, 0);
+        if (iter == 2) {
+          scale = std::max(scale, std::fabs(want));
+          first_err = std::max(first_err, std::fabs(g[k] - want));
+        }
+        err = std::max(err, std::fabs(sum[k] / (iter - 1) - want));
+      }
+      if (iter + 1 == 2 + iters) {
+        std::printf(
+            "powersgd rank 1: one iteration off by %.3g, mean of %d off by %.3g (scale %.3g)\n",
+            first_err, iters, err, scale);
+        if (!(first_err > 0.05 * scale))
+          return fail("rank 1 was not lossy: the test proves nothing");
+        if (!(err < 0.2 * first_err)) return fail("error feedback did not converge");
+      }
+    }
+  }
+  try {
+    PowerSgdOptions bad = po;
+    bad.start_powersgd_iter = 1;
+    (void)powersgd_hook(bad);
+    return fail("start_powersgd_iter 1 with error feedback accepted");
+  } catch (const std::invalid_argument& e) {
+    std::printf("bad options: %s\n", e.what());
+  }
+  std::printf("PASS powersgd\n");
+  return 0;
+}
+
 int static_order(ProcessGroup& pg) {
   const size_t n = 6, numel = 40;  // 160 bytes each
   std::vector<std::vector<float>> data(n, std::vector<float>(numel, 0.0f));
@@ -724,6 +861,8 @@ int main(int argc, char** argv) {
       rc = join_peer_dies(w.process_group());
     else if (mode == "hook_dump")
       rc = hook_dump(w.process_group(), argc, argv);
+    else if (mode == "powersgd")
+      rc = powersgd(w.process_group());
     else if (mode == "static_order")
       rc = static_order(w.process_group());
     std::fflush(stdout);

@@ -68,6 +68,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -132,8 +133,9 @@ struct IterationStats {
 // local gradients (sums, not averaged) when launch() is called; after finish() it must hold the
 // average: the sum over ranks divided by `divisor`.
 struct GradBucket {
-  size_t index = 0;      // bucket index, as in buckets()
-  void* data = nullptr;  // numel elements of dtype on device
+  size_t index = 0;        // bucket index, as in buckets()
+  size_t num_buckets = 0;  // index == num_buckets - 1: the last bucket of the iteration
+  void* data = nullptr;    // numel elements of dtype on device
   size_t numel = 0;
   DataType dtype = DataType::kFloat32;
   Device device = Device::kCpu;
@@ -173,6 +175,29 @@ std::shared_ptr<CommHook> allreduce_hook();
 // conversion runs on the CPU): launch() on a CUDA bucket throws. Integer buckets throw.
 std::shared_ptr<CommHook> fp16_compress_hook();
 std::shared_ptr<CommHook> bf16_compress_hook();
+// PowerSGD (Vogels et al. 2019; PyTorch's powerSGD_hook): each parameter given a matrix shape in
+// `matrix_shapes` (rows x cols = numel) is approximated by P Q^T of rank
+// min(rank, rows, cols): P = M Q allreduced and orthogonalized (Gram-Schmidt), Q = M^T P
+// allreduced and divided by `divisor`, M = P Q^T; with error feedback the approximation error is
+// added to the next iteration's gradient; with warm start Q carries over. Parameters without a
+// shape, and matrices where (rows + cols) * rank * min_compression_rate >= rows * cols, are
+// allreduced uncompressed and divided. The first start_powersgd_iter iterations are plain
+// allreduce. Collectives per bucket: uncompressed, P (from launch), Q (from finish, so the Q
+// allreduces of the buckets run one after another). Host float32 buckets only.
+struct PowerSgdOptions {
+  int matrix_approximation_rank = 1;
+  int start_powersgd_iter = 1000;  // PyTorch's default; >= 2 with error feedback or warm start
+  int min_compression_rate = 2;
+  bool use_error_feedback = true;
+  bool warm_start = true;
+  float orthogonalization_epsilon = 0.0f;
+  uint64_t seed = 0;  // for Q's initial values; the same on every rank
+  // Parameter index -> (rows, cols); rows * cols must equal the parameter's numel.
+  std::map<size_t, std::pair<size_t, size_t>> matrix_shapes;
+};
+// std::invalid_argument for bad options.
+std::shared_ptr<CommHook> powersgd_hook(PowerSgdOptions options);
+
 // A hook from functions (finish may be empty).
 std::shared_ptr<CommHook> make_comm_hook(std::function<Work(GradBucket&)> launch,
                                          std::function<void(GradBucket&)> finish = {},

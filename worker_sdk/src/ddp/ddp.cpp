@@ -162,6 +162,7 @@ struct DistributedDataParallel::Impl {
     }
     GradBucket& g = b.view;
     g.index = index;
+    g.num_buckets = buckets.size();
     g.data = b.data;
     g.numel = b.info.numel;
     g.dtype = b.info.dtype;
