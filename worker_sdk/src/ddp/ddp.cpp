@@ -181,6 +181,25 @@ struct DistributedDataParallel::Impl {
     }
   }
 
+  // A broadcast of host data; an NCCL group needs device memory, so it is staged there.
+  void broadcast_host(void* data, size_t count, DataType dtype, int root) {
+    if (group->backend() != Backend::kNccl) {
+      group->broadcast(data, count, dtype, root, options.timeout);
+      return;
+    }
+    const size_t bytes = count * dtype_size(dtype);
+    void* dev = detail::device_alloc(bytes);
+    try {
+      detail::copy_host_to_device(dev, data, bytes, options.cuda_stream);
+      group->broadcast(dev, count, dtype, root, options.timeout);
+      detail::copy_device_to_host(data, dev, bytes, options.cuda_stream);
+    } catch (...) {
+      detail::device_free(dev);
+      throw;
+    }
+    detail::device_free(dev);
+  }
+
   // static_graph, after the first synchronized iteration: rank 0's arrival order, broadcast, is
   // the new bucket order on every rank. The averaged gradients move into the new buckets.
   void rebuild_buckets_locked() {
@@ -190,7 +209,7 @@ struct DistributedDataParallel::Impl {
     for (size_t k = n; k-- > 0;)
       if (!arrived[k]) order.push_back(k);
     std::vector<int64_t> wire(order.begin(), order.end());
-    group->broadcast(wire.data(), n, DataType::kInt64, 0, options.timeout);
+    broadcast_host(wire.data(), n, DataType::kInt64, 0);
     std::vector<bool> seen(n, false);
     for (size_t k = 0; k < n; ++k) {
       if (wire[k] < 0 || static_cast<size_t>(wire[k]) >= n || seen[wire[k]])
