@@ -297,3 +297,12 @@ TEST_CASE("ddp: PowerSGD hook: exact at full rank, converges with error feedback
     for (auto& r : results) REQUIRE(r.output.find("PASS powersgd") != std::string::npos);
   }
 }
+
+TEST_CASE("ddp: join with throw_on_early_termination fails every rank in the same step", "[ddp]") {
+  for (std::string counts : {"3,1", "2,0,4"}) {
+    INFO("counts " << counts);
+    auto results = run(static_cast<int>(std::count(counts.begin(), counts.end(), ',') + 1),
+                       {ddp_worker(), "join", counts, "4", "/nonexistent/unused", "throw"});
+    for (auto& r : results) REQUIRE(r.output.find("PASS join") != std::string::npos);
+  }
+}

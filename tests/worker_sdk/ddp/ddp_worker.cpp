@@ -14,7 +14,9 @@
 //       the same MLP with uneven inputs: rank r has COUNTS[r] (comma-separated) batches per
 //       round, 2 rounds, plain SGD, a join_iteration() per step; checks that every rank leaves
 //       the loop in the same call and ends with the same parameters; rank 0 writes them to OUT.
-//       FLAGS as for train, plus "initial" (join_divide_by_initial_world_size).
+//       FLAGS as for train, plus "initial" (join_divide_by_initial_world_size), and "throw"
+//       (join_throw_on_early_termination: every rank must get DdpError in the call of the
+//       step after the smallest count, and nothing is written).
 //   ddp_worker hooks
 //       fp16 and bf16 compression against the plain average (within the 16-bit types' rounding,
 //       and the results are representable in them), a user hook (called once per bucket per
@@ -239,6 +241,7 @@ int join(ProcessGroup& pg, int argc, char** argv) {
   opt.first_bucket_cap_mb = 0.001;
   opt.static_graph = has_flag(flags, "static");
   opt.join_divide_by_initial_world_size = has_flag(flags, "initial");
+  opt.join_throw_on_early_termination = has_flag(flags, "throw");
 
   Mlp model({10, 32, 32, 5});
   model.init(100 + static_cast<uint64_t>(pg.rank()));
@@ -251,6 +254,30 @@ int join(ProcessGroup& pg, int argc, char** argv) {
   const int world = pg.size(), mine = counts[pg.rank()];
   const int most = *std::max_element(counts.begin(), counts.end());
   auto mark = [&](size_t i) { ddp.mark_ready(reg.inv[i]); };
+  if (opt.join_throw_on_early_termination) {
+    const int fewest = *std::min_element(counts.begin(), counts.end());
+    for (int trained = 0; trained <= most; ++trained) {
+      const bool have = trained < mine;
+      try {
+        if (!ddp.join_iteration(have)) return fail("join_iteration() returned false");
+      } catch (const DdpError& e) {
+        std::printf("early termination at step %d: %s\n", trained, e.what());
+        if (trained != fewest) return fail("DdpError at the wrong step");
+        if (!std::strstr(e.what(), "ran out of input")) return fail("unclear message");
+        std::printf("PASS join\n");
+        return 0;
+      }
+      if (trained == fewest) return fail("no DdpError when a rank ran out of input");
+      for (size_t k = 0; k < batch; ++k) idx[k] = (trained * world + pg.rank()) * batch + k;
+      model.make_batch(idx, x, t);
+      model.forward(x.data(), t.data(), batch);
+      ddp.zero_grad();
+      reg.refresh(ddp);
+      model.backward(reg.grads, mark);
+      ddp.finalize();
+    }
+    return fail("the loop ended without DdpError");
+  }
   for (int round = 0; round < 2; ++round) {
     int trained = 0, calls = 0;
     // Bounded: the other ranks' steps plus the final call.

@@ -111,6 +111,9 @@ struct DdpOptions {
   // join_iteration(): divide by size() instead of by the number of ranks with input (PyTorch's
   // Join default, divide_by_initial_world_size=True). Must be the same on every rank.
   bool join_divide_by_initial_world_size = false;
+  // join_iteration(): as soon as any rank has no input, throw DdpError on every rank (in the same
+  // call) instead of shadowing (PyTorch's Join(throw_on_early_termination=True)).
+  bool join_throw_on_early_termination = false;
 };
 
 struct BucketInfo {
@@ -272,6 +275,8 @@ class DistributedDataParallel {
   // synchronized step, and give a rank input for all or none of the step's micro-batches).
   // CUDA parameters: std::invalid_argument (the division by the count needs a device kernel).
   // The optimizer state of a rank that joined early is not synchronized (as in PyTorch).
+  // With join_throw_on_early_termination, the first call in which any rank has no input throws
+  // DdpError on every rank (the reducer stays usable).
   bool join_iteration(bool has_input);
   // Synchronized steps this rank has run or shadowed in the current join round.
   int64_t join_steps() const;

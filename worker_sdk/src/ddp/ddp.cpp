@@ -630,8 +630,15 @@ bool DistributedDataParallel::join_iteration(bool has_input) {
   auto divisor_for = [&](int64_t active) {
     return m.options.join_divide_by_initial_world_size ? world : static_cast<int>(active);
   };
+  auto early = [&](int64_t active) {
+    if (m.options.join_throw_on_early_termination && active < world)
+      throw DdpError("DDP: join_iteration(): " + std::to_string(world - active) + " of " +
+                     std::to_string(world) +
+                     " ranks ran out of input (join_throw_on_early_termination)");
+  };
   if (has_input) {
     const int64_t active = count(1);
+    early(active);
     std::lock_guard<std::mutex> lock(m.mu);
     m.divisor = divisor_for(active);
     ++m.join_steps;
@@ -642,6 +649,7 @@ bool DistributedDataParallel::join_iteration(bool has_input) {
   // when every rank has joined, or with a CollectiveError when a peer fails.
   for (;;) {
     const int64_t active = count(0);
+    early(active);
     if (active == 0) break;
     zero_grad();
     {
