@@ -160,8 +160,9 @@ struct GradBucket {
 // must register an equivalent hook: its collectives must match across ranks. A hook may issue
 // several collectives on bucket.group (in the same order on every rank) and return the last
 // one's Work (collectives complete in issue order), or work synchronously and return Work() (a
-// default Work counts as complete). An exception from either breaks the reducer (DdpError
-// naming the hook, the bucket and the cause).
+// default Work counts as complete). An exception from either breaks the reducer: a
+// CollectiveError from finish() comes out of finalize() as is, anything else as DdpError naming
+// the hook, the bucket and the cause.
 class CommHook {
  public:
   virtual ~CommHook() = default;

@@ -533,6 +533,9 @@ void DistributedDataParallel::finalize() {
     for (size_t b = 0; b < m.buckets.size() && hook_error.empty(); ++b) {
       try {
         m.hook->finish(m.buckets[b].view);
+      } catch (const CollectiveError&) {  // a hook's own collective (e.g. PowerSGD's Q)
+        err = std::current_exception();
+        break;
       } catch (const std::exception& e) {
         hook_error = "DDP: communication hook '" + m.hook->name() + "' failed to finish bucket " +
                      std::to_string(b) + ": " + e.what();
@@ -560,7 +563,15 @@ void DistributedDataParallel::finalize() {
     }
     std::fill(m.marked.begin(), m.marked.end(), false);  // premarks are not applied yet
     m.marked_count = 0;
-    m.rebuild_buckets_locked();
+    try {
+      m.rebuild_buckets_locked();
+    } catch (const DdpError&) {
+      throw;  // fail() marked the reducer broken
+    } catch (...) {
+      m.broken = true;
+      m.broken_cause = "rebuilding the buckets (static_graph) failed";
+      throw;
+    }
     m.static_unused_known = m.options.find_unused_parameters;
   }
   m.reset_iteration_locked();
