@@ -43,7 +43,7 @@
 // bucket. launch() is called when the bucket is ready (on the thread that marked its last
 // gradient) and returns the Work to wait for; finish() is called by finalize(), in bucket order,
 // after that Work completed, and must leave the average in the bucket. Built-ins:
-// allreduce_hook() (the default), fp16_compress_hook() and bf16_compress_hook().
+// allreduce_hook() (the default), fp16_compress_hook(), bf16_compress_hook(), powersgd_hook().
 //
 // Uneven inputs (PyTorch's Join context with DDP): with join_iteration() once per synchronized
 // step, a rank that ran out of data keeps answering the others' collectives with zero gradients
