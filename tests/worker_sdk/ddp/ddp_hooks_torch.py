@@ -12,6 +12,7 @@ OUT_PREFIX.bf16 is that hook's arithmetic done by hand: c.to(bfloat16).div_(worl
 allgathered and summed in bfloat16 in rank order (what an allreduce of bfloat16 computes), cast
 back to float32.
 """
+import os
 import sys
 
 import torch
@@ -61,7 +62,11 @@ def main():
     if rank == 0:
         with open(f"{out}.bf16", "wb") as f:
             f.write(total.to(torch.float32).numpy().tobytes())
-    dist.destroy_process_group()
+    # Every rank is done with gloo; skip the teardown, whose destructors (DDP's reducer, gloo's
+    # threads) sometimes hang in PyTorch 1.13 when the peer has already exited.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

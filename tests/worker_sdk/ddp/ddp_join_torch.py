@@ -9,6 +9,7 @@ has COUNTS[r] batches of BATCH per round, 2 rounds, plain SGD (lr 0.05), each ro
 Join([ddp], divide_by_initial_world_size=False). Rank 0 writes the final parameters to OUT.
 """
 import math
+import os
 import sys
 
 import numpy as np
@@ -67,7 +68,11 @@ def main():
         with open(out, "wb") as f:
             for p in model.parameters():
                 f.write(p.detach().numpy().astype(np.float32).tobytes())
-    dist.destroy_process_group()
+    # Every rank is done with gloo; skip the teardown, whose destructors (DDP's reducer, gloo's
+    # threads) sometimes hang in PyTorch 1.13 when the peer has already exited.
+    dist.barrier()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
