@@ -228,10 +228,10 @@ TEST_CASE("ddp: join with uneven inputs equals training on the union of the data
     std::string flags;
     double tolerance;
   };
-  const Case cases[] = {{{0, 1, 6}, "", 1e-4},     {{5, 0}, "", 1e-4},
-                        {{6, 6, 2, 5}, "", 1e-4},  {{3, 3, 3}, "", 1e-4},
-                        {{0, 0}, "", 0},           {{0, 2, 5}, "static", 1e-4},
-                        {{4, 1, 0}, "fp16", 5e-3}, {{1, 4}, "initial", 1e-4}};
+  const Case cases[] = {
+      {{0, 1, 6}, "", 1e-4},         {{5, 0}, "", 1e-4},        {{6, 6, 2, 5}, "", 1e-4},
+      {{3, 3, 3}, "", 1e-4},         {{0, 0}, "", 0},           {{0, 2, 5}, "static", 1e-4},
+      {{3, 0, 1}, "userhook", 1e-4}, {{4, 1, 0}, "fp16", 5e-3}, {{1, 4}, "initial", 1e-4}};
   char tmpl[] = "/tmp/trun-ddp-join-XXXXXX";
   REQUIRE(::mkdtemp(tmpl));
   const std::string dir = tmpl;

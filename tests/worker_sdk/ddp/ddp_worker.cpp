@@ -14,7 +14,9 @@
 //       the same MLP with uneven inputs: rank r has COUNTS[r] (comma-separated) batches per
 //       round, 2 rounds, plain SGD, a join_iteration() per step; checks that every rank leaves
 //       the loop in the same call and ends with the same parameters; rank 0 writes them to OUT.
-//       FLAGS as for train, plus "initial" (join_divide_by_initial_world_size), and "throw"
+//       FLAGS as for train, plus "initial" (join_divide_by_initial_world_size), "userhook" (a
+//       hook that sums and divides by GradBucket::divisor, and checks each step's divisor and
+//       joined flag), and "throw"
 //       (join_throw_on_early_termination: every rank must get DdpError in the call of the
 //       step after the smallest count, and nothing is written).
 //   ddp_worker hooks
@@ -248,6 +250,18 @@ int join(ProcessGroup& pg, int argc, char** argv) {
   Registered reg(model, opt.static_graph);
   DistributedDataParallel ddp(pg, reg.params(model), opt);
   register_flag_hook(ddp, flags);
+  std::vector<std::pair<int, bool>> seen;  // (divisor, joined) per hook launch
+  if (has_flag(flags, "userhook"))
+    ddp.register_comm_hook(make_comm_hook(
+        [&](GradBucket& b) {
+          seen.emplace_back(b.divisor, b.joined);
+          return b.group->allreduce_async(b.data, b.numel, b.dtype, ReduceOp::kSum, b.timeout);
+        },
+        [](GradBucket& b) {
+          float* g = static_cast<float*>(b.data);
+          for (size_t k = 0; k < b.numel; ++k) g[k] /= static_cast<float>(b.divisor);
+        },
+        "join checker"));
   Sgd sgd(0.05f, 0.0f);  // no momentum: a rank that joined early has stale optimizer state
   std::vector<float> x, t;
   std::vector<uint64_t> idx(batch);
@@ -300,6 +314,24 @@ int join(ProcessGroup& pg, int argc, char** argv) {
     if (trained != mine)
       return fail("round " + std::to_string(round) + ": trained " + std::to_string(trained) +
                   " of " + std::to_string(mine) + " batches");
+    if (has_flag(flags, "userhook")) {
+      const size_t nb = ddp.buckets().size();
+      if (seen.size() != nb * static_cast<size_t>(most))
+        return fail("hook launched " + std::to_string(seen.size()) + " times, want " +
+                    std::to_string(nb * most));
+      for (int s = 0; s < most; ++s) {
+        int active = 0;
+        for (int c : counts) active += s < c;
+        for (size_t b = 0; b < nb; ++b) {
+          const auto [divisor, joined] = seen[s * nb + b];
+          if (divisor != active || joined != (s >= mine))
+            return fail("step " + std::to_string(s) + ": hook saw divisor " +
+                        std::to_string(divisor) + (joined ? ", joined" : "") + "; want " +
+                        std::to_string(active) + (s >= mine ? ", joined" : ""));
+        }
+      }
+      seen.clear();
+    }
     // Every rank leaves in the call after its last batch: the loop count is the same for all.
     int64_t left = calls, most_left = calls;
     pg.allreduce(&most_left, 1, DataType::kInt64, ReduceOp::kMax);
