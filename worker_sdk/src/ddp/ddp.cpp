@@ -200,6 +200,31 @@ struct DistributedDataParallel::Impl {
     detail::device_free(dev);
   }
 
+  // Bucket memory for `plan` and each parameter's place in it (host buckets 64-byte aligned).
+  void lay_out_buckets(std::vector<BucketInfo> plan, std::vector<Bucket>& out,
+                       std::vector<Slot>& out_slots) const {
+    out.clear();
+    out.resize(plan.size());
+    out_slots.assign(params.size(), Slot{});
+    for (size_t b = 0; b < plan.size(); ++b) {
+      auto& bk = out[b];
+      bk.info = std::move(plan[b]);
+      size_t off = 0;
+      for (size_t idx : bk.info.params) {
+        out_slots[idx] = {b, off};
+        off += params[idx].numel * dtype_size(params[idx].dtype);
+      }
+      if (bk.info.device == Device::kCuda) {
+        bk.data = static_cast<unsigned char*>(detail::device_alloc(bk.info.bytes));
+      } else {
+        const size_t alloc = (std::max<size_t>(bk.info.bytes, 1) + 63) / 64 * 64;
+        bk.host.reset(static_cast<unsigned char*>(std::aligned_alloc(64, alloc)));
+        if (!bk.host) throw std::bad_alloc();
+        bk.data = bk.host.get();
+      }
+    }
+  }
+
   // static_graph, after the first synchronized iteration: rank 0's arrival order, broadcast, is
   // the new bucket order on every rank. The averaged gradients move into the new buckets.
   void rebuild_buckets_locked() {
@@ -221,25 +246,9 @@ struct DistributedDataParallel::Impl {
     auto plan =
         detail::plan_buckets(params, order, cap_bytes(options.bucket_cap_mb, "bucket_cap_mb"),
                              cap_bytes(options.first_bucket_cap_mb, "first_bucket_cap_mb"));
-    std::vector<Bucket> fresh(plan.size());
-    std::vector<Slot> fresh_slots(n);
-    for (size_t b = 0; b < plan.size(); ++b) {
-      auto& bk = fresh[b];
-      bk.info = std::move(plan[b]);
-      size_t off = 0;
-      for (size_t idx : bk.info.params) {
-        fresh_slots[idx] = {b, off};
-        off += params[idx].numel * dtype_size(params[idx].dtype);
-      }
-      if (bk.info.device == Device::kCuda) {
-        bk.data = static_cast<unsigned char*>(detail::device_alloc(bk.info.bytes));
-      } else {
-        const size_t alloc = (std::max<size_t>(bk.info.bytes, 1) + 63) / 64 * 64;
-        bk.host.reset(static_cast<unsigned char*>(std::aligned_alloc(64, alloc)));
-        if (!bk.host) throw std::bad_alloc();
-        bk.data = bk.host.get();
-      }
-    }
+    std::vector<Bucket> fresh;
+    std::vector<Slot> fresh_slots;
+    lay_out_buckets(std::move(plan), fresh, fresh_slots);
     for (size_t i = 0; i < n; ++i) {
       const size_t bytes = params[i].numel * dtype_size(params[i].dtype);
       if (bytes == 0) continue;
@@ -330,57 +339,11 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group, std::vecto
   m.params = std::move(params);
   m.buffers = std::move(buffers);
 
-  // Bucket assignment: reverse registration order, one open bucket per (dtype, device); a bucket
-  // closes once it reaches its cap (the first one of each kind: first_cap).
-  struct Open {
-    BucketInfo info;
-    bool any_closed = false;
-  };
-  std::map<std::pair<int, int>, Open> open;
-  std::vector<BucketInfo> closed;
-  for (size_t k = m.params.size(); k-- > 0;) {
-    const auto& p = m.params[k];
-    auto key = std::make_pair(static_cast<int>(p.dtype), static_cast<int>(p.device));
-    Open& o = open[key];
-    o.info.dtype = p.dtype;
-    o.info.device = p.device;
-    o.info.params.push_back(k);
-    o.info.numel += p.numel;
-    o.info.bytes += p.numel * dtype_size(p.dtype);
-    if (o.info.bytes >= (o.any_closed ? cap : first_cap)) {
-      closed.push_back(std::move(o.info));
-      o.info = BucketInfo();
-      o.any_closed = true;
-    }
-  }
-  // Leftover open buckets, in the order of their first parameter's readiness (reverse index).
-  std::vector<BucketInfo> rest;
-  for (auto& [key, o] : open)
-    if (!o.info.params.empty()) rest.push_back(std::move(o.info));
-  std::sort(rest.begin(), rest.end(),
-            [](const BucketInfo& a, const BucketInfo& b) { return a.params[0] > b.params[0]; });
-  for (auto& r : rest) closed.push_back(std::move(r));
-
-  m.slots.resize(m.params.size());
-  m.buckets.resize(closed.size());
-  for (size_t b = 0; b < closed.size(); ++b) {
-    auto& bk = m.buckets[b];
-    bk.info = std::move(closed[b]);
-    size_t off = 0;
-    for (size_t idx : bk.info.params) {
-      m.slots[idx] = {b, off};
-      off += m.params[idx].numel * dtype_size(m.params[idx].dtype);
-    }
-    if (bk.info.device == Device::kCuda) {
-      bk.data = static_cast<unsigned char*>(detail::device_alloc(bk.info.bytes));
-    } else {
-      const size_t alloc = (std::max<size_t>(bk.info.bytes, 1) + 63) / 64 * 64;
-      bk.host.reset(static_cast<unsigned char*>(std::aligned_alloc(64, alloc)));
-      if (!bk.host) throw std::bad_alloc();
-      bk.data = bk.host.get();
-    }
-    m.infos.push_back(bk.info);
-  }
+  // Buckets in reverse registration order (the order backward produces gradients).
+  std::vector<size_t> order(m.params.size());
+  for (size_t k = 0; k < order.size(); ++k) order[k] = order.size() - 1 - k;
+  m.lay_out_buckets(detail::plan_buckets(m.params, order, cap, first_cap), m.buckets, m.slots);
+  for (const auto& bk : m.buckets) m.infos.push_back(bk.info);
   m.marked.assign(m.params.size(), false);
   m.used_since_sync.assign(m.params.size(), false);
   m.arrived.assign(m.params.size(), false);
