@@ -21,6 +21,7 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
 
 #include "worker_sdk/src/reduce.h"
 
@@ -200,15 +201,21 @@ void GlooComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, 
     gloo::AllreduceOptions opts(state_->context);
     opts.setTimeout(remaining(deadline));
     switch (dtype_size(dtype)) {
+      case 1:
+        opts.setOutput(static_cast<Bytes<1>*>(data), count);
+        break;
       case 2:
         opts.setOutput(static_cast<Bytes<2>*>(data), count);
         break;
       case 4:
         opts.setOutput(static_cast<Bytes<4>*>(data), count);
         break;
-      default:
+      case 8:
         opts.setOutput(static_cast<Bytes<8>*>(data), count);
         break;
+      default:
+        throw std::invalid_argument(std::string("gloo allreduce: no element size ") +
+                                    std::to_string(dtype_size(dtype)));
     }
     opts.setReduceFunction([dtype, op](void* dst, const void* a, const void* b, size_t n) {
       reduce3(dst, a, b, n, dtype, op);
@@ -250,6 +257,84 @@ void GlooComm::barrier(Deadline deadline) {
     opts.setTimeout(remaining(deadline));
     gloo::barrier(opts);
   });
+}
+
+void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what) {
+  if (transfers.empty()) return;
+  // Slot 2*tag carries a message's length (8 bytes), 2*tag+1 its data: Gloo would otherwise
+  // treat a message longer than the posted receive as a fatal invariant violation.
+  struct Posted {
+    const Transfer* t = nullptr;
+    uint64_t length = 0;  // send: what we announce; recv: what the sender announced
+    std::unique_ptr<gloo::transport::UnboundBuffer> header, body;
+  };
+  std::vector<Posted> posted(transfers.size());
+  auto describe = [&](const Transfer& t) {
+    return std::string(what) + ": " + (t.send ? "send to " : "recv from ") + t.peer_name;
+  };
+  auto wait_one = [&](const Transfer& t, gloo::transport::UnboundBuffer& buf, bool send) {
+    bool ok = false;
+    try {
+      ok = send ? buf.waitSend(remaining(deadline)) : buf.waitRecv(remaining(deadline));
+    } catch (const std::exception& e) {
+      if (std::string reason = abort_reason(*t.comm->state_); !reason.empty())
+        throw CollectiveError(describe(t) + " failed: aborted: " + reason);
+      if (Clock::now() + std::chrono::milliseconds(50) >= deadline)
+        throw CollectiveTimeoutError(describe(t) + " timed out: " + e.what());
+      throw CollectiveError(describe(t) + " failed: " + e.what());
+    }
+    if (!ok) throw CollectiveError(describe(t) + " failed: aborted");
+  };
+  // A failure shuts the connections down before the posted buffers go away, so that Gloo fails
+  // what is still pending on them instead of touching freed buffers.
+  try {
+    for (size_t i = 0; i < transfers.size(); ++i) {
+      Posted& p = posted[i];
+      p.t = &transfers[i];
+      const Transfer& t = *p.t;
+      State& st = *t.comm->state_;
+      if (std::string reason = abort_reason(st); !reason.empty())
+        throw CollectiveError(describe(t) + " failed: aborted: " + reason);
+      const uint64_t slot = 2 * static_cast<uint64_t>(t.tag);
+      try {
+        p.header = st.context->createUnboundBuffer(&p.length, sizeof p.length);
+        if (t.send) {
+          p.length = t.bytes;
+          p.header->send(t.peer, slot);
+          if (t.bytes) {
+            p.body = st.context->createUnboundBuffer(t.data, t.bytes);
+            p.body->send(t.peer, slot + 1);
+          }
+        } else {
+          p.header->recv(t.peer, slot);
+        }
+      } catch (const CollectiveError&) {
+        throw;
+      } catch (const std::exception& e) {
+        throw CollectiveError(describe(t) + " failed: " + e.what());
+      }
+    }
+    // Lengths first; then the receives' bodies (posted once their size is known to match).
+    for (Posted& p : posted) {
+      const Transfer& t = *p.t;
+      if (t.send) continue;
+      wait_one(t, *p.header, false);
+      if (p.length != t.bytes)
+        throw CollectiveError(describe(t) + " failed: the sender sent " + std::to_string(p.length) +
+                              " bytes, this receive expects " + std::to_string(t.bytes));
+      if (t.bytes) {
+        p.body = t.comm->state_->context->createUnboundBuffer(t.data, t.bytes);
+        p.body->recv(t.peer, 2 * static_cast<uint64_t>(t.tag) + 1);
+      }
+    }
+    for (Posted& p : posted) {
+      if (p.t->send) wait_one(*p.t, *p.header, true);
+      if (p.body) wait_one(*p.t, *p.body, p.t->send);
+    }
+  } catch (const std::exception& e) {
+    for (const Transfer& t : transfers) t.comm->abort(e.what());
+    throw;
+  }
 }
 
 std::string local_address_towards(const std::string& peer_host) {

@@ -16,8 +16,11 @@
 // (never concurrently with the destructor).
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rendezvous/store/store.h"
 #include "worker_sdk/src/backend.h"
@@ -37,6 +40,24 @@ class GlooComm {
   void broadcast(void* data, size_t bytes, int root, Deadline deadline);
   void allgather(const void* send, void* recv, size_t bytes, Deadline deadline);
   void barrier(Deadline deadline);
+
+  // One point-to-point transfer with participant `peer` (!= rank()) of `comm`.
+  struct Transfer {
+    GlooComm* comm = nullptr;
+    bool send = true;
+    void* data = nullptr;
+    size_t bytes = 0;
+    int peer = 0;
+    uint32_t tag = 0;
+    std::string peer_name;  // for messages, e.g. "rank 3"
+  };
+  // Posts every transfer (on any number of GlooComms), then waits for all, bounded by
+  // `deadline`: posting everything first lets a ring exchange over separate communicators
+  // complete. Each message carries its length: a receive whose posted size differs fails with
+  // CollectiveError naming both sizes. Messages between two participants with the same tag
+  // match in posting order. Any failure aborts every GlooComm involved (their pending transfers
+  // fail, and the peers see closed connections). `what` names the operation in errors.
+  static void p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what);
   // Makes the running collective (if any) and every later one fail with CollectiveError naming
   // `reason`. Does not block (reads /proc/self/fd); idempotent (the first reason stays).
   void abort(const std::string& reason);

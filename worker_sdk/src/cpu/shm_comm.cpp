@@ -643,4 +643,53 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
   }
 }
 
+void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
+                           void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
+                           Deadline deadline) {
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  if (n_ == 1 && send_bytes[0] != recv_bytes[0])
+    throw CollectiveError("all_to_all: sends " + std::to_string(send_bytes[0]) +
+                          " bytes to itself but receives " + std::to_string(recv_bytes[0]));
+  if (n_ > 1) {
+    // table[i] = local rank i's send sizes, then its receive sizes.
+    std::vector<uint64_t> mine(2 * n_), table(2 * static_cast<size_t>(n_) * n_);
+    for (int j = 0; j < n_; ++j) {
+      mine[j] = send_bytes[j];
+      mine[n_ + j] = recv_bytes[j];
+    }
+    allgather(mine.data(), table.data(), mine.size() * sizeof(uint64_t), deadline);
+    uint64_t longest = 0;
+    for (int i = 0; i < n_; ++i) {
+      for (int j = 0; j < n_; ++j) {
+        const uint64_t sent = table[2 * i * n_ + j];           // i -> j, as i says
+        const uint64_t expected = table[2 * j * n_ + n_ + i];  // i -> j, as j says
+        if (sent != expected)
+          throw CollectiveError("all_to_all on local rank " + std::to_string(me_) +
+                                ": local rank " + std::to_string(i) + " sends " +
+                                std::to_string(sent) + " bytes to local rank " + std::to_string(j) +
+                                ", which expects " + std::to_string(expected));
+        if (i != j) longest = std::max(longest, sent);
+      }
+    }
+    const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
+    TRUN_CHECK_GT(sub_bytes, 0u, "slot of " << slot_bytes_ << " bytes, " << n_ << " local ranks");
+    for (uint64_t off = 0; off < longest; off += sub_bytes) {
+      for (int d = 0; d < n_; ++d) {
+        if (d == me_ || send_bytes[d] <= off) continue;
+        copy_bytes(slot(me_) + d * sub_bytes, in + send_offsets[d] + off,
+                   std::min<uint64_t>(sub_bytes, send_bytes[d] - off));
+      }
+      arrive_and_wait(deadline, "all_to_all");
+      for (int s = 0; s < n_; ++s) {
+        if (s == me_ || recv_bytes[s] <= off) continue;
+        copy_bytes(out + recv_offsets[s] + off, slot(s) + me_ * sub_bytes,
+                   std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
+      }
+      arrive_and_wait(deadline, "all_to_all");
+    }
+  }
+  if (send_bytes[me_]) copy_bytes(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+}
+
 }  // namespace trun::worker::detail

@@ -64,6 +64,14 @@ class ShmComm {
   // send holds local_size() blocks of `count` elements, in local rank order.
   void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                       Deadline deadline);
+  // Block j of send (send_bytes[j] bytes at send_offsets[j]) goes to local rank j; block i of
+  // recv (recv_bytes[i] at recv_offsets[i]) comes from local rank i. Every rank first publishes
+  // both size rows (one small allgather), so that a send size that differs from its receive
+  // size fails on every rank with the same CollectiveError. Then rounds of one sub-slot per pair
+  // (two barriers each), as reduce_scatter.
+  void all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
+                    void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
+                    Deadline deadline);
   void barrier(Deadline deadline);
   void abort(const std::string& reason);
 
