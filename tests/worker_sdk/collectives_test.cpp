@@ -23,7 +23,9 @@ struct Layout {
   std::vector<int> nodes;
   bool reverse_local = false;
   bool no_placement = false;
-  bool small_slots = false;  // 16 KiB shared-memory slots: many rounds per all_to_all
+  // 16 KiB shared-memory slots and no cross-memory reads (TRUN_SHM_CMA=0): all_to_all goes
+  // through the segment in many rounds.
+  bool small_slots = false;
 };
 
 int world_of(const Layout& l) {
@@ -39,7 +41,10 @@ JobSpec spec_for(const Layout& layout, std::vector<std::string> args, const char
   spec.nodes = layout.nodes;
   spec.reverse_local = layout.reverse_local;
   spec.no_placement = layout.no_placement;
-  if (layout.small_slots) spec.env["TRUN_SHM_SLOT_BYTES"] = "16384";
+  if (layout.small_slots) {
+    spec.env["TRUN_SHM_SLOT_BYTES"] = "16384";
+    spec.env["TRUN_SHM_CMA"] = "0";
+  }
   spec.run_id = unique_run_id(id);
   return spec;
 }
@@ -60,7 +65,8 @@ TEST_CASE("reduce, gather, scatter, all_to_all and send/recv match a serial refe
   const Layout layouts[] = {
       {"1 rank", {1}},
       {"2 ranks, one node (shared memory)", {2}},
-      {"3 ranks, one node, 16 KiB slots (many rounds)", {3}, false, false, true},
+      {"3 ranks, one node, 16 KiB slots, no cross-memory reads (rounds)", {3}, false, false, true},
+      {"4 ranks, one node, 16 KiB slots, no cross-memory reads (rounds)", {4}, false, false, true},
       {"4 ranks, one node, local ranks in reverse order", {4}, true},
       {"8 ranks, one node (shared memory)", {8}},
       {"3 ranks, no placement (gloo only)", {1, 1, 1}, false, true},

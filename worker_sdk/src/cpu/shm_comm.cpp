@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -16,6 +17,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -643,6 +646,36 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
   }
 }
 
+bool ShmComm::cma_usable() const {
+  if (cma_failed_) return false;
+  static const bool enabled = [] {
+    const char* v = std::getenv("TRUN_SHM_CMA");
+    return !(v && std::string(v) == "0");
+  }();
+  if (!enabled) return false;
+  for (int r = 0; r < n_; ++r)
+    if (r != me_ && pids_[r] <= 0) return false;  // another pid namespace: no pid to read from
+  return true;
+}
+
+std::string ShmComm::read_peer(int r, char* dst, uint64_t remote, size_t bytes) {
+  size_t done = 0;
+  for (int tries = 0; done < bytes && tries < 1024; ++tries) {
+    iovec local{dst + done, bytes - done};
+    iovec far{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), bytes - done};
+    ssize_t n = ::process_vm_readv(pids_[r], &local, 1, &far, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return std::string("process_vm_readv from local rank ") + std::to_string(r) + " (pid " +
+             std::to_string(pids_[r]) + "): " + std::strerror(errno);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done < bytes) return "process_vm_readv from local rank " + std::to_string(r) + ": short read";
+  return "";
+}
+
 void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
                            void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
                            Deadline deadline) {
@@ -652,18 +685,25 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
     throw CollectiveError("all_to_all: sends " + std::to_string(send_bytes[0]) +
                           " bytes to itself but receives " + std::to_string(recv_bytes[0]));
   if (n_ > 1) {
-    // table[i] = local rank i's send sizes, then its receive sizes.
-    std::vector<uint64_t> mine(2 * n_), table(2 * static_cast<size_t>(n_) * n_);
+    // Row i of the table: local rank i's send sizes, receive sizes, send offsets, the address
+    // of its send buffer, and whether it can read its peers' memory (cross-memory attach).
+    const size_t w = 3 * static_cast<size_t>(n_) + 2;
+    std::vector<uint64_t> mine(w), table(w * n_);
     for (int j = 0; j < n_; ++j) {
       mine[j] = send_bytes[j];
       mine[n_ + j] = recv_bytes[j];
+      mine[2 * n_ + j] = send_offsets[j];
     }
-    allgather(mine.data(), table.data(), mine.size() * sizeof(uint64_t), deadline);
+    mine[3 * n_] = reinterpret_cast<uintptr_t>(in);
+    mine[3 * n_ + 1] = cma_usable() ? 1 : 0;
+    allgather(mine.data(), table.data(), w * sizeof(uint64_t), deadline);
     uint64_t longest = 0;
+    bool cma = true;
     for (int i = 0; i < n_; ++i) {
+      cma = cma && table[i * w + 3 * n_ + 1] == 1;
       for (int j = 0; j < n_; ++j) {
-        const uint64_t sent = table[2 * i * n_ + j];           // i -> j, as i says
-        const uint64_t expected = table[2 * j * n_ + n_ + i];  // i -> j, as j says
+        const uint64_t sent = table[i * w + j];           // i -> j, as i says
+        const uint64_t expected = table[j * w + n_ + i];  // i -> j, as j says
         if (sent != expected)
           throw CollectiveError("all_to_all on local rank " + std::to_string(me_) +
                                 ": local rank " + std::to_string(i) + " sends " +
@@ -671,6 +711,33 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
                                 ", which expects " + std::to_string(expected));
         if (i != j) longest = std::max(longest, sent);
       }
+    }
+    if (cma && longest > 0) {
+      // One copy per block, straight from each peer's send buffer (process_vm_readv); then an
+      // allgather of the outcomes, which is also the barrier that keeps every send buffer
+      // untouched until its readers are done. If any rank failed to read (EPERM under a
+      // seccomp or ptrace policy, say), all fall back to the staged rounds below, and stop
+      // trying for this segment.
+      std::string why;
+      for (int src = 0; src < n_ && why.empty(); ++src) {
+        if (src == me_ || recv_bytes[src] == 0) continue;
+        const uint64_t remote = table[src * w + 3 * n_] + table[src * w + 2 * n_ + me_];
+        why = read_peer(src, out + recv_offsets[src], remote, recv_bytes[src]);
+      }
+      uint64_t ok = why.empty() ? 1 : 0;
+      std::vector<uint64_t> oks(n_);
+      allgather(&ok, oks.data(), sizeof ok, deadline);
+      if (std::all_of(oks.begin(), oks.end(), [](uint64_t v) { return v == 1; })) {
+        if (send_bytes[me_])
+          copy_bytes(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+        return;
+      }
+      cma_failed_ = true;
+      if (!why.empty())
+        std::fprintf(stderr,
+                     "[trun.worker] all_to_all: cannot read a local peer's memory (%s); using "
+                     "the shared-memory rounds from now on\n",
+                     why.c_str());
     }
     const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
     TRUN_CHECK_GT(sub_bytes, 0u, "slot of " << slot_bytes_ << " bytes, " << n_ << " local ranks");
