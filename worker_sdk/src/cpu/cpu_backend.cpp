@@ -12,8 +12,10 @@
 //   all_to_all: single node: shared-memory all-to-all (ShmComm::all_to_all_v); several nodes:
 //               point-to-point with every other rank
 //   send/recv: Gloo between the two ranks, over a two-rank context that the pair builds the
-//              first time they exchange a message (through the store, under "p2p/<lo>-<hi>";
-//              on a node too: the segment's barriers are the whole node's)
+//              first time they exchange a message (through the store, under "p2p/<lo>-<hi>");
+//              on a node, Gloo carries only the headers and the receiver reads the data
+//              straight from the sender's memory (process_vm_readv; the segment's barriers are
+//              the whole node's, so they cannot serve a pair)
 // Every node's segment and every leader's Gloo context belong to this group only.
 
 #include <algorithm>
@@ -310,6 +312,9 @@ class CpuBackend : public BackendImpl {
       t.peer = rank_ < op.peer ? 1 : 0;
       t.tag = static_cast<uint32_t>(tag_base >= 0 ? tag_base : op.tag);
       t.peer_name = "rank " + std::to_string(op.peer);
+      // A receive from a rank of this node: read straight from its memory.
+      if (!t.send && shm_ && place_[op.peer].node == place_[rank_].node)
+        t.peer_pid = shm_->readable_pid(place_[op.peer].local);
       transfers.push_back(std::move(t));
     }
     const std::string full = std::string(what) + " on rank " + std::to_string(rank_);

@@ -646,13 +646,22 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
   }
 }
 
-bool ShmComm::cma_usable() const {
-  if (cma_failed_) return false;
+namespace {
+bool cma_enabled() {
   static const bool enabled = [] {
     const char* v = std::getenv("TRUN_SHM_CMA");
     return !(v && std::string(v) == "0");
   }();
-  if (!enabled) return false;
+  return enabled;
+}
+}  // namespace
+
+int ShmComm::readable_pid(int r) const {
+  return cma_enabled() && r != me_ && r >= 0 && r < n_ ? pids_[r] : 0;
+}
+
+bool ShmComm::cma_usable() const {
+  if (cma_failed_ || !cma_enabled()) return false;
   for (int r = 0; r < n_; ++r)
     if (r != me_ && pids_[r] <= 0) return false;  // another pid namespace: no pid to read from
   return true;

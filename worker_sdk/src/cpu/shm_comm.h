@@ -55,6 +55,9 @@ class ShmComm {
   int local_rank() const { return me_; }
   int local_size() const { return n_; }
   const std::string& segment_name() const { return name_; }
+  // Local rank r's pid when its memory may be read directly (same pid namespace, TRUN_SHM_CMA
+  // not 0), else 0.
+  int readable_pid(int r) const;
 
   // In place; op is kSum, kMin or kMax.
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline);
