@@ -34,8 +34,9 @@
 // any failure the group is broken: every later collective fails at once with the same cause; the
 // worker should exit (the agent restarts it) or build a new group. abort() breaks it on purpose.
 //
-// Signals: a group that uses Gloo (ranks on several nodes) sets SIGPIPE to SIG_IGN if it still has
-// its default action, so that a peer's closed connection is an error and not a fatal signal.
+// Signals: a group that uses Gloo (ranks on several nodes; any CPU group once it sends or
+// receives point-to-point) sets SIGPIPE to SIG_IGN if it still has its default action, so that
+// a peer's closed connection is an error and not a fatal signal.
 //
 // Thread safety: every method may be called from any thread; calls are queued in the order they
 // are made. Destroying the group waits for queued collectives (each bounded by its timeout).
