@@ -141,17 +141,23 @@ TEST_CASE("monitored_barrier names the ranks that did not arrive, on every rank"
     const char* late;
     const char* all;
     const char* verdict;
+    bool never = false;  // the late ranks never call it (and exit)
   };
   for (const Case& c :
        {Case{"2", "0", "rank 2 did not arrive at monitored_barrier within 1500 ms"},
-        Case{"1,3", "1", "ranks 1, 3 did not arrive"}, Case{"1,3", "0", "rank 1 did not arrive"}}) {
-    DYNAMIC_SECTION("late " << c.late << ", wait_all_ranks " << c.all) {
+        Case{"1,3", "1", "ranks 1, 3 did not arrive"}, Case{"1,3", "0", "rank 1 did not arrive"},
+        Case{"3", "1", "rank 3 did not arrive", true}}) {
+    DYNAMIC_SECTION("late " << c.late << ", wait_all_ranks " << c.all
+                            << (c.never ? ", never arriving" : "")) {
       Job job;
-      JobSpec spec = spec_for({"", {4}}, {"mbarrier", c.late, c.all}, "mbarrier");
+      std::vector<std::string> args = {"mbarrier", c.late, c.all};
+      if (c.never) args.push_back("never");
+      JobSpec spec = spec_for({"", {4}}, args, "mbarrier");
       job.start(spec);
       auto results = job.wait(60s);
-      expect_codes(results, job, {17, 17, 17, 17});
-      for (int r = 0; r < 4; ++r) {
+      expect_codes(results, job,
+                   c.never ? std::vector<int>{17, 17, 17, 0} : std::vector<int>{17, 17, 17, 17});
+      for (int r = 0; r < (c.never ? 3 : 4); ++r) {
         INFO("rank " << r << " output:\n" << job.output(r));
         CHECK(job.output(r).find(std::string("VERDICT ") + c.verdict) != std::string::npos);
       }

@@ -10,10 +10,11 @@
 //   pg_worker groups             new_group(ranks) over the odd ranks and new_subgroups(2): members
 //                                get groups of the right rank and size whose allreduce covers
 //                                exactly them, others nullptr; bad rank lists are refused
-//   pg_worker mbarrier <late> <all>
+//   pg_worker mbarrier <late> <all> [never]
 //                                a monitored_barrier every rank passes, then one that the ranks
 //                                in the comma-separated <late> list reach 2.5 s late (rank 0
-//                                waits 1.5 s; <all>: wait_all_ranks 0/1): every rank must throw
+//                                waits 1.5 s; <all>: wait_all_ranks 0/1), or with "never" do not
+//                                call at all (they exit 0): every rank that calls it must throw
 //                                CollectiveTimeoutError; prints "VERDICT <message>", exit 17
 //   pg_worker dump <dir>         the collectives tests/worker_sdk/torch_collectives.py runs under
 //                                PyTorch gloo, on the same inputs, each result written to
@@ -911,16 +912,22 @@ int main(int argc, char** argv) {
         for (char* t = std::strtok(argv[2], ","); t; t = std::strtok(nullptr, ","))
           late.push_back(std::atoi(t));
       const bool all = argc > 3 && std::atoi(argv[3]) == 1;
+      const bool never = argc > 4 && std::string(argv[4]) == "never";
       pg.monitored_barrier(std::chrono::milliseconds(5000), all);
       std::printf("PASSED the first\n");
-      if (std::find(late.begin(), late.end(), pg.rank()) != late.end())
+      if (std::find(late.begin(), late.end(), pg.rank()) != late.end()) {
+        if (never) {
+          std::printf("NEVER ARRIVING\n");
+          return 0;
+        }
         std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      }
       try {
         pg.monitored_barrier(std::chrono::milliseconds(1500), all);
       } catch (const CollectiveTimeoutError& e) {
         std::printf("VERDICT %s\n", e.what());
-        // Not broken: the group still works.
-        pg.barrier();
+        // Not broken: the group still works (unless a rank left for good).
+        if (!never) pg.barrier();
         return 17;
       }
       return 4;
