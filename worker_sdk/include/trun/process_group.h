@@ -193,9 +193,9 @@ class ProcessGroup {
   // all_to_all_v (uneven splits, as all_to_all_single with split sizes): send_counts[j] elements
   // go to rank j, taken from `send` in rank order; recv_counts[i] elements come from rank i,
   // stored in `recv` in rank order. Both vectors have size() entries, and send_counts[j] on this
-  // rank must equal recv_counts[this rank] on rank j (CollectiveError where the backend sees a
-  // mismatch; sizes are never exchanged otherwise). The vectors are copied; buffers must not
-  // overlap.
+  // rank must equal recv_counts[this rank] on rank j: the CPU backend checks (CollectiveError on
+  // every rank, naming both sizes); NCCL does not (a mismatch is undefined there, at best a
+  // failure or a timeout). The vectors are copied; buffers must not overlap.
   Work all_to_all_v_async(const void* send, const std::vector<size_t>& send_counts, void* recv,
                           const std::vector<size_t>& recv_counts, DataType dtype,
                           Timeout timeout = kGroupTimeout);
@@ -203,9 +203,11 @@ class ProcessGroup {
   // queues are unaffected, but this rank's queue still runs in order (a recv queued behind a
   // collective starts after it). A send completes once its data was handed over (it may wait for
   // the matching recv); a recv completes once the data arrived. The element counts of a send and
-  // its recv must match (CollectiveError otherwise). A peer that died or closed its connection
-  // fails the call with CollectiveError naming the peer; one that never posts the match, with
-  // CollectiveTimeoutError at the deadline.
+  // its recv must match (CPU backend: CollectiveError naming both sizes; NCCL: undefined, as in
+  // NCCL itself). Tags: CPU backend only (NCCL matches in issue order per peer, as PyTorch's
+  // NCCL backend does). A peer that died or closed its connection fails the call with
+  // CollectiveError naming the peer; one that never posts the match, with CollectiveTimeoutError
+  // at the deadline (NCCL: at the deadline in both cases).
   Work send_async(const void* data, size_t count, DataType dtype, int peer, int tag = 0,
                   Timeout timeout = kGroupTimeout);
   Work recv_async(void* data, size_t count, DataType dtype, int peer, int tag = 0,
