@@ -2,12 +2,19 @@
 // bandwidth measured in the same run (the peer PyTorch gloo numbers come from
 // allreduce_torch.py; scripts/bench_allreduce.sh runs both and prints the comparison).
 //
-//   allreduce_bench [--ranks N] [--sizes-mib 1,4,16,64,256] [--dtype float32]
+//   allreduce_bench [--ranks N] [--sizes-mib 1,4,16,64,256] [--p2p-mib M]
 //
 // Starts a store server, launches N copies of itself as ranks (the environment a trun agent
 // would set), and prints one line per size:
 //   trun ranks=N size_mib=S algbw_gbps=A busbw_gbps=B cpu_busbw_gbps=C memcpy_gbps=M ...
 // algbw = bytes / time of one allreduce (the slowest rank's median), busbw = algbw * 2(n-1)/n.
+// With --p2p-mib M, then two more lines (float32, M MiB):
+//   trun_all_to_all ranks=N size_mib=M algbw_gbps=A   each rank's M MiB buffer in N blocks, one
+//                                                     to every rank (the slowest rank's median)
+//   trun_sendrecv ranks=N size_mib=M algbw_gbps=A     ranks paired (0-1, 2-3, ...): the even one
+//                                                     sends M MiB, the odd one receives them; the
+//                                                     pairs run at the same time
+// (no busbw: bytes moved per rank are the buffer size in both).
 // memcpy is timed by rank 0 just before and just after each size's allreduces (the other ranks
 // wait in a barrier), and its median taken over both: on a machine whose memory bandwidth
 // drifts from minute to minute, the two figures then come from the same second or two. (Timing
@@ -130,7 +137,48 @@ double cross_core_round_trip_ns() {
   return median(ns);
 }
 
-int run_rank(const std::vector<size_t>& sizes_mib) {
+// Median over iterations of the slowest rank's time for `op` (after 2 warm-up calls).
+template <typename Op>
+double timed(ProcessGroup& pg, int iters, Op op) {
+  for (int i = 0; i < 2; ++i) op();
+  std::vector<double> times;
+  for (int i = 0; i < iters; ++i) {
+    pg.barrier();
+    auto t0 = Clock::now();
+    op();
+    double dt = std::chrono::duration<double>(Clock::now() - t0).count();
+    pg.allreduce(&dt, 1, DataType::kFloat64, ReduceOp::kMax);
+    times.push_back(dt);
+  }
+  return median(times);
+}
+
+void run_p2p(ProcessGroup& pg, size_t mib) {
+  const int n = pg.size(), rank = pg.rank();
+  const size_t bytes = mib << 20, count = bytes / 4, block = count / n;
+  const int iters = iterations_for(bytes);
+  std::vector<float> send(block * n, 1.0f), recv(block * n, 0.0f);
+  double t =
+      timed(pg, iters, [&] { pg.all_to_all(send.data(), recv.data(), block, DataType::kFloat32); });
+  if (rank == 0)
+    std::printf("trun_all_to_all ranks=%d size_mib=%zu algbw_gbps=%.3f backend=%s\n", n, mib,
+                block * n * 4.0 / t / 1e9, pg.backend_description().c_str());
+  std::vector<float> buf(count, 1.0f);
+  const int peer = rank ^ 1;
+  t = timed(pg, iters, [&] {
+    if (peer >= n) return;
+    if (rank % 2 == 0)
+      pg.send(buf.data(), count, DataType::kFloat32, peer);
+    else
+      pg.recv(buf.data(), count, DataType::kFloat32, peer);
+  });
+  if (rank == 0)
+    std::printf("trun_sendrecv ranks=%d size_mib=%zu algbw_gbps=%.3f backend=%s\n", n, mib,
+                bytes / t / 1e9, pg.backend_description().c_str());
+  std::fflush(stdout);
+}
+
+int run_rank(const std::vector<size_t>& sizes_mib, size_t p2p_mib) {
   Worker w = init();
   ProcessGroup& pg = w.process_group();
   const int n = pg.size();
@@ -183,6 +231,7 @@ int run_rank(const std::vector<size_t>& sizes_mib) {
       std::fflush(stdout);
     }
   }
+  if (p2p_mib) run_p2p(pg, p2p_mib);
   return 0;
 }
 
@@ -192,16 +241,20 @@ int main(int argc, char** argv) {
   int ranks = 2;
   std::string sizes = "1,4,16,64,256";
   bool worker = false;
+  size_t p2p_mib = 0;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
-    if (a == "--ranks" && i + 1 < argc) {
+    if (a == "--p2p-mib" && i + 1 < argc) {
+      p2p_mib = std::strtoull(argv[++i], nullptr, 10);
+    } else if (a == "--ranks" && i + 1 < argc) {
       ranks = std::atoi(argv[++i]);
     } else if (a == "--sizes-mib" && i + 1 < argc) {
       sizes = argv[++i];
     } else if (a == "--worker") {
       worker = true;
     } else {
-      std::fprintf(stderr, "usage: allreduce_bench [--ranks N] [--sizes-mib 1,4,...]\n");
+      std::fprintf(stderr,
+                   "usage: allreduce_bench [--ranks N] [--sizes-mib 1,4,...] [--p2p-mib M]\n");
       return 2;
     }
   }
@@ -212,7 +265,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "allreduce_bench: bad --sizes-mib '%s'\n", sizes.c_str());
     return 2;
   }
-  if (worker) return run_rank(sizes_mib);
+  if (worker) return run_rank(sizes_mib, p2p_mib);
   if (ranks < 1 || ranks > 64) {
     std::fprintf(stderr, "allreduce_bench: --ranks must be in [1, 64]\n");
     return 2;
@@ -240,8 +293,9 @@ int main(int argc, char** argv) {
       ::setenv("MASTER_PORT", port.c_str(), 1);
       ::setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);  // the server above
       ::setenv("TORCHELASTIC_RUN_ID", ("bench" + std::to_string(::getppid())).c_str(), 1);
-      ::execl("/proc/self/exe", argv[0], "--worker", "--sizes-mib", sizes.c_str(),
-              static_cast<char*>(nullptr));
+      std::string p2p = std::to_string(p2p_mib);
+      ::execl("/proc/self/exe", argv[0], "--worker", "--sizes-mib", sizes.c_str(), "--p2p-mib",
+              p2p.c_str(), static_cast<char*>(nullptr));
       std::perror("execl");
       ::_exit(127);
     }

@@ -3,6 +3,7 @@
 # run) vs single-thread memcpy, float32, 1..256 MiB, 2 and 4 ranks on one node.
 # Usage: scripts/bench_allreduce.sh [build dir]
 #   env: SIZES_MIB=1,4,16,64,256  RANKS="2 4"  TRIALS=5 (runs of the 64 MiB headline size)
+#        P2P_MIB=64 (all_to_all and send/recv size, every trial; 0: skip them)
 #        TORCH_PY=/usr/bin/python3 (the peer's Python: torchrun runs as its torch.distributed.run)
 #
 # Trial 1 is the whole sweep; trials 2..TRIALS repeat only 64 MiB, trun and gloo back to back.
@@ -17,6 +18,8 @@ BUILD=${1:-build}
 SIZES=${SIZES_MIB:-1,4,16,64,256}
 RANKS=${RANKS:-2 4}
 TRIALS=${TRIALS:-5}
+P2P_MIB=${P2P_MIB:-64}
+[[ $P2P_MIB =~ ^[0-9]+$ ]] || { echo "P2P_MIB: expected a number, got '$P2P_MIB'" >&2; exit 2; }
 HEADLINE_MIB=64
 [[ $TRIALS =~ ^[1-9][0-9]?$ ]] || { echo "TRIALS: expected 1..99, got '$TRIALS'" >&2; exit 2; }
 
@@ -35,7 +38,7 @@ if "$TORCH_PY" -c 'import torch.distributed.run' 2>/dev/null; then have_torch=1;
 run_trial() {
   local trial=$1 n=$2 sizes=$3
   echo "== trial $trial: trun, $n ranks, $sizes MiB" >&2
-  "$BUILD/bench/allreduce_bench" --ranks "$n" --sizes-mib "$sizes" | sed "s/^/trial=$trial /" |
+  "$BUILD/bench/allreduce_bench" --ranks "$n" --sizes-mib "$sizes" --p2p-mib "$P2P_MIB" | sed "s/^/trial=$trial /" |
     tee -a "$out" >&2
   echo "== trial $trial: PyTorch gloo, $n ranks, $sizes MiB" >&2
   if ((have_torch)); then
@@ -43,8 +46,8 @@ run_trial() {
     # rank that does not exist and keeps the plain console (see docs/worker_sdk.md).
     OMP_NUM_THREADS=1 "$TORCH_PY" -m torch.distributed.run --nnodes 1 --nproc_per_node "$n" \
       --master_addr 127.0.0.1 --master_port "$(free_port)" --monitor_interval 0.1 \
-      --redirects 9:1 --tee 9:1 bench/allreduce_torch.py "$sizes" 2>/dev/null |
-      grep '^torch ' | sed "s/^/trial=$trial /" | tee -a "$out" >&2 || true
+      --redirects 9:1 --tee 9:1 bench/allreduce_torch.py "$sizes" "$P2P_MIB" 2>/dev/null |
+      grep '^torch' | sed "s/^/trial=$trial /" | tee -a "$out" >&2 || true
   else
     echo "(PyTorch not available: peer column empty)" >&2
   fi
@@ -63,8 +66,16 @@ nan = float("nan")
 headline = int(sys.argv[2])
 XCORE_APART_NS = 250  # see allreduce_bench.cpp: about 120 ns close, about 500 ns apart
 runs = {}  # (trial, ranks, MiB) -> {"trun": {...}, "torch": {...}}
+p2p = {}  # (op, ranks, MiB) -> [(trial, trun algbw, torch algbw or nan)]
+p2p_lines = {}  # (op, trial, ranks, MiB) -> {"trun": algbw, "torch": algbw}
 for line in open(sys.argv[1]):
     words = line.split()
+    if len(words) >= 2 and "_" in words[1] and words[1].split("_", 1)[0] in ("trun", "torch"):
+        who, op = words[1].split("_", 1)
+        f = dict(kv.split("=", 1) for kv in words if "=" in kv)
+        key = (op, int(f["trial"]), int(f["ranks"]), int(f["size_mib"]))
+        p2p_lines.setdefault(key, {})[who] = float(f["algbw_gbps"])
+        continue
     if len(words) < 2 or words[1] not in ("trun", "torch"):
         continue
     f = dict(kv.split("=", 1) for kv in words if "=" in kv)
@@ -136,5 +147,24 @@ for n in sorted({k[1] for k in runs}):
         v, p = median_trial(mem)
         results.append(f"RESULT name={name}_vs_memcpy value={v:.3f} unit=GB/s peer={p:.3f} "
                        f"ratio={v / p:.2f}")
+if p2p_lines:
+    print()
+    print("all_to_all / send-recv, GB/s per rank (algbw):")
+    print(f"{'op':>10} {'trial':>5} {'ranks':>5} {'MiB':>5} | {'trun':>7} {'gloo':>7} {'ratio':>6}")
+    for (op, trial, n, mib), r in sorted(p2p_lines.items()):
+        t, g = r.get("trun", nan), r.get("torch", nan)
+        print(f"{op:>10} {trial:>5} {n:>5} {mib:>5} | {t:>7.2f} {g:>7.2f} {div(t, g):>6.2f}")
+    for op, n, mib in sorted({(k[0], k[2], k[3]) for k in p2p_lines}):
+        trials = [r for k, r in p2p_lines.items() if (k[0], k[2], k[3]) == (op, n, mib)
+                  and "trun" in r]
+        name = f"{op}_algbw_{mib}MiB_{n}ranks_vs_torch_gloo"
+        pairs = [(r["trun"], r["torch"]) for r in trials if r.get("torch", 0) > 0]
+        if pairs:
+            v, p = median_trial(pairs)
+            results.append(f"RESULT name={name} value={v:.3f} unit=GB/s peer={p:.3f} "
+                           f"ratio={v / p:.2f}")
+        elif trials:
+            v = sorted(r["trun"] for r in trials)[(len(trials) - 1) // 2]
+            results.append(f"RESULT name={name} value={v:.3f} unit=GB/s peer=none ratio=none")
 print("\n".join(results))
 PYEOF

@@ -20,6 +20,17 @@
 //   (count, type, op, root) get ncclInvalidUsage.
 // - The first collective of a non-blocking communicator answers ncclInProgress and its async
 //   state stays so for a moment (NCCL connects lazily).
+// - ncclReduce: as ncclAllReduce, but only the root's receive buffer is written.
+// - ncclSend/ncclRecv, inside ncclGroupStart/ncclGroupEnd (or alone): a group's transfers on one
+//   communicator run as one operation on its stream. Each ordered pair of ranks has a one-message
+//   channel in the control file, the message sitting in the sender's data file (its region for
+//   that peer: TRUN_SIMGPU_MAX_MIB divided by the size); the operation makes progress on any of
+//   its transfers that can move (a send when the channel is empty, a receive when a message is
+//   there) until all are done, and a send is done once its receiver took it (so the data file
+//   is free for the next collective). A receive whose count differs from the message gets
+//   ncclInvalidUsage. Sends to self are allowed, as in NCCL. A peer that never posts the match
+//   leaves the stream stuck until the communicator is aborted. Collectives inside a group are
+//   refused (ncclInvalidUsage): libtrun_worker never issues them so.
 // - ncclCommFinalize (in progress until queued work is done), ncclCommDestroy, ncclCommAbort
 //   (queued and running operations of that rank end at once).
 // - Fault injection for tests: trun_simgpu_fail_next_collective(rank, result) makes that rank's
@@ -60,7 +71,7 @@ using Clock = std::chrono::steady_clock;
 constexpr char kMagic[] = "trun-simgpu-nccl";
 constexpr int kMaxRanks = 64;
 
-enum class Kind : int32_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter };
+enum class Kind : int32_t { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kReduce };
 
 struct Call {
   Kind kind;
@@ -83,11 +94,19 @@ struct SlotCtl {
   uint64_t count;
 };
 
+// The one-message channel from one rank to another (point-to-point).
+struct PairCtl {
+  std::atomic<uint64_t> sent;   // messages the sender has put in its data file
+  std::atomic<uint64_t> taken;  // messages the receiver has copied out
+  std::atomic<uint64_t> bytes;  // length of the message in flight (written before `sent`)
+};
+
 // A clique's control file (zero-filled when created): shared by its ranks' processes.
 struct Ctl {
   std::atomic<uint32_t> size;  // set by the first rank to join
   std::atomic<uint32_t> mapped_count;
   SlotCtl slots[kMaxRanks];
+  PairCtl pairs[kMaxRanks][kMaxRanks];  // [sender][receiver]
 };
 static_assert(std::atomic<uint64_t>::is_always_lock_free, "process-shared atomics");
 
@@ -107,8 +126,9 @@ struct CommState {
   ncclResult_t async_error = ncclSuccess;
   Clock::time_point busy_until{};  // a lazy connection in progress
   bool finalizing = false;
-  uint64_t issued = 0;    // collectives queued
-  uint64_t finished = 0;  // collectives done (or ended by abort)
+  uint64_t issued = 0;       // operations queued (collectives and point-to-point groups)
+  uint64_t finished = 0;     // operations done (or ended by abort)
+  uint64_t collectives = 0;  // collectives queued: their sequence numbers
   std::string last_error;
 
   ~CommState() {
@@ -180,6 +200,10 @@ std::optional<DataType> dtype_of(ncclDataType_t t) {
       return DataType::kInt32;
     case ncclInt64:
       return DataType::kInt64;
+    case ncclInt8:
+      return DataType::kInt8;
+    case ncclUint8:
+      return DataType::kUInt8;
     default:
       return std::nullopt;
   }
@@ -195,6 +219,8 @@ std::optional<ReduceOp> op_of(ncclRedOp_t op) {
       return ReduceOp::kMin;
     case ncclMax:
       return ReduceOp::kMax;
+    case ncclProd:
+      return ReduceOp::kProduct;
     default:
       return std::nullopt;
   }
@@ -229,17 +255,21 @@ size_t send_bytes(const Call& c, int rank, int size) {
   }
 }
 
-size_t recv_bytes(const Call& c, int size) {
+size_t recv_bytes(const Call& c, int rank, int size) {
   const size_t bytes = c.count * type_size(c.dtype);
+  if (c.kind == Kind::kReduce) return rank == c.root ? bytes : 0;
   return c.kind == Kind::kAllGather ? bytes * size : bytes;
 }
 
 // This rank's result of `me`, from every rank's data file.
 void compute(const CommState& s, const Call& me, std::vector<char>& out) {
   const size_t es = type_size(me.dtype), bytes = me.count * es;
-  out.resize(recv_bytes(me, s.size));
+  out.resize(recv_bytes(me, s.rank, s.size));
   std::vector<const void*> in;
   switch (me.kind) {
+    case Kind::kReduce:
+      if (s.rank != me.root) return;
+      [[fallthrough]];
     case Kind::kAllReduce:
       in.assign(s.data.begin(), s.data.end());
       return reduce(in, out.data(), me.count, me.dtype, me.op);
@@ -320,15 +350,149 @@ bool in_device(const void* p, size_t bytes, int device) {
   return bytes == 0 || trun::simgpu::device_of_range(p, bytes) == device;
 }
 
+// ---- point-to-point ----
+
+struct Transfer {
+  bool send = true;
+  const void* sbuf = nullptr;
+  void* rbuf = nullptr;
+  size_t bytes = 0;
+  int peer = 0;
+};
+
+struct PendingGroup {
+  std::shared_ptr<CommState> s;
+  cudaStream_t stream = nullptr;
+  std::vector<Transfer> ops;
+};
+
+// The open ncclGroupStart/End of this thread: its depth, transfers (by communicator, in order of
+// first use) and first error.
+thread_local int t_group_depth = 0;
+thread_local std::vector<PendingGroup> t_pending;
+thread_local ncclResult_t t_group_error = ncclSuccess;
+
+size_t region_bytes(const CommState& s) { return s.max_bytes / s.size / 64 * 64; }
+
+// Runs one group's transfers on the stream's thread (see the top of this file).
+void run_p2p(const std::shared_ptr<CommState>& s, std::vector<Transfer> ops) {
+  const size_t region = region_bytes(*s);
+  enum { kWaiting, kPosted, kDone };
+  std::vector<int> state(ops.size(), kWaiting);
+  std::vector<uint64_t> number(ops.size(), 0);  // a send's message number on its channel
+  size_t done = 0;
+  std::string mismatch;
+  while (done < ops.size() && !s->aborted && mismatch.empty()) {
+    bool moved = false;
+    for (size_t i = 0; i < ops.size() && mismatch.empty(); ++i) {
+      const Transfer& t = ops[i];
+      if (state[i] == kDone) continue;
+      if (t.send) {
+        PairCtl& c = s->ctl->pairs[s->rank][t.peer];
+        if (state[i] == kWaiting) {
+          const uint64_t sent = c.sent.load(std::memory_order_acquire);
+          if (sent != c.taken.load(std::memory_order_acquire)) continue;  // channel busy
+          std::memcpy(s->data[s->rank] + t.peer * region, t.sbuf, t.bytes);
+          c.bytes.store(t.bytes, std::memory_order_relaxed);
+          number[i] = sent + 1;
+          c.sent.store(sent + 1, std::memory_order_release);
+          state[i] = kPosted;
+          moved = true;
+        } else if (c.taken.load(std::memory_order_acquire) >= number[i]) {
+          state[i] = kDone;
+          ++done;
+          moved = true;
+        }
+      } else {
+        PairCtl& c = s->ctl->pairs[t.peer][s->rank];
+        const uint64_t taken = c.taken.load(std::memory_order_acquire);
+        if (c.sent.load(std::memory_order_acquire) == taken) continue;  // nothing there yet
+        const uint64_t bytes = c.bytes.load(std::memory_order_relaxed);
+        if (bytes != t.bytes) {
+          mismatch = "rank " + std::to_string(t.peer) + " sent " + std::to_string(bytes) +
+                     " bytes to rank " + std::to_string(s->rank) + ", whose ncclRecv expects " +
+                     std::to_string(t.bytes);
+          break;
+        }
+        std::memcpy(t.rbuf, s->data[t.peer] + s->rank * region, bytes);
+        c.taken.store(taken + 1, std::memory_order_release);
+        state[i] = kDone;
+        ++done;
+        moved = true;
+      }
+    }
+    if (!moved) std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+  if (!mismatch.empty()) fail_and_hang(s, ncclInvalidUsage, mismatch);
+  std::lock_guard<std::mutex> lock(s->mu);
+  ++s->finished;
+  s->cv.notify_all();
+}
+
+ncclResult_t submit_p2p(PendingGroup g) {
+  auto s = g.s;
+  {
+    std::lock_guard<std::mutex> lock(s->mu);
+    if (!s->ready || s->aborted || s->finalizing)
+      return set_error(s.get(), ncclInvalidUsage, "communicator not ready (or finalizing)");
+    if (s->async_error != ncclSuccess) return s->async_error;
+    ++s->issued;
+  }
+  if (!trun::simgpu::enqueue(g.stream, [s, ops = std::move(g.ops)] { run_p2p(s, ops); }))
+    return set_error(s.get(), ncclInvalidArgument, "invalid stream");
+  return ncclSuccess;
+}
+
+bool in_device(const void* p, size_t bytes, int device);
+
+ncclResult_t p2p(bool send, const void* sbuf, void* rbuf, size_t count, ncclDataType_t dtype,
+                 int peer, ncclComm_t comm, cudaStream_t stream) {
+  auto refuse = [](CommState* s, ncclResult_t r, const std::string& why) {
+    if (t_group_depth > 0 && t_group_error == ncclSuccess) t_group_error = r;
+    return set_error(s, r, why);
+  };
+  if (!comm) return refuse(nullptr, ncclInvalidArgument, "null communicator");
+  auto s = comm->state;
+  if (!dtype_of(dtype)) return refuse(s.get(), ncclInvalidArgument, "data type not modelled");
+  if (peer < 0 || peer >= s->size) return refuse(s.get(), ncclInvalidArgument, "peer out of range");
+  const size_t bytes = count * type_size(dtype);
+  if (trun::simgpu::stream_device(stream) != s->device)
+    return refuse(s.get(), ncclInvalidArgument,
+                  "the stream is not a stream of the communicator's device");
+  if (!in_device(send ? sbuf : rbuf, bytes, s->device))
+    return refuse(s.get(), ncclInvalidArgument,
+                  "a buffer is not device memory of device " + std::to_string(s->device) +
+                      " or is too small for the call");
+  if (bytes > region_bytes(*s))
+    return refuse(s.get(), ncclInvalidArgument,
+                  "a message of " + std::to_string(bytes) +
+                      " bytes is over the simulator's TRUN_SIMGPU_MAX_MIB / size");
+  Transfer t{send, sbuf, rbuf, bytes, peer};
+  if (t_group_depth == 0) return submit_p2p(PendingGroup{s, stream, {t}});
+  for (PendingGroup& g : t_pending) {
+    if (g.s != s) continue;
+    if (g.stream != stream)
+      return refuse(s.get(), ncclInvalidUsage, "one group's transfers on two streams");
+    g.ops.push_back(t);
+    return ncclSuccess;
+  }
+  t_pending.push_back(PendingGroup{s, stream, {t}});
+  return ncclSuccess;
+}
+
 ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream) {
   if (!comm) return set_error(nullptr, ncclInvalidArgument, "null communicator");
   auto s = comm->state;
+  if (t_group_depth > 0)
+    return set_error(s.get(), ncclInvalidUsage,
+                     "collectives inside ncclGroupStart/End are not modelled");
   if (!dtype_of(call.dtype))
     return set_error(s.get(), ncclInvalidArgument, "data type not modelled");
   if (!op_of(call.op)) return set_error(s.get(), ncclInvalidArgument, "reduction not modelled");
-  if (call.kind == Kind::kBroadcast && (call.root < 0 || call.root >= s->size))
+  if ((call.kind == Kind::kBroadcast || call.kind == Kind::kReduce) &&
+      (call.root < 0 || call.root >= s->size))
     return set_error(s.get(), ncclInvalidArgument, "root out of range");
-  const size_t in = send_bytes(call, s->rank, s->size), out = recv_bytes(call, s->size);
+  const size_t in = send_bytes(call, s->rank, s->size), out = recv_bytes(call, s->rank, s->size);
   if (trun::simgpu::stream_device(stream) != s->device)
     return set_error(
         s.get(), ncclInvalidArgument,
@@ -357,7 +521,8 @@ ncclResult_t collective(const Call& call, ncclComm_t comm, cudaStream_t stream) 
     if (!s->ready || s->aborted || s->finalizing)
       return set_error(s.get(), ncclInvalidUsage, "communicator not ready (or finalizing)");
     if (s->async_error != ncclSuccess) return s->async_error;
-    seq = ++s->issued;
+    ++s->issued;
+    seq = ++s->collectives;
     first = seq == 1;
     if (first && !s->blocking) s->busy_until = Clock::now() + std::chrono::milliseconds(2);
   }
@@ -582,6 +747,40 @@ ncclResult_t ncclAllGather(const void* send, void* recv, size_t count, ncclDataT
 ncclResult_t ncclReduceScatter(const void* send, void* recv, size_t count, ncclDataType_t dtype,
                                ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
   return collective({Kind::kReduceScatter, send, recv, count, dtype, op}, comm, stream);
+}
+
+ncclResult_t ncclReduce(const void* send, void* recv, size_t count, ncclDataType_t dtype,
+                        ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+  return collective({Kind::kReduce, send, recv, count, dtype, op, root}, comm, stream);
+}
+
+ncclResult_t ncclSend(const void* send, size_t count, ncclDataType_t dtype, int peer,
+                      ncclComm_t comm, cudaStream_t stream) {
+  return p2p(true, send, nullptr, count, dtype, peer, comm, stream);
+}
+
+ncclResult_t ncclRecv(void* recv, size_t count, ncclDataType_t dtype, int peer, ncclComm_t comm,
+                      cudaStream_t stream) {
+  return p2p(false, nullptr, recv, count, dtype, peer, comm, stream);
+}
+
+ncclResult_t ncclGroupStart() {
+  ++t_group_depth;
+  return ncclSuccess;
+}
+
+ncclResult_t ncclGroupEnd() {
+  if (t_group_depth == 0)
+    return set_error(nullptr, ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (--t_group_depth > 0) return ncclSuccess;
+  std::vector<PendingGroup> pending = std::move(t_pending);
+  t_pending.clear();
+  const ncclResult_t error = t_group_error;
+  t_group_error = ncclSuccess;
+  if (error != ncclSuccess) return error;
+  for (PendingGroup& g : pending)
+    if (ncclResult_t r = submit_p2p(std::move(g)); r != ncclSuccess) return r;
+  return ncclSuccess;
 }
 
 }  // extern "C"

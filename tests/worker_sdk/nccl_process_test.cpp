@@ -62,6 +62,29 @@ TEST_CASE("GPU: NCCL ranks as processes: every collective x dtype x size, agains
   }
 }
 
+// reduce, gather, scatter, all_to_all (equal and uneven), send/recv and batch_isend_irecv, and
+// allreduce with product and int8/uint8/bool, through ncclReduce and grouped ncclSend/ncclRecv.
+// NCCL has no bitwise reductions (refused at the call: the scenario's own refusal checks).
+TEST_CASE("GPU: NCCL ranks as processes: the rooted, all-to-all and point-to-point collectives",
+          "[worker_sdk][nccl][gpu][processes][coll]") {
+  for (int world : {2, 3}) {
+    DYNAMIC_SECTION(world << " ranks") {
+      TRUN_SKIP_WITHOUT_GPUS(world);
+      Job job;
+      auto spec = nccl_job({"coll", "0", "1", "7", "1001", "65537"}, world, "nccl-coll");
+      spec.env["PG_WORKER_SKIP_BITWISE"] = "1";
+      job.start(spec);
+      auto results = job.wait(240s);
+      INFO(job.describe(results));
+      for (auto& r : results) {
+        REQUIRE(r.exited);
+        CHECK(r.exit_code == 0);
+        CHECK(r.output.find("backend nccl") != std::string::npos);
+      }
+    }
+  }
+}
+
 // The survivors' collectives hang until the group's timeout (10 s here) aborts their
 // communicators, unless NCCL reports the broken connections first as an asynchronous error (real
 // NCCL may; the simulator cannot see a peer die). Every survivor must fail, none may hang.

@@ -3,6 +3,25 @@
 //
 //   pg_worker matrix [size...]   every op x dtype x size; exit 0 when all match
 //   pg_worker big                every collective x dtype on 64 MiB buffers
+//   pg_worker coll [size...]     reduce, gather, scatter, all_to_all (equal and uneven), send/recv
+//                                and batch_isend_irecv, and allreduce with the ops and dtypes that
+//                                came with them, x every dtype and op each accepts; exit 0 when
+//                                all match. PG_WORKER_SKIP_BITWISE=1: no kBand/kBor/kBxor (NCCL)
+//   pg_worker groups             new_group(ranks) over the odd ranks and new_subgroups(2): members
+//                                get groups of the right rank and size whose allreduce covers
+//                                exactly them, others nullptr; bad rank lists are refused
+//   pg_worker mbarrier <late> <all> [never]
+//                                a monitored_barrier every rank passes, then one that the ranks
+//                                in the comma-separated <late> list reach 2.5 s late (rank 0
+//                                waits 1.5 s; <all>: wait_all_ranks 0/1), or with "never" do not
+//                                call at all (they exit 0): every rank that calls it must throw
+//                                CollectiveTimeoutError; prints "VERDICT <message>", exit 17
+//   pg_worker dump <dir>         the collectives tests/worker_sdk/torch_collectives.py runs under
+//                                PyTorch gloo, on the same inputs, each result written to
+//                                <dir>/<rank>/<name>.bin for collectives_torch_test.cpp
+//   pg_worker p2p_dead <when>    rank 1 dies (SIGKILL) "before" it ever connects to rank 0 or
+//                                "after" one exchange; rank 0's recv from it must fail naming
+//                                rank 1: exit 15 (CollectiveError), 16 (timeout), 4 otherwise
 //   pg_worker stall <victim> <timeout_ms>
 //                                the victim never joins; the others must time out (exit 10)
 //   pg_worker loop               allreduce until failure, printing READY after the first;
@@ -31,6 +50,7 @@
 // Exit codes: 0 pass, 1 mismatch, 2 usage, 3 unexpected exception.
 
 #include <pthread.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -91,6 +111,15 @@ void store(void* buf, size_t i, DataType dt, double v) {
     case DataType::kInt64:
       static_cast<int64_t*>(buf)[i] = static_cast<int64_t>(v);
       break;
+    case DataType::kInt8:  // wraps, as the library's integer arithmetic does
+      static_cast<int8_t*>(buf)[i] = static_cast<int8_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::kUInt8:
+      static_cast<uint8_t*>(buf)[i] = static_cast<uint8_t>(static_cast<int64_t>(v));
+      break;
+    case DataType::kBool:
+      static_cast<uint8_t*>(buf)[i] = v != 0 ? 1 : 0;
+      break;
   }
 }
 
@@ -121,6 +150,8 @@ double reduce_ref(int world, size_t i, DataType dt, ReduceOp op) {
       if (dt == DataType::kInt32 || dt == DataType::kInt64) return static_cast<double>(s / world);
       if (dt == DataType::kFloat64) return static_cast<double>(s) / world;
       return static_cast<double>(static_cast<float>(s) / static_cast<float>(world));
+    default:  // the other ops: coll_ref
+      break;
   }
   return 0;
 }
@@ -353,6 +384,383 @@ void run_big(ProcessGroup& pg) {
   }
 }
 
+// ---- coll: the rooted, all-to-all and point-to-point collectives, and the new ops/dtypes ----
+
+constexpr DataType kAllDtypes[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                                   DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
+                                   DataType::kInt8,     DataType::kUInt8,   DataType::kBool};
+constexpr ReduceOp kAllOps[] = {ReduceOp::kSum, ReduceOp::kAvg,     ReduceOp::kMin,
+                                ReduceOp::kMax, ReduceOp::kProduct, ReduceOp::kBand,
+                                ReduceOp::kBor, ReduceOp::kBxor};
+
+bool g_skip_bitwise = false;  // PG_WORKER_SKIP_BITWISE=1
+
+bool is_bitwise(ReduceOp op) {
+  return op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+}
+
+// Element i of `rank`'s input for `op` on dt: exact in every dtype, and such that the serial
+// reference below is exact (products are of 1, -1, 2, -2: at most 2^8 with 8 ranks).
+int64_t input(DataType dt, ReduceOp op, int rank, size_t i) {
+  if (dt == DataType::kBool) return (static_cast<size_t>(rank) + i) % 5 != 0 ? 1 : 0;
+  if (is_bitwise(op)) {
+    uint64_t h =
+        (static_cast<uint64_t>(rank) + 1) * 0x9e3779b97f4a7c15ull + i * 0xbf58476d1ce4e5b9ull;
+    return static_cast<int64_t>((h >> 17) & 0x7fffffffull);  // exact in a double
+  }
+  if (op == ReduceOp::kProduct) {
+    static const int64_t p[] = {1, -1, 2, 1, -2, 1, 1};
+    int64_t v = p[(static_cast<size_t>(rank) * 3 + i) % 7];
+    return dt == DataType::kUInt8 ? (v < 0 ? -v : v) : v;
+  }
+  int64_t v = value(rank, i);
+  return dt == DataType::kUInt8 ? v + 14 : v;
+}
+
+// The library's result for element i, computed serially (stored through store(), which wraps
+// integers to the dtype as the library's integer arithmetic does).
+double coll_ref(int world, size_t i, DataType dt, ReduceOp op) {
+  const bool boolean = dt == DataType::kBool;
+  int64_t acc = input(dt, op, 0, i);
+  for (int r = 1; r < world; ++r) {
+    const int64_t v = input(dt, op, r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kAvg:
+        acc = boolean ? (acc || v) : acc + v;
+        break;
+      case ReduceOp::kProduct:
+        acc = boolean ? (acc && v) : acc * v;
+        break;
+      case ReduceOp::kMin:
+        acc = std::min(acc, v);
+        break;
+      case ReduceOp::kMax:
+        acc = std::max(acc, v);
+        break;
+      case ReduceOp::kBand:
+        acc &= v;
+        break;
+      case ReduceOp::kBor:
+        acc |= v;
+        break;
+      case ReduceOp::kBxor:
+        acc = boolean ? (acc != v) : (acc ^ v);
+        break;
+    }
+  }
+  if (op != ReduceOp::kAvg) return static_cast<double>(acc);
+  switch (dt) {
+    case DataType::kFloat64:
+      return static_cast<double>(acc) / world;
+    case DataType::kFloat32:
+    case DataType::kFloat16:
+    case DataType::kBFloat16:
+      return static_cast<double>(static_cast<float>(acc) / static_cast<float>(world));
+    default:
+      return static_cast<double>(acc / world);
+  }
+}
+
+std::vector<char> inputs(size_t n, DataType dt, ReduceOp op, int rank, size_t base = 0) {
+  auto buf = make(n, dt);
+  for (size_t i = 0; i < n; ++i)
+    store(buf.data(), i, dt, static_cast<double>(input(dt, op, rank, base + i)));
+  return buf;
+}
+
+// Elements from-src-to-dst in the uneven all_to_all: 0 .. 2n, some 0.
+size_t split(size_t n, int src, int dst) { return (n + 3 * src + 5 * dst) % (2 * n + 1); }
+
+void run_coll(ProcessGroup& pg, const std::vector<size_t>& sizes) {
+  const int world = pg.size(), rank = pg.rank();
+  const ReduceOp plain = ReduceOp::kSum;  // the values of the data-movement collectives
+  int step = 0;
+  for (DataType dt : kAllDtypes) {
+    const size_t es = dtype_size(dt);
+    for (size_t n : sizes) {
+      ++step;
+      for (ReduceOp op : kAllOps) {
+        if (!reduce_op_supports(op, dt) || (g_skip_bitwise && is_bitwise(op))) continue;
+        auto want = make(n, dt);
+        for (size_t i = 0; i < n; ++i) store(want.data(), i, dt, coll_ref(world, i, dt, op));
+        {
+          auto buf = inputs(n, dt, op, rank);
+          allreduce(pg, buf, n, dt, op);
+          check(label("allreduce", dt, n, reduce_op_name(op)), buf, want, n, dt);
+        }
+        {
+          const int root = (step + static_cast<int>(op)) % world;
+          auto buf = inputs(n, dt, op, rank);
+          OnDevice d(buf.data(), n * es);
+          pg.reduce(d.ptr(), n, dt, op, root);
+          d.back();
+          if (rank == root) check(label("reduce", dt, n, reduce_op_name(op)), buf, want, n, dt);
+        }
+      }
+      const int root = step % world;
+      {  // gather
+        auto send = inputs(n, dt, plain, rank), recv = make(n * world, dt);
+        auto want = make(n * world, dt);
+        for (int r = 0; r < world; ++r)
+          for (size_t i = 0; i < n; ++i)
+            store(want.data(), r * n + i, dt, static_cast<double>(input(dt, plain, r, i)));
+        OnDevice s(send.data(), n * es), r(recv.data(), n * world * es);
+        pg.gather(s.ptr(), rank == root ? r.ptr() : nullptr, n, dt, root);
+        r.back();
+        if (rank == root) check(label("gather", dt, n), recv, want, n * world, dt);
+      }
+      {  // scatter: block r of root's buffer is input(root, r*n + i)
+        auto send = inputs(n * world, dt, plain, root), recv = make(n, dt);
+        auto want = inputs(n, dt, plain, root, rank * n);
+        OnDevice s(send.data(), n * world * es), r(recv.data(), n * es);
+        pg.scatter(rank == root ? s.ptr() : nullptr, r.ptr(), n, dt, root);
+        r.back();
+        check(label("scatter", dt, n), recv, want, n, dt);
+      }
+      {  // all_to_all: block d of rank s is input(s, d*n + i)
+        auto send = inputs(n * world, dt, plain, rank), recv = make(n * world, dt);
+        auto want = make(n * world, dt);
+        for (int src = 0; src < world; ++src)
+          for (size_t i = 0; i < n; ++i)
+            store(want.data(), src * n + i, dt,
+                  static_cast<double>(input(dt, plain, src, rank * n + i)));
+        OnDevice s(send.data(), n * world * es), r(recv.data(), n * world * es);
+        pg.all_to_all(s.ptr(), r.ptr(), n, dt);
+        r.back();
+        check(label("all_to_all", dt, n), recv, want, n * world, dt);
+      }
+      {  // all_to_all_v: split(n, s, d) elements s -> d, input(s, 1000 * d + i)
+        std::vector<size_t> sc(world), rc(world);
+        size_t st = 0, rt = 0;
+        for (int j = 0; j < world; ++j) {
+          sc[j] = split(n, rank, j);
+          rc[j] = split(n, j, rank);
+          st += sc[j];
+          rt += rc[j];
+        }
+        auto send = make(st, dt), recv = make(rt, dt), want = make(rt, dt);
+        for (int j = 0, so = 0, ro = 0; j < world; ++j) {
+          for (size_t i = 0; i < sc[j]; ++i)
+            store(send.data(), so + i, dt,
+                  static_cast<double>(input(dt, plain, rank, 1000 * j + i)));
+          for (size_t i = 0; i < rc[j]; ++i)
+            store(want.data(), ro + i, dt,
+                  static_cast<double>(input(dt, plain, j, 1000 * rank + i)));
+          so += static_cast<int>(sc[j]);
+          ro += static_cast<int>(rc[j]);
+        }
+        OnDevice s(send.data(), st * es), r(recv.data(), rt * es);
+        pg.all_to_all_v(s.ptr(), sc, r.ptr(), rc, dt);
+        r.back();
+        check(label("all_to_all_v", dt, n), recv, want, rt, dt);
+      }
+      if (world > 1) {  // a ring through batch_isend_irecv: send to next, receive from previous
+        const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+        auto send = inputs(n, dt, plain, rank), recv = make(n, dt);
+        auto want = inputs(n, dt, plain, prev);
+        OnDevice s(send.data(), n * es), r(recv.data(), n * es);
+        pg.batch_isend_irecv({P2POp{P2POp::kSend, s.ptr(), n, dt, next, 1},
+                              P2POp{P2POp::kRecv, r.ptr(), n, dt, prev, 1}})
+            .wait();
+        r.back();
+        check(label("batch_isend_irecv ring", dt, n), recv, want, n, dt);
+      }
+      if (world > 1) {  // blocking send/recv between pairs (0,1), (2,3), ...; the odd one out idles
+        const int peer = rank ^ 1;
+        if (peer < world) {
+          auto send = inputs(n, dt, plain, rank + 100), recv = make(n, dt);
+          auto want = inputs(n, dt, plain, peer + 100);
+          OnDevice s(send.data(), n * es), r(recv.data(), n * es);
+          if (rank % 2 == 0) {
+            pg.send(s.ptr(), n, dt, peer, 7);
+            pg.recv(r.ptr(), n, dt, peer, 7);
+          } else {
+            pg.recv(r.ptr(), n, dt, peer, 7);
+            pg.send(s.ptr(), n, dt, peer, 7);
+          }
+          r.back();
+          check(label("send/recv", dt, n), recv, want, n, dt);
+        }
+      }
+    }
+  }
+  if (world > 1 && !g_cuda) {
+    // Tags: two messages to rank 1, received in the other order by tag.
+    const size_t n = 33;
+    if (rank == 0) {
+      auto a = inputs(n, DataType::kInt32, plain, 50),
+           b = inputs(2 * n, DataType::kInt32, plain, 51);
+      pg.batch_isend_irecv({P2POp{P2POp::kSend, a.data(), n, DataType::kInt32, 1, 5},
+                            P2POp{P2POp::kSend, b.data(), 2 * n, DataType::kInt32, 1, 3}})
+          .wait();
+    } else if (rank == 1) {
+      auto a = make(n, DataType::kInt32), b = make(2 * n, DataType::kInt32);
+      pg.batch_isend_irecv({P2POp{P2POp::kRecv, b.data(), 2 * n, DataType::kInt32, 0, 3},
+                            P2POp{P2POp::kRecv, a.data(), n, DataType::kInt32, 0, 5}})
+          .wait();
+      check("recv by tag 5", a, inputs(n, DataType::kInt32, plain, 50), n, DataType::kInt32);
+      check("recv by tag 3", b, inputs(2 * n, DataType::kInt32, plain, 51), 2 * n,
+            DataType::kInt32);
+    }
+  }
+  // Async forms, queued together, completing in order.
+  {
+    const size_t n = 1001;
+    auto red = inputs(n, DataType::kInt64, ReduceOp::kProduct, rank);
+    auto a2a_send = inputs(n * world, DataType::kFloat32, plain, rank),
+         a2a_recv = make(n * world, DataType::kFloat32);
+    OnDevice dr(red.data(), n * 8), ds(a2a_send.data(), n * world * 4),
+        dv(a2a_recv.data(), n * world * 4);
+    std::vector<Work> works;
+    works.push_back(pg.reduce_async(dr.ptr(), n, DataType::kInt64, ReduceOp::kProduct, 0));
+    works.push_back(pg.all_to_all_async(ds.ptr(), dv.ptr(), n, DataType::kFloat32));
+    works.push_back(pg.barrier_async());
+    for (auto& w : works) w.wait();
+    dr.back();
+    dv.back();
+    auto want = make(n, DataType::kInt64);
+    for (size_t i = 0; i < n; ++i)
+      store(want.data(), i, DataType::kInt64,
+            coll_ref(world, i, DataType::kInt64, ReduceOp::kProduct));
+    if (rank == 0) check("reduce_async", red, want, n, DataType::kInt64);
+    auto want2 = make(n * world, DataType::kFloat32);
+    for (int src = 0; src < world; ++src)
+      for (size_t i = 0; i < n; ++i)
+        store(want2.data(), src * n + i, DataType::kFloat32,
+              static_cast<double>(input(DataType::kFloat32, plain, src, rank * n + i)));
+    check("all_to_all_async", a2a_recv, want2, n * world, DataType::kFloat32);
+  }
+  // Bad arguments are refused at the call, on every rank alike.
+  int refused = 0;
+  float f = 0;
+  auto refuses = [&](auto&& call) {
+    try {
+      call();
+    } catch (const std::invalid_argument&) {
+      ++refused;
+    }
+  };
+  refuses([&] { pg.allreduce(&f, 1, DataType::kFloat32, ReduceOp::kBxor); });
+  bool b = true;
+  refuses([&] { pg.allreduce(&b, 1, DataType::kBool, ReduceOp::kAvg); });
+  refuses([&] { pg.reduce(&f, 1, DataType::kFloat32, ReduceOp::kSum, world); });
+  refuses([&] { pg.send(&f, 1, DataType::kFloat32, rank); });
+  refuses([&] { pg.recv(&f, 1, DataType::kFloat32, world); });
+  refuses([&] { pg.send(&f, 1, DataType::kFloat32, (rank + 1) % std::max(world, 2), -1); });
+  refuses([&] {
+    pg.all_to_all_v(&f, std::vector<size_t>(world + 1, 0), &f, std::vector<size_t>(world, 0),
+                    DataType::kFloat32);
+  });
+  int expected = 7;
+  if (g_skip_bitwise && pg.backend() == Backend::kNccl) {  // NCCL has no bitwise reductions
+    int32_t i = 0;
+    OnDevice d(&i, sizeof i);
+    refuses([&] { pg.allreduce(d.ptr(), 1, DataType::kInt32, ReduceOp::kBand); });
+    ++expected;
+  }
+  if (refused != expected) {
+    std::fprintf(stderr, "MISMATCH %d of %d bad calls refused\n", refused, expected);
+    ++g_failures;
+  }
+  pg.barrier();
+}
+
+// ---- dump: the same computations as tests/worker_sdk/torch_collectives.py ----
+
+constexpr size_t kDumpN = 37;
+
+int64_t dump_input(const std::string& kind, DataType dt, int rank, size_t i) {
+  if (kind == "bits")
+    return static_cast<int64_t>(
+        (static_cast<uint64_t>(rank) * 2654435761ull + i * 40503ull + 12345ull) % 2147483647ull);
+  if (kind == "product") {
+    static const int64_t p[] = {1, -1, 2, 1, -2, 1, 1};
+    int64_t v = p[(static_cast<size_t>(rank) * 3 + i) % 7];
+    return dt == DataType::kUInt8 && v < 0 ? -v : v;
+  }
+  int64_t v = static_cast<int64_t>((static_cast<size_t>(rank) * 31 + i * 17) % 23) - 11;
+  return dt == DataType::kUInt8 ? v + 11 : v;
+}
+
+std::vector<char> dump_tensor(const std::string& kind, DataType dt, int rank, size_t n,
+                              size_t base = 0) {
+  auto buf = make(n, dt);
+  for (size_t i = 0; i < n; ++i)
+    store(buf.data(), i, dt, static_cast<double>(dump_input(kind, dt, rank, base + i)));
+  return buf;
+}
+
+void save(const std::string& dir, int rank, const std::string& name, const std::vector<char>& buf,
+          size_t n, DataType dt) {
+  const std::string path = dir + "/" + std::to_string(rank) + "/" + name + ".bin";
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) throw std::runtime_error("cannot write " + path);
+  std::fwrite(buf.data(), 1, n * dtype_size(dt), f);
+  std::fclose(f);
+}
+
+void run_dump(ProcessGroup& pg, const std::string& dir) {
+  const int world = pg.size(), rank = pg.rank();
+  const size_t n = kDumpN;
+  ::mkdir((dir + "/" + std::to_string(rank)).c_str(), 0755);
+  const ReduceOp ops[] = {ReduceOp::kSum,  ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax,
+                          ReduceOp::kBand, ReduceOp::kBor,     ReduceOp::kBxor};
+  for (DataType dt : {DataType::kInt32, DataType::kInt64, DataType::kInt8, DataType::kUInt8,
+                      DataType::kFloat32}) {
+    const std::string d = dtype_name(dt);
+    for (ReduceOp op : ops) {
+      if (!reduce_op_supports(op, dt)) continue;
+      const std::string kind = is_bitwise(op)             ? "bits"
+                               : op == ReduceOp::kProduct ? "product"
+                                                          : "plain";
+      const std::string o = reduce_op_name(op);
+      auto t = dump_tensor(kind, dt, rank, n);
+      pg.allreduce(t.data(), n, dt, op);
+      save(dir, rank, "allreduce_" + o + "_" + d, t, n, dt);
+      t = dump_tensor(kind, dt, rank, n);
+      pg.reduce(t.data(), n, dt, op, 1);
+      if (rank == 1) save(dir, rank, "reduce_" + o + "_" + d, t, n, dt);
+    }
+    {
+      auto t = dump_tensor("plain", dt, rank, n), all = make(n * world, dt);
+      pg.gather(t.data(), all.data(), n, dt, 2);
+      if (rank == 2) save(dir, rank, "gather_" + d, all, n * world, dt);
+    }
+    {
+      auto send = dump_tensor("plain", dt, 0, n * world), recv = make(n, dt);
+      pg.scatter(send.data(), recv.data(), n, dt, 0);
+      save(dir, rank, "scatter_" + d, recv, n, dt);
+    }
+    {
+      auto split = [&](int s, int t) { return (n + 3 * s + 5 * t) % (2 * n + 1); };
+      std::vector<size_t> sc(world), rc(world);
+      std::vector<char> send;
+      size_t rt = 0;
+      for (int j = 0; j < world; ++j) {
+        sc[j] = split(rank, j);
+        rc[j] = split(j, rank);
+        rt += rc[j];
+        auto block = dump_tensor("plain", dt, rank, sc[j], 1000 * j);
+        send.insert(send.end(), block.begin(), block.begin() + sc[j] * dtype_size(dt));
+      }
+      send.push_back(0);
+      auto recv = make(rt, dt);
+      pg.all_to_all_v(send.data(), sc, recv.data(), rc, dt);
+      save(dir, rank, "all_to_all_v_" + d, recv, rt, dt);
+    }
+    {
+      const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+      auto send = dump_tensor("plain", dt, rank + 100, n), recv = make(n, dt);
+      pg.batch_isend_irecv({P2POp{P2POp::kSend, send.data(), n, dt, next, 0},
+                            P2POp{P2POp::kRecv, recv.data(), n, dt, prev, 0}})
+          .wait();
+      save(dir, rank, "sendrecv_" + d, recv, n, dt);
+    }
+  }
+  pg.barrier();
+}
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -437,6 +845,119 @@ int main(int argc, char** argv) {
       run_matrix(pg, sizes);
     } else if (scenario == "big") {
       run_big(pg);
+    } else if (scenario == "coll") {
+      std::vector<size_t> sizes;
+      for (int i = 2; i < argc; ++i) sizes.push_back(std::strtoull(argv[i], nullptr, 10));
+      if (sizes.empty()) sizes = {0, 1, 7, 1001, 65537};
+      if (const char* sb = std::getenv("PG_WORKER_SKIP_BITWISE")) g_skip_bitwise = *sb == '1';
+      run_coll(pg, sizes);
+    } else if (scenario == "groups") {
+      const int world = pg.size(), rank = pg.rank();
+      std::vector<int> odd;
+      for (int r = world - 1; r >= 0; --r)
+        if (r % 2) odd.push_back(r);  // unsorted on purpose
+      auto sub = w.new_group(odd);
+      if ((rank % 2 == 1) != static_cast<bool>(sub)) {
+        std::fprintf(stderr, "MISMATCH membership of rank %d in the odd group\n", rank);
+        ++g_failures;
+      }
+      auto sum_of = [&](ProcessGroup& g, const std::vector<int>& members) {
+        int64_t v = rank + 1, want = 0;
+        for (int m : members) want += m + 1;
+        g.allreduce(&v, 1, DataType::kInt64);
+        if (v != want) {
+          std::fprintf(stderr, "MISMATCH subgroup allreduce %" PRId64 " != %" PRId64 "\n", v, want);
+          ++g_failures;
+        }
+      };
+      if (sub) {
+        if (sub->rank() != rank / 2 || sub->size() != world / 2) {
+          std::fprintf(stderr, "MISMATCH odd group rank %d size %d\n", sub->rank(), sub->size());
+          ++g_failures;
+        }
+        sum_of(*sub, odd);
+      }
+      if (world % 2 == 0) {
+        auto pair = w.new_subgroups(2);
+        if (!pair || pair->size() != 2 || pair->rank() != rank % 2) {
+          std::fprintf(stderr, "MISMATCH new_subgroups(2) on rank %d\n", rank);
+          ++g_failures;
+        } else {
+          sum_of(*pair, {rank - rank % 2, rank - rank % 2 + 1});
+        }
+      }
+      int refused = 0;
+      for (std::vector<int> bad : {std::vector<int>{}, {0, 0}, {world}, {-1}}) {
+        try {
+          w.new_group(bad);
+        } catch (const std::invalid_argument&) {
+          ++refused;
+        }
+      }
+      try {
+        w.new_subgroups(world + 1);
+      } catch (const std::invalid_argument&) {
+        ++refused;
+      }
+      if (refused != 5) {
+        std::fprintf(stderr, "MISMATCH %d of 5 bad groups refused\n", refused);
+        ++g_failures;
+      }
+      std::vector<int> all;
+      for (int r = 0; r < world; ++r) all.push_back(r);
+      sum_of(pg, all);  // the default group is unaffected
+    } else if (scenario == "mbarrier") {
+      std::vector<int> late;
+      if (argc > 2)
+        for (char* t = std::strtok(argv[2], ","); t; t = std::strtok(nullptr, ","))
+          late.push_back(std::atoi(t));
+      const bool all = argc > 3 && std::atoi(argv[3]) == 1;
+      const bool never = argc > 4 && std::string(argv[4]) == "never";
+      pg.monitored_barrier(std::chrono::milliseconds(5000), all);
+      std::printf("PASSED the first\n");
+      if (std::find(late.begin(), late.end(), pg.rank()) != late.end()) {
+        if (never) {
+          std::printf("NEVER ARRIVING\n");
+          return 0;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+      }
+      try {
+        pg.monitored_barrier(std::chrono::milliseconds(1500), all);
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("VERDICT %s\n", e.what());
+        // Not broken: the group still works (unless a rank left for good).
+        if (!never) pg.barrier();
+        return 17;
+      }
+      return 4;
+    } else if (scenario == "dump") {
+      if (argc < 3) return 2;
+      run_dump(pg, argv[2]);
+    } else if (scenario == "p2p_dead") {
+      const bool after = argc > 2 && std::string(argv[2]) == "after";
+      std::vector<float> buf(1 << 16, 1.0f);
+      if (pg.size() < 2) return 2;
+      if (after) {  // one exchange first: the pair is connected when rank 1 dies
+        if (pg.rank() == 0) pg.send(buf.data(), buf.size(), DataType::kFloat32, 1);
+        if (pg.rank() == 1) pg.recv(buf.data(), buf.size(), DataType::kFloat32, 0);
+      }
+      if (pg.rank() == 1) {
+        std::printf("DYING\n");
+        std::raise(SIGKILL);
+      }
+      if (pg.rank() != 0) return 0;
+      auto t0 = Clock::now();
+      try {
+        pg.recv(buf.data(), buf.size(), DataType::kFloat32, 1);
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+        return std::strstr(e.what(), "rank 1") ? 16 : 4;
+      } catch (const CollectiveError& e) {
+        std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+        return std::strstr(e.what(), "rank 1") ? 15 : 4;
+      }
+      return 4;
     } else if (scenario == "stall") {
       int victim = argc > 2 ? std::atoi(argv[2]) : pg.size() - 1;
       int timeout_ms = argc > 3 ? std::atoi(argv[3]) : 1500;

@@ -152,3 +152,82 @@ TEST_CASE("copy_bytes copies every length and alignment exactly", "[worker_sdk][
     }
   }
 }
+
+TEST_CASE("product and the bitwise ops on the integer types, with wrap-around",
+          "[worker_sdk][reduce]") {
+  {
+    std::vector<int8_t> a = {100, -128, 3, -7}, b = {2, -1, -3, 127}, d(4);
+    reduce3(d.data(), a.data(), b.data(), 4, DataType::kInt8, ReduceOp::kProduct);
+    CHECK(d == std::vector<int8_t>{-56, -128, -9, -121});  // 200, 128, -889 wrap mod 256
+    reduce3(d.data(), a.data(), b.data(), 4, DataType::kInt8, ReduceOp::kSum);
+    CHECK(d == std::vector<int8_t>{102, 127, 0, 120});
+  }
+  {
+    std::vector<uint8_t> a = {200, 0xf0, 7}, b = {2, 0x3c, 0xff}, d(3);
+    reduce3(d.data(), a.data(), b.data(), 3, DataType::kUInt8, ReduceOp::kProduct);
+    CHECK(d == std::vector<uint8_t>{144, 0x40, 0xf9});
+    reduce3(d.data(), a.data(), b.data(), 3, DataType::kUInt8, ReduceOp::kBand);
+    CHECK(d == std::vector<uint8_t>{0, 0x30, 7});
+    reduce3(d.data(), a.data(), b.data(), 3, DataType::kUInt8, ReduceOp::kBor);
+    CHECK(d == std::vector<uint8_t>{202, 0xfc, 0xff});
+    reduce3(d.data(), a.data(), b.data(), 3, DataType::kUInt8, ReduceOp::kBxor);
+    CHECK(d == std::vector<uint8_t>{202, 0xcc, 0xf8});
+  }
+  {
+    // Beyond 32 bits, and a signed overflow that must wrap (not undefined behaviour).
+    std::vector<int64_t> a = {0x123456789abcdef0, std::numeric_limits<int64_t>::max()};
+    std::vector<int64_t> b = {0x0ff00ff00ff00ff0, 2}, d(2);
+    reduce3(d.data(), a.data(), b.data(), 2, DataType::kInt64, ReduceOp::kBxor);
+    CHECK(d[0] == (0x123456789abcdef0 ^ 0x0ff00ff00ff00ff0));
+    reduce3(d.data(), a.data(), b.data(), 2, DataType::kInt64, ReduceOp::kProduct);
+    CHECK(d[1] == -2);
+    std::vector<int32_t> x = {std::numeric_limits<int32_t>::max()}, y = {1}, z(1);
+    reduce3(z.data(), x.data(), y.data(), 1, DataType::kInt32, ReduceOp::kSum);
+    CHECK(z[0] == std::numeric_limits<int32_t>::min());
+  }
+  {
+    std::vector<uint16_t> a = {float_to_half(3.0f)}, b = {float_to_half(-0.5f)}, d(1);
+    reduce3(d.data(), a.data(), b.data(), 1, DataType::kFloat16, ReduceOp::kProduct);
+    CHECK(half_to_float(d[0]) == -1.5f);
+  }
+}
+
+TEST_CASE("bool reductions read nonzero bytes as true and write 0 or 1", "[worker_sdk][reduce]") {
+  std::vector<uint8_t> a = {0, 0, 2, 255}, b = {0, 7, 0, 1}, d(4);
+  reduce3(d.data(), a.data(), b.data(), 4, DataType::kBool, ReduceOp::kSum);  // OR
+  CHECK(d == std::vector<uint8_t>{0, 1, 1, 1});
+  reduce3(d.data(), a.data(), b.data(), 4, DataType::kBool, ReduceOp::kMax);  // OR
+  CHECK(d == std::vector<uint8_t>{0, 1, 1, 1});
+  reduce3(d.data(), a.data(), b.data(), 4, DataType::kBool, ReduceOp::kProduct);  // AND
+  CHECK(d == std::vector<uint8_t>{0, 0, 0, 1});
+  reduce3(d.data(), a.data(), b.data(), 4, DataType::kBool, ReduceOp::kMin);  // AND
+  CHECK(d == std::vector<uint8_t>{0, 0, 0, 1});
+  reduce3(d.data(), a.data(), b.data(), 4, DataType::kBool, ReduceOp::kBxor);
+  CHECK(d == std::vector<uint8_t>{0, 1, 1, 0});
+}
+
+TEST_CASE("ops a dtype does not support are refused, naming both", "[worker_sdk][reduce]") {
+  float f[1] = {1};
+  for (ReduceOp op : {ReduceOp::kBand, ReduceOp::kBor, ReduceOp::kBxor}) {
+    CHECK_FALSE(reduce_op_supports(op, DataType::kFloat32));
+    CHECK_FALSE(reduce_op_supports(op, DataType::kBFloat16));
+    CHECK(reduce_op_supports(op, DataType::kBool));
+    CHECK(reduce_op_supports(op, DataType::kUInt8));
+    CHECK_THROWS_AS(reduce3(f, f, f, 1, DataType::kFloat32, op), std::invalid_argument);
+  }
+  CHECK_FALSE(reduce_op_supports(ReduceOp::kAvg, DataType::kBool));
+  CHECK_THROWS_WITH(reduce_op_check(ReduceOp::kBxor, DataType::kFloat64, "allreduce"),
+                    Catch::Contains("bxor") && Catch::Contains("float64"));
+  CHECK_THROWS_WITH(reduce_op_check(ReduceOp::kAvg, DataType::kBool, "reduce"),
+                    Catch::Contains("avg") && Catch::Contains("bool"));
+  uint8_t b[1] = {1};
+  CHECK_THROWS_AS(divide(b, 1, DataType::kBool, 2), std::invalid_argument);
+  // avg's division in int64: a divisor that does not fit the element type.
+  int8_t i[2] = {-100, 127};
+  divide(i, 2, DataType::kInt8, 200);
+  CHECK(i[0] == 0);
+  CHECK(i[1] == 0);
+  int8_t j[1] = {-100};
+  divide(j, 1, DataType::kInt8, 3);
+  CHECK(j[0] == -33);
+}

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "trun/process_group.h"
 
@@ -31,6 +32,25 @@ class BackendImpl {
   virtual void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,
                               ReduceOp op, Deadline deadline) = 0;
   virtual void barrier(Deadline deadline) = 0;
+  virtual void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                      Deadline deadline) = 0;
+  // recv: count * size elements, only used on root.
+  virtual void gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+                      Deadline deadline) = 0;
+  // send: count * size elements, only used on root.
+  virtual void scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+                       Deadline deadline) = 0;
+  // Counts in elements, one per rank (size entries each); validated by ProcessGroup.
+  virtual void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                            const std::vector<size_t>& recv_counts, DataType dtype,
+                            Deadline deadline) = 0;
+  // Posts every op, then waits for all; peers validated (not this rank, in range).
+  virtual void p2p(const std::vector<P2POp>& ops, Deadline deadline) = 0;
+  // std::invalid_argument when this backend cannot reduce `dtype` with `op` (beyond
+  // reduce_op_check, which ProcessGroup runs first).
+  virtual void check_op(ReduceOp op, DataType dtype, const char* what) const {
+    (void)op, (void)dtype, (void)what;
+  }
   // Called from any thread, possibly while a collective runs: make it fail soon.
   virtual void abort(const std::string& reason) = 0;
 };

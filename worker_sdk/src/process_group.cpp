@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "rendezvous/store/store.h"
 #include "worker_sdk/src/backend.h"
 
 namespace trun::worker {
@@ -27,6 +28,10 @@ size_t dtype_size(DataType dtype) {
     case DataType::kFloat16:
     case DataType::kBFloat16:
       return 2;
+    case DataType::kInt8:
+    case DataType::kUInt8:
+    case DataType::kBool:
+      return 1;
   }
   throw std::invalid_argument("unknown DataType " + std::to_string(static_cast<int>(dtype)));
 }
@@ -45,6 +50,12 @@ const char* dtype_name(DataType dtype) {
       return "int32";
     case DataType::kInt64:
       return "int64";
+    case DataType::kInt8:
+      return "int8";
+    case DataType::kUInt8:
+      return "uint8";
+    case DataType::kBool:
+      return "bool";
   }
   return "unknown";
 }
@@ -59,8 +70,48 @@ const char* reduce_op_name(ReduceOp op) {
       return "min";
     case ReduceOp::kMax:
       return "max";
+    case ReduceOp::kProduct:
+      return "product";
+    case ReduceOp::kBand:
+      return "band";
+    case ReduceOp::kBor:
+      return "bor";
+    case ReduceOp::kBxor:
+      return "bxor";
   }
   return "unknown";
+}
+
+bool reduce_op_supports(ReduceOp op, DataType dtype) {
+  const bool integer = dtype == DataType::kInt32 || dtype == DataType::kInt64 ||
+                       dtype == DataType::kInt8 || dtype == DataType::kUInt8;
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMin:
+    case ReduceOp::kMax:
+    case ReduceOp::kProduct:
+      return true;
+    case ReduceOp::kAvg:
+      return dtype != DataType::kBool;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      return integer || dtype == DataType::kBool;
+  }
+  return false;
+}
+
+void reduce_op_check(ReduceOp op, DataType dtype, const char* what) {
+  (void)dtype_size(dtype);  // throws for an unknown dtype
+  if (static_cast<int>(op) < 0 || static_cast<int>(op) > static_cast<int>(ReduceOp::kBxor))
+    throw std::invalid_argument(std::string(what) + ": unknown ReduceOp " +
+                                std::to_string(static_cast<int>(op)));
+  if (!reduce_op_supports(op, dtype))
+    throw std::invalid_argument(std::string(what) + ": ReduceOp " + reduce_op_name(op) +
+                                " does not apply to " + dtype_name(dtype) +
+                                (dtype == DataType::kBool
+                                     ? " (avg of booleans is not a boolean)"
+                                     : " (bitwise ops take integer or bool elements)"));
 }
 
 const char* backend_name(Backend backend) {
@@ -144,7 +195,8 @@ struct ProcessGroup::Impl {
   std::atomic<bool> broken{false};
   std::thread thread;
 
-  bool executing = false;  // a task or an inline collective is running (under mu)
+  bool executing = false;                  // a task or an inline collective is running (under mu)
+  std::atomic<int> monitored_barriers{0};  // how many this rank started (their store keys)
 
   void loop() {
     for (;;) {
@@ -246,9 +298,24 @@ void check_buffer(const void* p, size_t count, const char* what) {
 
 void check_dtype(DataType dtype) { (void)dtype_size(dtype); }
 
-void check_op(ReduceOp op) {
-  if (op != ReduceOp::kSum && op != ReduceOp::kAvg && op != ReduceOp::kMin && op != ReduceOp::kMax)
-    throw std::invalid_argument("unknown ReduceOp " + std::to_string(static_cast<int>(op)));
+void check_op(const detail::BackendImpl* b, ReduceOp op, DataType dtype, const char* what) {
+  reduce_op_check(op, dtype, what);
+  b->check_op(op, dtype, what);
+}
+
+void check_root(int root, int world, const char* what) {
+  if (root < 0 || root >= world)
+    throw std::invalid_argument(std::string(what) + ": root " + std::to_string(root) +
+                                " is outside [0, " + std::to_string(world) + ")");
+}
+
+void check_peer(int peer, int rank, int world, const char* what) {
+  if (peer < 0 || peer >= world)
+    throw std::invalid_argument(std::string(what) + ": peer " + std::to_string(peer) +
+                                " is outside [0, " + std::to_string(world) + ")");
+  if (peer == rank)
+    throw std::invalid_argument(std::string(what) + ": peer " + std::to_string(peer) +
+                                " is this rank");
 }
 
 void check_no_overlap(const void* a, size_t a_bytes, const void* b, size_t b_bytes,
@@ -304,7 +371,7 @@ struct Call {
 
 Call allreduce_call(detail::BackendImpl* b, void* data, size_t count, DataType dtype, ReduceOp op) {
   check_dtype(dtype);
-  check_op(op);
+  check_op(b, op, dtype, "allreduce");
   check_buffer(data, count, "allreduce");
   return {std::string("allreduce(") + dtype_name(dtype) + ", " + std::to_string(count) + ", " +
               reduce_op_name(op) + ")",
@@ -337,7 +404,7 @@ Call allgather_call(detail::BackendImpl* b, int world, const void* send, void* r
 Call reduce_scatter_call(detail::BackendImpl* b, int world, const void* send, void* recv,
                          size_t count, DataType dtype, ReduceOp op) {
   check_dtype(dtype);
-  check_op(op);
+  check_op(b, op, dtype, "reduce_scatter");
   check_buffer(send, count, "reduce_scatter");
   check_buffer(recv, count, "reduce_scatter");
   const size_t es = dtype_size(dtype);
@@ -349,6 +416,95 @@ Call reduce_scatter_call(detail::BackendImpl* b, int world, const void* send, vo
 
 Call barrier_call(detail::BackendImpl* b) {
   return {"barrier", [=](Deadline d) { b->barrier(d); }};
+}
+
+std::string sig(const char* name, DataType dtype, size_t count) {
+  return std::string(name) + "(" + dtype_name(dtype) + ", " + std::to_string(count);
+}
+
+Call reduce_call(detail::BackendImpl* b, int world, void* data, size_t count, DataType dtype,
+                 ReduceOp op, int root) {
+  check_op(b, op, dtype, "reduce");
+  check_buffer(data, count, "reduce");
+  check_root(root, world, "reduce");
+  return {sig("reduce", dtype, count) + ", " + reduce_op_name(op) + ", root " +
+              std::to_string(root) + ")",
+          [=](Deadline d) { b->reduce(data, count, dtype, op, root, d); }};
+}
+
+Call gather_call(detail::BackendImpl* b, int rank, int world, const void* send, void* recv,
+                 size_t count, DataType dtype, int root) {
+  check_dtype(dtype);
+  check_root(root, world, "gather");
+  check_buffer(send, count, "gather");
+  if (rank == root) {
+    check_buffer(recv, count, "gather");
+    const size_t es = dtype_size(dtype);
+    check_no_overlap(send, count * es, recv, count * es * world, "gather");
+  }
+  return {sig("gather", dtype, count) + ", root " + std::to_string(root) + ")",
+          [=](Deadline d) { b->gather(send, recv, count, dtype, root, d); }};
+}
+
+Call scatter_call(detail::BackendImpl* b, int rank, int world, const void* send, void* recv,
+                  size_t count, DataType dtype, int root) {
+  check_dtype(dtype);
+  check_root(root, world, "scatter");
+  check_buffer(recv, count, "scatter");
+  if (rank == root) {
+    check_buffer(send, count, "scatter");
+    const size_t es = dtype_size(dtype);
+    check_no_overlap(send, count * es * world, recv, count * es, "scatter");
+  }
+  return {sig("scatter", dtype, count) + ", root " + std::to_string(root) + ")",
+          [=](Deadline d) { b->scatter(send, recv, count, dtype, root, d); }};
+}
+
+Call all_to_all_v_call(detail::BackendImpl* b, int world, const void* send,
+                       std::vector<size_t> send_counts, void* recv, std::vector<size_t> recv_counts,
+                       DataType dtype, const char* name) {
+  check_dtype(dtype);
+  for (const auto* v : {&send_counts, &recv_counts})
+    if (v->size() != static_cast<size_t>(world))
+      throw std::invalid_argument(std::string(name) + ": " +
+                                  (v == &send_counts ? "send_counts" : "recv_counts") + " has " +
+                                  std::to_string(v->size()) + " entries, the group has " +
+                                  std::to_string(world) + " ranks");
+  size_t total_send = 0, total_recv = 0;
+  for (size_t c : send_counts) total_send += c;
+  for (size_t c : recv_counts) total_recv += c;
+  check_buffer(send, total_send, name);
+  check_buffer(recv, total_recv, name);
+  const size_t es = dtype_size(dtype);
+  check_no_overlap(send, total_send * es, recv, total_recv * es, name);
+  return {sig(name, dtype, total_send) + " sent, " + std::to_string(total_recv) + " received)",
+          [=, sc = std::move(send_counts), rc = std::move(recv_counts)](Deadline d) {
+            b->all_to_all_v(send, sc, recv, rc, dtype, d);
+          }};
+}
+
+Call p2p_call(detail::BackendImpl* b, int rank, int world, std::vector<P2POp> ops,
+              const char* name) {
+  std::string what = name;
+  what += "(";
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const P2POp& op = ops[i];
+    const char* kind = op.kind == P2POp::kSend ? "send" : "recv";
+    if (op.kind != P2POp::kSend && op.kind != P2POp::kRecv)
+      throw std::invalid_argument(what + ": op " + std::to_string(i) + " is neither send nor recv");
+    check_dtype(op.dtype);
+    check_buffer(op.data, op.count, kind);
+    check_peer(op.peer, rank, world, kind);
+    if (op.tag < 0)
+      throw std::invalid_argument(std::string(kind) + ": tag " + std::to_string(op.tag) +
+                                  " is negative");
+    if (i) what += ", ";
+    what += std::string(kind) + (op.kind == P2POp::kSend ? " to " : " from ") + "rank " +
+            std::to_string(op.peer) + " " + dtype_name(op.dtype) + "[" + std::to_string(op.count) +
+            "] tag " + std::to_string(op.tag);
+  }
+  what += ")";
+  return {what, [=, ops = std::move(ops)](Deadline d) { b->p2p(ops, d); }};
 }
 
 }  // namespace
@@ -403,6 +559,148 @@ Work ProcessGroup::barrier_async(Timeout timeout) {
 void ProcessGroup::barrier(Timeout timeout) {
   Call c = barrier_call(impl_->backend.get());
   impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::reduce_async(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                                Timeout timeout) {
+  Call c = reduce_call(impl_->backend.get(), size(), data, count, dtype, op, root);
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                          Timeout timeout) {
+  Call c = reduce_call(impl_->backend.get(), size(), data, count, dtype, op, root);
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::gather_async(const void* send, void* recv, size_t count, DataType dtype,
+                                int root, Timeout timeout) {
+  Call c = gather_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+                          Timeout timeout) {
+  Call c = gather_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::scatter_async(const void* send, void* recv, size_t count, DataType dtype,
+                                 int root, Timeout timeout) {
+  Call c = scatter_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+                           Timeout timeout) {
+  Call c = scatter_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::all_to_all_async(const void* send, void* recv, size_t count, DataType dtype,
+                                    Timeout timeout) {
+  std::vector<size_t> counts(size(), count);
+  Call c = all_to_all_v_call(impl_->backend.get(), size(), send, counts, recv, counts, dtype,
+                             "all_to_all");
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::all_to_all(const void* send, void* recv, size_t count, DataType dtype,
+                              Timeout timeout) {
+  std::vector<size_t> counts(size(), count);
+  Call c = all_to_all_v_call(impl_->backend.get(), size(), send, counts, recv, counts, dtype,
+                             "all_to_all");
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::all_to_all_v_async(const void* send, const std::vector<size_t>& send_counts,
+                                      void* recv, const std::vector<size_t>& recv_counts,
+                                      DataType dtype, Timeout timeout) {
+  Call c = all_to_all_v_call(impl_->backend.get(), size(), send, send_counts, recv, recv_counts,
+                             dtype, "all_to_all_v");
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::all_to_all_v(const void* send, const std::vector<size_t>& send_counts,
+                                void* recv, const std::vector<size_t>& recv_counts, DataType dtype,
+                                Timeout timeout) {
+  Call c = all_to_all_v_call(impl_->backend.get(), size(), send, send_counts, recv, recv_counts,
+                             dtype, "all_to_all_v");
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+Work ProcessGroup::send_async(const void* data, size_t count, DataType dtype, int peer, int tag,
+                              Timeout timeout) {
+  return batch_isend_irecv({P2POp{P2POp::kSend, const_cast<void*>(data), count, dtype, peer, tag}},
+                           timeout);
+}
+Work ProcessGroup::recv_async(void* data, size_t count, DataType dtype, int peer, int tag,
+                              Timeout timeout) {
+  return batch_isend_irecv({P2POp{P2POp::kRecv, data, count, dtype, peer, tag}}, timeout);
+}
+Work ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops, Timeout timeout) {
+  Call c = p2p_call(impl_->backend.get(), rank(), size(), ops, "batch_isend_irecv");
+  return impl_->submit(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::send(const void* data, size_t count, DataType dtype, int peer, int tag,
+                        Timeout timeout) {
+  Call c =
+      p2p_call(impl_->backend.get(), rank(), size(),
+               {P2POp{P2POp::kSend, const_cast<void*>(data), count, dtype, peer, tag}}, "send");
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+void ProcessGroup::recv(void* data, size_t count, DataType dtype, int peer, int tag,
+                        Timeout timeout) {
+  Call c = p2p_call(impl_->backend.get(), rank(), size(),
+                    {P2POp{P2POp::kRecv, data, count, dtype, peer, tag}}, "recv");
+  impl_->run_now(std::move(c.what), timeout, std::move(c.run));
+}
+
+void ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
+  Impl& im = *impl_;
+  if (timeout.count() <= 0) timeout = im.options.timeout;
+  const int rank = im.options.rank, world = im.options.world_size;
+  if (world == 1) return;
+  const std::string base = "monitored_barrier/" + std::to_string(im.monitored_barriers++) + "/";
+  rendezvous::Store& store = *im.options.store;
+  std::exception_ptr verdict;
+  // Through run_now, so that it runs after the queued work; its failure is returned, not
+  // thrown, so that it does not break the group.
+  im.run_now("monitored_barrier", timeout + std::chrono::seconds(5), [&](Deadline) {
+    const std::string result_key = base + "result";
+    const std::string ms = std::to_string(timeout.count()) + " ms";
+    try {
+      if (rank != 0) {
+        store.set(base + "arrived/" + std::to_string(rank), "1");
+        // Rank 0 may start up to `timeout` after us and then wait `timeout` itself.
+        store.wait({result_key}, 2 * timeout + std::chrono::seconds(1));
+      } else {
+        std::vector<std::string> keys;
+        for (int r = 1; r < world; ++r) keys.push_back(base + "arrived/" + std::to_string(r));
+        std::string result = "ok";
+        try {
+          store.wait(keys, timeout);
+        } catch (const rendezvous::StoreTimeoutError&) {
+          std::vector<int> missing;
+          for (int r = 1; r < world; ++r)
+            if (!store.check({keys[r - 1]})) missing.push_back(r);
+          if (missing.empty()) missing.push_back(-1);  // all arrived just now
+          if (missing[0] >= 0) {
+            if (!wait_all_ranks) missing.resize(1);
+            std::string who = missing.size() == 1 ? "rank " : "ranks ";
+            for (size_t i = 0; i < missing.size(); ++i)
+              who += (i ? ", " : "") + std::to_string(missing[i]);
+            result = who + " did not arrive at monitored_barrier within " + ms + " (rank 0 waited)";
+          }
+        }
+        store.set(result_key, result);
+      }
+      std::string result = store.get(result_key, std::chrono::seconds(5));
+      if (result != "ok") throw CollectiveTimeoutError(result);
+    } catch (const CollectiveTimeoutError&) {
+      verdict = std::current_exception();
+    } catch (const rendezvous::StoreTimeoutError&) {
+      verdict = std::make_exception_ptr(CollectiveTimeoutError(
+          "monitored_barrier on rank " + std::to_string(rank) + ": rank 0 gave no verdict within " +
+          std::to_string(2 * timeout.count() + 1000) + " ms (rank 0 did not arrive)"));
+    }
+  });
+  if (verdict) std::rethrow_exception(verdict);
 }
 
 void ProcessGroup::abort(const std::string& reason) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstring>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -22,22 +24,80 @@ float float_of(uint32_t u) {
   return f;
 }
 
+// Integer sums and products wrap around (computed unsigned: signed overflow is undefined).
+template <typename T>
+constexpr bool kWraps = std::is_integral_v<T>&& std::is_signed_v<T>;
+
 struct Sum {
   template <typename T>
   static T apply(T a, T b) {
-    return a + b;
+    if constexpr (kWraps<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) + static_cast<U>(b)));
+    } else {
+      return static_cast<T>(a + b);
+    }
   }
+  static bool logical(bool a, bool b) { return a || b; }
+};
+struct Product {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (kWraps<T>) {
+      using U = std::make_unsigned_t<T>;
+      return static_cast<T>(static_cast<U>(static_cast<U>(a) * static_cast<U>(b)));
+    } else {
+      return static_cast<T>(a * b);
+    }
+  }
+  static bool logical(bool a, bool b) { return a && b; }
 };
 struct Min {
   template <typename T>
   static T apply(T a, T b) {
     return b < a ? b : a;
   }
+  static bool logical(bool a, bool b) { return a && b; }
 };
 struct Max {
   template <typename T>
   static T apply(T a, T b) {
     return a < b ? b : a;
+  }
+  static bool logical(bool a, bool b) { return a || b; }
+};
+// Bitwise ops are only dispatched for integers (reduce3 refuses the others first); the float
+// branch exists so that the templates compile for every type.
+struct Band {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(a & b);
+    return a;
+  }
+  static bool logical(bool a, bool b) { return a && b; }
+};
+struct Bor {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(a | b);
+    return a;
+  }
+  static bool logical(bool a, bool b) { return a || b; }
+};
+struct Bxor {
+  template <typename T>
+  static T apply(T a, T b) {
+    if constexpr (std::is_integral_v<T>) return static_cast<T>(a ^ b);
+    return a;
+  }
+  static bool logical(bool a, bool b) { return a != b; }
+};
+// kBool: bytes, nonzero is true; results are 0 or 1.
+template <typename Op>
+struct Logical {
+  template <typename T>
+  static T apply(T a, T b) {
+    return static_cast<T>(Op::logical(a != 0, b != 0));
   }
 };
 
@@ -96,6 +156,12 @@ void dispatch(void* dst, const void* a, const void* b, size_t n, DataType dtype)
       return native_best<int32_t, Op>(dst, a, b, n);
     case DataType::kInt64:
       return native_best<int64_t, Op>(dst, a, b, n);
+    case DataType::kInt8:
+      return native_best<int8_t, Op>(dst, a, b, n);
+    case DataType::kUInt8:
+      return native_best<uint8_t, Op>(dst, a, b, n);
+    case DataType::kBool:
+      return native_best<uint8_t, Logical<Op>>(dst, a, b, n);
     case DataType::kFloat16:
       return half_like<half_to_float, float_to_half, Op>(dst, a, b, n);
     case DataType::kBFloat16:
@@ -107,8 +173,13 @@ void dispatch(void* dst, const void* a, const void* b, size_t n, DataType dtype)
 template <typename T>
 void divide_native(void* data, size_t n, int divisor) {
   T* d = static_cast<T*>(data);
-  const T div = static_cast<T>(divisor);
-  for (size_t i = 0; i < n; ++i) d[i] = d[i] / div;
+  if constexpr (std::is_integral_v<T> && sizeof(T) < sizeof(int64_t)) {
+    // Divide in int64: the divisor need not fit in T (int8 with 200 ranks).
+    for (size_t i = 0; i < n; ++i) d[i] = static_cast<T>(static_cast<int64_t>(d[i]) / divisor);
+  } else {
+    const T div = static_cast<T>(divisor);
+    for (size_t i = 0; i < n; ++i) d[i] = d[i] / div;
+  }
 }
 
 #if defined(__x86_64__)
@@ -207,6 +278,9 @@ uint16_t float_to_bfloat16(float f) {
 }
 
 void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op) {
+  if (!reduce_op_supports(op == ReduceOp::kAvg ? ReduceOp::kSum : op, dtype))
+    throw std::invalid_argument(std::string("reduce op ") + reduce_op_name(op) +
+                                " does not apply to " + dtype_name(dtype));
   switch (op) {
     case ReduceOp::kSum:
     case ReduceOp::kAvg:
@@ -215,6 +289,14 @@ void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, 
       return dispatch<Min>(dst, a, b, n, dtype);
     case ReduceOp::kMax:
       return dispatch<Max>(dst, a, b, n, dtype);
+    case ReduceOp::kProduct:
+      return dispatch<Product>(dst, a, b, n, dtype);
+    case ReduceOp::kBand:
+      return dispatch<Band>(dst, a, b, n, dtype);
+    case ReduceOp::kBor:
+      return dispatch<Bor>(dst, a, b, n, dtype);
+    case ReduceOp::kBxor:
+      return dispatch<Bxor>(dst, a, b, n, dtype);
   }
   throw std::invalid_argument("unknown reduce op");
 }
@@ -259,6 +341,12 @@ void divide(void* data, size_t n, DataType dtype, int divisor) {
       return divide_native<int32_t>(data, n, divisor);
     case DataType::kInt64:
       return divide_native<int64_t>(data, n, divisor);
+    case DataType::kInt8:
+      return divide_native<int8_t>(data, n, divisor);
+    case DataType::kUInt8:
+      return divide_native<uint8_t>(data, n, divisor);
+    case DataType::kBool:
+      throw std::invalid_argument("avg does not apply to bool");
     case DataType::kFloat16: {
       uint16_t* d = static_cast<uint16_t*>(data);
       for (size_t i = 0; i < n; ++i) d[i] = float_to_half(half_to_float(d[i]) / divisor);

@@ -8,8 +8,9 @@
 
 namespace trun::worker::detail {
 
-// dst[i] = a[i] op b[i] for i < n. dst may alias a or b. `op` is kSum, kMin or kMax (kAvg is
-// summed by the callers and scaled at the end). float16/bfloat16 go through float.
+// dst[i] = a[i] op b[i] for i < n. dst may alias a or b. Any op but kAvg, which is treated as
+// kSum (the callers scale at the end); std::invalid_argument for an op the dtype does not
+// support (reduce_op_supports). float16/bfloat16 go through float; kBool reads nonzero as true.
 void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, ReduceOp op);
 
 // dst[i] = srcs[0][i] op srcs[1][i] op ... op srcs[nsrc-1][i], in that order, written to each
@@ -26,7 +27,7 @@ void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, si
 // allreduce, 4 ranks: 70% of all cycles). This one always uses the vector loop.
 void copy_bytes(void* dst, const void* src, size_t n);
 
-// data[i] /= divisor (integers: truncated toward zero). For kAvg.
+// data[i] /= divisor (integers: truncated toward zero). For kAvg; kBool is refused.
 void divide(void* data, size_t n, DataType dtype, int divisor);
 
 float half_to_float(uint16_t h);

@@ -111,9 +111,56 @@ ProcessGroup& Worker::process_group() {
 }
 
 std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
+  std::vector<int> all(env_.world_size);
+  for (int r = 0; r < env_.world_size; ++r) all[r] = r;
   // Threads (and copies of this Worker) may call new_group at the same time: see Groups.
   std::lock_guard<std::mutex> lock(groups_->mu);
-  const int n = groups_->next++;
+  return build_group(groups_->next++, all, backend);
+}
+
+namespace {
+
+std::vector<int> checked_members(std::vector<int> ranks, int world) {
+  if (ranks.empty()) throw std::invalid_argument("new_group: the list of ranks is empty");
+  std::sort(ranks.begin(), ranks.end());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] < 0 || ranks[i] >= world)
+      throw std::invalid_argument("new_group: rank " + std::to_string(ranks[i]) +
+                                  " is outside [0, " + std::to_string(world) + ")");
+    if (i && ranks[i] == ranks[i - 1])
+      throw std::invalid_argument("new_group: rank " + std::to_string(ranks[i]) +
+                                  " is listed twice");
+  }
+  return ranks;
+}
+
+}  // namespace
+
+std::unique_ptr<ProcessGroup> Worker::new_group(const std::vector<int>& ranks, Backend backend) {
+  std::vector<int> members = checked_members(ranks, env_.world_size);
+  std::lock_guard<std::mutex> lock(groups_->mu);
+  return build_group(groups_->next++, members, backend);
+}
+
+std::unique_ptr<ProcessGroup> Worker::new_subgroups(int group_size, Backend backend) {
+  if (group_size < 1 || env_.world_size % group_size != 0)
+    throw std::invalid_argument("new_subgroups: group size " + std::to_string(group_size) +
+                                " does not divide the world size " +
+                                std::to_string(env_.world_size));
+  std::lock_guard<std::mutex> lock(groups_->mu);
+  const int first = groups_->next;
+  groups_->next += env_.world_size / group_size;
+  const int mine = env_.rank / group_size;
+  std::vector<int> members(group_size);
+  for (int i = 0; i < group_size; ++i) members[i] = mine * group_size + i;
+  return build_group(first + mine, members, backend);
+}
+
+// Builds group number `n` over `members` (sorted, valid); nullptr when this rank is not one.
+std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>& members,
+                                                  Backend backend) {
+  auto me = std::find(members.begin(), members.end(), env_.rank);
+  if (me == members.end()) return nullptr;
   const std::string round =
       "restart" + std::to_string(env_.restart_count) + "/pg" + std::to_string(n);
   ProcessGroupOptions o;
@@ -123,8 +170,8 @@ std::unique_ptr<ProcessGroup> Worker::new_group(Backend backend) {
         std::make_shared<rendezvous::PrefixStore>(round, store_), who(env_),
         "the other ranks to build process group " + std::to_string(n), store_description(env_));
   }
-  o.rank = env_.rank;
-  o.world_size = env_.world_size;
+  o.rank = static_cast<int>(me - members.begin());
+  o.world_size = static_cast<int>(members.size());
   // group_rank -1 (mpirun across nodes): placement unknown, each rank a node of its own.
   o.node_rank = env_.group_rank;
   o.local_rank = env_.group_rank < 0 ? -1 : env_.local_rank;

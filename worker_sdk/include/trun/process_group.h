@@ -16,10 +16,17 @@
 // caller until the Work completes. allreduce and broadcast work in place. allgather writes
 // count * size() elements (rank r's contribution at offset r * count); reduce_scatter reads
 // count * size() elements and writes the reduced block of this rank (count elements); their
-// send and receive buffers must not overlap. Sizes may be 0.
+// send and receive buffers must not overlap. Sizes may be 0. The rooted, all-to-all and
+// point-to-point collectives document their buffers below, next to each.
 //
 // Reductions: kAvg divides the sum by size() (integer types: truncated toward zero). float16 and
-// bfloat16 are summed in float and rounded after each step.
+// bfloat16 are reduced in float and rounded after each step. kProduct multiplies (integers wrap
+// around on overflow). kBand, kBor, kBxor are bitwise and accept the integer types and kBool only
+// (std::invalid_argument otherwise). kBool: elements are bytes, 0 is false and anything else
+// true; results are 0 or 1. kSum and kMax are logical OR, kProduct and kMin logical AND (as
+// PyTorch's NCCL backend maps them), kBand/kBor/kBxor are AND/OR/XOR; kAvg is refused
+// (std::invalid_argument: a mean of booleans is not a boolean). NCCL has no bitwise reductions:
+// an NCCL group refuses kBand/kBor/kBxor at the call with std::invalid_argument.
 //
 // Timeouts and failures: each collective has a deadline (the group's timeout, or the one passed to
 // the call). A peer that died, stalled or aborted makes the collective fail on every other rank
@@ -27,8 +34,9 @@
 // any failure the group is broken: every later collective fails at once with the same cause; the
 // worker should exit (the agent restarts it) or build a new group. abort() breaks it on purpose.
 //
-// Signals: a group that uses Gloo (ranks on several nodes) sets SIGPIPE to SIG_IGN if it still has
-// its default action, so that a peer's closed connection is an error and not a fatal signal.
+// Signals: a group that uses Gloo (ranks on several nodes; any CPU group once it sends or
+// receives point-to-point) sets SIGPIPE to SIG_IGN if it still has its default action, so that
+// a peer's closed connection is an error and not a fatal signal.
 //
 // Thread safety: every method may be called from any thread; calls are queued in the order they
 // are made. Destroying the group waits for queued collectives (each bounded by its timeout).
@@ -40,19 +48,34 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "rendezvous/store/store.h"
 
 namespace trun::worker {
 
-enum class DataType { kFloat32, kFloat64, kFloat16, kBFloat16, kInt32, kInt64 };
-enum class ReduceOp { kSum, kAvg, kMin, kMax };
+enum class DataType {
+  kFloat32,
+  kFloat64,
+  kFloat16,
+  kBFloat16,
+  kInt32,
+  kInt64,
+  kInt8,
+  kUInt8,
+  kBool,  // one byte per element
+};
+enum class ReduceOp { kSum, kAvg, kMin, kMax, kProduct, kBand, kBor, kBxor };
 enum class Backend { kAuto, kCpu, kNccl };
 
 size_t dtype_size(DataType dtype);
 const char* dtype_name(DataType dtype);
 const char* reduce_op_name(ReduceOp op);
 const char* backend_name(Backend backend);
+// Whether `op` may reduce `dtype` (see "Reductions" above); reduce_op_check throws
+// std::invalid_argument naming both when not.
+bool reduce_op_supports(ReduceOp op, DataType dtype);
+void reduce_op_check(ReduceOp op, DataType dtype, const char* what);
 // "auto", "cpu", "nccl" (case-insensitive); std::invalid_argument otherwise.
 Backend parse_backend(const std::string& name);
 
@@ -86,6 +109,17 @@ class Work {
 
  private:
   std::shared_ptr<State> state_;
+};
+
+// One send or receive of a batch_isend_irecv (as torch.distributed.P2POp).
+struct P2POp {
+  enum Kind { kSend, kRecv };
+  Kind kind = kSend;
+  void* data = nullptr;  // kSend: read; kRecv: written (count elements)
+  size_t count = 0;
+  DataType dtype = DataType::kFloat32;
+  int peer = 0;  // a rank of this group other than this one
+  int tag = 0;   // >= 0; a receive matches the sends from `peer` with the same tag, in order
 };
 
 struct ProcessGroupOptions {
@@ -140,6 +174,49 @@ class ProcessGroup {
                             ReduceOp op = ReduceOp::kSum, Timeout timeout = kGroupTimeout);
   Work barrier_async(Timeout timeout = kGroupTimeout);
 
+  // reduce: in place, like allreduce, but only `root`'s buffer holds the result afterwards (the
+  // others' buffers are left undefined: CPU backend, they hold the result too; NCCL, their input).
+  Work reduce_async(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+                    Timeout timeout = kGroupTimeout);
+  // gather: every rank sends `count` elements; root's `recv` receives count * size() elements
+  // (rank r's at offset r * count). `recv` is only read on root (others may pass nullptr).
+  Work gather_async(const void* send, void* recv, size_t count, DataType dtype, int root,
+                    Timeout timeout = kGroupTimeout);
+  // scatter: root's `send` holds count * size() elements; rank r receives block r (count
+  // elements) into `recv`. `send` is only read on root (others may pass nullptr).
+  Work scatter_async(const void* send, void* recv, size_t count, DataType dtype, int root,
+                     Timeout timeout = kGroupTimeout);
+  // all_to_all (equal splits): `send` and `recv` hold count * size() elements; block j of this
+  // rank's send goes to rank j, and block i of its recv comes from rank i.
+  Work all_to_all_async(const void* send, void* recv, size_t count, DataType dtype,
+                        Timeout timeout = kGroupTimeout);
+  // all_to_all_v (uneven splits, as all_to_all_single with split sizes): send_counts[j] elements
+  // go to rank j, taken from `send` in rank order; recv_counts[i] elements come from rank i,
+  // stored in `recv` in rank order. Both vectors have size() entries, and send_counts[j] on this
+  // rank must equal recv_counts[this rank] on rank j: the CPU backend checks (CollectiveError on
+  // every rank, naming both sizes); NCCL does not (a mismatch is undefined there, at best a
+  // failure or a timeout). The vectors are copied; buffers must not overlap.
+  Work all_to_all_v_async(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                          const std::vector<size_t>& recv_counts, DataType dtype,
+                          Timeout timeout = kGroupTimeout);
+  // Point-to-point. Not collective: only this rank and `peer` take part, and the other ranks'
+  // queues are unaffected, but this rank's queue still runs in order (a recv queued behind a
+  // collective starts after it). A send completes once its data was handed over (it may wait for
+  // the matching recv); a recv completes once the data arrived. The element counts of a send and
+  // its recv must match (CPU backend: CollectiveError naming both sizes; NCCL: undefined, as in
+  // NCCL itself). Tags: CPU backend only (NCCL matches in issue order per peer, as PyTorch's
+  // NCCL backend does). A peer that died or closed its connection fails the call with
+  // CollectiveError naming the peer; one that never posts the match, with CollectiveTimeoutError
+  // at the deadline (NCCL: at the deadline in both cases).
+  Work send_async(const void* data, size_t count, DataType dtype, int peer, int tag = 0,
+                  Timeout timeout = kGroupTimeout);
+  Work recv_async(void* data, size_t count, DataType dtype, int peer, int tag = 0,
+                  Timeout timeout = kGroupTimeout);
+  // Every send and receive of `ops` posted at once (so that a ring exchange cannot deadlock),
+  // completing together: as torch.distributed.batch_isend_irecv, but one Work for the batch.
+  // An empty batch completes at once.
+  Work batch_isend_irecv(const std::vector<P2POp>& ops, Timeout timeout = kGroupTimeout);
+
   // Blocking forms: the same as X_async(...).wait(), but run on the calling thread when no
   // other work is queued or running (saves the hand-off to the communication thread and back).
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op = ReduceOp::kSum,
@@ -151,6 +228,35 @@ class ProcessGroup {
   void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,
                       ReduceOp op = ReduceOp::kSum, Timeout timeout = kGroupTimeout);
   void barrier(Timeout timeout = kGroupTimeout);
+  void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+              Timeout timeout = kGroupTimeout);
+  void gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+              Timeout timeout = kGroupTimeout);
+  void scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+               Timeout timeout = kGroupTimeout);
+  void all_to_all(const void* send, void* recv, size_t count, DataType dtype,
+                  Timeout timeout = kGroupTimeout);
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                    const std::vector<size_t>& recv_counts, DataType dtype,
+                    Timeout timeout = kGroupTimeout);
+  void send(const void* data, size_t count, DataType dtype, int peer, int tag = 0,
+            Timeout timeout = kGroupTimeout);
+  void recv(void* data, size_t count, DataType dtype, int peer, int tag = 0,
+            Timeout timeout = kGroupTimeout);
+
+  // A barrier that says who is missing (torch.distributed.monitored_barrier): every rank tells
+  // rank 0 through the group's store that it arrived; rank 0 waits up to `timeout` (0: the
+  // group's) and then releases them all, or, when some rank did not arrive, throws
+  // CollectiveTimeoutError naming it ("rank 2 did not arrive at monitored_barrier within
+  // 2000 ms") and the arrived ranks throw the same message. With wait_all_ranks the message
+  // names every missing rank, else only the lowest. A rank that arrives late finds the verdict
+  // and throws it too. Unlike the other collectives a failure does not break the group, and the
+  // barrier does not use the backend (it works with NCCL; PyTorch's is Gloo-only). Every rank
+  // must call it in the same order relative to its other monitored barriers; it runs after the
+  // work queued before it. Non-rank-0 ranks wait for the verdict a little longer than `timeout`
+  // (rank 0 may start late); if rank 0 never gives one, they throw CollectiveTimeoutError
+  // naming rank 0.
+  void monitored_barrier(Timeout timeout = kGroupTimeout, bool wait_all_ranks = false);
 
   // Breaks the group: the running collective fails at once (shared memory: the segment's abort
   // flag; Gloo: this process's connections are shut down; NCCL: the communicator is aborted),

@@ -51,6 +51,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "rendezvous/store/store.h"
 #include "rendezvous/store/tcp_store.h"
@@ -155,6 +156,22 @@ class Worker {
   // pair up across ranks arbitrarily: do that only with interchangeable calls (same backend,
   // groups used alike).
   std::unique_ptr<ProcessGroup> new_group(Backend backend = Backend::kAuto);
+  // A group over a subset of the ranks (torch.distributed.new_group(ranks)): its rank r is the
+  // r-th lowest of `ranks` (they are sorted, as PyTorch does). Every rank of the job calls it
+  // with the same `ranks`, in the same order relative to other new_group calls (it takes one
+  // number of the same sequence); members get the group (built as a collective among them),
+  // the others nullptr at once. std::invalid_argument for an empty list, a duplicate or a rank
+  // outside [0, world_size()). Node placement carries over: members that share a node use
+  // shared memory.
+  std::unique_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                          Backend backend = Backend::kAuto);
+  // Equal consecutive subgroups (torch.distributed.new_subgroups(group_size)): ranks
+  // [0, group_size), [group_size, 2 * group_size), ...; returns this rank's. Every rank calls
+  // it; it takes world_size() / group_size numbers of the new_group sequence.
+  // std::invalid_argument unless group_size >= 1 divides world_size(). (PyTorch also returns
+  // the list of every subgroup; here a rank holds only its own: building a group needs its
+  // members.)
+  std::unique_ptr<ProcessGroup> new_subgroups(int group_size, Backend backend = Backend::kAuto);
 
  private:
   friend Worker init(const InitOptions& options);
@@ -165,6 +182,7 @@ class Worker {
   std::shared_ptr<rendezvous::Store> store_;
   std::shared_ptr<ProcessGroup> default_group_;
   struct Groups;  // new_group's numbering and lock, shared by copies (worker.cpp)
+  std::unique_ptr<ProcessGroup> build_group(int n, const std::vector<int>& ranks, Backend backend);
   std::shared_ptr<Groups> groups_;
 };
 

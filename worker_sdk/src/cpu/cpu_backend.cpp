@@ -5,11 +5,23 @@
 //   allgather: node allgather -> leaders allgather (padded to the largest node) -> node broadcast
 //   reduce_scatter: allreduce of a copy, then each rank keeps its block (single node with ranks
 //                   in local order: shared-memory reduce-scatter directly)
+//   reduce: allreduce (every rank ends up with the result; costs an allreduce)
+//   gather: allgather (non-roots into a scratch buffer; costs an allgather)
+//   scatter: broadcast of root's whole buffer, each rank keeps its block (costs a broadcast of
+//            size() blocks)
+//   all_to_all: single node: shared-memory all-to-all (ShmComm::all_to_all_v); several nodes:
+//               point-to-point with every other rank
+//   send/recv: Gloo between the two ranks, over a two-rank context that the pair builds the
+//              first time they exchange a message (through the store, under "p2p/<lo>-<hi>");
+//              on a node, Gloo carries only the headers and the receiver reads the data
+//              straight from the sender's memory (process_vm_readv; the segment's barriers are
+//              the whole node's, so they cannot serve a pair)
 // Every node's segment and every leader's Gloo context belong to this group only.
 
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <vector>
@@ -30,7 +42,8 @@ struct Placement {
 
 class CpuBackend : public BackendImpl {
  public:
-  CpuBackend(const ProcessGroupOptions& o, Deadline deadline) : rank_(o.rank), size_(o.world_size) {
+  CpuBackend(const ProcessGroupOptions& o, Deadline deadline)
+      : rank_(o.rank), size_(o.world_size), store_(o.store) {
     if (size_ == 1) {
       place_.assign(1, Placement{});
       node_sizes_.assign(1, 1);
@@ -49,11 +62,10 @@ class CpuBackend : public BackendImpl {
       so.tag = o.tag + "-n" + std::to_string(me.node);
       shm_ = std::make_unique<ShmComm>(so, deadline);
     }
+    host_ = o.gloo_host.empty() ? local_address_towards(o.gloo_peer_hint) : o.gloo_host;
     if (num_nodes() > 1 && me.local == 0) {
       auto gloo_store = std::make_shared<rendezvous::PrefixStore>("gloo", o.store);
-      std::string host =
-          o.gloo_host.empty() ? local_address_towards(o.gloo_peer_hint) : o.gloo_host;
-      gloo_ = std::make_unique<GlooComm>(*gloo_store, me.node, num_nodes(), host, deadline);
+      gloo_ = std::make_unique<GlooComm>(*gloo_store, me.node, num_nodes(), host_, deadline);
     }
     identity_ = num_nodes() == 1;
     for (int r = 0; r < size_ && identity_; ++r) identity_ = place_[r].local == r;
@@ -156,13 +168,158 @@ class CpuBackend : public BackendImpl {
     });
   }
 
+  void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+              Deadline deadline) override {
+    (void)root;
+    allreduce(data, count, dtype, op, deadline);
+  }
+
+  void gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+              Deadline deadline) override {
+    const size_t bytes = count * dtype_size(dtype);
+    if (bytes == 0) return;
+    if (rank_ == root) return allgather(send, recv, count, dtype, deadline);
+    std::vector<char> scratch(bytes * size_);
+    allgather(send, scratch.data(), count, dtype, deadline);
+  }
+
+  void scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+               Deadline deadline) override {
+    const size_t bytes = count * dtype_size(dtype);
+    if (bytes == 0) return;
+    if (rank_ == root) {
+      // broadcast only reads the root's buffer (shared memory copies it out, Gloo sends it).
+      broadcast(const_cast<void*>(send), count * size_, dtype, root, deadline);
+      copy_bytes(recv, static_cast<const char*>(send) + rank_ * bytes, bytes);
+      return;
+    }
+    std::vector<char> scratch(bytes * size_);
+    broadcast(scratch.data(), count * size_, dtype, root, deadline);
+    copy_bytes(recv, scratch.data() + rank_ * bytes, bytes);
+  }
+
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                    const std::vector<size_t>& recv_counts, DataType dtype,
+                    Deadline deadline) override {
+    const size_t es = dtype_size(dtype);
+    std::vector<size_t> soff(size_), sbytes(size_), roff(size_), rbytes(size_);
+    size_t so = 0, ro = 0;
+    for (int g = 0; g < size_; ++g) {
+      soff[g] = so * es;
+      sbytes[g] = send_counts[g] * es;
+      roff[g] = ro * es;
+      rbytes[g] = recv_counts[g] * es;
+      so += send_counts[g];
+      ro += recv_counts[g];
+    }
+    const char* in = static_cast<const char*>(send);
+    char* out = static_cast<char*>(recv);
+    if (size_ > 1 && num_nodes() == 1) {
+      // Shared memory, in local rank order.
+      std::vector<size_t> lso(size_), lsb(size_), lro(size_), lrb(size_);
+      for (int g = 0; g < size_; ++g) {
+        const int l = place_[g].local;
+        lso[l] = soff[g], lsb[l] = sbytes[g], lro[l] = roff[g], lrb[l] = rbytes[g];
+      }
+      guarded([&] {
+        shm_->all_to_all_v(in, lso.data(), lsb.data(), out, lro.data(), lrb.data(), deadline);
+      });
+      return;
+    }
+    if (sbytes[rank_] != rbytes[rank_])
+      throw CollectiveError("all_to_all on rank " + std::to_string(rank_) + ": sends " +
+                            std::to_string(send_counts[rank_]) +
+                            " elements to itself but receives " +
+                            std::to_string(recv_counts[rank_]));
+    std::vector<P2POp> ops;
+    for (int g = 0; g < size_; ++g) {
+      if (g == rank_) continue;
+      ops.push_back(
+          P2POp{P2POp::kSend, const_cast<char*>(in) + soff[g], send_counts[g], dtype, g, 0});
+      ops.push_back(P2POp{P2POp::kRecv, out + roff[g], recv_counts[g], dtype, g, 0});
+    }
+    exchange(ops, kInternalTag, deadline, "all_to_all");
+    if (sbytes[rank_]) copy_bytes(out + roff[rank_], in + soff[rank_], sbytes[rank_]);
+  }
+
+  void p2p(const std::vector<P2POp>& ops, Deadline deadline) override {
+    exchange(
+        ops, -1, deadline,
+        ops.size() == 1 ? (ops[0].kind == P2POp::kSend ? "send" : "recv") : "batch_isend_irecv");
+  }
+
   void abort(const std::string& reason) override {
     if (shm_) shm_->abort(reason);
     if (gloo_) gloo_->abort(reason);
+    std::lock_guard<std::mutex> lock(pairs_mu_);
+    if (abort_reason_.empty()) abort_reason_ = reason.empty() ? "aborted" : reason;
+    for (auto& [peer, comm] : pairs_) comm->abort(reason);
   }
 
  private:
   int num_nodes() const { return static_cast<int>(node_sizes_.size()); }
+
+  // Tags of the collectives built on point-to-point (user tags are ints >= 0).
+  static constexpr int64_t kInternalTag = int64_t{1} << 31;
+
+  // The two-rank Gloo context with `peer`, built on first use (a rendezvous of the two through
+  // the store, bounded by `deadline`; abort() does not interrupt it).
+  GlooComm* pair(int peer, Deadline deadline) {
+    {
+      std::lock_guard<std::mutex> lock(pairs_mu_);
+      if (!abort_reason_.empty())
+        throw CollectiveError("rank " + std::to_string(rank_) + ": aborted: " + abort_reason_);
+      if (auto it = pairs_.find(peer); it != pairs_.end()) return it->second.get();
+    }
+    const int lo = std::min(rank_, peer), hi = std::max(rank_, peer);
+    auto pair_store = std::make_shared<rendezvous::PrefixStore>(
+        "p2p/" + std::to_string(lo) + "-" + std::to_string(hi), store_);
+    std::unique_ptr<GlooComm> comm;
+    try {
+      comm = std::make_unique<GlooComm>(*pair_store, rank_ == lo ? 0 : 1, 2, host_, deadline);
+    } catch (const CollectiveTimeoutError& e) {
+      throw CollectiveTimeoutError("rank " + std::to_string(rank_) + ": rank " +
+                                   std::to_string(peer) +
+                                   " did not connect for point-to-point in time: " + e.what());
+    } catch (const std::exception& e) {
+      throw CollectiveError("rank " + std::to_string(rank_) + ": cannot connect to rank " +
+                            std::to_string(peer) + " for point-to-point: " + e.what());
+    }
+    std::lock_guard<std::mutex> lock(pairs_mu_);
+    if (!abort_reason_.empty()) comm->abort(abort_reason_);
+    return pairs_.emplace(peer, std::move(comm)).first->second.get();
+  }
+
+  // Sends and receives `ops` over the pair contexts, all posted before any is waited for. The
+  // pairs are built in increasing peer order: every rank then builds its pairs in increasing
+  // (lower rank, higher rank) order, so that the rendezvous of a ring cannot wait in a cycle.
+  // tag_base >= 0 replaces each op's tag (internal collectives).
+  void exchange(const std::vector<P2POp>& ops, int64_t tag_base, Deadline deadline,
+                const char* what) {
+    if (ops.empty()) return;
+    std::vector<int> peers;
+    for (const P2POp& op : ops) peers.push_back(op.peer);
+    std::sort(peers.begin(), peers.end());
+    peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
+    for (int p : peers) pair(p, deadline);
+    std::vector<GlooComm::Transfer> transfers;
+    for (const P2POp& op : ops) {
+      GlooComm::Transfer t;
+      t.comm = pair(op.peer, deadline);
+      t.send = op.kind == P2POp::kSend;
+      t.data = op.data;
+      t.bytes = op.count * dtype_size(op.dtype);
+      t.peer = rank_ < op.peer ? 1 : 0;
+      t.tag = static_cast<uint32_t>(tag_base >= 0 ? tag_base : op.tag);
+      t.peer_name = "rank " + std::to_string(op.peer);
+      // A receive from a rank of this node: read straight from its memory.
+      if (!t.send && shm_ && place_[op.peer].node == place_[rank_].node)
+        t.peer_pid = shm_->readable_pid(place_[op.peer].local);
+      transfers.push_back(std::move(t));
+    }
+    const std::string full = std::string(what) + " on rank " + std::to_string(rank_);
+    GlooComm::p2p(transfers, deadline, full.c_str());
+  }
 
   // A leader whose Gloo step fails tells its node at once, so its local peers do not wait for
   // their deadline.
@@ -229,6 +386,11 @@ class CpuBackend : public BackendImpl {
   bool identity_ = false;
   std::unique_ptr<ShmComm> shm_;
   std::unique_ptr<GlooComm> gloo_;
+  std::shared_ptr<rendezvous::Store> store_;
+  std::string host_ = "127.0.0.1";
+  std::mutex pairs_mu_;
+  std::map<int, std::unique_ptr<GlooComm>> pairs_;  // under pairs_mu_; entries never removed
+  std::string abort_reason_;                        // under pairs_mu_
 };
 
 }  // namespace

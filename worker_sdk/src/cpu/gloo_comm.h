@@ -16,8 +16,11 @@
 // (never concurrently with the destructor).
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rendezvous/store/store.h"
 #include "worker_sdk/src/backend.h"
@@ -37,6 +40,31 @@ class GlooComm {
   void broadcast(void* data, size_t bytes, int root, Deadline deadline);
   void allgather(const void* send, void* recv, size_t bytes, Deadline deadline);
   void barrier(Deadline deadline);
+
+  // One point-to-point transfer with participant `peer` (!= rank()) of `comm`.
+  struct Transfer {
+    GlooComm* comm = nullptr;
+    bool send = true;
+    void* data = nullptr;
+    size_t bytes = 0;
+    int peer = 0;
+    uint32_t tag = 0;
+    std::string peer_name;  // for messages, e.g. "rank 3"
+    // A receive from a process on this machine: its pid (in this pid namespace), so that the
+    // data is read straight from its memory (process_vm_readv) instead of sent over TCP. 0:
+    // over TCP. The sender needs nothing: the receiver's answer tells it which happened.
+    int peer_pid = 0;
+  };
+  // Posts every transfer (on any number of GlooComms), then waits for all, bounded by
+  // `deadline`: posting everything first lets a ring exchange over separate communicators
+  // complete. Each message carries its length: a receive whose posted size differs fails with
+  // CollectiveError naming both sizes. A send completes once the receiver has the data (read
+  // directly, see Transfer::peer_pid, or received). A direct read that fails once (EPERM under
+  // a seccomp or ptrace policy) makes this GlooComm send data over TCP from then on. Messages
+  // between two participants with the same tag match in posting order. Any failure aborts every
+  // GlooComm involved (their pending transfers fail, and the peers see closed connections). `what`
+  // names the operation in errors.
+  static void p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what);
   // Makes the running collective (if any) and every later one fail with CollectiveError naming
   // `reason`. Does not block (reads /proc/self/fd); idempotent (the first reason stays).
   void abort(const std::string& reason);
@@ -45,6 +73,7 @@ class GlooComm {
 
  private:
   std::unique_ptr<State> state_;
+  bool direct_read_failed_ = false;  // see p2p()
   int rank_;
   int size_;
 };

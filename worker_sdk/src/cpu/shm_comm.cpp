@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -16,6 +17,8 @@
 #include <cerrno>
 #include <climits>
 #include <cstddef>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <thread>
@@ -641,6 +644,128 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
     reduce_n(&dst, 1, srcs_.data(), n_, m, dtype, op);
     arrive_and_wait(deadline, "reduce_scatter");
   }
+}
+
+namespace {
+bool cma_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("TRUN_SHM_CMA");
+    return !(v && std::string(v) == "0");
+  }();
+  return enabled;
+}
+}  // namespace
+
+int ShmComm::readable_pid(int r) const {
+  return cma_enabled() && r != me_ && r >= 0 && r < n_ ? pids_[r] : 0;
+}
+
+bool ShmComm::cma_usable() const {
+  if (cma_failed_ || !cma_enabled()) return false;
+  for (int r = 0; r < n_; ++r)
+    if (r != me_ && pids_[r] <= 0) return false;  // another pid namespace: no pid to read from
+  return true;
+}
+
+std::string ShmComm::read_peer(int r, char* dst, uint64_t remote, size_t bytes) {
+  size_t done = 0;
+  for (int tries = 0; done < bytes && tries < 1024; ++tries) {
+    iovec local{dst + done, bytes - done};
+    iovec far{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), bytes - done};
+    ssize_t n = ::process_vm_readv(pids_[r], &local, 1, &far, 1, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return std::string("process_vm_readv from local rank ") + std::to_string(r) + " (pid " +
+             std::to_string(pids_[r]) + "): " + std::strerror(errno);
+    }
+    if (n == 0) break;
+    done += static_cast<size_t>(n);
+  }
+  if (done < bytes) return "process_vm_readv from local rank " + std::to_string(r) + ": short read";
+  return "";
+}
+
+void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
+                           void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
+                           Deadline deadline) {
+  const char* in = static_cast<const char*>(send);
+  char* out = static_cast<char*>(recv);
+  if (n_ == 1 && send_bytes[0] != recv_bytes[0])
+    throw CollectiveError("all_to_all: sends " + std::to_string(send_bytes[0]) +
+                          " bytes to itself but receives " + std::to_string(recv_bytes[0]));
+  if (n_ > 1) {
+    // Row i of the table: local rank i's send sizes, receive sizes, send offsets, the address
+    // of its send buffer, and whether it can read its peers' memory (cross-memory attach).
+    const size_t w = 3 * static_cast<size_t>(n_) + 2;
+    std::vector<uint64_t> mine(w), table(w * n_);
+    for (int j = 0; j < n_; ++j) {
+      mine[j] = send_bytes[j];
+      mine[n_ + j] = recv_bytes[j];
+      mine[2 * n_ + j] = send_offsets[j];
+    }
+    mine[3 * n_] = reinterpret_cast<uintptr_t>(in);
+    mine[3 * n_ + 1] = cma_usable() ? 1 : 0;
+    allgather(mine.data(), table.data(), w * sizeof(uint64_t), deadline);
+    uint64_t longest = 0;
+    bool cma = true;
+    for (int i = 0; i < n_; ++i) {
+      cma = cma && table[i * w + 3 * n_ + 1] == 1;
+      for (int j = 0; j < n_; ++j) {
+        const uint64_t sent = table[i * w + j];           // i -> j, as i says
+        const uint64_t expected = table[j * w + n_ + i];  // i -> j, as j says
+        if (sent != expected)
+          throw CollectiveError("all_to_all on local rank " + std::to_string(me_) +
+                                ": local rank " + std::to_string(i) + " sends " +
+                                std::to_string(sent) + " bytes to local rank " + std::to_string(j) +
+                                ", which expects " + std::to_string(expected));
+        if (i != j) longest = std::max(longest, sent);
+      }
+    }
+    if (cma && longest > 0) {
+      // One copy per block, straight from each peer's send buffer (process_vm_readv); then an
+      // allgather of the outcomes, which is also the barrier that keeps every send buffer
+      // untouched until its readers are done. If any rank failed to read (EPERM under a
+      // seccomp or ptrace policy, say), all fall back to the staged rounds below, and stop
+      // trying for this segment.
+      std::string why;
+      for (int src = 0; src < n_ && why.empty(); ++src) {
+        if (src == me_ || recv_bytes[src] == 0) continue;
+        const uint64_t remote = table[src * w + 3 * n_] + table[src * w + 2 * n_ + me_];
+        why = read_peer(src, out + recv_offsets[src], remote, recv_bytes[src]);
+      }
+      uint64_t ok = why.empty() ? 1 : 0;
+      std::vector<uint64_t> oks(n_);
+      allgather(&ok, oks.data(), sizeof ok, deadline);
+      if (std::all_of(oks.begin(), oks.end(), [](uint64_t v) { return v == 1; })) {
+        if (send_bytes[me_])
+          copy_bytes(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+        return;
+      }
+      cma_failed_ = true;
+      if (!why.empty())
+        std::fprintf(stderr,
+                     "[trun.worker] all_to_all: cannot read a local peer's memory (%s); using "
+                     "the shared-memory rounds from now on\n",
+                     why.c_str());
+    }
+    const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
+    TRUN_CHECK_GT(sub_bytes, 0u, "slot of " << slot_bytes_ << " bytes, " << n_ << " local ranks");
+    for (uint64_t off = 0; off < longest; off += sub_bytes) {
+      for (int d = 0; d < n_; ++d) {
+        if (d == me_ || send_bytes[d] <= off) continue;
+        copy_bytes(slot(me_) + d * sub_bytes, in + send_offsets[d] + off,
+                   std::min<uint64_t>(sub_bytes, send_bytes[d] - off));
+      }
+      arrive_and_wait(deadline, "all_to_all");
+      for (int s = 0; s < n_; ++s) {
+        if (s == me_ || recv_bytes[s] <= off) continue;
+        copy_bytes(out + recv_offsets[s] + off, slot(s) + me_ * sub_bytes,
+                   std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
+      }
+      arrive_and_wait(deadline, "all_to_all");
+    }
+  }
+  if (send_bytes[me_]) copy_bytes(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
 }
 
 }  // namespace trun::worker::detail

@@ -55,6 +55,9 @@ class ShmComm {
   int local_rank() const { return me_; }
   int local_size() const { return n_; }
   const std::string& segment_name() const { return name_; }
+  // Local rank r's pid when its memory may be read directly (same pid namespace, TRUN_SHM_CMA
+  // not 0), else 0.
+  int readable_pid(int r) const;
 
   // In place; op is kSum, kMin or kMax.
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline);
@@ -64,6 +67,17 @@ class ShmComm {
   // send holds local_size() blocks of `count` elements, in local rank order.
   void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                       Deadline deadline);
+  // Block j of send (send_bytes[j] bytes at send_offsets[j]) goes to local rank j; block i of
+  // recv (recv_bytes[i] at recv_offsets[i]) comes from local rank i. Every rank first publishes
+  // its sizes, offsets and send buffer's address (one small allgather), so that a send size
+  // that differs from its receive size fails on every rank with the same CollectiveError. Then
+  // each rank reads its blocks straight out of its peers' send buffers (process_vm_readv: one
+  // copy, no rounds) and a second small allgather ends it; where that is not possible (a peer in
+  // another pid namespace, TRUN_SHM_CMA=0, or a read refused once), rounds of one sub-slot per
+  // pair through the segment (two barriers each), as reduce_scatter.
+  void all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
+                    void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
+                    Deadline deadline);
   void barrier(Deadline deadline);
   void abort(const std::string& reason);
 
@@ -75,6 +89,9 @@ class ShmComm {
   [[noreturn]] void fail_aborted(const char* what);
   void check_peers_alive(const char* what);
   void set_abort(const std::string& reason);
+  bool cma_usable() const;
+  // Copies `bytes` at address `remote` of local rank r's process to dst; "" or why not.
+  std::string read_peer(int r, char* dst, uint64_t remote, size_t bytes);
 
   int me_ = 0;
   int n_ = 1;
@@ -91,6 +108,7 @@ class ShmComm {
   std::vector<int> pidfds_;  // per local rank; -1 for self or when unavailable
   std::vector<int> pids_;
   std::vector<const void*> srcs_;  // scratch for the reduce step
+  bool cma_failed_ = false;        // a cross-memory read failed once: all_to_all uses rounds
 };
 
 }  // namespace trun::worker::detail

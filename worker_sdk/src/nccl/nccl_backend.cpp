@@ -45,22 +45,38 @@ ncclDataType_t to_nccl(DataType dtype) {
       return ncclInt32;
     case DataType::kInt64:
       return ncclInt64;
+    case DataType::kInt8:
+      return ncclInt8;
+    case DataType::kUInt8:
+    case DataType::kBool:
+      return ncclUint8;
   }
   throw std::invalid_argument("unknown dtype");
 }
 
-ncclRedOp_t to_nccl(ReduceOp op) {
+// kBool travels as uint8 holding 0 or 1: OR is max and AND is min (PyTorch's NCCL backend maps
+// sum and product of bool the same way). Inputs must then be 0 or 1, which PyTorch's bool
+// tensors are.
+ncclRedOp_t to_nccl(ReduceOp op, DataType dtype) {
+  const bool boolean = dtype == DataType::kBool;
   switch (op) {
     case ReduceOp::kSum:
-      return ncclSum;
+      return boolean ? ncclMax : ncclSum;
     case ReduceOp::kAvg:
       return ncclAvg;
     case ReduceOp::kMin:
       return ncclMin;
     case ReduceOp::kMax:
       return ncclMax;
+    case ReduceOp::kProduct:
+      return boolean ? ncclMin : ncclProd;
+    case ReduceOp::kBand:
+    case ReduceOp::kBor:
+    case ReduceOp::kBxor:
+      break;
   }
-  throw std::invalid_argument("unknown reduce op");
+  throw std::invalid_argument(std::string("the NCCL backend has no reduction ") +
+                              reduce_op_name(op));
 }
 
 class NcclBackend : public BackendImpl {
@@ -154,7 +170,7 @@ class NcclBackend : public BackendImpl {
                  Deadline deadline) override {
     if (count == 0) return;
     run("ncclAllReduce", deadline, [&] {
-      return ncclAllReduce(data, data, count, to_nccl(dtype), to_nccl(op), comm_, stream_);
+      return ncclAllReduce(data, data, count, to_nccl(dtype), to_nccl(op, dtype), comm_, stream_);
     });
   }
   void broadcast(void* data, size_t count, DataType dtype, int root, Deadline deadline) override {
@@ -172,16 +188,116 @@ class NcclBackend : public BackendImpl {
                       Deadline deadline) override {
     if (count == 0) return;
     run("ncclReduceScatter", deadline, [&] {
-      return ncclReduceScatter(send, recv, count, to_nccl(dtype), to_nccl(op), comm_, stream_);
+      return ncclReduceScatter(send, recv, count, to_nccl(dtype), to_nccl(op, dtype), comm_,
+                               stream_);
     });
   }
   void barrier(Deadline deadline) override {
     run("barrier (ncclAllReduce)", deadline,
         [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
   }
+  void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
+              Deadline deadline) override {
+    if (count == 0) return;
+    run("ncclReduce", deadline, [&] {
+      return ncclReduce(data, data, count, to_nccl(dtype), to_nccl(op, dtype), root, comm_,
+                        stream_);
+    });
+  }
+
+  // gather, scatter and all_to_all: grouped ncclSend/ncclRecv (this rank's own block too: NCCL
+  // copies a send to self into the matching receive).
+  void gather(const void* send, void* recv, size_t count, DataType dtype, int root,
+              Deadline deadline) override {
+    if (count == 0) return;
+    const size_t bytes = count * dtype_size(dtype);
+    run("gather (ncclSend/ncclRecv)", deadline, [&] {
+      return grouped([&](ncclResult_t& first) {
+        keep(first, ncclSend(send, count, to_nccl(dtype), root, comm_, stream_));
+        if (rank_ == root)
+          for (int r = 0; r < size_; ++r)
+            keep(first, ncclRecv(static_cast<char*>(recv) + r * bytes, count, to_nccl(dtype), r,
+                                 comm_, stream_));
+      });
+    });
+  }
+
+  void scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
+               Deadline deadline) override {
+    if (count == 0) return;
+    const size_t bytes = count * dtype_size(dtype);
+    run("scatter (ncclSend/ncclRecv)", deadline, [&] {
+      return grouped([&](ncclResult_t& first) {
+        if (rank_ == root)
+          for (int r = 0; r < size_; ++r)
+            keep(first, ncclSend(static_cast<const char*>(send) + r * bytes, count, to_nccl(dtype),
+                                 r, comm_, stream_));
+        keep(first, ncclRecv(recv, count, to_nccl(dtype), root, comm_, stream_));
+      });
+    });
+  }
+
+  void all_to_all_v(const void* send, const std::vector<size_t>& send_counts, void* recv,
+                    const std::vector<size_t>& recv_counts, DataType dtype,
+                    Deadline deadline) override {
+    const size_t es = dtype_size(dtype);
+    run("all_to_all (ncclSend/ncclRecv)", deadline, [&] {
+      return grouped([&](ncclResult_t& first) {
+        size_t so = 0, ro = 0;
+        for (int r = 0; r < size_; ++r) {
+          if (send_counts[r])
+            keep(first, ncclSend(static_cast<const char*>(send) + so * es, send_counts[r],
+                                 to_nccl(dtype), r, comm_, stream_));
+          if (recv_counts[r])
+            keep(first, ncclRecv(static_cast<char*>(recv) + ro * es, recv_counts[r], to_nccl(dtype),
+                                 r, comm_, stream_));
+          so += send_counts[r];
+          ro += recv_counts[r];
+        }
+      });
+    });
+  }
+
+  // NCCL has no tags: messages between two ranks match in issue order (as with PyTorch's NCCL
+  // backend). Zero-element transfers are skipped on both sides.
+  void p2p(const std::vector<P2POp>& ops, Deadline deadline) override {
+    run("ncclSend/ncclRecv", deadline, [&] {
+      return grouped([&](ncclResult_t& first) {
+        for (const P2POp& op : ops) {
+          if (op.count == 0) continue;
+          keep(first,
+               op.kind == P2POp::kSend
+                   ? ncclSend(op.data, op.count, to_nccl(op.dtype), op.peer, comm_, stream_)
+                   : ncclRecv(op.data, op.count, to_nccl(op.dtype), op.peer, comm_, stream_));
+        }
+      });
+    });
+  }
+
+  void check_op(ReduceOp op, DataType dtype, const char* what) const override {
+    if (op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor)
+      throw std::invalid_argument(std::string(what) +
+                                  ": the NCCL backend has no bitwise reduction (" +
+                                  reduce_op_name(op) + " on " + dtype_name(dtype) + ")");
+  }
+
   void abort(const std::string& reason) override { aborted_ = true; }
 
  private:
+  static void keep(ncclResult_t& first, ncclResult_t r) {
+    if (first == ncclSuccess && r != ncclSuccess && r != ncclInProgress) first = r;
+  }
+
+  // ncclGroupStart, the calls, ncclGroupEnd (always, once started); the first failure.
+  template <typename Calls>
+  static ncclResult_t grouped(Calls&& calls) {
+    ncclResult_t first = ncclGroupStart();
+    if (first != ncclSuccess) return first;
+    calls(first);
+    ncclResult_t end = ncclGroupEnd();
+    return first != ncclSuccess ? first : end;
+  }
+
   // Polls until the communicator has no operation in progress.
   void wait_comm_ready(const char* what, Deadline deadline) {
     for (;;) {

@@ -1,0 +1,166 @@
+// Multi-process tests of the rooted, all-to-all and point-to-point collectives, the reduce ops
+// and dtypes added with them, subgroups and the monitored barrier, on the CPU backend: pg_worker
+// scenarios "coll", "p2p_dead", "groups" and "mbarrier" (each checks against its own serial
+// reference and exits with a code these tests require). Many cases run in one launch to keep
+// the suite fast; "nodes" are simulated as in process_group_test.cpp.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tests/worker_sdk/job.h"
+
+using namespace trun::worker::test;
+using namespace std::chrono_literals;
+
+namespace {
+
+struct Layout {
+  const char* name;
+  std::vector<int> nodes;
+  bool reverse_local = false;
+  bool no_placement = false;
+  // 16 KiB shared-memory slots and no cross-memory reads (TRUN_SHM_CMA=0): all_to_all goes
+  // through the segment in many rounds.
+  bool small_slots = false;
+};
+
+int world_of(const Layout& l) {
+  int w = 0;
+  for (int n : l.nodes) w += n;
+  return w;
+}
+
+JobSpec spec_for(const Layout& layout, std::vector<std::string> args, const char* id) {
+  JobSpec spec;
+  spec.argv = {worker_binary()};
+  spec.argv.insert(spec.argv.end(), args.begin(), args.end());
+  spec.nodes = layout.nodes;
+  spec.reverse_local = layout.reverse_local;
+  spec.no_placement = layout.no_placement;
+  if (layout.small_slots) {
+    spec.env["TRUN_SHM_SLOT_BYTES"] = "16384";
+    spec.env["TRUN_SHM_CMA"] = "0";
+  }
+  spec.run_id = unique_run_id(id);
+  return spec;
+}
+
+void expect_codes(const std::vector<RankResult>& results, const Job& job,
+                  const std::vector<int>& codes) {
+  INFO(job.describe(results));
+  for (const auto& r : results) {
+    REQUIRE(r.exited);
+    REQUIRE(r.exit_code == codes.at(r.rank));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("reduce, gather, scatter, all_to_all and send/recv match a serial reference",
+          "[worker_sdk][collectives][coll]") {
+  const Layout layouts[] = {
+      {"1 rank", {1}},
+      {"2 ranks, one node (shared memory)", {2}},
+      {"3 ranks, one node, 16 KiB slots, no cross-memory reads (rounds)", {3}, false, false, true},
+      {"4 ranks, one node, 16 KiB slots, no cross-memory reads (rounds)", {4}, false, false, true},
+      {"4 ranks, one node, local ranks in reverse order", {4}, true},
+      {"8 ranks, one node (shared memory)", {8}},
+      {"3 ranks, no placement (gloo only)", {1, 1, 1}, false, true},
+      {"5 ranks on uneven nodes 2+3 (shared memory + gloo)", {2, 3}},
+  };
+  for (const Layout& layout : layouts) {
+    DYNAMIC_SECTION(layout.name) {
+      // 8 ranks on 2 cores: the large size only where it adds rounds, not minutes.
+      std::vector<std::string> args = {"coll"};
+      if (world_of(layout) >= 8) args = {"coll", "0", "1", "7", "1001", "20011"};
+      Job job;
+      JobSpec spec = spec_for(layout, args, "coll");
+      job.start(spec);
+      auto results = job.wait(240s);
+      expect_codes(results, job, std::vector<int>(world_of(layout), 0));
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
+TEST_CASE("a point-to-point peer that dies makes the receive fail naming it, without a hang",
+          "[worker_sdk][failures][p2p]") {
+  for (const Layout& layout :
+       {Layout{"shared memory node", {3}}, Layout{"gloo only", {1, 1, 1}, false, true}}) {
+    DYNAMIC_SECTION(layout.name << ", after one exchange: connection closed") {
+      Job job;
+      JobSpec spec = spec_for(layout, {"p2p_dead", "after"}, "p2p-dead");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";  // failing within 45 s is detection
+      job.start(spec);
+      auto results = job.wait(45s);
+      INFO(job.describe(results));
+      CHECK(results[1].signal == SIGKILL);
+      REQUIRE(results[0].exited);
+      REQUIRE(results[0].exit_code == 15);
+      CHECK(job.output(0).find("recv from rank 1") != std::string::npos);
+      REQUIRE(results[2].exit_code == 0);
+    }
+    DYNAMIC_SECTION(layout.name << ", before connecting: timeout naming the peer") {
+      Job job;
+      JobSpec spec = spec_for(layout, {"p2p_dead", "before"}, "p2p-dead");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "2000";
+      job.start(spec);
+      auto results = job.wait(45s);
+      INFO(job.describe(results));
+      CHECK(results[1].signal == SIGKILL);
+      REQUIRE(results[0].exited);
+      REQUIRE(results[0].exit_code == 16);
+      CHECK(job.output(0).find("rank 1 did not connect") != std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("new_group over a subset and new_subgroups build groups of exactly their members",
+          "[worker_sdk][groups]") {
+  for (const Layout& layout :
+       {Layout{"4 ranks, one node", {4}}, Layout{"4 ranks on 2 nodes", {2, 2}},
+        Layout{"3 ranks, gloo only", {1, 1, 1}, false, true}}) {
+    DYNAMIC_SECTION(layout.name) {
+      Job job;
+      JobSpec spec = spec_for(layout, {"groups"}, "groups");
+      job.start(spec);
+      auto results = job.wait(120s);
+      expect_codes(results, job, std::vector<int>(world_of(layout), 0));
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
+TEST_CASE("monitored_barrier names the ranks that did not arrive, on every rank",
+          "[worker_sdk][failures][monitored_barrier]") {
+  struct Case {
+    const char* late;
+    const char* all;
+    const char* verdict;
+    bool never = false;  // the late ranks never call it (and exit)
+  };
+  for (const Case& c :
+       {Case{"2", "0", "rank 2 did not arrive at monitored_barrier within 1500 ms"},
+        Case{"1,3", "1", "ranks 1, 3 did not arrive"}, Case{"1,3", "0", "rank 1 did not arrive"},
+        Case{"3", "1", "rank 3 did not arrive", true}}) {
+    DYNAMIC_SECTION("late " << c.late << ", wait_all_ranks " << c.all
+                            << (c.never ? ", never arriving" : "")) {
+      Job job;
+      std::vector<std::string> args = {"mbarrier", c.late, c.all};
+      if (c.never) args.push_back("never");
+      JobSpec spec = spec_for({"", {4}}, args, "mbarrier");
+      job.start(spec);
+      auto results = job.wait(60s);
+      expect_codes(results, job,
+                   c.never ? std::vector<int>{17, 17, 17, 0} : std::vector<int>{17, 17, 17, 17});
+      for (int r = 0; r < (c.never ? 3 : 4); ++r) {
+        INFO("rank " << r << " output:\n" << job.output(r));
+        CHECK(job.output(r).find(std::string("VERDICT ") + c.verdict) != std::string::npos);
+      }
+    }
+  }
+}
