@@ -6,6 +6,7 @@ target_sources(trun_worker PRIVATE
   src/checkpoint/directory.cpp
   src/checkpoint/format.cpp
   src/ddp/ddp.cpp
+  src/ddp/param_check.cpp
   src/sampler/sampler.cpp
   src/stop.cpp)
 if(TRUN_HAVE_NCCL)

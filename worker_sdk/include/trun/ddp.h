@@ -74,6 +74,9 @@ struct Parameter {
   size_t numel = 0;
   DataType dtype = DataType::kFloat32;
   Device device = Device::kCpu;
+  // Optional, for the cross-rank check and its messages; empty: [numel]. Its product must be
+  // numel.
+  std::vector<int64_t> shape;
 };
 
 struct DdpOptions {
@@ -82,6 +85,11 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   // Broadcast rank 0's parameters (and buffers) on construction.
   bool broadcast_on_construction = true;
+  // On construction (world size > 1), check that every rank registered the same parameters: the
+  // same count, and per parameter the same dtype, device, element count and shape. A mismatch
+  // throws std::invalid_argument on every rank, naming the first mismatching parameter and rank
+  // (a collective: two allgathers of a few integers per parameter).
+  bool check_parameters_across_ranks = true;
   // Deadline of each collective; 0: the group's.
   std::chrono::milliseconds timeout{0};
   // CUDA: the stream gradients are produced on (a cudaStream_t); nullptr: the legacy default.
@@ -103,6 +111,15 @@ struct IterationStats {
   // Buckets whose allreduce had completed when the last gradient was marked.
   size_t buckets_done_at_last_mark = 0;
 };
+
+// The check of DdpOptions::check_parameters_across_ranks, for callers that build their own
+// reducer: collective over `group`; throws std::invalid_argument naming the first parameter (in
+// registration order) whose dtype, device, element count or shape differ from rank 0's, and the
+// lowest rank that differs, or the first rank whose parameter count differs. The same message
+// on every rank.
+void check_parameters_across_ranks(ProcessGroup& group, const std::vector<Parameter>& params,
+                                   std::chrono::milliseconds timeout = std::chrono::milliseconds{
+                                       0});
 
 class DistributedDataParallel {
  public:
