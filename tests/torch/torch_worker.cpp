@@ -41,12 +41,13 @@ std::pair<torch::Tensor, torch::Tensor> batch(int rank, int iteration) {
 // Sum over `iterations` of rank r's local gradients, averaged over the ranks: computed locally
 // on a copy of the model, as the reference.
 std::vector<torch::Tensor> reference(torch::nn::Sequential& model, int world,
-                                     const std::vector<int>& iterations) {
+                                     const std::vector<int>& iterations, int only_rank = -1) {
   auto copy = std::dynamic_pointer_cast<torch::nn::SequentialImpl>(model->clone());
   std::vector<torch::Tensor> sum;
   for (auto& p : copy->parameters()) sum.push_back(torch::zeros_like(p));
   for (int r = 0; r < world; ++r)
     for (int it : iterations) {
+      if (only_rank >= 0 && r != only_rank) continue;
       for (auto& p : copy->parameters()) p.mutable_grad() = torch::Tensor();
       auto [x, y] = batch(r, it);
       torch::mse_loss(copy->forward(x), y).backward();
@@ -106,6 +107,13 @@ void mode_no_sync(trun::worker::ProcessGroup& pg) {
       auto [x, y] = batch(pg.rank(), it);
       torch::mse_loss(ddp.forward(model, x), y).backward();
     }
+    // Nothing was communicated: the grads are this rank's own sums (over world ranks' shares:
+    // the reference divides by the world size).
+    const auto local = reference(model, pg.size(), {0, 1}, pg.rank());
+    auto ps = model->parameters();
+    for (size_t i = 0; i < ps.size(); ++i)
+      require(close(ps[i].grad() / pg.size(), local[i]),
+              "local sum under no_sync of " + ddp.parameter_names()[i]);
   }
   auto [x, y] = batch(pg.rank(), 2);
   torch::mse_loss(ddp.forward(model, x), y).backward();
