@@ -233,4 +233,30 @@ TEST_CASE("libtorch_toy: a worker killed under trun --max-restarts=3 resumes fro
   CHECK(std::abs(ref.squares - got.squares) <= 1e-6);
 }
 
+TEST_CASE("libtorch_toy: a checkpoint saved at world size 2 resumes at world size 3",
+          "[torch][toy]") {
+  TempDir d;
+  fs::create_directories(d / "a");
+  fs::create_directories(d / "b");
+  test::JobSpec spec;
+  spec.argv = {toy(), "--out", d / "a", "--ckpt-dir", d / "ck", "--steps", "10"};
+  spec.nodes = {2};
+  spec.run_id = test::unique_run_id("toy-resize2");
+  spec.env["TRUN_JOB_ID"] = "libtorch-toy-resize";
+  test::run_job_ok(spec, 120s);
+  spec.argv = {toy(), "--out", d / "b", "--ckpt-dir", d / "ck", "--steps", "20"};
+  spec.nodes = {3};
+  spec.run_id = test::unique_run_id("toy-resize3");
+  auto results = test::run_job_ok(spec, 120s);
+  CHECK_THAT(results[0].output, Catch::Contains("saved at world size 2, now 3"));
+  const auto a = read_rank(d / "a", 0);
+  for (int r = 0; r < 3; ++r) {
+    const auto b = read_rank(d / "b", r);
+    CHECK(b.resumed_from == 10);
+    CHECK(b.steps == 20);
+    CHECK(b.identical);
+    CHECK(b.sum != a.sum);  // trained on from the checkpoint
+  }
+}
+
 #endif

@@ -89,10 +89,16 @@ DistributedDataParallel::DistributedDataParallel(worker::ProcessGroup& group,
   }
   if (params_.empty())
     throw std::invalid_argument("trun::libtorch: the module has no parameter that requires grad");
-  for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
-    if (!item.value().defined() || item.value().numel() == 0) continue;
-    buffers_.push_back(item.value());
-    buffers.push_back(describe(item.key(), item.value(), "buffer"));
+  // Without broadcast_buffers, buffers are not registered at all (not broadcast on construction
+  // either), so a model with buffers of other dtypes (bool, uint8) can still be wrapped.
+  if (options.broadcast_buffers) {
+    for (const auto& item : module_->named_buffers(/*recurse=*/true)) {
+      if (!item.value().defined() || item.value().numel() == 0) continue;
+      buffers_.push_back(item.value());
+      buffers.push_back(describe(item.key(), item.value(),
+                                 "buffer (set broadcast_buffers = false to "
+                                 "wrap a module without broadcasting them)"));
+    }
   }
   worker::DdpOptions ro;
   ro.bucket_cap_mb = options.bucket_cap_mb;
@@ -174,7 +180,7 @@ void DistributedDataParallel::attach_grad(size_t i, bool copy_existing) {
 }
 
 void DistributedDataParallel::prepare_forward() {
-  if (options_.broadcast_buffers && reducer_->num_parameters() > 0 && !buffers_.empty()) {
+  if (!buffers_.empty()) {
     for (size_t k = 0; k < buffers_.size(); ++k)
       if (!buffers_[k].defined())
         throw std::invalid_argument("trun::libtorch: a registered buffer became undefined");

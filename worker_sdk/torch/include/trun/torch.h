@@ -42,8 +42,10 @@
 //   buckets reduced when backward ends. Unlike PyTorch, the graph is not traversed after the
 //   forward: buckets holding an unused parameter wait for the end of backward instead of
 //   launching early. unused_parameters() names them.
-// - broadcast_buffers (default on, as PyTorch): rank 0's buffers are broadcast before each
-//   forward().
+// - broadcast_buffers (default on, as PyTorch): rank 0's buffers are broadcast on construction
+//   and before each forward(). Off: buffers are not registered at all (PyTorch still broadcasts
+//   them once on construction); this is also how to wrap a module whose buffers have a dtype
+//   trun's collectives lack (bool, uint8: std::invalid_argument otherwise).
 // - Devices: CPU tensors go through a CPU group (shared memory / Gloo), CUDA tensors through an
 //   NCCL group (the caller passes the matching group; a mismatch is std::invalid_argument). The
 //   CUDA path is untested: Debian's libtorch is a CPU-only build, so no CUDA tensor can be made
