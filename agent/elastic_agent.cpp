@@ -372,9 +372,13 @@ void Agent::start_workers() {
     fs::create_directories(dir);
     w.error_file = dir + "/error.json";
     SpawnRequest& req = requests[i];
-    req.argv = cfg_.entrypoint;
+    req.argv = worker_argv(cfg_.entrypoint, w.local_rank);
     req.env = worker_env(base_env_, cfg_, attempt,
                          WorkerEnv{w.local_rank, w.rank, w.role_rank, w.error_file});
+    if (i < cfg_.numa_bindings.size()) {
+      req.cpus = cfg_.numa_bindings[i].cpus;
+      req.memory_node = cfg_.numa_bindings[i].memory_node;
+    }
     const std::string prefix =
         line_prefix(cfg_.log_line_prefix_template, cfg_.role, w.rank, w.local_rank);
     req.stdout_fd = logs_->prepare(stream_mode(w.local_rank, kStdOut), STDOUT_FILENO,

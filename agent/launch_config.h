@@ -13,6 +13,8 @@
 #include <string>
 #include <vector>
 
+#include "agent/numa_binding.h"
+
 namespace trun::agent {
 
 // Which of a worker's standard streams go to a log file (torchrun's Std: 0 none, 1 stdout,
@@ -46,6 +48,10 @@ struct LaunchConfig {
   std::vector<std::string> visible_devices;
   std::string role = "default";
   int max_restarts = 0;
+  // --numa-binding (agent/numa_binding.h): the mode, and one binding per local rank, planned by
+  // the launcher (empty for kNone).
+  NumaMode numa_binding = NumaMode::kNone;
+  std::vector<NumaBinding> numa_bindings;
 
   // --- rendezvous ---------------------------------------------------------------------------
   bool standalone = false;  // embedded store on 127.0.0.1, free port, generated run id

@@ -26,6 +26,10 @@ struct SpawnRequest {
   std::vector<std::string> env;   // complete environment, "KEY=VALUE"
   int stdout_fd = -1;             // -1: inherit trun's stdout
   int stderr_fd = -1;             // -1: inherit trun's stderr
+  // NUMA binding (agent/numa_binding.h), applied in the child before exec: the CPUs it may run
+  // on (empty: trun's own) and its preferred memory node (-1: the default policy).
+  std::vector<int> cpus;
+  int memory_node = -1;
 };
 
 struct SpawnResult {

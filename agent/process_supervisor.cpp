@@ -2,9 +2,12 @@
 #include "agent/process_supervisor.h"
 
 #include <fcntl.h>
+#include <linux/mempolicy.h>
+#include <sched.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -12,6 +15,7 @@
 // halves the per-worker cost under load. WorkerSetup only makes system calls in the child, as
 // vfork requires. glibc's feature macros hide vfork from Boost's detection, hence the define.
 #define BOOST_POSIX_HAS_VFORK 1
+#include <algorithm>
 #include <boost/process/args.hpp>
 #include <boost/process/child.hpp>
 #include <boost/process/exe.hpp>
@@ -22,6 +26,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <system_error>
 #include <thread>
@@ -39,6 +44,12 @@ struct WorkerSetup : bp::extend::handler {
   int out_fd;
   int err_fd;
   char** envp;
+  // NUMA binding: CPU mask (nullptr: none) and preferred-node mask (nullptr: none), built in the
+  // parent because the child may not allocate.
+  const cpu_set_t* cpus = nullptr;
+  size_t cpus_size = 0;
+  const unsigned long* nodes = nullptr;
+  unsigned long nodes_bits = 0;
 
   template <class Executor>
   void on_setup(Executor& e) const {
@@ -65,6 +76,19 @@ struct WorkerSetup : bp::extend::handler {
     signal(SIGPIPE, SIG_DFL);
     if (out_fd >= 0) dup2(out_fd, STDOUT_FILENO);
     if (err_fd >= 0) dup2(err_fd, STDERR_FILENO);
+    // The CPUs were checked against trun's own affinity when the bindings were planned; a
+    // failure here (a cgroup change since) ends the worker with a line saying why.
+    if (cpus != nullptr && sched_setaffinity(0, cpus_size, cpus) != 0) {
+      static const char kMsg[] = "trun: --numa-binding: sched_setaffinity failed\n";
+      ssize_t ignored = write(STDERR_FILENO, kMsg, sizeof kMsg - 1);
+      (void)ignored;
+      _exit(126);
+    }
+    if (nodes != nullptr) {
+      // Preferred, not bound: allocations go elsewhere when the node is full. The kernel reads
+      // maxnode - 1 bits.
+      syscall(SYS_set_mempolicy, MPOL_PREFERRED, nodes, nodes_bits + 1);
+    }
     // Boost's exec-error pipe is already close-on-exec; everything else trun holds (store
     // sockets, log pipes) must not leak into workers.
     close_range(3U, ~0U, CLOSE_RANGE_CLOEXEC);
@@ -196,6 +220,26 @@ class ProcessSupervisor::SpawnThread {
     setup.out_fd = req.stdout_fd;
     setup.err_fd = req.stderr_fd;
     setup.envp = envp.data();
+    std::unique_ptr<cpu_set_t, void (*)(cpu_set_t*)> cpus(nullptr,
+                                                          [](cpu_set_t* c) { CPU_FREE(c); });
+    std::vector<unsigned long> nodes;
+    if (!req.cpus.empty()) {
+      const auto count =
+          static_cast<size_t>(*std::max_element(req.cpus.begin(), req.cpus.end())) + 1;
+      cpus.reset(CPU_ALLOC(count));
+      setup.cpus_size = CPU_ALLOC_SIZE(count);
+      CPU_ZERO_S(setup.cpus_size, cpus.get());
+      for (int c : req.cpus) CPU_SET_S(static_cast<size_t>(c), setup.cpus_size, cpus.get());
+      setup.cpus = cpus.get();
+    }
+    if (req.memory_node >= 0) {
+      constexpr size_t kBits = 8 * sizeof(unsigned long);
+      const auto node = static_cast<size_t>(req.memory_node);
+      nodes.assign(node / kBits + 1, 0UL);
+      nodes[node / kBits] |= 1UL << (node % kBits);
+      setup.nodes = nodes.data();
+      setup.nodes_bits = nodes.size() * kBits;
+    }
     try {
       bp::child child(bp::exe = exe, bp::args = args, setup, bp::posix::use_vfork);
       result.pid = child.id();

@@ -1,5 +1,6 @@
 #include "agent/worker_env.h"
 
+#include <cctype>
 #include <cstring>
 
 namespace trun::agent {
@@ -59,6 +60,63 @@ std::vector<std::string> worker_env(const EnvMap& base, const LaunchConfig& conf
   out.reserve(env.size());
   for (const auto& [k, v] : env) out.push_back(k + "=" + v);
   return out;
+}
+
+namespace {
+
+bool identifier_start(char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)); }
+bool identifier_char(char c) { return c == '_' || std::isalnum(static_cast<unsigned char>(c)); }
+
+// Python's string.Template(arg).safe_substitute(local_rank=value): the delimiter is '$', an
+// identifier is [_a-zA-Z][_a-zA-Z0-9]* (ASCII), braced or not; unknown names and a lone '$'
+// stay as they are.
+std::string substitute_local_rank(const std::string& arg, const std::string& value) {
+  static const std::string kName = "local_rank";
+  std::string out;
+  out.reserve(arg.size());
+  for (size_t i = 0; i < arg.size();) {
+    if (arg[i] != '$' || i + 1 == arg.size()) {
+      out.push_back(arg[i++]);
+      continue;
+    }
+    const char next = arg[i + 1];
+    if (next == '$') {
+      out.push_back('$');
+      i += 2;
+    } else if (next == '{') {
+      size_t j = i + 2;
+      if (j < arg.size() && identifier_start(arg[j])) {
+        while (j < arg.size() && identifier_char(arg[j])) ++j;
+      }
+      if (j < arg.size() && arg[j] == '}' && arg.compare(i + 2, j - i - 2, kName) == 0) {
+        out += value;
+        i = j + 1;
+      } else {
+        out.push_back(arg[i++]);  // "${" not closing a known name: kept literally
+      }
+    } else if (identifier_start(next)) {
+      size_t j = i + 1;
+      while (j < arg.size() && identifier_char(arg[j])) ++j;
+      if (arg.compare(i + 1, j - i - 1, kName) == 0) {
+        out += value;
+      } else {
+        out.append(arg, i, j - i);
+      }
+      i = j;
+    } else {
+      out.push_back(arg[i++]);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<std::string> worker_argv(const std::vector<std::string>& entrypoint, int local_rank) {
+  std::vector<std::string> argv = entrypoint;
+  const std::string value = std::to_string(local_rank);
+  for (size_t i = 1; i < argv.size(); ++i) argv[i] = substitute_local_rank(argv[i], value);
+  return argv;
 }
 
 }  // namespace trun::agent

@@ -54,4 +54,10 @@ struct WorkerEnv {
 std::vector<std::string> worker_env(const EnvMap& base, const LaunchConfig& config,
                                     const AttemptEnv& attempt, const WorkerEnv& worker);
 
+// The argv of the worker with local rank `local_rank`: `entrypoint` with torchrun's macro
+// substitution (torch.distributed.elastic.utils.macros, Python's Template.safe_substitute) in
+// every argument after the program: `${local_rank}` and `$local_rank` become the local rank,
+// `$$` becomes `$`, any other `$...` is kept as written. The program (entrypoint[0]) is kept.
+std::vector<std::string> worker_argv(const std::vector<std::string>& entrypoint, int local_rank);
+
 }  // namespace trun::agent

@@ -3,7 +3,7 @@
 // DDP with gloo on the same model) is ddp_torch.py; scripts/bench_ddp.sh runs both.
 //
 //   ddp_bench [--ranks 2] [--sizes 1024,2560,2048,1024] [--batch 8] [--steps 8]
-//             [--caps 1,5,25,100]
+//             [--caps 1,5,25,100] [--fp16-caps 25]
 //
 // Starts a store server and launches N copies of itself as ranks (the environment a trun agent
 // would set). Each rank runs every mode in turn; a step's time is the slowest rank's, and each
@@ -11,7 +11,9 @@
 // interleaved round by round. Prints:
 //   trun mode=local ranks=N params=P step_ms=T
 //   trun mode=ddp ranks=N params=P cap_mb=C buckets=B step_ms=T overhead=R
-// where R = ddp step / local step (1.00 = no overhead).
+//   trun mode=ddp_fp16 ranks=N params=P cap_mb=C buckets=B step_ms=T overhead=R
+// where R = ddp step / local step (1.00 = no overhead); ddp_fp16 is DDP with
+// fp16_compress_hook() at each of --fp16-caps (empty: none).
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -44,6 +46,7 @@ struct Args {
   size_t batch = 8;
   int steps = 8;
   std::vector<double> caps = {1, 5, 25, 100};
+  std::vector<double> fp16_caps = {25};
 };
 
 std::vector<double> parse_list(const std::string& s) {
@@ -72,6 +75,8 @@ Args parse(int argc, char** argv) {
       a.steps = std::stoi(v);
     else if (k == "--caps")
       a.caps = parse_list(v);
+    else if (k == "--fp16-caps")
+      a.fp16_caps = v.empty() ? std::vector<double>{} : parse_list(v);
     else {
       std::fprintf(stderr, "ddp_bench: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -97,7 +102,8 @@ int rank_main(const Args& a) {
   std::vector<float> x, t;
   std::vector<uint64_t> idx(a.batch);
 
-  // Modes: 0 = local (own gradient buffers, no communication), 1.. = DDP with caps[m - 1].
+  // Modes: 0 = local (own gradient buffers, no communication), 1.. = DDP with caps[m - 1], then
+  // DDP with the fp16 compression hook at each of fp16_caps.
   // Steps of all modes are interleaved round by round, so that drift in the machine's load
   // (it is shared) hits every mode alike.
   std::vector<std::vector<float>> local_store(model.num_params());
@@ -108,18 +114,22 @@ int rank_main(const Args& a) {
   }
   std::vector<std::unique_ptr<DistributedDataParallel>> ddps;
   std::vector<std::vector<float*>> ddp_grads;
-  for (double cap : a.caps) {
+  std::vector<double> all_caps = a.caps;
+  all_caps.insert(all_caps.end(), a.fp16_caps.begin(), a.fp16_caps.end());
+  for (size_t c = 0; c < all_caps.size(); ++c) {
+    const double cap = all_caps[c];
     std::vector<Parameter> params;
     for (size_t i = 0; i < model.num_params(); ++i)
       params.push_back({model.param_name(i), model.param(i), model.param_numel(i)});
     DdpOptions o;
     o.bucket_cap_mb = cap;
     ddps.push_back(std::make_unique<DistributedDataParallel>(pg, params, o));
+    if (c >= a.caps.size()) ddps.back()->register_comm_hook(fp16_compress_hook());
     std::vector<float*> g;
     for (size_t i = 0; i < model.num_params(); ++i) g.push_back(ddps.back()->grad_as<float>(i));
     ddp_grads.push_back(std::move(g));
   }
-  const size_t modes = 1 + a.caps.size();
+  const size_t modes = 1 + all_caps.size();
   std::vector<std::vector<double>> times(modes);
   for (int s = 0; s < a.steps + 2; ++s) {
     for (size_t m = 0; m < modes; ++m) {
@@ -156,10 +166,10 @@ int rank_main(const Args& a) {
     for (size_t m = 1; m < modes; ++m) {
       const double ms = median(times[m]);
       std::printf(
-          "trun mode=ddp ranks=%d params=%zu cap_mb=%g buckets=%zu step_ms=%.2f "
+          "trun mode=%s ranks=%d params=%zu cap_mb=%g buckets=%zu step_ms=%.2f "
           "overhead=%.3f\n",
-          pg.size(), model.total_elements(), a.caps[m - 1], ddps[m - 1]->buckets().size(), ms,
-          ms / local_ms);
+          m - 1 < a.caps.size() ? "ddp" : "ddp_fp16", pg.size(), model.total_elements(),
+          all_caps[m - 1], ddps[m - 1]->buckets().size(), ms, ms / local_ms);
     }
     std::fflush(stdout);
   }

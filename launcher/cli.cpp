@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 #include <sstream>
 #include <stdexcept>
 #include <tuple>
@@ -97,26 +100,46 @@ int count_cpus() {
 // per GPU under /proc/driver/nvidia/gpus, and CUDA_VISIBLE_DEVICES narrows the set as it does
 // for torch.cuda.device_count().
 int count_gpus() {
+  return static_cast<int>(
+      agent::visible_nvidia_gpus("/proc", std::getenv("CUDA_VISIBLE_DEVICES")).size());
+}
+
+// Intel GPUs this process may use, without loading Level Zero: one DRM render node per device
+// whose PCI vendor is Intel (0x8086) and whose kernel driver is i915 or xe, the drivers
+// torch.xpu runs on. ZE_AFFINITY_MASK narrows the set as it does for torch.xpu.device_count():
+// its comma-separated entries name root devices (an entry "1.0" names a sub-device of device 1,
+// counted once per root device).
+int count_xpus() {
   int physical = 0;
-  if (DIR* d = opendir("/proc/driver/nvidia/gpus")) {
+  if (DIR* d = opendir("/sys/class/drm")) {
     while (dirent* e = readdir(d)) {
-      if (e->d_name[0] != '.') ++physical;
+      const std::string name = e->d_name;
+      if (name.rfind("renderD", 0) != 0) continue;
+      const std::string dev = "/sys/class/drm/" + name + "/device";
+      std::string vendor;
+      if (FILE* f = std::fopen((dev + "/vendor").c_str(), "r")) {
+        char buf[32] = {};
+        if (std::fgets(buf, sizeof buf, f)) vendor = trim(buf);
+        std::fclose(f);
+      }
+      char link[256] = {};
+      ssize_t n = readlink((dev + "/driver").c_str(), link, sizeof link - 1);
+      std::string driver = n > 0 ? std::string(link, static_cast<size_t>(n)) : "";
+      driver = driver.substr(driver.rfind('/') + 1);
+      if (trim(vendor) == "0x8086" && (driver == "i915" || driver == "xe")) ++physical;
     }
     closedir(d);
   }
-  if (physical == 0) return 0;
-  const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
-  if (visible == nullptr) return physical;
-  int n = 0;
-  for (const auto& item : split(visible, ',')) {
-    std::string t = trim(item);
-    if (t.empty()) break;
+  const char* mask = std::getenv("ZE_AFFINITY_MASK");
+  if (physical == 0 || mask == nullptr || trim(mask).empty()) return physical;
+  std::set<long long> roots;
+  for (const auto& item : split(mask, ',')) {
     long long idx;
-    // CUDA stops at the first invalid index (e.g. -1).
-    if (parse_int(t, idx) && (idx < 0 || idx >= physical)) break;
-    ++n;
+    if (parse_int(trim(item).substr(0, trim(item).find('.')), idx) && idx >= 0 && idx < physical) {
+      roots.insert(idx);
+    }
   }
-  return std::min(n, physical);
+  return static_cast<int>(roots.size());
 }
 
 int parse_nproc_per_node(const std::string& value) {
@@ -124,7 +147,7 @@ int parse_nproc_per_node(const std::string& value) {
   if (parse_int(value, n)) {
     if (n < 1 || n > 4096) {
       throw InvalidInput("--nproc-per-node=" + value +
-                         ": expected a positive worker count (1..4096), cpu, gpu or auto");
+                         ": expected a positive worker count (1..4096), cpu, gpu, xpu or auto");
     }
     return static_cast<int>(n);
   }
@@ -143,12 +166,17 @@ int parse_nproc_per_node(const std::string& value) {
     return g > 0 ? g : count_cpus();
   }
   if (value == "xpu") {
-    throw InvalidInput(
-        "--nproc-per-node=xpu: trun does not count Intel XPU devices (torchrun does); give the "
-        "worker count as a number");
+    int x = count_xpus();
+    if (x == 0) {
+      throw InvalidInput(
+          "--nproc-per-node=xpu: no Intel XPU device is visible on this host (checked "
+          "/sys/class/drm/renderD* for Intel devices on the i915 or xe driver, and "
+          "ZE_AFFINITY_MASK); use a number or cpu");
+    }
+    return x;
   }
   throw InvalidInput("--nproc-per-node=" + value +
-                     ": expected a positive worker count, cpu, gpu or auto");
+                     ": expected a positive worker count, cpu, gpu, xpu or auto");
 }
 
 // torchrun's comma-separated filter list: ",," stands for a comma inside a filter.
@@ -273,7 +301,8 @@ constexpr const char* kDescription =
     "torchrun sets (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...), supervises\n"
     "them, restarts the whole group when one fails (up to --max-restarts) and reports failures.\n"
     "Every option can also be set through PET_<OPTION> (e.g. PET_NPROC_PER_NODE=4); the\n"
-    "command line wins. Both spellings work: --nproc-per-node and --nproc_per_node.\n"
+    "command line wins. Both spellings work: --nproc-per-node and --nproc_per_node, and so\n"
+    "does any unique prefix, as in torchrun (--nproc_per=2).\n"
     "Inside an srun step, options given neither way come from SLURM_* (the c10d store on the\n"
     "step's first node; TRUN_SLURM=0 turns this off); --dry-run shows the result.";
 
@@ -284,6 +313,68 @@ constexpr const char* kFooter =
     "Exit codes: 0 all workers succeeded; 1 workers failed (restarts exhausted; see the\n"
     "summary); 2 invalid command line; 3 trun itself failed (rendezvous, store, log dir);\n"
     "128+N trun received signal N and stopped the workers. Details: docs/exit-codes.md";
+
+// argparse's allow_abbrev, which torchrun keeps: a long option may be shortened to any prefix
+// that names one option (--nproc_per=2, --nnode=1). Rewrites such prefixes in `args` (argv
+// without the program name) to the full name, up to the training script: its own arguments are
+// never touched. An option given in full, or a prefix of no option, is left to CLI11. Returns
+// the error line for an ambiguous prefix, naming every candidate as argparse does.
+std::optional<std::string> expand_abbreviations(const CLI::App& app,
+                                                std::vector<std::string>& args) {
+  std::vector<std::pair<std::string, const CLI::Option*>> longs;  // name without "--"
+  std::vector<std::pair<char, const CLI::Option*>> shorts;
+  for (const CLI::Option* o : app.get_options()) {
+    for (const auto& n : o->get_lnames()) longs.emplace_back(n, o);
+    for (const auto& n : o->get_snames()) shorts.emplace_back(n.empty() ? '\0' : n[0], o);
+  }
+  auto takes_value = [](const CLI::Option* o) { return o->get_expected_max() > 0; };
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;  // the training script
+    if (arg[1] != '-') {                                        // -m, -r 3, -t3
+      auto it = std::find_if(shorts.begin(), shorts.end(),
+                             [&](const auto& s) { return s.first == arg[1]; });
+      if (it != shorts.end() && arg.size() == 2 && takes_value(it->second)) ++i;
+      continue;
+    }
+    const size_t eq = arg.find('=');
+    const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
+    if (name.empty()) break;
+    const CLI::Option* match = nullptr;
+    for (const auto& [n, o] : longs) {
+      if (n == name) match = o;
+    }
+    if (match == nullptr) {
+      std::vector<std::string> candidates;
+      std::set<const CLI::Option*> options;
+      for (const auto& [n, o] : longs) {
+        if (n.compare(0, name.size(), name) == 0) {
+          candidates.push_back("--" + n);
+          options.insert(o);
+          match = o;
+        }
+      }
+      if (options.size() > 1) {
+        std::string list;
+        for (const auto& c : candidates) list += (list.empty() ? "" : ", ") + c;
+        return "ambiguous option: --" + name + " could match " + list;
+      }
+      if (match == nullptr) continue;  // unknown: CLI11 names it
+      // Both spellings of one option may match (--nproc matches --nproc-per-node and
+      // --nproc_per_node): the one whose separators agree with the prefix's.
+      std::string full;
+      for (const auto& c : candidates) {
+        if (full.empty() ||
+            (name.find('_') != std::string::npos) == (c.find('_') != std::string::npos)) {
+          full = c;
+        }
+      }
+      args[i] = full + (eq == std::string::npos ? "" : arg.substr(eq));
+    }
+    if (eq == std::string::npos && takes_value(match)) ++i;
+  }
+  return std::nullopt;
+}
 
 // CLI11 2.1 cannot name the positional part of the usage line itself.
 class Formatter : public CLI::Formatter {
@@ -313,7 +404,8 @@ CliResult parse_command_line(int argc, char** argv) {
               prefix_template, event_log_handler = "null", logs_specs, numa_binding, dup_stdout,
               dup_stderr;
   bool standalone = false, module = false, no_python = false, run_path = false,
-       virtual_local_rank = false, dry_run = false;
+       virtual_local_rank = false, dry_run = false, use_env = false;
+  std::string legacy_launch;  // empty, underscore or dash
   int max_restarts = 0, node_rank = 0, master_port = 29500;
 
   // Both spellings of an option's name (--a-b and --a_b) and its PET_A_B variable.
@@ -341,8 +433,8 @@ CliResult parse_command_line(int argc, char** argv) {
                     kLogs = "Logs", kSup = "Supervision", kLegacy = "Node and master (static)";
   auto* nnodes_opt = opt("nnodes", nnodes, "Number of nodes N, or a range MIN:MAX", kGroup);
   opt("nproc-per-node", nproc,
-      "Workers on this node: a number, cpu (one per CPU), gpu (one per visible CUDA device) or "
-      "auto (gpu if any, else cpu)",
+      "Workers on this node: a number, cpu (one per CPU), gpu (one per visible CUDA device), xpu "
+      "(one per visible Intel GPU) or auto (gpu if any, else cpu)",
       kGroup);
   opt("role", role, "Name of the workers' role (ROLE_NAME, and the log line prefix)", kGroup);
   flag("virtual-local-rank", virtual_local_rank,
@@ -381,6 +473,16 @@ CliResult parse_command_line(int argc, char** argv) {
        "Run TRAINING_SCRIPT with the Python interpreter (torchrun runs it in-process; trun has "
        "no interpreter, so this equals the default for .py files)",
        kRun);
+  app.add_flag("--legacy-launch,--legacy_launch", legacy_launch,
+               "As python -m torch.distributed.launch: each worker also gets --local_rank=N "
+               "before the script's arguments (=dash: --local-rank=N, torch 2.x's spelling); "
+               "LOCAL_RANK is set either way")
+      ->envname("PET_LEGACY_LAUNCH")
+      ->group(kRun);
+  flag("use-env", use_env,
+       "torch.distributed.launch's --use_env: with --legacy-launch, pass the local rank only "
+       "in LOCAL_RANK (torchrun's default)",
+       kRun);
 
   opt("log-dir", log_dir,
       "Directory for logs: DIR/<run id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
@@ -402,8 +504,7 @@ CliResult parse_command_line(int argc, char** argv) {
   opt("duplicate-stderr-filters", dup_stderr, "The same for stderr, into filtered_stderr.log",
       kLogs);
   opt("logs-specs", logs_specs,
-      "Accepted for compatibility: a Python entry point in torchrun; trun's log layout is fixed",
-      kLogs);
+      "Refused: a Python entry point in torchrun; trun's log layout is torchrun's default", kLogs);
   opt("log-line-prefix-template", prefix_template,
       "Console prefix template for tee'd lines, with ${role_name}, ${rank}, ${local_rank} "
       "(default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE or ${role_name}${local_rank})",
@@ -414,12 +515,12 @@ CliResult parse_command_line(int argc, char** argv) {
   opt("start-method", start_method,
       "Accepted for compatibility (spawn, fork, forkserver); workers are always exec'd", kSup);
   opt("event-log-handler", event_log_handler,
-      "Accepted for compatibility (a Python event handler in torchrun); trun logs its own "
-      "events",
+      "Only null (the default): torchrun's event handlers are Python plug-ins; trun logs its "
+      "own events",
       kSup);
   opt("numa-binding", numa_binding,
-      "Accepted for compatibility (node, socket, exclusive, core-complex); trun does not bind "
-      "workers to CPUs",
+      "Only none: trun does not bind workers to NUMA nodes (node, socket, exclusive and "
+      "core-complex are refused)",
       kSup);
   auto* shutdown_opt = opt("shutdown-timeout", shutdown,
                            "Seconds between SIGTERM and SIGKILL when stopping workers (default: "
@@ -445,8 +546,16 @@ CliResult parse_command_line(int argc, char** argv) {
           kLegacy);
   opt("local-addr", local_addr, "This node's address as other nodes should reach it", kLegacy);
 
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (auto ambiguous = expand_abbreviations(app, args)) {
+    result.exit_code = 2;
+    result.error = *ambiguous + " (see trun --help)";
+    return result;
+  }
+  std::vector<char*> expanded{argv[0]};
+  for (auto& a : args) expanded.push_back(a.data());
   try {
-    app.parse(argc, argv);
+    app.parse(static_cast<int>(expanded.size()), expanded.data());
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) {
       result.exit_code = app.exit(e);
@@ -549,6 +658,25 @@ CliResult parse_command_line(int argc, char** argv) {
     // that a bad entry is a usage error before anything runs. --standalone means static.
     try {
       c.rdzv_conf = rendezvous::parse_rdzv_conf(rdzv_conf);
+      // As torchrun, which hands the whole map to the backend and lets it read what it knows
+      // (a Kubeflow elasticPolicy passes keys of its own): unknown keys are dropped, with one
+      // warning naming them, so that a typo does not go unnoticed.
+      std::string unknown;
+      for (auto it = c.rdzv_conf.begin(); it != c.rdzv_conf.end();) {
+        if (rendezvous::is_rdzv_conf_key(it->first)) {
+          ++it;
+          continue;
+        }
+        unknown += (unknown.empty() ? "'" : ", '") + it->first + "'";
+        it = c.rdzv_conf.erase(it);
+      }
+      if (!unknown.empty()) {
+        result.notes.push_back(
+            "--rdzv-conf: ignoring unknown key(s) " + unknown +
+            " (trun reads join_timeout, timeout, last_call_timeout, close_timeout, "
+            "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, store_type, "
+            "use_libuv, etcd_prefix, protocol)");
+      }
       rendezvous::RendezvousOptions checked;
       rendezvous::apply_rdzv_conf(c.rdzv_conf, &checked);
       checked.endpoint = endpoint;
@@ -649,26 +777,27 @@ CliResult parse_command_line(int argc, char** argv) {
                              " is ignored: trun always starts workers as new programs (exec)");
     }
     if (event_log_handler != "null") {
-      result.notes.push_back("--event-log-handler=" + event_log_handler +
-                             " is ignored: torchrun's event handlers are Python; trun logs its "
-                             "own events");
+      throw InvalidInput("--event-log-handler=" + event_log_handler +
+                         ": torchrun's event handlers are Python plug-ins, which trun cannot "
+                         "load; leave it out (trun logs its events on stderr, see --log-dir for "
+                         "the files)");
     }
     if (!logs_specs.empty()) {
-      result.notes.push_back("--logs-specs=" + logs_specs +
-                             " is ignored: torchrun's logs specs are Python entry points; trun "
-                             "uses the layout described under --log-dir");
+      throw InvalidInput("--logs-specs=" + logs_specs +
+                         ": torchrun's logs specs are Python entry points, which trun cannot "
+                         "load; leave it out and use --log-dir, --redirects, --tee and "
+                         "--local-ranks-filter (torchrun's default layout)");
     }
-    if (!numa_binding.empty()) {
-      static const char* const kModes[] = {"node", "socket", "exclusive", "core-complex"};
-      bool ok = false;
-      for (const char* m : kModes) ok = ok || numa_binding == m;
-      if (!ok) {
-        throw InvalidInput("--numa-binding=" + numa_binding +
-                           ": expected node, socket, exclusive or core-complex");
+    try {
+      c.numa_binding = agent::parse_numa_mode(numa_binding);
+      if (c.numa_binding != agent::NumaMode::kNone) {
+        const agent::CpuTopology topology = agent::read_cpu_topology(
+            "/sys", agent::visible_nvidia_gpus("/proc", std::getenv("CUDA_VISIBLE_DEVICES")),
+            agent::current_cpu_affinity());
+        c.numa_bindings = agent::plan_numa_bindings(topology, c.numa_binding, c.nproc_per_node);
       }
-      result.notes.push_back("--numa-binding=" + numa_binding +
-                             " is ignored: trun does not bind workers to CPUs (use numactl or "
-                             "taskset in the worker command if you need it)");
+    } catch (const std::exception& e) {
+      throw InvalidInput(e.what());
     }
     c.duplicate_stdout_filters = parse_filters(dup_stdout);
     c.duplicate_stderr_filters = parse_filters(dup_stderr);
@@ -743,6 +872,21 @@ CliResult parse_command_line(int argc, char** argv) {
       if (module) c.entrypoint.push_back("-m");
     }
     c.entrypoint.push_back(script);
+    // The bare flag reads as "true" (CLI11), PET_LEGACY_LAUNCH=1 as "1".
+    if (legacy_launch == "true" || legacy_launch == "1") legacy_launch = "underscore";
+    if (legacy_launch == "false" || legacy_launch == "0") legacy_launch.clear();
+    if (!legacy_launch.empty() && legacy_launch != "underscore" && legacy_launch != "dash") {
+      throw InvalidInput("--legacy-launch=" + legacy_launch +
+                         ": expected underscore (--local_rank=N, the default) or dash "
+                         "(--local-rank=N)");
+    }
+    if (!legacy_launch.empty() && !use_env) {
+      // Where torch.distributed.launch puts it: before the script's own arguments, as a macro
+      // the agent replaces per worker (agent/worker_env.h).
+      c.entrypoint.push_back(
+          std::string(legacy_launch == "dash" ? "--local-rank" : "--local_rank") +
+          "=${local_rank}");
+    }
     c.entrypoint.insert(c.entrypoint.end(), script_args.begin(), script_args.end());
     c.entrypoint_name = script;  // as torchrun titles its summary
 

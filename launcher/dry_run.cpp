@@ -43,6 +43,15 @@ std::string dry_run_json(const CliResult& cli) {
   j["visible_devices"] = c.visible_devices;
   j["role"] = c.role;
   j["max_restarts"] = c.max_restarts;
+  json bindings = json::array();
+  for (size_t r = 0; r < c.numa_bindings.size(); ++r) {
+    const agent::NumaBinding& b = c.numa_bindings[r];
+    bindings.push_back({{"local_rank", r},
+                        {"cpus", agent::format_cpu_list(b.cpus)},
+                        {"memory_node", b.memory_node},
+                        {"device", b.device}});
+  }
+  j["numa_binding"] = {{"mode", agent::numa_mode_name(c.numa_binding)}, {"workers", bindings}};
   j["rendezvous"] = {
       {"standalone", c.standalone},
       {"backend", c.rdzv_backend},

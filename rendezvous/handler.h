@@ -218,6 +218,9 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
 // etcd: etcd_prefix, protocol (http only; https and the certificate keys are refused). Throws
 // RendezvousOptionError naming the key for unknown keys and bad values.
 void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* options);
+// Whether apply_rdzv_conf knows `key` (including the TLS keys it refuses). The launcher drops
+// unknown keys with a warning, as torchrun ignores them, before calling apply_rdzv_conf.
+bool is_rdzv_conf_key(const std::string& key);
 
 // Creates the backend called `name` ("c10d", "etcd" (alias "etcd-v2") or "static") and validates
 // `options` for it before any I/O. Then hosts the store when this node should (c10d: the endpoint

@@ -1,4 +1,5 @@
 // RendezvousOptions: --rdzv-conf parsing, validation and the backend registry.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 
@@ -66,6 +67,8 @@ const char* const kConfKeys[] = {"join_timeout",
                                  "store_type",
                                  "etcd_prefix",
                                  "protocol"};
+// torchrun's etcd backends' certificate keys: known, and refused (no TLS).
+const char* const kTlsKeys[] = {"cacert", "cert", "key", "ca_cert", "ssl_cert", "ssl_cert_key"};
 
 }  // namespace
 
@@ -126,8 +129,7 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
         throw RendezvousOptionError("--rdzv-conf protocol=" + value +
                                     ": trun reaches etcd over plain HTTP only (no TLS)");
       }
-    } else if (key == "cacert" || key == "cert" || key == "key" || key == "ca_cert" ||
-               key == "ssl_cert" || key == "ssl_cert_key") {
+    } else if (std::find(std::begin(kTlsKeys), std::end(kTlsKeys), key) != std::end(kTlsKeys)) {
       throw RendezvousOptionError("--rdzv-conf " + key +
                                   ": TLS to etcd is not supported (trun reaches etcd over plain "
                                   "HTTP; keep etcd's client URL on a trusted network)");
@@ -139,6 +141,16 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       throw RendezvousOptionError("--rdzv-conf: unknown key '" + key + "' (known: " + known + ")");
     }
   }
+}
+
+bool is_rdzv_conf_key(const std::string& key) {
+  for (const char* k : kConfKeys) {
+    if (key == k) return true;
+  }
+  for (const char* k : kTlsKeys) {
+    if (key == k) return true;
+  }
+  return false;
 }
 
 std::vector<std::string> rendezvous_backend_names() { return {"c10d", "etcd", "static"}; }

@@ -2,8 +2,10 @@
 # DDP benchmark: step time of a ~10M-parameter MLP (examples/train_mlp's model) on 2 ranks with
 # libtrun_worker's DDP at bucket caps 1, 5, 25, 100 MB, vs the same step without communication;
 # the peer is PyTorch 1.13 DDP (gloo) on the same layer sizes under torchrun, in the same run.
+# Also DDP with the fp16 compression hook (trun's fp16_compress_hook() vs PyTorch's
+# default_hooks.fp16_compress_hook) at the FP16_CAPS bucket caps.
 # Usage: scripts/bench_ddp.sh [build dir]
-#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 RANKS=2)
+#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 FP16_CAPS=25 RANKS=2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -12,6 +14,7 @@ SIZES=${SIZES:-1024,2560,2048,1024}
 BATCH=${BATCH:-8}
 STEPS=${STEPS:-12}
 CAPS=${CAPS:-1,5,25,100}
+FP16_CAPS=${FP16_CAPS-25}
 RANKS=${RANKS:-2}
 PY=$TORCH_PY
 
@@ -22,7 +25,7 @@ trap 'rm -f "$out"' EXIT
 
 echo "== trun DDP, $RANKS ranks, layers $SIZES, batch $BATCH per rank" >&2
 "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" --batch "$BATCH" --steps "$STEPS" \
-  --caps "$CAPS" | tee -a "$out" >&2
+  --caps "$CAPS" --fp16-caps "$FP16_CAPS" | tee -a "$out" >&2
 echo "== PyTorch 1.13 DDP (gloo), $RANKS ranks" >&2
 peer_note=""
 if [[ -x $TORCHRUN ]] && $PY -c 'import torch' 2>/dev/null; then
@@ -30,7 +33,7 @@ if [[ -x $TORCHRUN ]] && $PY -c 'import torch' 2>/dev/null; then
   # rank that does not exist and keeps the plain console.
   if ! OMP_NUM_THREADS=1 $PY $TORCHRUN --nnodes 1 --nproc_per_node "$RANKS" \
     --master_addr 127.0.0.1 --master_port "$(free_port)" --monitor_interval 0.1 \
-    --redirects 9:1 --tee 9:1 bench/ddp_torch.py "$SIZES" "$BATCH" "$STEPS" "$CAPS" \
+    --redirects 9:1 --tee 9:1 bench/ddp_torch.py "$SIZES" "$BATCH" "$STEPS" "$CAPS" "$FP16_CAPS" \
     2>/tmp/trun-bench-ddp-torch.err | grep '^torch ' | tee -a "$out" >&2; then
     peer_note="PyTorch run failed: $(tail -1 /tmp/trun-bench-ddp-torch.err)"
   fi
@@ -42,9 +45,13 @@ fi
 $PY - "$out" "$peer_note" <<'PYEOF'
 import sys
 rows = {"trun": {}, "torch": {}}
+fp16 = {"trun": {}, "torch": {}}
 for line in open(sys.argv[1]):
     who = line.split()[0]
     f = dict(kv.split("=", 1) for kv in line.split()[1:])
+    if f["mode"] == "ddp_fp16":
+        fp16[who][float(f["cap_mb"])] = f
+        continue
     key = "local" if f["mode"] == "local" else float(f["cap_mb"])
     rows[who][key] = f
 note = sys.argv[2]
@@ -70,6 +77,18 @@ if note:
 print("Note: an overhead ratio depends on how fast the local step is (trun's MLP is plain C++")
 print("loops, PyTorch's uses its own kernels); 'added' (DDP step - local step, ms) compares the")
 print("cost of communication itself. Both run one thread per rank on the same cores.")
+if fp16["trun"]:
+    print()
+    print("fp16 compression hook (gradients sent as float16), ms per step")
+    print(f"{'cap MB':>7} | {'trun none':>9} {'trun fp16':>9} {'fp16/none':>9} | "
+          f"{'torch none':>10} {'torch fp16':>10} {'fp16/none':>9}")
+    for cap in sorted(fp16["trun"]):
+        tf = float(fp16["trun"][cap]["step_ms"])
+        tn = float(t[cap]["step_ms"]) if cap in t else None
+        pf = float(fp16["torch"][cap]["step_ms"]) if cap in fp16["torch"] else None
+        pn = float(p[cap]["step_ms"]) if cap in p else None
+        print(f"{cap:>7g} | {fmt(tn, '>9.1f')} {tf:>9.1f} {fmt(tf / tn if tn else None, '>9.2f')} | "
+              f"{fmt(pn, '>10.1f')} {fmt(pf, '>10.1f')} {fmt(pf / pn if pf and pn else None, '>9.2f')}")
 print()
 for cap in sorted(k for k in t if k != "local"):
     ts = float(t[cap]["step_ms"])
@@ -87,4 +106,15 @@ for cap in sorted(k for k in t if k != "local"):
         ratio = f"{padded / added:.2f}" if added > 0 else "none"
         print(f"RESULT name=ddp_added_ms_cap{cap:g}MB value={added:.1f} unit=ms "
               f"peer={padded:.1f} ratio={ratio}")
+for cap in sorted(fp16["trun"]):
+    tf = float(fp16["trun"][cap]["step_ms"])
+    pf = float(fp16["torch"][cap]["step_ms"]) if cap in fp16["torch"] else None
+    peer = f"peer={pf:.2f} ratio={pf / tf:.2f}" if pf else "peer=none ratio=none"
+    print(f"RESULT name=ddp_fp16_hook_step_ms_cap{cap:g}MB value={tf:.2f} unit=ms {peer}")
+    if cap in t:
+        tn = float(t[cap]["step_ms"])
+        pn = float(p[cap]["step_ms"]) if cap in p else None
+        ppeer = (f"peer={pf / pn:.3f} ratio={(pf / pn) / (tf / tn):.2f}" if pf and pn
+                 else "peer=none ratio=none")
+        print(f"RESULT name=ddp_fp16_vs_none_cap{cap:g}MB value={tf / tn:.3f} unit=x {ppeer}")
 PYEOF

@@ -5,6 +5,9 @@ target_sources(trun_worker PRIVATE
   src/checkpoint/crc32c.cpp
   src/checkpoint/directory.cpp
   src/checkpoint/format.cpp
+  src/ddp/bucket_plan.cpp
+  src/ddp/comm_hooks.cpp
+  src/ddp/powersgd_hook.cpp
   src/ddp/ddp.cpp
   src/ddp/param_check.cpp
   src/sampler/sampler.cpp

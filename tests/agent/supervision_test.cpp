@@ -406,10 +406,12 @@ TEST_CASE("signals trun inherited as ignored still work and workers get them at 
   {
     // The forwarded SIGINT stops a worker that keeps its inherited dispositions (sleep), long
     // before the shutdown timeout would SIGKILL it.
+    // "$$$$": trun, as torchrun, turns $$ in the worker's arguments into $ (agent/worker_env.h).
     TempDir d;
     Child c({"/usr/bin/env", ignore, trun_binary(), "--nproc-per-node", "1", "--shutdown-timeout",
-             "600", "--no-python", "/bin/sh", "-c", "echo $$ > " + d / "pid; exec sleep 60"});
-    REQUIRE(wait_until([&] { return file_exists(d / "pid"); }));
+             "600", "--no-python", "/bin/sh", "-c", "echo $$$$ > " + d / "pid; exec sleep 60"});
+    REQUIRE(wait_until([&] { return read_file(d / "pid").find('\n') != std::string::npos; }));
+    CHECK(std::atoi(read_file(d / "pid").c_str()) > 0);
     c.signal(SIGINT);
     REQUIRE(c.wait(std::chrono::seconds(20)));
     INFO(c.err());

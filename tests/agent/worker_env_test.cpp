@@ -117,3 +117,33 @@ TEST_CASE("with virtual local ranks each worker sees only its own device, as dev
   CHECK(listed.at("CUDA_VISIBLE_DEVICES") == "GPU-bbb");
   CHECK(listed.at("LOCAL_RANK") == "0");
 }
+
+TEST_CASE("worker_argv substitutes the local rank macro as torchrun's Template does", "[env]") {
+  const std::vector<std::string> entry{"/bin/$local_rank",
+                                       "-u",
+                                       "train.py",
+                                       "--local_rank=${local_rank}",
+                                       "out_$local_rank.txt",
+                                       "$$local_rank",
+                                       "${LOCAL_RANK}",
+                                       "$local_rankx",
+                                       "${local_rank",
+                                       "cost$",
+                                       "$5",
+                                       "${x}"};
+  const auto argv = worker_argv(entry, 3);
+  const std::vector<std::string> expected{"/bin/$local_rank",
+                                          "-u",
+                                          "train.py",
+                                          "--local_rank=3",
+                                          "out_3.txt",
+                                          "$local_rank",
+                                          "${LOCAL_RANK}",
+                                          "$local_rankx",
+                                          "${local_rank",
+                                          "cost$",
+                                          "$5",
+                                          "${x}"};
+  CHECK(argv == expected);
+  CHECK(worker_argv({}, 0).empty());
+}

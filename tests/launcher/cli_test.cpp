@@ -1,5 +1,7 @@
 // The command line, black-box: invalid input, help, PET_* variables, both spellings.
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
 
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
@@ -34,15 +36,14 @@ TEST_CASE("invalid input exits 2 with one line naming the problem", "[cli]") {
   expect_usage_error({"--nnodes", "a:b", w}, "MIN:MAX");
   expect_usage_error({"--nproc-per-node", "-2", w}, "--nproc-per-node=-2");
   expect_usage_error({"--nproc_per_node=zero", w}, "positive worker count");
-  expect_usage_error({"--nproc-per-node=xpu", w}, "Intel XPU");
   expect_usage_error({"--rdzv-conf", "timeout=10,oops", w}, "malformed entry 'oops'");
   // --rdzv-conf values are checked for every backend, before anything starts.
   expect_usage_error({"--standalone", "--rdzv-conf", "join_timeout=abc", w}, "join_timeout=abc");
-  expect_usage_error({"--rdzv-conf", "join_timout=5", w}, "unknown key 'join_timout'");
   expect_usage_error({"--rdzv-conf", "timeout=5,timeout=6", w}, "'timeout' given twice");
   expect_usage_error({"--rdzv-conf", "use_libuv=maybe", w}, "use_libuv=maybe");
   expect_usage_error({"--rdzv-conf", "store_type=file", w}, "TCP only");
   expect_usage_error({"--numa-binding", "everywhere", w}, "--numa-binding=everywhere");
+  expect_usage_error({"--legacy-launch=sideways", w}, "--legacy-launch=sideways");
   expect_usage_error({"--rdzv-backend", "zookeeper", w}, "unknown backend");
   expect_usage_error({"--rdzv-backend=etcd", w}, "needs --rdzv-endpoint");
   expect_usage_error({"--rdzv-backend=etcd-v2", "--rdzv-endpoint=h:2379", "--nnodes=2", w},
@@ -157,15 +158,135 @@ TEST_CASE("accepted-but-ignored options work and say so", "[cli]") {
   CHECK(r.err.find("--start-method=fork is ignored") != std::string::npos);
   auto bad = run_trun({"--start-method=thread", test_worker()});
   CHECK(bad.exit_code == 2);
-  // torchrun 2.x options that name Python plug-ins or GPU placement trun does not do.
-  auto newer = run_trun({"--event-log-handler=console", "--logs-specs=my_specs",
-                         "--numa-binding=socket", test_worker()});
-  CHECK(newer.exit_code == 0);
-  for (const char* note :
-       {"--event-log-handler=console is ignored", "--logs-specs=my_specs is ignored",
-        "--numa-binding=socket is ignored"}) {
-    CHECK(newer.err.find(note) != std::string::npos);
+  // Their defaults (and --numa-binding=none) run as without them.
+  auto defaults = run_trun({"--event-log-handler=null", "--numa-binding=none", test_worker()});
+  CHECK(defaults.exit_code == 0);
+}
+
+TEST_CASE("torchrun 2.x plug-in options trun cannot load are refused, saying what to use instead",
+          "[cli]") {
+  const std::string w = test_worker();
+  expect_usage_error({"--event-log-handler=console", w},
+                     "--event-log-handler=console: torchrun's event handlers are Python");
+  expect_usage_error({"--logs-specs=my_specs", w}, "use --log-dir, --redirects, --tee");
+}
+
+TEST_CASE("nproc-per-node=xpu is a clear error on a host without Intel GPUs", "[cli]") {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/sys/class/drm", ec)) {
+    if (e.path().filename().string().rfind("renderD", 0) == 0 &&
+        read_file(e.path() / "device" / "vendor").rfind("0x8086", 0) == 0) {
+      TRUN_SKIP("this host has an Intel GPU, so xpu may be valid here", kEnvironment);
+    }
   }
+  expect_usage_error({"--nproc-per-node", "xpu", test_worker()}, "no Intel XPU device");
+}
+
+namespace {
+
+std::string legacy_script() {
+  return std::string(TRUN_SOURCE_DIR) + "/tests/launcher/py/legacy_local_rank.py";
+}
+
+// The lines the legacy script printed, sorted (the workers print concurrently).
+std::vector<std::string> sorted_lines(const std::string& out) {
+  auto lines = lines_of(out);
+  std::sort(lines.begin(), lines.end());
+  return lines;
+}
+
+nlohmann::json dry_run(const std::vector<std::string>& args) {
+  std::vector<std::string> a{"--dry-run"};
+  a.insert(a.end(), args.begin(), args.end());
+  auto r = run_trun(a);
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  return nlohmann::json::parse(r.out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "legacy launch passes --local_rank=N before the script's arguments, as "
+    "torch.distributed.launch does",
+    "[cli]") {
+  auto r = run_trun({"--nproc-per-node=2", "--legacy-launch", legacy_script(), "a", "b"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(sorted_lines(r.out) ==
+        std::vector<std::string>{"local_rank=0 LOCAL_RANK=0 rest=['a', 'b']",
+                                 "local_rank=1 LOCAL_RANK=1 rest=['a', 'b']"});
+  auto j = dry_run({"--legacy-launch", "--no-python", test_worker(), "x"});
+  CHECK(j["entrypoint"] ==
+        nlohmann::json::array({test_worker(), "--local_rank=${local_rank}", "x"}));
+}
+
+TEST_CASE("legacy launch with =dash passes torch 2.x's --local-rank=N", "[cli]") {
+  auto r = run_trun({"--nproc_per_node=2", "--legacy_launch=dash", legacy_script()});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(sorted_lines(r.out) == std::vector<std::string>{"local_rank=0 LOCAL_RANK=0 rest=[]",
+                                                        "local_rank=1 LOCAL_RANK=1 rest=[]"});
+  auto j = dry_run({"--legacy-launch=dash", "--no-python", test_worker()});
+  CHECK(j["entrypoint"] == nlohmann::json::array({test_worker(), "--local-rank=${local_rank}"}));
+}
+
+TEST_CASE("use-env turns the legacy launch argument off, leaving LOCAL_RANK", "[cli]") {
+  for (const char* use_env : {"--use-env", "--use_env"}) {
+    auto r = run_trun({"--nproc-per-node=2", "--legacy-launch", use_env, legacy_script()});
+    INFO(use_env << " stderr: " << r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(sorted_lines(r.out) == std::vector<std::string>{"local_rank=0 LOCAL_RANK=0 rest=[]",
+                                                          "local_rank=0 LOCAL_RANK=1 rest=[]"});
+  }
+}
+
+TEST_CASE(
+    "the local_rank macro in the script's arguments becomes each worker's local rank, and a "
+    "doubled dollar sign a single one",
+    "[cli]") {
+  auto r = run_trun(
+      {"--nproc-per-node=2", legacy_script(), "out_${local_rank}", "$local_rank", "$$", "${x}"});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(sorted_lines(r.out) ==
+        std::vector<std::string>{"local_rank=0 LOCAL_RANK=0 rest=['out_0', '0', '$', '${x}']",
+                                 "local_rank=0 LOCAL_RANK=1 rest=['out_1', '1', '$', '${x}']"});
+}
+
+TEST_CASE("trun's long options may be abbreviated to a unique prefix, as argparse allows",
+          "[cli]") {
+  auto r = run_trun({"--nproc_per=2", "--nnode=1", "--max_re", "0", legacy_script()});
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  CHECK(lines_of(r.out).size() == 2);
+  // The script's own arguments are never expanded.
+  auto j = dry_run({"--nnode=1", "--no-py", test_worker(), "--nproc_per=3", "--nnode"});
+  CHECK(j["nproc_per_node"] == 1);
+  CHECK(j["entrypoint"] == nlohmann::json::array({test_worker(), "--nproc_per=3", "--nnode"}));
+  // A prefix naming several options is an error naming them all.
+  expect_usage_error({"--master=1", test_worker()},
+                     "ambiguous option: --master could match --master-addr, --master_addr, "
+                     "--master-port, --master_port");
+  expect_usage_error({"--r", "x", test_worker()}, "ambiguous option: --r could match");
+}
+
+TEST_CASE(
+    "unknown --rdzv-conf keys are ignored with one warning naming them, as torchrun "
+    "ignores them",
+    "[cli]") {
+  // A Kubeflow elasticPolicy's rdzvConf passes keys of its own.
+  auto r = run_trun(
+      {"--dry-run", "--rdzv-conf", "join_timeout=5,maxRestarts=3,join_timout=9", test_worker()});
+  REQUIRE(r.exit_code == 0);
+  CHECK(r.err.find("--rdzv-conf: ignoring unknown key(s) 'join_timout', 'maxRestarts'") !=
+        std::string::npos);
+  CHECK(lines_of(r.err).size() == 1);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["rendezvous"]["conf"] == nlohmann::json({{"join_timeout", "5"}}));
+  // Known keys with malformed values are still refused.
+  expect_usage_error({"--rdzv-conf", "maxRestarts=3,read_timeout=soon", test_worker()},
+                     "read_timeout=soon");
 }
 
 TEST_CASE("with --virtual-local-rank, CUDA_VISIBLE_DEVICES must list a device per worker",
@@ -175,4 +296,61 @@ TEST_CASE("with --virtual-local-rank, CUDA_VISIBLE_DEVICES must list a device pe
   REQUIRE(r.finished);
   CHECK(r.exit_code == 2);
   CHECK(r.err.find("CUDA_VISIBLE_DEVICES=0,1 lists 2 device(s)") != std::string::npos);
+}
+
+namespace {
+
+// Each worker of a 2-worker job with `mode` prints "<LOCAL_RANK> <Cpus_allowed_list>
+// <policy of its first mapping>"; returns the lines by local rank.
+std::vector<std::string> numa_report(const std::string& mode) {
+  std::vector<std::string> args{"--standalone", "--nproc-per-node=2"};
+  if (!mode.empty()) args.push_back("--numa-binding=" + mode);
+  args.insert(args.end(), {"--no-python", "/bin/sh", "-c",
+                           "echo $LOCAL_RANK $(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' "
+                           "/proc/self/status) $(head -1 /proc/self/numa_maps | cut -d' ' -f2)"});
+  auto r = run_trun(args);
+  INFO("stderr: " << r.err);
+  REQUIRE(r.exit_code == 0);
+  return sorted_lines(r.out);
+}
+
+}  // namespace
+
+TEST_CASE(
+    "--numa-binding binds each worker's CPUs and preferred memory node to its plan; without it "
+    "workers keep trun's affinity and the default policy",
+    "[cli]") {
+  const auto unbound = numa_report("");
+  REQUIRE(unbound.size() == 2);
+  const std::string all_cpus = unbound[0].substr(2, unbound[0].rfind(' ') - 2);
+  CHECK(unbound[0] == "0 " + all_cpus + " default");
+  CHECK(unbound[1] == "1 " + all_cpus + " default");
+  std::vector<std::string> modes{"node", "socket", "core-complex"};
+  if (sysconf(_SC_NPROCESSORS_ONLN) >= 2) modes.push_back("exclusive");
+  for (const auto& mode : modes) {
+    INFO("mode " << mode);
+    auto plan = dry_run({"--nproc-per-node=2", "--numa-binding=" + mode, "true"});
+    REQUIRE(plan["numa_binding"]["mode"] == mode);
+    REQUIRE(plan["numa_binding"]["workers"].size() == 2);
+    std::vector<std::string> expected;
+    for (const auto& w : plan["numa_binding"]["workers"]) {
+      expected.push_back(std::to_string(w["local_rank"].get<int>()) + " " +
+                         w["cpus"].get<std::string>() +
+                         " prefer:" + std::to_string(w["memory_node"].get<int>()));
+    }
+    CHECK(numa_report(mode) == expected);
+    if (mode == "exclusive") {
+      CHECK(plan["numa_binding"]["workers"][0]["cpus"] !=
+            plan["numa_binding"]["workers"][1]["cpus"]);
+    }
+  }
+}
+
+TEST_CASE("--numa-binding that the machine cannot honour exits 2 before anything starts", "[cli]") {
+  const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  expect_usage_error(
+      {"--nproc-per-node=" + std::to_string(cpus + 1), "--numa-binding=exclusive", test_worker()},
+      "usable physical core(s) for " + std::to_string(cpus + 1) + " devices");
+  expect_usage_error({"--numa-binding=nodes", test_worker()},
+                     "--numa-binding=nodes: expected node, socket, exclusive or core-complex");
 }

@@ -1,6 +1,7 @@
 // Unmodified PyTorch programs (PyTorch 1.13 for /usr/bin/python3, gloo on CPU) under trun and
 // under /usr/bin/torchrun in the same test: same results, same worker environment apart from
 // the documented differences, same failure report.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -34,23 +35,20 @@ bool torch_available(std::string& why) {
   return true;
 }
 
+// `launcher`: /usr/bin/torchrun, or {python, -m, torch.distributed.launch}.
 RunResult run_torchrun(const std::vector<std::string>& args,
-                       const std::map<std::string, std::string>& env = {}) {
+                       const std::map<std::string, std::string>& env = {},
+                       const std::vector<std::string>& launcher = {kTorchrun}) {
   // torchrun 1.13's --standalone is exactly "--rdzv_backend=c10d
   // --rdzv_endpoint=localhost:29400 --rdzv_id=<uuid4>"; the fixed port collides with any other
   // torchrun on the host, so the test spells it out with a free port. Underscore flags only
   // (1.13); on Python 3.11 it crashes when redirects/tee are 0, and a map naming a rank that
   // does not exist keeps its plain console behaviour.
-  std::vector<std::string> argv{kTorchrun,
-                                "--rdzv_backend=c10d",
-                                "--rdzv_endpoint=localhost:" + std::to_string(free_port()),
-                                "--rdzv_id=compat-" + std::to_string(getpid()),
-                                "--nproc_per_node=2",
-                                "--monitor_interval=0.2",
-                                "--redirects",
-                                "9:1",
-                                "--tee",
-                                "9:1"};
+  std::vector<std::string> argv = launcher;
+  argv.insert(argv.end(),
+              {"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:" + std::to_string(free_port()),
+               "--rdzv_id=compat-" + std::to_string(getpid()), "--nproc_per_node=2",
+               "--monitor_interval=0.2", "--redirects", "9:1", "--tee", "9:1"});
   argv.insert(argv.end(), args.begin(), args.end());
   // torchrun leaves its /tmp/torchelastic_* directory behind: give it one of ours to fill.
   TempDir tmp;
@@ -161,4 +159,35 @@ TEST_CASE("an exception inside @record is the root cause, as under torchrun", "[
   CHECK(mine["message"]["errorCode"] == theirs["message"]["errorCode"]);
   CHECK(mine["message"]["extraInfo"]["py_callstack"] ==
         theirs["message"]["extraInfo"]["py_callstack"]);
+}
+
+TEST_CASE(
+    "a torch.distributed.launch script gets the same --local_rank and macros under trun "
+    "--legacy-launch and abbreviated options",
+    "[torch]") {
+  std::string why;
+  if (!torch_available(why)) TRUN_SKIP(why, kSetup);
+  // Abbreviations as argparse takes them (--nproc_per, --nnode), before the script only.
+  const std::vector<std::string> args{"--nnode=1", script("legacy_local_rank.py"), "a",
+                                      "${local_rank}", "$$"};
+  auto printed = [](const std::string& out) {
+    std::vector<std::string> lines;
+    for (const auto& l : lines_of(out)) {
+      if (l.rfind("local_rank=", 0) == 0) lines.push_back(l);
+    }
+    std::sort(lines.begin(), lines.end());
+    return lines;
+  };
+  std::vector<std::string> mine_args{"--legacy-launch", "--nproc_per=2"};
+  mine_args.insert(mine_args.end(), args.begin(), args.end());
+  auto a = run_trun(mine_args, {{"PYTHON_EXEC", kPython}}, std::chrono::seconds(180));
+  INFO("trun stderr:\n" << a.err);
+  REQUIRE(a.exit_code == 0);
+  auto b = run_torchrun(args, {}, {kPython, "-m", "torch.distributed.launch"});
+  INFO("torch.distributed.launch stderr:\n" << b.err);
+  REQUIRE(b.exit_code == 0);
+  CHECK(printed(a.out) ==
+        std::vector<std::string>{"local_rank=0 LOCAL_RANK=0 rest=['a', '0', '$']",
+                                 "local_rank=1 LOCAL_RANK=1 rest=['a', '1', '$']"});
+  CHECK(printed(a.out) == printed(b.out));
 }

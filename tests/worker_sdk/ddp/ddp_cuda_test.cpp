@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -97,6 +98,72 @@ std::string rank_checks(ProcessGroup& pg) {
   return "";
 }
 
+// static_graph on device buckets: gradients marked in registration order (not the reverse the
+// buckets start in), so the rebuild allocates new device buckets and moves the averages into
+// them; and what CUDA buckets refuse: join_iteration() and the host-side compression hooks.
+std::string static_graph_checks(ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const std::vector<size_t> sizes = {300000, 1000, 17, 5000};
+  std::vector<float*> dev(sizes.size(), nullptr);
+  std::string err;
+  for (size_t i = 0; i < sizes.size() && err.empty(); ++i)
+    err = cuda_check(cudaMalloc(&dev[i], sizes[i] * sizeof(float)), "cudaMalloc");
+  if (!err.empty()) return err;
+  std::vector<Parameter> params;
+  for (size_t i = 0; i < sizes.size(); ++i)
+    params.push_back(
+        {"s" + std::to_string(i), dev[i], sizes[i], DataType::kFloat32, Device::kCuda});
+  DdpOptions opt;
+  opt.static_graph = true;
+  {
+    DistributedDataParallel ddp(pg, params, opt);
+    try {
+      ddp.join_iteration(true);
+      return "join_iteration() accepted CUDA parameters";
+    } catch (const std::invalid_argument&) {
+    }
+    for (int iter = 0; iter < 2; ++iter) {
+      ddp.zero_grad();
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        std::vector<float> g(sizes[i], static_cast<float>(rank + 1 + 2 * i + iter));
+        err = cuda_check(cudaMemcpy(ddp.grad(i), g.data(), sizes[i] * 4, cudaMemcpyHostToDevice),
+                         "grad H2D");
+        if (!err.empty()) return err;
+        ddp.mark_ready(i);
+      }
+      ddp.finalize();
+      if (iter == 0) {
+        std::vector<size_t> flat;
+        for (const auto& b : ddp.buckets())
+          flat.insert(flat.end(), b.params.begin(), b.params.end());
+        if (flat != std::vector<size_t>{0, 1, 2, 3}) return "buckets not rebuilt in arrival order";
+      }
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        std::vector<float> h(sizes[i]);
+        cudaMemcpy(h.data(), ddp.grad(i), sizes[i] * 4, cudaMemcpyDeviceToHost);
+        const double want = (world + 1) / 2.0 + 2.0 * i + iter;
+        if (std::abs(h[0] - want) > 1e-5 || std::abs(h.back() - want) > 1e-5)
+          return "static_graph iteration " + std::to_string(iter) + ": grad " + std::to_string(i) +
+                 " = " + std::to_string(h[0]) + ", want " + std::to_string(want);
+      }
+    }
+  }
+  {
+    DistributedDataParallel ddp(pg, params);
+    ddp.register_comm_hook(fp16_compress_hook());
+    ddp.zero_grad();
+    try {
+      for (size_t i = sizes.size(); i-- > 0;) ddp.mark_ready(i);
+      ddp.finalize();
+      return "fp16_compress_hook accepted a CUDA bucket";
+    } catch (const DdpError& e) {
+      if (!std::strstr(e.what(), "CUDA")) return std::string("unclear error: ") + e.what();
+    }
+  }
+  for (auto* d : dev) cudaFree(d);
+  return "";
+}
+
 }  // namespace
 
 TEST_CASE("GPU: DDP on device buffers, world size 1", "[ddp][cuda][gpu]") {
@@ -104,11 +171,15 @@ TEST_CASE("GPU: DDP on device buffers, world size 1", "[ddp][cuda][gpu]") {
   ProcessGroup pg(test::nccl_rank_options(0, 1, nullptr));
   cudaSetDevice(0);
   REQUIRE(rank_checks(pg) == "");
+  REQUIRE(static_graph_checks(pg) == "");
 }
 
 TEST_CASE("GPU: DDP on device buffers, two ranks on two devices", "[ddp][cuda][gpu]") {
   TRUN_SKIP_WITHOUT_GPUS(2);
-  auto errors = test::run_nccl_ranks(2, [](ProcessGroup& pg, int) { return rank_checks(pg); });
+  auto errors = test::run_nccl_ranks(2, [](ProcessGroup& pg, int) {
+    std::string e = rank_checks(pg);
+    return e.empty() ? static_graph_checks(pg) : e;
+  });
   CHECK(errors[0] == "");
   CHECK(errors[1] == "");
 }

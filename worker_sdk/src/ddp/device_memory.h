@@ -13,6 +13,9 @@ void device_free(void* p) noexcept;
 void device_zero(void* p, size_t bytes, void* stream);
 // Copies between device buffers on `stream` and waits for it.
 void device_copy(void* dst, const void* src, size_t bytes, void* stream);
+// Copies between host and device memory on `stream` and waits for it.
+void copy_host_to_device(void* dst, const void* src, size_t bytes, void* stream);
+void copy_device_to_host(void* dst, const void* src, size_t bytes, void* stream);
 // Blocks until every operation queued on `stream` so far has finished.
 void device_sync(void* stream);
 

@@ -37,6 +37,18 @@ void device_copy(void* dst, const void* src, size_t bytes, void* stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
 }
 
+void copy_host_to_device(void* dst, const void* src, size_t bytes, void* stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, as_stream(stream)),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+}
+
+void copy_device_to_host(void* dst, const void* src, size_t bytes, void* stream) {
+  check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, as_stream(stream)),
+        "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
+}
+
 void device_sync(void* stream) {
   check(cudaStreamSynchronize(as_stream(stream)), "cudaStreamSynchronize");
 }
