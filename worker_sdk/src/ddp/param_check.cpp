@@ -19,13 +19,7 @@ namespace {
 constexpr size_t kDims = 7;
 constexpr size_t kRecord = 4 + kDims + 1;
 
-std::vector<int64_t> shape_of(const Parameter& p) {
-  if (p.shape.empty()) return {static_cast<int64_t>(p.numel)};
-  return p.shape;
-}
-
-void encode(const Parameter& p, int64_t* r) {
-  const auto shape = shape_of(p);
+void encode(const Parameter& p, const std::vector<int64_t>& shape, int64_t* r) {
   r[0] = static_cast<int64_t>(p.dtype);
   r[1] = static_cast<int64_t>(p.device);
   r[2] = static_cast<int64_t>(p.numel);
@@ -70,7 +64,12 @@ bool product_matches(const int64_t* r) {
 }  // namespace
 
 void check_parameters_across_ranks(ProcessGroup& group, const std::vector<Parameter>& params,
-                                   std::chrono::milliseconds timeout) {
+                                   std::chrono::milliseconds timeout,
+                                   const std::vector<std::vector<int64_t>>& shapes) {
+  if (!shapes.empty() && shapes.size() != params.size())
+    throw std::invalid_argument(
+        "DDP: check_parameters_across_ranks: " + std::to_string(shapes.size()) + " shapes for " +
+        std::to_string(params.size()) + " parameters");
   const int world = group.size();
   const int64_t count = static_cast<int64_t>(params.size());
   std::vector<int64_t> counts(static_cast<size_t>(world));
@@ -84,7 +83,10 @@ void check_parameters_across_ranks(ProcessGroup& group, const std::vector<Parame
   if (count == 0) return;
   const size_t per_rank = params.size() * kRecord;
   std::vector<int64_t> mine(per_rank), all(per_rank * static_cast<size_t>(world));
-  for (size_t i = 0; i < params.size(); ++i) encode(params[i], &mine[i * kRecord]);
+  for (size_t i = 0; i < params.size(); ++i)
+    encode(params[i],
+           shapes.empty() ? std::vector<int64_t>{static_cast<int64_t>(params[i].numel)} : shapes[i],
+           &mine[i * kRecord]);
   group.allgather(mine.data(), all.data(), per_rank, DataType::kInt64, timeout);
   auto rec = [&](int r, size_t i) { return &all[static_cast<size_t>(r) * per_rank + i * kRecord]; };
   for (size_t i = 0; i < params.size(); ++i) {

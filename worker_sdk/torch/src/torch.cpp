@@ -57,7 +57,6 @@ worker::Parameter describe(const std::string& name, const torch::Tensor& t,
   p.numel = static_cast<size_t>(t.numel());
   p.dtype = to_dtype(t.scalar_type(), what + " '" + name + "'");
   p.device = t.device().is_cuda() ? Device::kCuda : Device::kCpu;
-  p.shape.assign(t.sizes().begin(), t.sizes().end());
   return p;
 }
 
@@ -100,11 +99,17 @@ DistributedDataParallel::DistributedDataParallel(worker::ProcessGroup& group,
                                  "wrap a module without broadcasting them)"));
     }
   }
+  // The reducer's own check knows element counts only: check with the tensors' shapes here.
+  if (options.check_parameters_across_ranks && group.size() > 1) {
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& t : params_) shapes.emplace_back(t.sizes().begin(), t.sizes().end());
+    worker::check_parameters_across_ranks(group, params, options.timeout, shapes);
+  }
   worker::DdpOptions ro;
   ro.bucket_cap_mb = options.bucket_cap_mb;
   ro.first_bucket_cap_mb = options.first_bucket_cap_mb;
   ro.find_unused_parameters = options.find_unused_parameters;
-  ro.check_parameters_across_ranks = options.check_parameters_across_ranks;
+  ro.check_parameters_across_ranks = false;  // done above
   ro.timeout = options.timeout;
   reducer_ = std::make_unique<worker::DistributedDataParallel>(group, std::move(params), ro,
                                                                std::move(buffers));
