@@ -41,7 +41,7 @@ cmake --build build -j "$JOBS"
 
 echo "== build (ASan+UBSan) =="
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTRUN_SANITIZE=address,undefined \
-  -DTRUN_BUILD_BENCH=OFF >/dev/null
+  -DTRUN_BUILD_BENCH=OFF -DTRUN_WITH_TORCH=OFF >/dev/null
 cmake --build build-asan -j "$JOBS"
 
 echo "== fuzz (bounded) =="

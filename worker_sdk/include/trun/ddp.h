@@ -100,6 +100,11 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   // Broadcast rank 0's parameters (and buffers) on construction.
   bool broadcast_on_construction = true;
+  // On construction (world size > 1), check that every rank registered the same parameters: the
+  // same count, and per parameter the same dtype, device and element count. A mismatch
+  // throws std::invalid_argument on every rank, naming the first mismatching parameter and rank
+  // (a collective: two allgathers of a few integers per parameter).
+  bool check_parameters_across_ranks = true;
   // Deadline of each collective; 0: the group's.
   std::chrono::milliseconds timeout{0};
   // CUDA: the stream gradients are produced on (a cudaStream_t); nullptr: the legacy default.
@@ -206,6 +211,17 @@ std::shared_ptr<CommHook> powersgd_hook(PowerSgdOptions options);
 std::shared_ptr<CommHook> make_comm_hook(std::function<Work(GradBucket&)> launch,
                                          std::function<void(GradBucket&)> finish = {},
                                          std::string name = "user hook");
+
+// The check of DdpOptions::check_parameters_across_ranks, for callers that build their own
+// reducer or know their parameters' shapes: collective over `group`; throws
+// std::invalid_argument naming the first parameter (in registration order) whose dtype, device,
+// element count or shape differ from rank 0's, and the lowest rank that differs, or the first
+// rank whose parameter count differs. The same message on every rank. `shapes`: empty (each
+// parameter is [numel]) or one per parameter, each with product numel. (The reducer's own check
+// passes none; trun::libtorch passes the tensors' shapes.)
+void check_parameters_across_ranks(ProcessGroup& group, const std::vector<Parameter>& params,
+                                   std::chrono::milliseconds timeout = std::chrono::milliseconds{0},
+                                   const std::vector<std::vector<int64_t>>& shapes = {});
 
 class DistributedDataParallel {
  public:

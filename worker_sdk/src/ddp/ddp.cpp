@@ -336,6 +336,8 @@ DistributedDataParallel::DistributedDataParallel(ProcessGroup& group, std::vecto
       throw std::invalid_argument("DDP: buffer '" + b.name + "' has no data");
     (void)dtype_size(b.dtype);
   }
+  if (options.check_parameters_across_ranks && group.size() > 1)
+    check_parameters_across_ranks(group, params, options.timeout);
   m.params = std::move(params);
   m.buffers = std::move(buffers);
 
