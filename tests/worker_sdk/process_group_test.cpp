@@ -75,7 +75,10 @@ TEST_CASE("every collective matches a serial reference for every dtype and size"
   }
 }
 
-TEST_CASE("64 MiB collectives match the reference", "[worker_sdk][collectives][big]") {
+// Hidden from catch_discover_tests: registered in CMakeLists.txt with the no_sanitize label. The
+// matrix above covers the same code under ASan (16 KiB slots give many rounds per collective);
+// at 64 MiB the ASan run spent 150 s of CI on reference loops alone.
+TEST_CASE("64 MiB collectives match the reference", "[worker_sdk][collectives][.big]") {
   SECTION("2 ranks, one node") { run_scenario({"", {2}}, {"big"}); }
   SECTION("4 ranks on 2 nodes") { run_scenario({"", {2, 2}}, {"big"}); }
 }
