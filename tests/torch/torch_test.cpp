@@ -22,6 +22,7 @@
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/skip.h"
+#include "tests/torchrun_tools.h"
 
 #if TRUN_HAVE_TORCH
 #include <nlohmann/json.hpp>
@@ -48,9 +49,6 @@ TEST_CASE("trun::torch: built with libtorch", "[torch]") {
 namespace test = trun::worker::test;
 
 namespace {
-
-const char* kPython = "/usr/bin/python3";
-const char* kTorchrun = "/usr/bin/torchrun";
 
 std::string torch_worker() { return std::string(TRUN_BINARY_DIR) + "/tests/torch/torch_worker"; }
 std::string toy() { return std::string(TRUN_BINARY_DIR) + "/examples/libtorch_toy/libtorch_toy"; }
@@ -84,14 +82,6 @@ RankJson read_rank(const std::string& dir, int rank) {
   r.steps = j.at("steps").get<uint64_t>();
   if (j.contains("resumed_from")) r.resumed_from = j.at("resumed_from").get<uint64_t>();
   return r;
-}
-
-std::string torch_missing() {
-  if (::access(kTorchrun, X_OK) != 0) return std::string(kTorchrun) + " is not installed";
-  Child c({kPython, "-c", "import torch.distributed.run"});
-  if (!c.wait(60s) || c.exit_code() != 0)
-    return std::string(kPython) + " cannot import torch.distributed.run: " + c.err();
-  return "";
 }
 
 // tests/torch/toy_ddp.py under torchrun (static rendezvous on a free port) with `world` ranks.

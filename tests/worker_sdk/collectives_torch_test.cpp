@@ -18,8 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/skip.h"
+#include "tests/torchrun_tools.h"
 #include "tests/worker_sdk/job.h"
 
 using namespace trun::testing;
@@ -27,29 +29,6 @@ using namespace std::chrono_literals;
 namespace fs = std::filesystem;
 
 namespace {
-
-const char* kPython = "/usr/bin/python3";
-const char* kTorchrun = "/usr/bin/torchrun";
-
-std::string torch_missing() {
-  if (access(kTorchrun, X_OK) != 0) return std::string(kTorchrun) + " is not installed";
-  Child c({kPython, "-c", "import torch.distributed.run"});
-  if (!c.wait(std::chrono::seconds(60)) || c.exit_code() != 0)
-    return std::string(kPython) + " cannot import torch.distributed.run: " + c.err();
-  return "";
-}
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string read_all(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);

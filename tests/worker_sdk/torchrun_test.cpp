@@ -12,37 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/skip.h"
+#include "tests/torchrun_tools.h"
 
 using namespace trun::testing;
 
 namespace {
-
-const char* kPython = "/usr/bin/python3";
-const char* kTorchrun = "/usr/bin/torchrun";
-
-std::string torch_missing() {
-  if (access(kTorchrun, X_OK) != 0) return std::string(kTorchrun) + " is not installed";
-  Child c({kPython, "-c", "import torch.distributed.run"});
-  if (!c.wait(std::chrono::seconds(60)) || c.exit_code() != 0) {
-    return std::string(kPython) + " cannot import torch.distributed.run: " + c.err();
-  }
-  return "";
-}
-
-// A port that was free a moment ago.
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // Runs `torchrun <launch args> --no_python pg_worker matrix ...` to completion.
 RunResult run_torchrun(const std::vector<std::string>& launch) {

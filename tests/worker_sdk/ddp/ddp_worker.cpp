@@ -825,6 +825,29 @@ int errors(ProcessGroup& pg) {
   DdpOptions small;
   small.bucket_cap_mb = 0.0002;  // ~200 bytes: several small buckets
   small.first_bucket_cap_mb = 0.0002;
+  if (pg.size() > 1) {
+    // The last rank registers a different fc.bias (count, then dtype): every rank refuses,
+    // naming it, and the group stays usable.
+    const int odd = pg.size() - 1;
+    std::vector<double> wide(50);
+    for (int variant = 0; variant < 2; ++variant) {
+      auto params = make_params();
+      if (pg.rank() == odd) {
+        if (variant == 0) params[1].numel = 49;
+        if (variant == 1) params[1] = {"fc.bias", wide.data(), wide.size(), DataType::kFloat64};
+      }
+      try {
+        DistributedDataParallel ddp(pg, params, small);
+        return fail("parameters that differ across ranks were accepted");
+      } catch (const std::invalid_argument& e) {
+        std::printf("mismatch: %s\n", e.what());
+        if (!std::strstr(e.what(), "'fc.bias'") ||
+            !std::strstr(e.what(), ("rank " + std::to_string(odd)).c_str()))
+          return fail("mismatch message lacks the parameter or the rank: " + std::string(e.what()));
+      }
+    }
+    pg.barrier();
+  }
   {
     DistributedDataParallel ddp(pg, make_params(), small);
     ddp.mark_ready(2);
