@@ -15,6 +15,7 @@
 #include <unordered_map>
 
 #include "agent/decisions.h"
+#include "agent/event_log.h"
 #include "agent/event_loop.h"
 #include "agent/failure_report.h"
 #include "agent/job_local.h"
@@ -63,6 +64,9 @@ class Agent {
   int run();
 
  private:
+  int run_job();
+  // Records an event in --event-log (no-op without one), with the restart count.
+  void event(const std::string& name, EventMetadata md);
   void setup_signals();
   bool make_base_dir();
   void start_workers();
@@ -98,6 +102,7 @@ class Agent {
   ProcessSpawner& sup_;
   EventLoop loop_;
   int sigfd_ = -1;
+  std::unique_ptr<EventLog> events_;  // --event-log; outlives session_ (declared before it)
   std::unique_ptr<RendezvousSession> session_;
   std::string run_id_;
   std::string base_dir_;  // DIR/<run id>, or a temporary directory
@@ -151,6 +156,12 @@ bool Agent::make_base_dir() {
   return true;
 }
 
+void Agent::event(const std::string& name, EventMetadata md) {
+  if (!events_) return;
+  md.emplace("agent_restarts", int64_t{restart_count_});
+  events_->record(name, std::move(md));
+}
+
 int Agent::run() {
   try {
     setup_signals();
@@ -159,11 +170,34 @@ int Agent::run() {
     return kExitAgentError;
   }
   hostname_ = host_name();
-
   run_id_ = cfg_.standalone ? generate_run_id() : cfg_.run_id;
+  if (!cfg_.event_log.empty()) {
+    try {
+      events_ = EventLog::open(cfg_.event_log);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      std::fprintf(stderr, "trun: error: %s\n", e.what());
+      return kExitAgentError;
+    }
+    events_->set_common("run_id", run_id_);
+    events_->set_common("hostname", hostname_);
+    events_->set_common("pid", int64_t{getpid()});
+    events_->set_common("role", cfg_.role);
+    event("trun.agent.start", {{"nproc_per_node", int64_t{cfg_.nproc_per_node}},
+                               {"max_restarts", int64_t{cfg_.max_restarts}},
+                               {"entrypoint", cfg_.entrypoint_name}});
+  }
+  const int code = run_job();
+  event("trun.agent.stop",
+        {{"exit_code", int64_t{code}}, {"state", std::string(code == 0 ? "SUCCEEDED" : "FAILED")}});
+  return code;
+}
+
+int Agent::run_job() {
   session_ = std::make_unique<RendezvousSession>(
       cfg_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
+  session_->set_event_log(events_.get());
   try {
     session_->start();
   } catch (const rendezvous::RendezvousClosedError& e) {
@@ -257,6 +291,15 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
   // Ends the round on every node: they restart too, or give up with this root cause.
   if (outcome == GroupOutcome::kFailed) {
     session_->report_worker_failure(failure_line(failures_, hostname_));
+    if (!failures_.empty()) {
+      const auto& root = failures_[root_cause_index(failures_)];
+      event("trun.agent.failure", {{"local_rank", int64_t{root.local_rank}},
+                                   {"global_rank", int64_t{root.rank}},
+                                   {"exitcode", int64_t{root.exitcode}},
+                                   {"raw_error", failure_line(failures_, hostname_)},
+                                   {"failed_workers", int64_t(failures_.size())},
+                                   {"restart", next.restart}});
+    }
   }
   if (!next.restart) {
     finish(outcome);
@@ -277,6 +320,10 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
     ++restart_count_;
     spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_, cfg_.max_restarts);
   }
+  event("trun.agent.restart",
+        {{"counted", next.counted},
+         {"max_restarts", int64_t{cfg_.max_restarts}},
+         {"reason", std::string(after_round ? "round over" : "worker failure")}});
   if (next.kind == Next::kAgainNow || !session_->multi_node()) return true;
   try {
     session_->next_round();
@@ -396,10 +443,19 @@ void Agent::start_workers() {
       w.running = true;
       w.group_live = true;
       by_pid_[w.pid] = i;
+      event("trun.agent.worker_started", {{"local_rank", int64_t{w.local_rank}},
+                                          {"global_rank", int64_t{w.rank}},
+                                          {"role_rank", int64_t{w.role_rank}},
+                                          {"worker_pid", int64_t{w.pid}}});
     } else {
       w.exitcode = results[i].error == ENOENT ? 127 : 126;
       WorkerFailure f = read_failure(w.local_rank, w.rank, -1, w.exitcode, "", failure_seq_++);
       f.message = "cannot start worker: " + results[i].error_message;
+      event("trun.agent.worker_exited", {{"local_rank", int64_t{w.local_rank}},
+                                         {"global_rank", int64_t{w.rank}},
+                                         {"exitcode", int64_t{w.exitcode}},
+                                         {"state", std::string("FAILED")},
+                                         {"raw_error", f.message}});
       failures_.push_back(std::move(f));
       spawn_failed = true;
     }
@@ -497,8 +553,18 @@ void Agent::on_children() {
     // too, so the root cause can be chosen among all of them by their timestamps.
     bool own_failure = phase_before == GroupPhase::kStopping && outcome_ == GroupOutcome::kFailed &&
                        w.exitcode != 0 && std::filesystem::exists(w.error_file);
-    if (on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed ||
-        own_failure) {
+    const bool is_failure =
+        on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed || own_failure;
+    EventMetadata md{{"local_rank", int64_t{w.local_rank}},
+                     {"global_rank", int64_t{w.rank}},
+                     {"worker_pid", int64_t{w.pid}},
+                     {"exitcode", int64_t{w.exitcode}},
+                     {"state", std::string(is_failure        ? "FAILED"
+                                           : w.exitcode == 0 ? "SUCCEEDED"
+                                                             : "STOPPED")}};
+    if (w.exitcode < 0) md["signal"] = signal_name(-w.exitcode);
+    event("trun.agent.worker_exited", std::move(md));
+    if (is_failure) {
       failures_.push_back(
           read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++));
       failed = true;

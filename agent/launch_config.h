@@ -79,6 +79,8 @@ struct LaunchConfig {
   // appended to <attempt dir>/filtered_{stdout,stderr}.log. Empty: no such file.
   std::vector<std::string> duplicate_stdout_filters;
   std::vector<std::string> duplicate_stderr_filters;
+  // --event-log: one JSON line per rendezvous and agent event (agent/event_log.h); empty: none.
+  std::string event_log;
 
   // --- supervision --------------------------------------------------------------------------
   std::chrono::milliseconds monitor_interval{5000};  // accepted; exits are event-driven

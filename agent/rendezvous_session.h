@@ -25,6 +25,7 @@
 #include <string>
 
 #include "agent/clock.h"
+#include "agent/event_log.h"
 #include "agent/event_loop.h"
 #include "agent/launch_config.h"
 #include "agent/rank_assignment.h"
@@ -43,6 +44,9 @@ class RendezvousSession {
   ~RendezvousSession();  // shutdown()
   RendezvousSession(const RendezvousSession&) = delete;
   RendezvousSession& operator=(const RendezvousSession&) = delete;
+
+  // Records joins, formed rounds and the end of rounds there (not owned; null: none).
+  void set_event_log(EventLog* log) { events_ = log; }
 
   // Creates the handler and forms the first round (both within join_timeout).
   void start();
@@ -88,6 +92,7 @@ class RendezvousSession {
   EventLoop& loop_;
   Clock& clock_;
   RoundOverCallback on_round_over_;
+  EventLog* events_ = nullptr;
 
   std::unique_ptr<rendezvous::RendezvousHandler> rdzv_;
   rendezvous::RendezvousInfo info_;

@@ -402,7 +402,7 @@ CliResult parse_command_line(int argc, char** argv) {
               redirects = "0", tee = "0", ranks_filter, master_addr = "127.0.0.1", local_addr,
               shutdown = "30", signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", barrier = "300",
               prefix_template, event_log_handler = "null", logs_specs, numa_binding, dup_stdout,
-              dup_stderr;
+              dup_stderr, event_log;
   bool standalone = false, module = false, no_python = false, run_path = false,
        virtual_local_rank = false, dry_run = false, use_env = false;
   std::string legacy_launch;  // empty, underscore or dash
@@ -487,6 +487,10 @@ CliResult parse_command_line(int argc, char** argv) {
   opt("log-dir", log_dir,
       "Directory for logs: DIR/<run id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
       "error.json",
+      kLogs);
+  opt("event-log", event_log,
+      "Append one JSON line per rendezvous and agent event to FILE (torchelastic's event "
+      "fields: name, source, timestamp, metadata; a trun extension)",
       kLogs);
   opt("redirects", redirects,
       "Send workers' streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per "
@@ -814,6 +818,7 @@ CliResult parse_command_line(int argc, char** argv) {
     c.signals_to_handle_text = signals;
 
     c.log_dir = log_dir;
+    c.event_log = event_log;
     c.redirects = parse_std("--redirects", redirects);
     c.tee = parse_std("--tee", tee);
     for (const auto& [name, filters, stream] :

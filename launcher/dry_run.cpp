@@ -67,6 +67,7 @@ std::string dry_run_json(const CliResult& cli) {
   j["entrypoint_name"] = c.entrypoint_name;
   j["logs"] = {
       {"log_dir", c.log_dir},
+      {"event_log", c.event_log},
       {"redirects", std_spec(c.redirects)},
       {"tee", std_spec(c.tee)},
       {"local_ranks_filter", c.local_ranks_filter ? json(*c.local_ranks_filter) : json(nullptr)},
