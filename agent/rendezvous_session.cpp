@@ -122,6 +122,7 @@ void RendezvousSession::form_round() {
                                        {"min_nodes", int64_t{cfg_.min_nodes}},
                                        {"max_nodes", int64_t{cfg_.max_nodes}}});
   }
+  const auto began = clock_.now();
   try {
     info_ = rdzv_->next_rendezvous();
   } catch (const std::exception& e) {
@@ -134,6 +135,7 @@ void RendezvousSession::form_round() {
   }
   round_over_.reset();
   ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, timeout_);
+  if (on_round_formed_) on_round_formed_(clock_.now() - began);
   if (events_) {
     events_->record(
         "trun.rdzv.round_formed",

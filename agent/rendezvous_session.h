@@ -47,6 +47,10 @@ class RendezvousSession {
 
   // Records joins, formed rounds and the end of rounds there (not owned; null: none).
   void set_event_log(EventLog* log) { events_ = log; }
+  // Called on the agent's thread after each round formed, with how long forming it took.
+  void set_on_round_formed(std::function<void(std::chrono::duration<double>)> callback) {
+    on_round_formed_ = std::move(callback);
+  }
 
   // Creates the handler and forms the first round (both within join_timeout).
   void start();
@@ -93,6 +97,7 @@ class RendezvousSession {
   Clock& clock_;
   RoundOverCallback on_round_over_;
   EventLog* events_ = nullptr;
+  std::function<void(std::chrono::duration<double>)> on_round_formed_;
 
   std::unique_ptr<rendezvous::RendezvousHandler> rdzv_;
   rendezvous::RendezvousInfo info_;

@@ -68,6 +68,7 @@ std::string dry_run_json(const CliResult& cli) {
   j["logs"] = {
       {"log_dir", c.log_dir},
       {"event_log", c.event_log},
+      {"metrics_port", c.metrics_port},
       {"redirects", std_spec(c.redirects)},
       {"tee", std_spec(c.tee)},
       {"local_ranks_filter", c.local_ranks_filter ? json(*c.local_ranks_filter) : json(nullptr)},
