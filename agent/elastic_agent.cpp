@@ -199,13 +199,15 @@ int Agent::run() {
                                {"max_restarts", int64_t{cfg_.max_restarts}},
                                {"entrypoint", cfg_.entrypoint_name}});
   }
-  if (cfg_.metrics_port >= 0 && !start_metrics()) return kExitAgentError;
-  const int code = run_job();
-  if (metrics_) {
-    set_phase(code == 0 ? "succeeded" : code >= kExitSignalBase ? "signaled" : "failed");
-  }
-  event("trun.agent.stop",
-        {{"exit_code", int64_t{code}}, {"state", std::string(code == 0 ? "SUCCEEDED" : "FAILED")}});
+  const bool served = cfg_.metrics_port < 0 || start_metrics();
+  const int code = served ? run_job() : kExitAgentError;
+  const bool signaled = code >= kExitSignalBase;
+  if (metrics_) set_phase(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
+  // torchelastic's WorkerState words: a job stopped by a signal is STOPPED.
+  event("trun.agent.stop", {{"exit_code", int64_t{code}},
+                            {"state", std::string(code == 0  ? "SUCCEEDED"
+                                                  : signaled ? "STOPPED"
+                                                             : "FAILED")}});
   return code;
 }
 
@@ -238,7 +240,9 @@ bool Agent::start_metrics() {
   snap_.max_restarts = cfg_.max_restarts;
   snap_.round_seconds_buckets = {0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600};
   snap_.round_seconds_counts.assign(snap_.round_seconds_buckets.size() + 1, 0);
-  set_phase("rendezvous");
+  snap_.phase = "rendezvous";
+  snap_.phase_since = std::chrono::steady_clock::now();
+  publish();
   return true;
 }
 

@@ -13,6 +13,7 @@
 #include <set>
 #include <string>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 
 using namespace trun::testing;
@@ -216,4 +217,30 @@ TEST_CASE("a metrics port in use stops trun at start with one clear line", "[age
   auto bad = run_trun({"--standalone", "--metrics-port", "70000", test_worker()});
   CHECK(bad.exit_code == 2);
   CHECK_THAT(bad.err, Catch::Contains("--metrics-port=70000: expected a port number 0..65535"));
+}
+
+TEST_CASE("/healthz answers 200 while the agent waits in a rendezvous", "[agent][metrics]") {
+  // One node of two: it waits for the other (the loop is blocked in the rendezvous meanwhile).
+  Child trun({trun_binary(), "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-id=metrics-wait",
+              "--rdzv-endpoint=127.0.0.1:" + std::to_string(free_port()), "--rdzv-conf",
+              "join_timeout=60,progress_interval=0", "--metrics-port", "0", test_worker()},
+             {}, {"TORCHELASTIC_HEALTH_CHECK_PORT"});
+  const int port = printed_port(trun);
+  const Reply health = get(port, "/healthz");
+  INFO(health.data);
+  CHECK_THAT(health.data, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  const std::string body = body_of(health);
+  const std::string prefix = "ok: rendezvous in progress for ";
+  REQUIRE_THAT(body, Catch::StartsWith(prefix));
+  // Counted from the start of this rendezvous, which ends itself at join_timeout.
+  CHECK(std::stod(body.substr(prefix.size())) < 60);
+  const std::string metrics = body_of(get(port, "/metrics"));
+  check_exposition(metrics);
+  CHECK_THAT(metrics, Catch::Contains("trun_agent_phase{phase=\"rendezvous\"} 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_round -1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_rounds_total 0\n"));
+  CHECK(trun.running());
+  // Signals reach the agent through its event loop, which the rendezvous blocks: SIGKILL.
+  trun.signal(SIGKILL);
+  CHECK(trun.wait(10s));
 }
