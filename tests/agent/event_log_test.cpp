@@ -199,3 +199,62 @@ TEST_CASE("a node waiting for a late second node prints a progress line at a ste
     CHECK(named(events, "trun.agent.stop").size() == 1);
   }
 }
+
+TEST_CASE("--event-log records a node that leaves and one that joins a running c10d job",
+          "[agent][event-log]") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
+  TempDir d0, d1, d2;
+  auto node = [&](const std::string& is_host, const TempDir& d) {
+    return std::vector<std::string>{
+        trun_binary(), "--nnodes=1:2", "--nproc-per-node=1", "--max-restarts=3",
+        "--rdzv-backend=c10d", "--rdzv-id=leave-join", "--rdzv-endpoint=" + endpoint, "--rdzv-conf",
+        "join_timeout=30,last_call_timeout=0.5,keep_alive_interval=0.5,is_host=" + is_host,
+        // A SIGKILLed agent cannot remove a temporary log directory: keep it in d.
+        "--log-dir=" + d / "logs", "--event-log", d / "events.jsonl", test_worker(), "pidfile",
+        d.path(), "sleep", "60"};
+  };
+  auto events_of = [](const TempDir& d) { return read_events(d / "events.jsonl"); };
+  auto rounds_with = [&](const TempDir& d, int nodes) {
+    int n = 0;
+    for (const auto& e : named(events_of(d), "trun.rdzv.round_formed")) {
+      n += e["metadata"]["group_world_size"] == nodes ? 1 : 0;
+    }
+    return n;
+  };
+  Child a(node("true", d0));
+  REQUIRE(wait_until([&] { return file_exists(d0 / "pid_0_0") || !a.running(); }, 30s));
+  Child b(node("false", d1));
+  // Both in one round of two nodes (the first may have formed alone before b came).
+  REQUIRE(wait_until([&] { return rounds_with(d0, 2) >= 1 && rounds_with(d1, 2) >= 1; }, 30s));
+  REQUIRE(wait_until([&] { return file_exists(d1 / "pid_0_0") || !b.running(); }, 30s));
+  b.signal(SIGKILL);
+  REQUIRE(b.wait(10s));
+  // a sees b leave and forms a round alone.
+  INFO(a.err());
+  REQUIRE(wait_until(
+      [&] { return !named(events_of(d0), "trun.rdzv.node_left").empty() || !a.running(); }, 30s));
+  REQUIRE(wait_until([&] { return rounds_with(d0, 1) >= 1 || !a.running(); }, 30s));
+  const size_t alone = rounds_with(d0, 2);
+  // A new node joins the running job: a sees it announced, and a round of two forms again.
+  Child c(node("false", d2));
+  REQUIRE(wait_until([&] { return rounds_with(d0, 2) > static_cast<int>(alone); }, 30s));
+  INFO(c.err());
+  const auto events = events_of(d0);
+  const auto left = named(events, "trun.rdzv.node_left");
+  REQUIRE(!left.empty());
+  CHECK(left[0]["metadata"]["rdzv_backend"] == "c10d");
+  CHECK(left[0]["metadata"]["node_id"].get<std::string>().size() > 0);
+  const auto joined = named(events, "trun.rdzv.node_joined");
+  REQUIRE(!joined.empty());
+  CHECK(joined.back()["metadata"]["node_id"] != left[0]["metadata"]["node_id"]);
+  // Membership changes re-form the group without counting restarts.
+  for (const auto& r : named(events, "trun.agent.restart")) {
+    CHECK(r["metadata"]["counted"] == false);
+    CHECK(r["metadata"]["reason"] == "round over");
+  }
+  CHECK(a.running());
+  a.signal(SIGTERM);
+  c.signal(SIGTERM);
+  CHECK(a.wait(30s));
+  CHECK(c.wait(30s));
+}
