@@ -41,7 +41,7 @@ std::vector<json> named(const std::vector<json>& events, const std::string& name
 
 }  // namespace
 
-TEST_CASE("--event-log records a crash, the restart and the stop as JSON lines",
+TEST_CASE("the event log records a crash, the restart and the stop as JSON lines",
           "[agent][event-log]") {
   TempDir d;
   const std::string log = d / "events.jsonl";
@@ -200,7 +200,7 @@ TEST_CASE("a node waiting for a late second node prints a progress line at a ste
   }
 }
 
-TEST_CASE("--event-log records a node that leaves and one that joins a running c10d job",
+TEST_CASE("the event log records a node that leaves and one that joins a running c10d job",
           "[agent][event-log]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   TempDir d0, d1, d2;

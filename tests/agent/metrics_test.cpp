@@ -124,7 +124,8 @@ void check_exposition(const std::string& text) {
 
 }  // namespace
 
-TEST_CASE("--metrics-port serves the job's state and survives bad clients", "[agent][metrics]") {
+TEST_CASE("the metrics endpoint serves the job's state and survives bad clients",
+          "[agent][metrics]") {
   TempDir d;
   // Attempt 0: local rank 0 exits 3; attempt 1 runs until stopped.
   Child trun({trun_binary(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
