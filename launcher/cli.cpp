@@ -788,8 +788,8 @@ CliResult parse_command_line(int argc, char** argv) {
     if (event_log_handler != "null") {
       throw InvalidInput("--event-log-handler=" + event_log_handler +
                          ": torchrun's event handlers are Python plug-ins, which trun cannot "
-                         "load; leave it out (trun logs its events on stderr, see --log-dir for "
-                         "the files)");
+                         "load; leave it out (trun logs its events on stderr, and --event-log FILE "
+                         "writes them as torchelastic Event JSON lines)");
     }
     if (!logs_specs.empty()) {
       throw InvalidInput("--logs-specs=" + logs_specs +
