@@ -5,6 +5,7 @@
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
 #include <sys/signalfd.h>
+#include <sys/timerfd.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -15,10 +16,12 @@
 #include <unordered_map>
 
 #include "agent/decisions.h"
+#include "agent/event_log.h"
 #include "agent/event_loop.h"
 #include "agent/failure_report.h"
 #include "agent/job_local.h"
 #include "agent/log_mux.h"
+#include "agent/metrics_server.h"
 #include "agent/process_supervisor.h"
 #include "agent/rendezvous_session.h"
 #include "agent/worker_env.h"
@@ -63,6 +66,16 @@ class Agent {
   int run();
 
  private:
+  int run_job();
+  // Records an event in --event-log (no-op without one), with the restart count.
+  void event(const std::string& name, EventMetadata md);
+  // --metrics-port: starts the endpoint and its heartbeat; false (after the error line) when the
+  // port cannot be served.
+  bool start_metrics();
+  // Publishes snap_ to the endpoint (no-op without one), as alive now.
+  void publish();
+  void set_phase(const char* phase);
+  void set_worker_state(size_t i, const char* state);
   void setup_signals();
   bool make_base_dir();
   void start_workers();
@@ -98,7 +111,11 @@ class Agent {
   ProcessSpawner& sup_;
   EventLoop loop_;
   int sigfd_ = -1;
+  std::unique_ptr<EventLog> events_;  // --event-log; outlives session_ (declared before it)
   std::unique_ptr<RendezvousSession> session_;
+  std::unique_ptr<MetricsServer> metrics_;
+  AgentSnapshot snap_;
+  int heartbeat_fd_ = -1;  // a timerfd while the endpoint runs
   std::string run_id_;
   std::string base_dir_;  // DIR/<run id>, or a temporary directory
   bool temp_base_ = false;
@@ -151,6 +168,12 @@ bool Agent::make_base_dir() {
   return true;
 }
 
+void Agent::event(const std::string& name, EventMetadata md) {
+  if (!events_) return;
+  md.emplace("agent_restarts", int64_t{restart_count_});
+  events_->record(name, std::move(md));
+}
+
 int Agent::run() {
   try {
     setup_signals();
@@ -159,11 +182,111 @@ int Agent::run() {
     return kExitAgentError;
   }
   hostname_ = host_name();
-
   run_id_ = cfg_.standalone ? generate_run_id() : cfg_.run_id;
+  if (!cfg_.event_log.empty()) {
+    try {
+      events_ = EventLog::open(cfg_.event_log);
+    } catch (const std::exception& e) {
+      spdlog::error("{}", e.what());
+      std::fprintf(stderr, "trun: error: %s\n", e.what());
+      return kExitAgentError;
+    }
+    events_->set_common("run_id", run_id_);
+    events_->set_common("hostname", hostname_);
+    events_->set_common("pid", int64_t{getpid()});
+    events_->set_common("role", cfg_.role);
+    event("trun.agent.start", {{"nproc_per_node", int64_t{cfg_.nproc_per_node}},
+                               {"max_restarts", int64_t{cfg_.max_restarts}},
+                               {"entrypoint", cfg_.entrypoint_name}});
+  }
+  const bool served = cfg_.metrics_port < 0 || start_metrics();
+  const int code = served ? run_job() : kExitAgentError;
+  const bool signaled = code >= kExitSignalBase;
+  if (metrics_) set_phase(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
+  // torchelastic's WorkerState words: a job stopped by a signal is STOPPED.
+  event("trun.agent.stop", {{"exit_code", int64_t{code}},
+                            {"state", std::string(code == 0  ? "SUCCEEDED"
+                                                  : signaled ? "STOPPED"
+                                                             : "FAILED")}});
+  return code;
+}
+
+bool Agent::start_metrics() {
+  try {
+    metrics_ = MetricsServer::start(static_cast<uint16_t>(cfg_.metrics_port));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr,
+                 "trun: error: %s (--metrics-port / TORCHELASTIC_HEALTH_CHECK_PORT; 0 picks a "
+                 "free port)\n",
+                 e.what());
+    return false;
+  }
+  std::fprintf(stderr, "trun: metrics on http://0.0.0.0:%u/metrics and /healthz\n",
+               static_cast<unsigned>(metrics_->port()));
+  std::fflush(stderr);
+  // The heartbeat: the loop republishes every second, so /healthz sees it answer.
+  heartbeat_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (heartbeat_fd_ >= 0) {
+    itimerspec every{{1, 0}, {1, 0}};
+    timerfd_settime(heartbeat_fd_, 0, &every, nullptr);
+    loop_.add(heartbeat_fd_, EPOLLIN, [this](uint32_t) {
+      uint64_t ticks;
+      while (read(heartbeat_fd_, &ticks, sizeof ticks) > 0) {
+      }
+      publish();
+    });
+  }
+  snap_.run_id = run_id_;
+  snap_.max_restarts = cfg_.max_restarts;
+  snap_.round_seconds_buckets = {0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600};
+  snap_.round_seconds_counts.assign(snap_.round_seconds_buckets.size() + 1, 0);
+  snap_.phase = "rendezvous";
+  snap_.phase_since = std::chrono::steady_clock::now();
+  publish();
+  return true;
+}
+
+void Agent::publish() {
+  if (!metrics_) return;
+  snap_.heartbeat = std::chrono::steady_clock::now();
+  metrics_->publish(snap_);
+}
+
+void Agent::set_phase(const char* phase) {
+  if (!metrics_ || snap_.phase == phase) return;
+  snap_.phase = phase;
+  snap_.phase_since = std::chrono::steady_clock::now();
+  publish();
+}
+
+void Agent::set_worker_state(size_t i, const char* state) {
+  if (!metrics_) return;
+  if (snap_.worker_states.size() <= i) snap_.worker_states.resize(i + 1);
+  snap_.worker_states[i] = state;
+}
+
+int Agent::run_job() {
   session_ = std::make_unique<RendezvousSession>(
       cfg_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
+  session_->set_event_log(events_.get());
+  if (metrics_) {
+    session_->set_on_round_formed([this](std::chrono::duration<double> took) {
+      const auto& info = session_->info();
+      snap_.backend = session_->backend();
+      snap_.round = info.round;
+      snap_.group_rank = info.group_rank;
+      snap_.group_world_size = info.group_world_size;
+      ++snap_.rounds_total;
+      const double s = took.count();
+      size_t b = 0;
+      while (b < snap_.round_seconds_buckets.size() && s > snap_.round_seconds_buckets[b]) ++b;
+      ++snap_.round_seconds_counts[b];
+      snap_.round_seconds_sum += s;
+      snap_.last_round_at = std::chrono::steady_clock::now();
+      publish();
+    });
+  }
   try {
     session_->start();
   } catch (const rendezvous::RendezvousClosedError& e) {
@@ -220,6 +343,7 @@ Agent::Next Agent::after_round_over() {
   switch (action) {
     case RoundAction::kRejoin:
       // The rejoin forms the next round itself.
+      set_phase("rendezvous");
       return session_->rejoin(e.detail) ? Next{Next::kAgainNow} : Next{kExitAgentError};
     case RoundAction::kStoreLost:
       spdlog::error("lost the rendezvous store at {} ({}): {}; giving up",
@@ -257,6 +381,16 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
   // Ends the round on every node: they restart too, or give up with this root cause.
   if (outcome == GroupOutcome::kFailed) {
     session_->report_worker_failure(failure_line(failures_, hostname_));
+    snap_.last_failure = failure_line(failures_, hostname_);
+    if (!failures_.empty()) {
+      const auto& root = failures_[root_cause_index(failures_)];
+      event("trun.agent.failure", {{"local_rank", int64_t{root.local_rank}},
+                                   {"global_rank", int64_t{root.rank}},
+                                   {"exitcode", int64_t{root.exitcode}},
+                                   {"raw_error", failure_line(failures_, hostname_)},
+                                   {"failed_workers", int64_t(failures_.size())},
+                                   {"restart", next.restart}});
+    }
   }
   if (!next.restart) {
     finish(outcome);
@@ -277,7 +411,13 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
     ++restart_count_;
     spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_, cfg_.max_restarts);
   }
+  event("trun.agent.restart",
+        {{"counted", next.counted},
+         {"max_restarts", int64_t{cfg_.max_restarts}},
+         {"reason", std::string(after_round ? "round over" : "worker failure")}});
+  snap_.restarts = restart_count_;
   if (next.kind == Next::kAgainNow || !session_->multi_node()) return true;
+  set_phase("rendezvous");
   try {
     session_->next_round();
     return true;
@@ -307,6 +447,7 @@ void Agent::finish(GroupOutcome outcome) {
     spdlog::warn("stopped the workers after {}; exiting with {}", signal_name(received_signal_),
                  kExitSignalBase + received_signal_);
   } else if (outcome == GroupOutcome::kSucceeded) {
+    set_phase("exit_barrier");
     try {
       session_->exit_barrier(cfg_.exit_barrier_timeout);
     } catch (const std::exception& e) {
@@ -396,15 +537,32 @@ void Agent::start_workers() {
       w.running = true;
       w.group_live = true;
       by_pid_[w.pid] = i;
+      event("trun.agent.worker_started", {{"local_rank", int64_t{w.local_rank}},
+                                          {"global_rank", int64_t{w.rank}},
+                                          {"role_rank", int64_t{w.role_rank}},
+                                          {"worker_pid", int64_t{w.pid}}});
     } else {
       w.exitcode = results[i].error == ENOENT ? 127 : 126;
       WorkerFailure f = read_failure(w.local_rank, w.rank, -1, w.exitcode, "", failure_seq_++);
       f.message = "cannot start worker: " + results[i].error_message;
+      event("trun.agent.worker_exited", {{"local_rank", int64_t{w.local_rank}},
+                                         {"global_rank", int64_t{w.rank}},
+                                         {"exitcode", int64_t{w.exitcode}},
+                                         {"state", std::string("FAILED")},
+                                         {"raw_error", f.message}});
       failures_.push_back(std::move(f));
       spawn_failed = true;
     }
   }
   spdlog::info("attempt {}: started {} workers", restart_count_, by_pid_.size());
+  if (metrics_) {
+    snap_.worker_states.assign(workers_.size(), "running");
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      if (!workers_[i].running) set_worker_state(i, "failed");
+    }
+    snap_.phase = "";  // set_phase publishes the new states with the phase
+    set_phase("running");
+  }
   if (spawn_failed) {
     outcome_ = GroupOutcome::kFailed;
     begin_stop(SIGTERM);
@@ -497,8 +655,25 @@ void Agent::on_children() {
     // too, so the root cause can be chosen among all of them by their timestamps.
     bool own_failure = phase_before == GroupPhase::kStopping && outcome_ == GroupOutcome::kFailed &&
                        w.exitcode != 0 && std::filesystem::exists(w.error_file);
-    if (on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed ||
-        own_failure) {
+    const bool is_failure =
+        on_worker_exit(phase_before, w.exitcode, 1) == ExitAction::kStopGroupFailed || own_failure;
+    EventMetadata md{{"local_rank", int64_t{w.local_rank}},
+                     {"global_rank", int64_t{w.rank}},
+                     {"worker_pid", int64_t{w.pid}},
+                     {"exitcode", int64_t{w.exitcode}},
+                     {"state", std::string(is_failure        ? "FAILED"
+                                           : w.exitcode == 0 ? "SUCCEEDED"
+                                                             : "STOPPED")}};
+    if (w.exitcode < 0) md["signal"] = signal_name(-w.exitcode);
+    event("trun.agent.worker_exited", std::move(md));
+    set_worker_state(static_cast<size_t>(w.local_rank), is_failure        ? "failed"
+                                                        : w.exitcode == 0 ? "succeeded"
+                                                                          : "stopped");
+    if (metrics_ && w.exitcode != 0) {
+      ++snap_.worker_exits[w.exitcode < 0 ? "signal=\"" + signal_name(-w.exitcode) + "\""
+                                          : "exit_code=\"" + std::to_string(w.exitcode) + "\""];
+    }
+    if (is_failure) {
       failures_.push_back(
           read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++));
       failed = true;
@@ -509,6 +684,7 @@ void Agent::on_children() {
     outcome_ = GroupOutcome::kFailed;
     begin_stop(SIGTERM);
   }
+  publish();
 }
 
 void Agent::update_groups() {
@@ -544,6 +720,7 @@ void Agent::on_agent_signal(int sig) {
 
 void Agent::begin_stop(int sig) {
   phase_ = GroupPhase::kStopping;
+  set_phase("stopping");
   kill_at_ = clock_.now() + cfg_.shutdown_timeout;
   for (auto& w : workers_) {
     if (w.group_live) sup_.signal_group(w.pid, sig);
@@ -567,6 +744,12 @@ void Agent::cleanup() {
     std::error_code ec;
     fs::remove_all(base_dir_, ec);
   }
+  if (heartbeat_fd_ >= 0) {
+    loop_.remove(heartbeat_fd_);
+    close(heartbeat_fd_);
+    heartbeat_fd_ = -1;
+  }
+  metrics_.reset();
   if (sigfd_ >= 0) {
     loop_.remove(sigfd_);
     close(sigfd_);

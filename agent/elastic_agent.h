@@ -22,7 +22,9 @@
 //
 // Its parts: the rendezvous and worker ranks (agent/rendezvous_session.h, rank_assignment.h),
 // the worker environment (agent/worker_env.h), every decision (agent/decisions.h), worker output
-// (agent/log_mux.h) and failure reports (agent/failure_report.h).
+// (agent/log_mux.h) and failure reports (agent/failure_report.h); what operators see of it: the
+// event log (agent/event_log.h, --event-log) and the metrics endpoint (agent/metrics_server.h,
+// --metrics-port), which the agent feeds from its own thread without waiting on either.
 
 #include "agent/clock.h"
 #include "agent/launch_config.h"

@@ -79,6 +79,11 @@ struct LaunchConfig {
   // appended to <attempt dir>/filtered_{stdout,stderr}.log. Empty: no such file.
   std::vector<std::string> duplicate_stdout_filters;
   std::vector<std::string> duplicate_stderr_filters;
+  // --event-log: one JSON line per rendezvous and agent event (agent/event_log.h); empty: none.
+  std::string event_log;
+  // --metrics-port (or TORCHELASTIC_HEALTH_CHECK_PORT): serve /metrics and /healthz on this port
+  // (agent/metrics_server.h); 0: a free port, printed; -1: no endpoint.
+  int metrics_port = -1;
 
   // --- supervision --------------------------------------------------------------------------
   std::chrono::milliseconds monitor_interval{5000};  // accepted; exits are event-driven

@@ -14,6 +14,33 @@
 #include "rendezvous/store/store.h"
 
 namespace trun::agent {
+namespace {
+
+// The event log's name for the end of a round.
+const char* round_event_name(rendezvous::RoundEvent::Kind kind) {
+  using Kind = rendezvous::RoundEvent::Kind;
+  switch (kind) {
+    case Kind::kWorkerFailed:
+      return "worker_failed";
+    case Kind::kNodeJoined:
+      return "node_joined";
+    case Kind::kNodeLeft:
+      return "node_left";
+    case Kind::kRestart:
+      return "restart_requested";
+    case Kind::kClosed:
+      return "closed";
+    case Kind::kMembershipLost:
+      return "membership_lost";
+    case Kind::kStoreLost:
+      return "store_lost";
+    case Kind::kShutdown:
+      return "shutdown";
+  }
+  return "round_over";
+}
+
+}  // namespace
 
 RendezvousSession::RendezvousSession(const LaunchConfig& config, std::string run_id,
                                      EventLoop& loop, Clock& clock, RoundOverCallback on_round_over)
@@ -89,9 +116,37 @@ void RendezvousSession::drop_handler() {
 }
 
 void RendezvousSession::form_round() {
-  info_ = rdzv_->next_rendezvous();
+  if (events_) {
+    events_->record("trun.rdzv.join", {{"rdzv_backend", backend()},
+                                       {"node_id", rdzv_->node_id()},
+                                       {"min_nodes", int64_t{cfg_.min_nodes}},
+                                       {"max_nodes", int64_t{cfg_.max_nodes}}});
+  }
+  const auto began = clock_.now();
+  try {
+    info_ = rdzv_->next_rendezvous();
+  } catch (const std::exception& e) {
+    if (events_) {
+      events_->record("trun.rdzv.failed", {{"rdzv_backend", backend()},
+                                           {"node_id", rdzv_->node_id()},
+                                           {"error_trace", std::string(e.what())}});
+    }
+    throw;
+  }
   round_over_.reset();
   ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, timeout_);
+  if (on_round_formed_) on_round_formed_(clock_.now() - began);
+  if (events_) {
+    events_->record(
+        "trun.rdzv.round_formed",
+        {{"rdzv_backend", backend()},
+         {"node_id", rdzv_->node_id()},
+         {"round", int64_t{info_.round}},
+         {"group_rank", int64_t{info_.group_rank}},
+         {"group_world_size", int64_t{info_.group_world_size}},
+         {"world_size", int64_t{ranks_.world_size}},
+         {"master_endpoint", info_.master_addr + ":" + std::to_string(info_.master_port)}});
+  }
   spdlog::info(
       "rendezvous done: backend={} run_id={} round={} master={}:{} group_rank={} "
       "group_world_size={} world_size={}",
@@ -118,6 +173,13 @@ void RendezvousSession::on_event_fd() {
   if (!e || e->round != info_.round || round_over_) return;
   using Kind = rendezvous::RoundEvent::Kind;
   if (e->kind == Kind::kShutdown) return;
+  if (events_) {
+    events_->record(std::string("trun.rdzv.") + round_event_name(e->kind),
+                    {{"rdzv_backend", backend()},
+                     {"round", int64_t{e->round}},
+                     {"node_id", e->node_id},
+                     {"message", e->detail}});
+  }
   // Our own report comes back as the round's end: the local failure is already being handled.
   if (e->kind == Kind::kWorkerFailed && e->node_id == rdzv_->node_id()) return;
   if (on_round_over_(*e)) round_over_ = *e;

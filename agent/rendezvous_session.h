@@ -25,6 +25,7 @@
 #include <string>
 
 #include "agent/clock.h"
+#include "agent/event_log.h"
 #include "agent/event_loop.h"
 #include "agent/launch_config.h"
 #include "agent/rank_assignment.h"
@@ -43,6 +44,13 @@ class RendezvousSession {
   ~RendezvousSession();  // shutdown()
   RendezvousSession(const RendezvousSession&) = delete;
   RendezvousSession& operator=(const RendezvousSession&) = delete;
+
+  // Records joins, formed rounds and the end of rounds there (not owned; null: none).
+  void set_event_log(EventLog* log) { events_ = log; }
+  // Called on the agent's thread after each round formed, with how long forming it took.
+  void set_on_round_formed(std::function<void(std::chrono::duration<double>)> callback) {
+    on_round_formed_ = std::move(callback);
+  }
 
   // Creates the handler and forms the first round (both within join_timeout).
   void start();
@@ -88,6 +96,8 @@ class RendezvousSession {
   EventLoop& loop_;
   Clock& clock_;
   RoundOverCallback on_round_over_;
+  EventLog* events_ = nullptr;
+  std::function<void(std::chrono::duration<double>)> on_round_formed_;
 
   std::unique_ptr<rendezvous::RendezvousHandler> rdzv_;
   rendezvous::RendezvousInfo info_;

@@ -402,7 +402,7 @@ CliResult parse_command_line(int argc, char** argv) {
               redirects = "0", tee = "0", ranks_filter, master_addr = "127.0.0.1", local_addr,
               shutdown = "30", signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", barrier = "300",
               prefix_template, event_log_handler = "null", logs_specs, numa_binding, dup_stdout,
-              dup_stderr;
+              dup_stderr, event_log, metrics_port;
   bool standalone = false, module = false, no_python = false, run_path = false,
        virtual_local_rank = false, dry_run = false, use_env = false;
   std::string legacy_launch;  // empty, underscore or dash
@@ -488,6 +488,15 @@ CliResult parse_command_line(int argc, char** argv) {
       "Directory for logs: DIR/<run id>/attempt_<n>/<local_rank>/{stdout,stderr}.log and "
       "error.json",
       kLogs);
+  opt("event-log", event_log,
+      "Append one JSON line per rendezvous and agent event to FILE (torchelastic's event "
+      "fields: name, source, timestamp, metadata; a trun extension)",
+      kLogs);
+  auto* metrics_port_opt =
+      opt("metrics-port", metrics_port,
+          "Serve /metrics (Prometheus) and /healthz over HTTP on this port, 0 for a free one "
+          "(printed); default: TORCHELASTIC_HEALTH_CHECK_PORT, else none (a trun extension)",
+          kLogs);
   opt("redirects", redirects,
       "Send workers' streams to log files only: 0 none, 1 stdout, 2 stderr, 3 both, or per "
       "local rank like 0:1,1:3",
@@ -779,8 +788,8 @@ CliResult parse_command_line(int argc, char** argv) {
     if (event_log_handler != "null") {
       throw InvalidInput("--event-log-handler=" + event_log_handler +
                          ": torchrun's event handlers are Python plug-ins, which trun cannot "
-                         "load; leave it out (trun logs its events on stderr, see --log-dir for "
-                         "the files)");
+                         "load; leave it out (trun logs its events on stderr, and --event-log FILE "
+                         "writes them as torchelastic Event JSON lines)");
     }
     if (!logs_specs.empty()) {
       throw InvalidInput("--logs-specs=" + logs_specs +
@@ -814,6 +823,26 @@ CliResult parse_command_line(int argc, char** argv) {
     c.signals_to_handle_text = signals;
 
     c.log_dir = log_dir;
+    c.event_log = event_log;
+    {
+      // As torchrun's health-check server: its variable when the option is not given.
+      std::string text = metrics_port, source = "--metrics-port";
+      const char* env = std::getenv("TORCHELASTIC_HEALTH_CHECK_PORT");
+      if (metrics_port_opt->count() == 0 && env != nullptr && *env != '\0') {
+        text = trim(env);
+        source = "TORCHELASTIC_HEALTH_CHECK_PORT";
+      }
+      if (!text.empty()) {
+        char* end = nullptr;
+        errno = 0;
+        long v = std::strtol(text.c_str(), &end, 10);
+        if (end != text.c_str() + text.size() || errno != 0 || v < 0 || v > 65535) {
+          throw InvalidInput(source + "=" + text +
+                             ": expected a port number 0..65535 (0: a free port)");
+        }
+        c.metrics_port = static_cast<int>(v);
+      }
+    }
     c.redirects = parse_std("--redirects", redirects);
     c.tee = parse_std("--tee", tee);
     for (const auto& [name, filters, stream] :

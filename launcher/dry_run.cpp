@@ -67,6 +67,8 @@ std::string dry_run_json(const CliResult& cli) {
   j["entrypoint_name"] = c.entrypoint_name;
   j["logs"] = {
       {"log_dir", c.log_dir},
+      {"event_log", c.event_log},
+      {"metrics_port", c.metrics_port},
       {"redirects", std_spec(c.redirects)},
       {"tee", std_spec(c.tee)},
       {"local_ranks_filter", c.local_ranks_filter ? json(*c.local_ranks_filter) : json(nullptr)},

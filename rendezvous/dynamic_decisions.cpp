@@ -461,5 +461,23 @@ Duration lease_ttl(Duration interval, int max_attempts) {
   return interval * std::max(1, max_attempts);
 }
 
+std::string waiting_line(int64_t round, int joined, int min_nodes, int max_nodes,
+                         std::optional<TimePoint> last_call_ends, TimePoint join_deadline,
+                         TimePoint now) {
+  auto seconds_left = [now](TimePoint t) {
+    auto ms = std::chrono::duration_cast<Duration>(t - now).count();
+    return std::to_string(ms <= 0 ? 0 : (ms + 999) / 1000);
+  };
+  std::string line = "waiting for nodes in round " + std::to_string(round) + ": " +
+                     std::to_string(joined) + " joined (min " + std::to_string(min_nodes) +
+                     ", max " + std::to_string(max_nodes) + "); ";
+  if (last_call_ends && joined >= min_nodes) {
+    line += "last call ends in " + seconds_left(*last_call_ends) + " s";
+  } else {
+    line += "join timeout in " + seconds_left(join_deadline) + " s";
+  }
+  return line;
+}
+
 }  // namespace dynamic
 }  // namespace trun::rendezvous

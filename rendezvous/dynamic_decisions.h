@@ -134,6 +134,14 @@ void observe_joined(LeaderState* state, int joined, TimePoint now);
 int expected_after(const RoundResult& previous, const std::vector<OverRecord>& over,
                    const std::vector<std::string>& waiting = {});
 
+// The progress line of a node waiting for round `round`: "waiting for nodes in round 2: 1
+// joined (min 2, max 3); join timeout in 598 s", with "last call ends in N s" instead once
+// min_nodes have joined and the last call runs. `last_call_ends`: when the leader's last call
+// ends, if one runs (only the leader knows it).
+std::string waiting_line(int64_t round, int joined, int min_nodes, int max_nodes,
+                         std::optional<TimePoint> last_call_ends, TimePoint join_deadline,
+                         TimePoint now);
+
 // --- a joining node -------------------------------------------------------------------------
 struct JoinOutcome {
   enum class Kind {

@@ -204,16 +204,32 @@ class DynamicRendezvous : public RoundRendezvous {
       refresh_previous(backend_->try_get(keys_.over(prev)));
     }
     observe_joined(&s, static_cast<int>(backend_->add(keys_.ticket(j), 0)), Clock::now());
+    // The waiting line, at a steady pace while the leader waits for joins (not while a full
+    // group still runs: then nobody is missing).
+    const Duration progress = options_.progress_interval;
+    TimePoint next_progress = Clock::now() + progress;
 
     for (;;) {
       auto now = Clock::now();
       LeaderAction a = decide_leader(s, now);
+      if (progress.count() > 0 && now >= next_progress) {
+        next_progress = now + progress;
+        if (a.kind == LeaderAction::Kind::kWaitForJoins) {
+          std::optional<TimePoint> last_call_ends;
+          if (s.min_reached_at) last_call_ends = *s.min_reached_at + s.last_call;
+          spdlog::warn("{}: {}", error_prefix(),
+                       waiting_line(j, s.joined, s.min_nodes, s.max_nodes, last_call_ends,
+                                    s.join_deadline, now));
+        }
+      }
       if (a.kind == LeaderAction::Kind::kTimeout) return;
       if (a.kind == LeaderAction::Kind::kComplete) {
         complete(j, a.target);
         return;
       }
-      auto wait = std::chrono::duration_cast<Duration>(std::min(a.until, now + slice) - now);
+      TimePoint wake = std::min(a.until, now + slice);
+      if (progress.count() > 0) wake = std::min(wake, next_progress);
+      auto wait = std::chrono::duration_cast<Duration>(wake - now);
       wait = std::max(wait, Duration(1));
       bool progressed;
       if (a.kind == LeaderAction::Kind::kWaitPreviousOver) {

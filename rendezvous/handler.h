@@ -194,6 +194,9 @@ struct RendezvousOptions {
   std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
   int keep_alive_max_attempt = 3;
   std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // each store operation
+  // While a node waits for a round to complete it logs a progress line this often (joined /
+  // min / max, last call or join timeout remaining); 0: only the final line.
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(5)};
   // When the first round must have completed: creating the handler (hosting and connecting to
   // the store, each connection retrying no longer than what is left) and its first
   // next_rendezvous() share this one deadline. Unset: join_timeout from the creation. An agent
@@ -212,11 +215,11 @@ struct RendezvousOptions {
 // Throws RendezvousOptionError on a malformed entry or a repeated key.
 std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
 // Applies --rdzv-conf entries: join_timeout, last_call_timeout, close_timeout,
-// keep_alive_interval, read_timeout (seconds, fractions allowed), keep_alive_max_attempt
-// (integer), is_host (true/false/1/0/yes/no), timeout (alias of join_timeout, as torchrun's
-// static backend), use_libuv (true/false, accepted and ignored), store_type (tcp only), and for
-// etcd: etcd_prefix, protocol (http only; https and the certificate keys are refused). Throws
-// RendezvousOptionError naming the key for unknown keys and bad values.
+// keep_alive_interval, read_timeout, progress_interval (seconds, fractions allowed),
+// keep_alive_max_attempt (integer), is_host (true/false/1/0/yes/no), timeout (alias of
+// join_timeout, as torchrun's static backend), use_libuv (true/false, accepted and ignored),
+// store_type (tcp only), and for etcd: etcd_prefix, protocol (http only; https and the certificate
+// keys are refused). Throws RendezvousOptionError naming the key for unknown keys and bad values.
 void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* options);
 // Whether apply_rdzv_conf knows `key` (including the TLS keys it refuses). The launcher drops
 // unknown keys with a warning, as torchrun ignores them, before calling apply_rdzv_conf.

@@ -61,6 +61,7 @@ const char* const kConfKeys[] = {"join_timeout",
                                  "keep_alive_interval",
                                  "keep_alive_max_attempt",
                                  "read_timeout",
+                                 "progress_interval",
                                  "is_host",
                                  "timeout",
                                  "use_libuv",
@@ -110,6 +111,8 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       o->keep_alive_interval = parse_seconds(key, value);
     } else if (key == "read_timeout") {
       o->read_timeout = parse_seconds(key, value);
+    } else if (key == "progress_interval") {
+      o->progress_interval = parse_seconds(key, value);
     } else if (key == "keep_alive_max_attempt") {
       o->keep_alive_max_attempt = parse_count(key, value);
     } else if (key == "is_host") {

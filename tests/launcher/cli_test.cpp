@@ -346,7 +346,8 @@ TEST_CASE(
   }
 }
 
-TEST_CASE("--numa-binding that the machine cannot honour exits 2 before anything starts", "[cli]") {
+TEST_CASE("a --numa-binding that the machine cannot honour exits 2 before anything starts",
+          "[cli]") {
   const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   expect_usage_error(
       {"--nproc-per-node=" + std::to_string(cpus + 1), "--numa-binding=exclusive", test_worker()},

@@ -191,3 +191,26 @@ TEST_CASE(
                                  "local_rank=1 LOCAL_RANK=1 rest=['a', '1', '$']"});
   CHECK(printed(a.out) == printed(b.out));
 }
+
+TEST_CASE("torchelastic's Event.deserialize reads every line of trun's --event-log", "[torch]") {
+  std::string why;
+  if (!torch_available(why)) TRUN_SKIP(why, kSetup);
+  TempDir d;
+  const std::string log = d / "events.jsonl";
+  auto r = run_trun({"--standalone", "--nproc-per-node=2", "--max-restarts=1", "--event-log", log,
+                     test_worker(), "on-attempt", "0", "on-rank", "1", "exit", "3"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  Child py({kPython, script("read_events.py"), log});
+  REQUIRE(py.wait(std::chrono::seconds(120)));
+  INFO(py.err());
+  REQUIRE(py.exit_code() == 0);
+  const auto lines = lines_of(py.out());
+  REQUIRE(lines.size() == lines_of(read_file(log)).size());
+  REQUIRE(lines.size() >= 10);
+  CHECK_THAT(lines.front(), Catch::StartsWith("trun.agent.start AGENT True "));
+  CHECK_THAT(lines.back(), Catch::StartsWith("trun.agent.stop AGENT True "));
+  int restarts = 0;
+  for (const auto& l : lines) restarts += l.rfind("trun.agent.restart ", 0) == 0 ? 1 : 0;
+  CHECK(restarts == 1);
+}

@@ -252,3 +252,16 @@ TEST_CASE("the over log: the first record is the cause, our own loss is membersh
   auto other = round_event(2, encode_over({RoundEvent::Kind::kNodeLeft, "x", "lease"}), "me");
   CHECK(other.kind == RoundEvent::Kind::kNodeLeft);
 }
+
+TEST_CASE("the waiting line shows joined/min/max and the join timeout, then the last call",
+          "[decisions]") {
+  // Below min_nodes: the join timeout, in whole seconds rounded up.
+  CHECK(waiting_line(3, 1, 2, 4, std::nullopt, t0 + 600s, t0 + 1500ms) ==
+        "waiting for nodes in round 3: 1 joined (min 2, max 4); join timeout in 599 s");
+  // min_nodes reached: the last call's end, which the leader knows.
+  CHECK(waiting_line(3, 2, 2, 4, t0 + 30s, t0 + 600s, t0 + 10s) ==
+        "waiting for nodes in round 3: 2 joined (min 2, max 4); last call ends in 20 s");
+  // Past a deadline it says 0, never a negative time.
+  CHECK(waiting_line(0, 0, 1, 1, std::nullopt, t0, t0 + 5s) ==
+        "waiting for nodes in round 0: 0 joined (min 1, max 1); join timeout in 0 s");
+}

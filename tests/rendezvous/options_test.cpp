@@ -36,8 +36,10 @@ TEST_CASE("rdzv-conf parses key=value lists", "[options]") {
                    {"keep_alive_interval", "2"},
                    {"read_timeout", "9"},
                    {"close_timeout", "4"},
+                   {"progress_interval", "0.25"},
                    {"is_host", "0"}},
                   &o);
+  CHECK(o.progress_interval == 250ms);
   CHECK(o.keep_alive_max_attempt == 7);
   CHECK(o.keep_alive_interval == 2s);
   CHECK(o.read_timeout == 9s);

@@ -1,0 +1,247 @@
+// --metrics-port, black-box with real sockets on 127.0.0.1: a scrape after a worker crash and a
+// restart, /healthz, and clients that send garbage, too much, or too little (each connection is
+// closed without an answer, and the agent and its endpoint go on); a port in use at start.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <regex>
+#include <set>
+#include <string>
+
+#include "tests/launcher/free_port.h"
+#include "tests/launcher/process_util.h"
+
+using namespace trun::testing;
+using namespace std::chrono_literals;
+
+namespace {
+
+int connect_to(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  return fd;
+}
+
+// Sends what it can of `data` (the server may close early: errors are ignored).
+void send_all(int fd, const std::string& data) {
+  size_t done = 0;
+  for (int i = 0; i < 100000 && done < data.size(); ++i) {
+    ssize_t n = send(fd, data.data() + done, data.size() - done, MSG_NOSIGNAL);
+    if (n <= 0) return;
+    done += static_cast<size_t>(n);
+  }
+}
+
+struct Reply {
+  bool closed = false;  // the server closed the connection within the wait
+  std::string data;
+};
+
+// Reads until the server closes the connection, or `limit` passes.
+Reply read_until_closed(int fd, std::chrono::milliseconds limit = 20s) {
+  Reply r;
+  const auto end = std::chrono::steady_clock::now() + limit;
+  char buf[4096];
+  while (std::chrono::steady_clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) {  // EOF, or a reset (the server closed with unread input)
+      r.closed = true;
+      break;
+    }
+    r.data.append(buf, static_cast<size_t>(n));
+  }
+  return r;
+}
+
+Reply request(int port, const std::string& text) {
+  int fd = connect_to(port);
+  send_all(fd, text);
+  Reply r = read_until_closed(fd);
+  close(fd);
+  return r;
+}
+
+Reply get(int port, const std::string& path) {
+  return request(port, "GET " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+}
+
+std::string body_of(const Reply& r) {
+  const size_t at = r.data.find("\r\n\r\n");
+  return at == std::string::npos ? "" : r.data.substr(at + 4);
+}
+
+// The port trun printed: "trun: metrics on http://0.0.0.0:PORT/metrics and /healthz".
+int printed_port(Child& trun) {
+  const std::string marker = "trun: metrics on http://0.0.0.0:";
+  REQUIRE(wait_until([&] { return trun.err().find(marker) != std::string::npos; }, 20s));
+  const std::string err = trun.err();
+  return std::stoi(err.substr(err.find(marker) + marker.size()));
+}
+
+// Prometheus text format: every family has HELP and TYPE before its samples, every sample is
+// `name{labels} value` with a known family.
+void check_exposition(const std::string& text) {
+  const std::regex sample(
+      R"(([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? [-+0-9.eE]+|[-+]Inf)");
+  std::set<std::string> helped, typed;
+  for (const auto& line : lines_of(text)) {
+    INFO(line);
+    if (line.rfind("# HELP ", 0) == 0) {
+      helped.insert(line.substr(7, line.find(' ', 7) - 7));
+      continue;
+    }
+    if (line.rfind("# TYPE ", 0) == 0) {
+      const std::string name = line.substr(7, line.find(' ', 7) - 7);
+      CHECK(helped.count(name) == 1);
+      typed.insert(name);
+      continue;
+    }
+    std::smatch m;
+    REQUIRE(std::regex_match(line, m, sample));
+    std::string family = m[1];
+    for (const char* suffix : {"_bucket", "_sum", "_count"}) {
+      const std::string s = suffix;
+      if (!typed.count(family) && family.size() > s.size() &&
+          family.compare(family.size() - s.size(), s.size(), s) == 0) {
+        family.resize(family.size() - s.size());
+      }
+    }
+    CHECK(typed.count(family) == 1);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("the metrics endpoint serves the job's state and survives bad clients",
+          "[agent][metrics]") {
+  TempDir d;
+  // Attempt 0: local rank 0 exits 3; attempt 1 runs until stopped.
+  Child trun({trun_binary(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "1",
+              "--metrics-port", "0", test_worker(), "pidfile", d.path(), "on-attempt", "0",
+              "on-rank", "0", "exit", "3", "sleep", "60"},
+             {}, {"TORCHELASTIC_HEALTH_CHECK_PORT", "LOGLEVEL"});
+  const int port = printed_port(trun);
+  REQUIRE(
+      wait_until([&] { return file_exists(d / "pid_1_0") && file_exists(d / "pid_1_1"); }, 30s));
+  INFO(trun.err());
+  // The snapshot follows the worker start within the loop's next turn: wait for it, bounded.
+  std::string metrics;
+  REQUIRE(wait_until(
+      [&] {
+        metrics = body_of(get(port, "/metrics"));
+        return metrics.find("trun_agent_phase{phase=\"running\"} 1") != std::string::npos;
+      },
+      20s));
+  INFO(metrics);
+  check_exposition(metrics);
+  CHECK_THAT(metrics, Catch::Contains("trun_restarts_total 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_restarts_left 0\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_worker_exits_total{exit_code=\"3\"} 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_worker_state{local_rank=\"0\",state=\"running\"} 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_worker_state{local_rank=\"1\",state=\"running\"} 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_rounds_total 1\n"));
+  CHECK_THAT(metrics,
+             Catch::Contains("trun_rendezvous_round_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_group_world_size 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_build_info{version="));
+  CHECK_THAT(metrics, Catch::Contains("trun_seconds_since_last_round "));
+
+  const Reply health = get(port, "/healthz");
+  CHECK_THAT(health.data, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  CHECK_THAT(body_of(health), Catch::StartsWith("ok: running for "));
+  CHECK_THAT(get(port, "/nothing").data, Catch::StartsWith("HTTP/1.1 404 "));
+  CHECK_THAT(request(port, "POST /metrics HTTP/1.1\r\nHost: x\r\n\r\n").data,
+             Catch::StartsWith("HTTP/1.1 405 "));
+
+  // Garbage: closed, no answer.
+  const Reply garbage = request(port, "\x16\x03\x01 this is not HTTP\r\n\r\n");
+  CHECK(garbage.closed);
+  CHECK(garbage.data.empty());
+  // A header far over the limit: closed, no answer.
+  const Reply big =
+      request(port, "GET /metrics HTTP/1.1\r\nX-Big: " + std::string(200000, 'a') + "\r\n\r\n");
+  CHECK(big.closed);
+  CHECK(big.data.find("200 OK") == std::string::npos);
+  // A client that stops mid-request holds only its own connection: others are served meanwhile,
+  // and the server closes the slow one (after its request timeout).
+  const int slow = connect_to(port);
+  send_all(slow, "GET /metr");
+  CHECK_THAT(get(port, "/healthz").data, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  const Reply slow_reply = read_until_closed(slow, 30s);
+  close(slow);
+  CHECK(slow_reply.closed);
+  CHECK(slow_reply.data.empty());
+
+  // The agent and its workers are unaffected.
+  CHECK(trun.running());
+  CHECK_THAT(body_of(get(port, "/metrics")), Catch::Contains("trun_restarts_total 1\n"));
+  trun.signal(SIGTERM);
+  REQUIRE(trun.wait(30s));
+  CHECK(trun.exit_code() == 128 + SIGTERM);
+}
+
+TEST_CASE("a metrics port in use stops trun at start with one clear line", "[agent][metrics]") {
+  // A listener on 127.0.0.1:P: the endpoint's 0.0.0.0:P cannot bind.
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  REQUIRE(listen(fd, 1) == 0);
+  socklen_t len = sizeof addr;
+  REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  TempDir d;
+  // torchrun's variable, as the option is not given.
+  auto r = run_trun({"--standalone", "--nproc-per-node", "1", test_worker(), "pidfile", d.path()},
+                    {{"TORCHELASTIC_HEALTH_CHECK_PORT", port}});
+  close(fd);
+  INFO(r.err);
+  CHECK(r.exit_code == 3);
+  CHECK_THAT(r.err, Catch::Contains("trun: error: cannot serve metrics on port " + port +
+                                    ": Address already in use"));
+  CHECK_FALSE(file_exists(d / "pid_0_0"));
+
+  auto bad = run_trun({"--standalone", "--metrics-port", "70000", test_worker()});
+  CHECK(bad.exit_code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--metrics-port=70000: expected a port number 0..65535"));
+}
+
+TEST_CASE("/healthz answers 200 while the agent waits in a rendezvous", "[agent][metrics]") {
+  // One node of two: it waits for the other (the loop is blocked in the rendezvous meanwhile).
+  Child trun({trun_binary(), "--nnodes=2", "--rdzv-backend=c10d", "--rdzv-id=metrics-wait",
+              "--rdzv-endpoint=127.0.0.1:" + std::to_string(free_port()), "--rdzv-conf",
+              "join_timeout=60,progress_interval=0", "--metrics-port", "0", test_worker()},
+             {}, {"TORCHELASTIC_HEALTH_CHECK_PORT"});
+  const int port = printed_port(trun);
+  const Reply health = get(port, "/healthz");
+  INFO(health.data);
+  CHECK_THAT(health.data, Catch::StartsWith("HTTP/1.1 200 OK\r\n"));
+  const std::string body = body_of(health);
+  const std::string prefix = "ok: rendezvous in progress for ";
+  REQUIRE_THAT(body, Catch::StartsWith(prefix));
+  // Counted from the start of this rendezvous, which ends itself at join_timeout.
+  CHECK(std::stod(body.substr(prefix.size())) < 60);
+  const std::string metrics = body_of(get(port, "/metrics"));
+  check_exposition(metrics);
+  CHECK_THAT(metrics, Catch::Contains("trun_agent_phase{phase=\"rendezvous\"} 1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_round -1\n"));
+  CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_rounds_total 0\n"));
+  CHECK(trun.running());
+  // Signals reach the agent through its event loop, which the rendezvous blocks: SIGKILL.
+  trun.signal(SIGKILL);
+  CHECK(trun.wait(10s));
+}
