@@ -12,5 +12,13 @@ if [[ -n $bad ]]; then
   echo "$bad"
   exit 1
 fi
+# A name that starts with '-' reaches Catch2 from CTest as an option: the case always fails.
+dash=$(grep -rn --include='*.cpp' -A1 'TEST_CASE(' "$src/tests" |
+  grep -E '(TEST_CASE\(|^[^:]*-[0-9]+-)[[:space:]]*"-' || true)
+if [[ -n $dash ]]; then
+  echo "test case names starting with '-' (Catch2 would read them as options):"
+  echo "$dash"
+  exit 1
+fi
 n=$(grep -rc --include='*.cpp' 'TEST_CASE(' "$src/tests" | awk -F: '{s += $2} END {print s}')
-echo "ok: $n test case names, none with ';'"
+echo "ok: $n test case names, none with ';' or a leading '-'"

@@ -89,7 +89,7 @@ TEST_CASE("cpu lists parse and print in sysfs's format, garbage is refused", "[n
   }
 }
 
-TEST_CASE("numa modes are torchrun's names; another value is refused naming the choices",
+TEST_CASE("numa modes are torchrun's names, and another value is refused naming the choices",
           "[numa]") {
   CHECK(parse_numa_mode("") == NumaMode::kNone);
   CHECK(parse_numa_mode("core-complex") == NumaMode::kCoreComplex);
@@ -182,7 +182,7 @@ TEST_CASE("without GPUs, local ranks are spread over the nodes in blocks", "[num
 }
 
 TEST_CASE(
-    "exclusive gives the lowest ranks the extra core; missing topology files are "
+    "exclusive gives the lowest ranks the extra core, and missing topology files are "
     "single-thread cores",
     "[numa]") {
   FakeRoot sys;

@@ -317,7 +317,8 @@ std::vector<std::string> numa_report(const std::string& mode) {
 }  // namespace
 
 TEST_CASE(
-    "--numa-binding binds each worker's CPUs and preferred memory node to its plan; without it "
+    "numa binding (--numa-binding) binds each worker's CPUs and preferred memory node to its plan, "
+    "and without it "
     "workers keep trun's affinity and the default policy",
     "[cli]") {
   const auto unbound = numa_report("");
