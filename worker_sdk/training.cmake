@@ -9,6 +9,7 @@ target_sources(trun_worker PRIVATE
   src/ddp/comm_hooks.cpp
   src/ddp/powersgd_hook.cpp
   src/ddp/ddp.cpp
+  src/ddp/host_staging.cpp
   src/ddp/param_check.cpp
   src/sampler/sampler.cpp
   src/stop.cpp)

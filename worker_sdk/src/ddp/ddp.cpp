@@ -9,6 +9,7 @@
 
 #include "worker_sdk/src/ddp/bucket_plan.h"
 #include "worker_sdk/src/ddp/device_memory.h"
+#include "worker_sdk/src/ddp/host_staging.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace trun::worker {
@@ -183,21 +184,7 @@ struct DistributedDataParallel::Impl {
 
   // A broadcast of host data; an NCCL group needs device memory, so it is staged there.
   void broadcast_host(void* data, size_t count, DataType dtype, int root) {
-    if (group->backend() != Backend::kNccl) {
-      group->broadcast(data, count, dtype, root, options.timeout);
-      return;
-    }
-    const size_t bytes = count * dtype_size(dtype);
-    void* dev = detail::device_alloc(bytes);
-    try {
-      detail::copy_host_to_device(dev, data, bytes, options.cuda_stream);
-      group->broadcast(dev, count, dtype, root, options.timeout);
-      detail::copy_device_to_host(data, dev, bytes, options.cuda_stream);
-    } catch (...) {
-      detail::device_free(dev);
-      throw;
-    }
-    detail::device_free(dev);
+    detail::broadcast_host(*group, data, count, dtype, root, options.timeout, options.cuda_stream);
   }
 
   // Bucket memory for `plan` and each parameter's place in it (host buckets 64-byte aligned).

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "trun/ddp.h"
+#include "worker_sdk/src/ddp/host_staging.h"
 
 namespace trun::worker {
 
@@ -73,7 +74,7 @@ void check_parameters_across_ranks(ProcessGroup& group, const std::vector<Parame
   const int world = group.size();
   const int64_t count = static_cast<int64_t>(params.size());
   std::vector<int64_t> counts(static_cast<size_t>(world));
-  group.allgather(&count, counts.data(), 1, DataType::kInt64, timeout);
+  detail::allgather_host(group, &count, counts.data(), 1, DataType::kInt64, timeout, nullptr);
   for (int r = 1; r < world; ++r)
     if (counts[static_cast<size_t>(r)] != counts[0])
       throw std::invalid_argument("DDP: the ranks registered different parameters: rank 0 has " +
@@ -87,7 +88,8 @@ void check_parameters_across_ranks(ProcessGroup& group, const std::vector<Parame
     encode(params[i],
            shapes.empty() ? std::vector<int64_t>{static_cast<int64_t>(params[i].numel)} : shapes[i],
            &mine[i * kRecord]);
-  group.allgather(mine.data(), all.data(), per_rank, DataType::kInt64, timeout);
+  detail::allgather_host(group, mine.data(), all.data(), per_rank, DataType::kInt64, timeout,
+                         nullptr);
   auto rec = [&](int r, size_t i) { return &all[static_cast<size_t>(r) * per_rank + i * kRecord]; };
   for (size_t i = 0; i < params.size(); ++i) {
     const std::string label = "DDP: parameter " + std::to_string(i) + " '" + params[i].name + "'";
