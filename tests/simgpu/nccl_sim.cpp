@@ -152,6 +152,11 @@ std::mutex g_mu;                       // injected faults and the last error wit
 std::map<int, ncclResult_t> g_faults;  // rank -> async error of its next collective
 std::string g_last_error;
 
+// memcpy for buffers that may be empty: a count of 0 may come with null pointers (as NCCL allows).
+void copy_bytes(void* dst, const void* src, size_t n) {
+  if (n > 0) std::memcpy(dst, src, n);
+}
+
 ncclResult_t set_error(CommState* s, ncclResult_t r, const std::string& what) {
   std::lock_guard<std::mutex> lock(g_mu);
   g_last_error = "GPU simulator: " + what;
@@ -274,10 +279,10 @@ void compute(const CommState& s, const Call& me, std::vector<char>& out) {
       in.assign(s.data.begin(), s.data.end());
       return reduce(in, out.data(), me.count, me.dtype, me.op);
     case Kind::kBroadcast:
-      std::memcpy(out.data(), s.data[me.root], bytes);
+      copy_bytes(out.data(), s.data[me.root], bytes);
       return;
     case Kind::kAllGather:
-      for (int r = 0; r < s.size; ++r) std::memcpy(out.data() + r * bytes, s.data[r], bytes);
+      for (int r = 0; r < s.size; ++r) copy_bytes(out.data() + r * bytes, s.data[r], bytes);
       return;
     case Kind::kReduceScatter:
       for (char* d : s.data) in.push_back(d + s.rank * bytes);
@@ -307,7 +312,7 @@ void run_collective(const std::shared_ptr<CommState>& s, Call call, uint64_t seq
     fail_and_hang(s, fault, "injected failure of rank " + std::to_string(s->rank));
   } else {
     SlotCtl& me = s->slot(s->rank);
-    std::memcpy(s->data[s->rank], call.send, send_bytes(call, s->rank, s->size));
+    copy_bytes(s->data[s->rank], call.send, send_bytes(call, s->rank, s->size));
     me.kind = static_cast<int32_t>(call.kind);
     me.dtype = call.dtype;
     me.op = call.op;
@@ -337,7 +342,7 @@ void run_collective(const std::shared_ptr<CommState>& s, Call call, uint64_t seq
         compute(*s, call, out);
         me.read.store(seq, std::memory_order_release);
         if (poll_until(*s, [&] { return all(&SlotCtl::read); }))
-          std::memcpy(call.recv, out.data(), out.size());
+          copy_bytes(call.recv, out.data(), out.size());
       }
     }
   }
@@ -392,7 +397,7 @@ void run_p2p(const std::shared_ptr<CommState>& s, std::vector<Transfer> ops) {
         if (state[i] == kWaiting) {
           const uint64_t sent = c.sent.load(std::memory_order_acquire);
           if (sent != c.taken.load(std::memory_order_acquire)) continue;  // channel busy
-          std::memcpy(s->data[s->rank] + t.peer * region, t.sbuf, t.bytes);
+          copy_bytes(s->data[s->rank] + t.peer * region, t.sbuf, t.bytes);
           c.bytes.store(t.bytes, std::memory_order_relaxed);
           number[i] = sent + 1;
           c.sent.store(sent + 1, std::memory_order_release);
@@ -414,7 +419,7 @@ void run_p2p(const std::shared_ptr<CommState>& s, std::vector<Transfer> ops) {
                      std::to_string(t.bytes);
           break;
         }
-        std::memcpy(t.rbuf, s->data[t.peer] + s->rank * region, bytes);
+        copy_bytes(t.rbuf, s->data[t.peer] + s->rank * region, bytes);
         c.taken.store(taken + 1, std::memory_order_release);
         state[i] = kDone;
         ++done;
