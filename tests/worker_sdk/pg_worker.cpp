@@ -938,6 +938,9 @@ int main(int argc, char** argv) {
       const bool after = argc > 2 && std::string(argv[2]) == "after";
       std::vector<float> buf(1 << 16, 1.0f);
       if (pg.size() < 2) return 2;
+      // Every rank has finished building the group (a Gloo rank's constructor may return while
+      // its peers still connect to it), so rank 1's death hits the point-to-point part only.
+      pg.barrier();
       if (after) {  // one exchange first: the pair is connected when rank 1 dies
         if (pg.rank() == 0) pg.send(buf.data(), buf.size(), DataType::kFloat32, 1);
         if (pg.rank() == 1) pg.recv(buf.data(), buf.size(), DataType::kFloat32, 0);
