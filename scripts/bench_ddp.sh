@@ -29,15 +29,9 @@ echo "== trun DDP, $RANKS ranks, layers $SIZES, batch $BATCH per rank" >&2
 echo "== PyTorch 1.13 DDP (gloo), $RANKS ranks" >&2
 peer_note=""
 if [[ -x $TORCHRUN ]] && $PY -c 'import torch' 2>/dev/null; then
-  # torchrun 1.13 on Python 3.11 crashes with the default --redirects/--tee; 9:1 names a local
-  # rank that does not exist and keeps the plain console.
-  if ! OMP_NUM_THREADS=1 $PY $TORCHRUN --nnodes 1 --nproc_per_node "$RANKS" \
-    --master_addr 127.0.0.1 --master_port "$(free_port)" --monitor_interval 0.1 \
-    --redirects 9:1 --tee 9:1 bench/ddp_torch.py "$SIZES" "$BATCH" "$STEPS" "$CAPS" "$FP16_CAPS" \
-    2>/tmp/trun-bench-ddp-torch.err | grep '^torch ' | tee -a "$out" >&2; then
-    peer_note="PyTorch run failed: $(tail -1 /tmp/trun-bench-ddp-torch.err)"
+  if ! torch_peer "$out" "$RANKS" bench/ddp_torch.py "$SIZES" "$BATCH" "$STEPS" "$CAPS" "$FP16_CAPS"; then
+    peer_note="PyTorch run failed: $torch_peer_error"
   fi
-  rm -f /tmp/trun-bench-ddp-torch.err
 else
   peer_note="PyTorch (/usr/bin/python3 + torch, /usr/bin/torchrun) not available"
 fi

@@ -35,15 +35,9 @@ peer_note=""
 if [[ -x $TORCHRUN ]] && $PY -c 'import torch' 2>/dev/null; then
   for cap in "${caps[@]}"; do
     echo "== PyTorch 1.13 DistributedDataParallel (gloo), $RANKS ranks, cap $cap MB" >&2
-    # torchrun 1.13 on Python 3.11 crashes with the default --redirects/--tee; 9:1 names a
-    # local rank that does not exist and keeps the plain console.
-    if ! OMP_NUM_THREADS=1 $PY $TORCHRUN --nnodes 1 --nproc_per_node "$RANKS" \
-      --master_addr 127.0.0.1 --master_port "$(free_port)" --monitor_interval 0.1 \
-      --redirects 9:1 --tee 9:1 bench/ddp_libtorch.py "$SIZES" "$BATCH" "$STEPS" "$WARMUP" "$cap" \
-      2>/tmp/trun-bench-libtorch-torch.err | grep '^torch ' | tee -a "$out" >&2; then
-      peer_note="PyTorch run failed: $(tail -1 /tmp/trun-bench-libtorch-torch.err)"
+    if ! torch_peer "$out" "$RANKS" bench/ddp_libtorch.py "$SIZES" "$BATCH" "$STEPS" "$WARMUP" "$cap"; then
+      peer_note="PyTorch run failed: $torch_peer_error"
     fi
-    rm -f /tmp/trun-bench-libtorch-torch.err
   done
 else
   peer_note="PyTorch (/usr/bin/python3 + torch, /usr/bin/torchrun) not available"
