@@ -552,10 +552,9 @@ void RoundRendezvous::shutdown() {
     const std::string gone = over_key(std::max<int64_t>(k, 0)) + "/shut_down";
     if (!server_) {
       backend_->add(gone, 1);
-    } else if (k >= 0 && world_size > 1) {
+    } else if (const int others = k >= 0 ? world_size - 1 : aborted_peers_.load(); others > 0) {
       auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
-      while (backend_->add(gone, 0) < world_size - 1 &&
-             std::chrono::steady_clock::now() < deadline) {
+      while (backend_->add(gone, 0) < others && std::chrono::steady_clock::now() < deadline) {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }

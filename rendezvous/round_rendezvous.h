@@ -94,6 +94,10 @@ class RoundRendezvous : public RendezvousHandler {
   std::unique_ptr<RendezvousBackend> backend_;
   std::unique_ptr<StoreServer> server_;
   std::atomic<int64_t> joining_round_{-1};
+  // Set by a backend whose join saw the round aborted before it formed: how many other nodes
+  // joined it. The node hosting the store then waits (bounded) for their goodbyes before it
+  // stops the store, so each of them can still read why the round ended.
+  std::atomic<int> aborted_peers_{0};
 
  private:
   void keep_alive_loop();

@@ -43,6 +43,8 @@ struct StaticKeys {
   std::string claim(int64_t k, int rank) const { return r(k) + "/claim/" + std::to_string(rank); }
   std::string r(int64_t k) const { return base + "/" + std::to_string(k); }
   std::string arrived(int64_t k) const { return r(k) + "/arrived"; }
+  // Every node that starts joining round k, duplicates included (arrived counts only claims).
+  std::string joined(int64_t k) const { return r(k) + "/joined"; }
   std::string all(int64_t k) const { return r(k) + "/all"; }
   std::string node(int64_t k, int rank) const { return r(k) + "/node/" + std::to_string(rank); }
   std::string over(int64_t k) const { return r(k) + "/over"; }
@@ -83,6 +85,7 @@ class StaticRendezvous : public RoundRendezvous {
     const int rank = options_.node_rank;
     joining_round_ = k;
     if (backend_->try_get(keys_.closed())) throw closed_error();
+    backend_->add(keys_.joined(k), 1);
     // Two nodes with the same --node-rank: the later one ends the round for everyone (it could
     // never form: another rank is missing), naming both, instead of a timeout.
     const std::string me = options_.node_id + " " + options_.local_addr;
@@ -113,8 +116,11 @@ class StaticRendezvous : public RoundRendezvous {
                                    " s (join_timeout)");
     }
     if (*v == "closed") throw closed_error();
-    if (*v != "ok")
+    if (*v != "ok") {
+      // The others that joined it read this value from node 0's store too: it waits for them.
+      if (server_) aborted_peers_ = static_cast<int>(backend_->add(keys_.joined(k), 0)) - 1;
       throw RendezvousError(error_prefix() + ": round " + std::to_string(k) + " " + *v);
+    }
     std::vector<std::string> node_keys;
     for (int r = 0; r < world; ++r) node_keys.push_back(keys_.node(k, r));
     auto values = backend_->multi_get(node_keys, options_.read_timeout);
