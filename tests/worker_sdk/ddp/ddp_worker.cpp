@@ -61,6 +61,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,6 +81,24 @@ namespace {
 int fail(const std::string& msg) {
   std::fprintf(stderr, "CHECK FAILED: %s\n", msg.c_str());
   return 1;
+}
+
+// Runs `call`, which must throw E whose message contains every one of `needles`; prints it as
+// "label: message". Returns the check that failed ("" when it held): the caller fails with it.
+template <class E, class F>
+std::string expect_error(const char* label, F&& call, std::initializer_list<std::string> needles,
+                         const char* not_thrown) {
+  try {
+    call();
+  } catch (const E& e) {
+    std::printf("%s: %s\n", label, e.what());
+    for (const auto& needle : needles) {
+      if (!std::strstr(e.what(), needle.c_str()))
+        return std::string(label) + ": the message lacks '" + needle + "': " + e.what();
+    }
+    return "";
+  }
+  return not_thrown;
 }
 
 bool has_flag(const std::string& flags, const std::string& name) {
@@ -468,14 +487,10 @@ int hooks(ProcessGroup& pg) {
   {
     DistributedDataParallel ddp(pg, make_params(), opt);
     ddp.register_comm_hook(make_comm_hook(launch, finish, "recording"));
-    try {
-      ddp.register_comm_hook(fp16_compress_hook());
-      return fail("a second register_comm_hook did not throw");
-    } catch (const DdpError& e) {
-      std::printf("second hook: %s\n", e.what());
-      if (!std::strstr(e.what(), "once") || !std::strstr(e.what(), "recording"))
-        return fail("unclear second-hook message: " + std::string(e.what()));
-    }
+    const std::string second = expect_error<DdpError>(
+        "second hook", [&] { ddp.register_comm_hook(fp16_compress_hook()); }, {"once", "recording"},
+        "a second register_comm_hook did not throw");
+    if (!second.empty()) return fail(second);
     const auto& buckets = ddp.buckets();
     if (buckets.size() < 3) return fail("expected several buckets");
     for (int iter = 0; iter < 2; ++iter) {
@@ -511,15 +526,14 @@ int hooks(ProcessGroup& pg) {
     DistributedDataParallel ddp(pg, make_params(), opt);
     ddp.register_comm_hook(make_comm_hook(
         [](GradBucket&) -> Work { throw std::runtime_error("boom"); }, {}, "throwing"));
-    try {
-      ddp.mark_ready(4);
-      ddp.mark_ready(3);  // completes the first bucket
-      return fail("a throwing hook did not surface");
-    } catch (const DdpError& e) {
-      std::printf("throwing hook: %s\n", e.what());
-      if (!std::strstr(e.what(), "throwing") || !std::strstr(e.what(), "boom"))
-        return fail("unclear hook error: " + std::string(e.what()));
-    }
+    const std::string thrown = expect_error<DdpError>(
+        "throwing hook",
+        [&] {
+          ddp.mark_ready(4);
+          ddp.mark_ready(3);  // completes the first bucket
+        },
+        {"throwing", "boom"}, "a throwing hook did not surface");
+    if (!thrown.empty()) return fail(thrown);
   }
   std::printf("PASS hooks\n");
   return 0;
@@ -758,14 +772,10 @@ int static_order(ProcessGroup& pg) {
     }
   }
   ddp.zero_grad();
-  try {
-    ddp.mark_ready(4);
-    return fail("marking a statically unused parameter did not throw");
-  } catch (const DdpError& e) {
-    std::printf("static unused: %s\n", e.what());
-    if (!std::strstr(e.what(), "'q4'") || !std::strstr(e.what(), "static"))
-      return fail("unclear static_graph message: " + std::string(e.what()));
-  }
+  const std::string unused = expect_error<DdpError>(
+      "static unused", [&] { ddp.mark_ready(4); }, {"'q4'", "static"},
+      "marking a statically unused parameter did not throw");
+  if (!unused.empty()) return fail(unused);
   std::printf("PASS static_order\n");
   return 0;
 }
@@ -836,29 +846,21 @@ int errors(ProcessGroup& pg) {
         if (variant == 0) params[1].numel = 49;
         if (variant == 1) params[1] = {"fc.bias", wide.data(), wide.size(), DataType::kFloat64};
       }
-      try {
-        DistributedDataParallel ddp(pg, params, small);
-        return fail("parameters that differ across ranks were accepted");
-      } catch (const std::invalid_argument& e) {
-        std::printf("mismatch: %s\n", e.what());
-        if (!std::strstr(e.what(), "'fc.bias'") ||
-            !std::strstr(e.what(), ("rank " + std::to_string(odd)).c_str()))
-          return fail("mismatch message lacks the parameter or the rank: " + std::string(e.what()));
-      }
+      const std::string mismatch = expect_error<std::invalid_argument>(
+          "mismatch", [&] { DistributedDataParallel ddp(pg, params, small); },
+          {"'fc.bias'", "rank " + std::to_string(odd)},
+          "parameters that differ across ranks were accepted");
+      if (!mismatch.empty()) return fail(mismatch);
     }
     pg.barrier();
   }
   {
     DistributedDataParallel ddp(pg, make_params(), small);
     ddp.mark_ready(2);
-    try {
-      ddp.mark_ready(2);
-      return fail("marking twice did not throw");
-    } catch (const DdpError& e) {
-      std::printf("double mark: %s\n", e.what());
-      if (!std::strstr(e.what(), "'head'") || !std::strstr(e.what(), "twice"))
-        return fail("double-mark message lacks the name: " + std::string(e.what()));
-    }
+    const std::string twice = expect_error<DdpError>(
+        "double mark", [&] { ddp.mark_ready(2); }, {"'head'", "twice"},
+        "marking twice did not throw");
+    if (!twice.empty()) return fail(twice);
     try {
       ddp.mark_ready(0);
       return fail("a broken reducer accepted a call");
@@ -870,14 +872,10 @@ int errors(ProcessGroup& pg) {
     DistributedDataParallel ddp(pg, make_params(), small);
     ddp.mark_ready(2);
     ddp.mark_ready(1);  // parameter 0 never marked
-    try {
-      ddp.finalize();
-      return fail("finalize with a missing gradient did not throw");
-    } catch (const DdpError& e) {
-      std::printf("incomplete: %s\n", e.what());
-      if (!std::strstr(e.what(), "'fc.weight'") || !std::strstr(e.what(), "find_unused"))
-        return fail("incomplete-bucket message lacks the name: " + std::string(e.what()));
-    }
+    const std::string incomplete = expect_error<DdpError>(
+        "incomplete", [&] { ddp.finalize(); }, {"'fc.weight'", "find_unused"},
+        "finalize with a missing gradient did not throw");
+    if (!incomplete.empty()) return fail(incomplete);
   }
   pg.barrier();
   {
