@@ -25,6 +25,23 @@ namespace {
 
 std::string ddp_worker() { return std::string(TRUN_BINARY_DIR) + "/tests/worker_sdk/ddp_worker"; }
 
+// Gradient buffers for a model, as the MLP's backward and Sgd::step take them.
+struct Grads {
+  std::vector<std::vector<float>> g;
+  std::vector<float*> grads;
+  std::vector<const float*> cgrads;
+  explicit Grads(const Mlp& model) : g(model.num_params()) {
+    for (size_t i = 0; i < model.num_params(); ++i) {
+      g[i].assign(model.param_numel(i), 0.0f);
+      grads.push_back(g[i].data());
+      cgrads.push_back(g[i].data());
+    }
+  }
+  void zero() {
+    for (auto& v : g) std::fill(v.begin(), v.end(), 0.0f);
+  }
+};
+
 // What ddp_worker's "train" mode must produce: one process, the concatenated batch.
 std::vector<float> reference(int world, int steps, size_t batch, int accum) {
   Mlp model({10, 32, 32, 5});
@@ -33,24 +50,17 @@ std::vector<float> reference(int world, int steps, size_t batch, int accum) {
   so.seed = 3;
   DistributedSampler sampler(512, 0, 1, so);
   Sgd sgd(0.05f, 0.5f);
-  std::vector<std::vector<float>> g(model.num_params());
-  std::vector<float*> grads;
-  std::vector<const float*> cgrads;
-  for (size_t i = 0; i < model.num_params(); ++i) {
-    g[i].assign(model.param_numel(i), 0.0f);
-    grads.push_back(g[i].data());
-    cgrads.push_back(g[i].data());
-  }
+  Grads g(model);
   std::vector<float> x, t;
   for (int s = 0; s < steps; ++s) {
-    for (auto& v : g) std::fill(v.begin(), v.end(), 0.0f);
+    g.zero();
     for (int m = 0; m < accum; ++m) {
       auto idx = sampler.next_batch(batch * static_cast<size_t>(world));
       model.make_batch(idx, x, t);
       model.forward(x.data(), t.data(), idx.size());
-      model.backward(grads, nullptr, 1.0f / static_cast<float>(accum));
+      model.backward(g.grads, nullptr, 1.0f / static_cast<float>(accum));
     }
-    sgd.step(model, cgrads);
+    sgd.step(model, g.cgrads);
   }
   std::vector<float> out;
   for (size_t i = 0; i < model.num_params(); ++i)
@@ -68,14 +78,7 @@ std::vector<float> join_reference(const std::vector<int>& counts, size_t batch, 
   Sgd sgd(0.05f, 0.0f);
   const int world = static_cast<int>(counts.size());
   const int most = *std::max_element(counts.begin(), counts.end());
-  std::vector<std::vector<float>> g(model.num_params());
-  std::vector<float*> grads;
-  std::vector<const float*> cgrads;
-  for (size_t i = 0; i < model.num_params(); ++i) {
-    g[i].assign(model.param_numel(i), 0.0f);
-    grads.push_back(g[i].data());
-    cgrads.push_back(g[i].data());
-  }
+  Grads g(model);
   std::vector<float> x, t;
   for (int round = 0; round < 2; ++round) {
     for (int s = 0; s < most; ++s) {
@@ -87,11 +90,11 @@ std::vector<float> join_reference(const std::vector<int>& counts, size_t batch, 
         for (size_t k = 0; k < batch; ++k)
           idx.push_back((static_cast<uint64_t>(round * most + s) * world + r) * batch + k);
       }
-      for (auto& v : g) std::fill(v.begin(), v.end(), 0.0f);
+      g.zero();
       model.make_batch(idx, x, t);
       model.forward(x.data(), t.data(), idx.size());
-      model.backward(grads, nullptr, by_initial ? float(active) / float(world) : 1.0f);
-      sgd.step(model, cgrads);
+      model.backward(g.grads, nullptr, by_initial ? float(active) / float(world) : 1.0f);
+      sgd.step(model, g.cgrads);
     }
   }
   std::vector<float> out;
