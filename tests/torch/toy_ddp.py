@@ -9,22 +9,16 @@ parameters. tests/torch/torch_test.cpp compares its digest with the C++ program'
 import argparse
 import json
 import os
+import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-
-class ToyModel(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net1 = nn.Linear(10, 10)
-        self.relu = nn.ReLU()
-        self.net2 = nn.Linear(10, 5)
-
-    def forward(self, x):
-        return self.net2(self.relu(self.net1(x)))
+# The tutorial's ToyModel, as the launcher's compatibility test trains it.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "launcher", "py"))
+from ddp_toy import ToyModel  # noqa: E402
 
 
 def main():
