@@ -54,6 +54,20 @@ void orthogonalize(float* m, size_t rows, size_t r, float epsilon) {
   }
 }
 
+// out (n x r, row-major) = A x, with A (n x m) read as a[i * row_stride + j * col_stride]: a
+// row-major rows x cols matrix itself (cols, 1) or its transpose (1, cols); x is m x r.
+// Accumulates in double.
+void multiply(const float* a, size_t n, size_t m, size_t row_stride, size_t col_stride,
+              const float* x, size_t r, float* out) {
+  for (size_t i = 0; i < n; ++i)
+    for (size_t k = 0; k < r; ++k) {
+      double acc = 0;
+      for (size_t j = 0; j < m; ++j)
+        acc += double(a[i * row_stride + j * col_stride]) * x[j * r + k];
+      out[i * r + k] = static_cast<float>(acc);
+    }
+}
+
 class PowerSgdHook : public CommHook {
  public:
   explicit PowerSgdHook(PowerSgdOptions o) : o_(std::move(o)) {
@@ -112,15 +126,7 @@ class PowerSgdHook : public CommHook {
       float* q = st.q.data() + m.q_off;
       orthogonalize(q, m.cols, m.rank, o_.orthogonalization_epsilon);
       // P = M Q: (rows x cols) (cols x r).
-      const float* mat = data + m.offset;
-      float* p = st.p.data() + m.p_off;
-      for (size_t i = 0; i < m.rows; ++i)
-        for (size_t k = 0; k < m.rank; ++k) {
-          double acc = 0;
-          for (size_t j = 0; j < m.cols; ++j)
-            acc += double(mat[i * m.cols + j]) * q[j * m.rank + k];
-          p[i * m.rank + k] = static_cast<float>(acc);
-        }
+      multiply(data + m.offset, m.rows, m.cols, m.cols, 1, q, m.rank, st.p.data() + m.p_off);
     }
     (void)b.group->allreduce_async(st.flat.data(), st.flat.size(), DataType::kFloat32,
                                    ReduceOp::kSum, b.timeout);
@@ -144,15 +150,7 @@ class PowerSgdHook : public CommHook {
       float* p = st.p.data() + m.p_off;
       orthogonalize(p, m.rows, m.rank, o_.orthogonalization_epsilon);
       // Q = M^T P: (cols x rows) (rows x r).
-      const float* mat = data + m.offset;
-      float* q = st.q.data() + m.q_off;
-      for (size_t j = 0; j < m.cols; ++j)
-        for (size_t k = 0; k < m.rank; ++k) {
-          double acc = 0;
-          for (size_t i = 0; i < m.rows; ++i)
-            acc += double(mat[i * m.cols + j]) * p[i * m.rank + k];
-          q[j * m.rank + k] = static_cast<float>(acc);
-        }
+      multiply(data + m.offset, m.cols, m.rows, 1, m.cols, p, m.rank, st.q.data() + m.q_off);
     }
     b.group->allreduce(st.q.data(), st.q.size(), DataType::kFloat32, ReduceOp::kSum, b.timeout);
     for (float& v : st.q) v /= d;
