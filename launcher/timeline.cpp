@@ -630,7 +630,9 @@ class Builder {
 
   static std::string clip(const std::string& s, size_t n) {
     if (s.size() <= n) return s;
-    return s.substr(0, n - 3) + "...";
+    size_t cut = n - 3;  // not inside a UTF-8 sequence (the labels hold arrows and dots)
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+    return s.substr(0, cut) + "...";
   }
 
   std::string summary() const {
