@@ -185,7 +185,9 @@ if len(g) == 2:
     a, b = g
     check(a["restart"]["runs"] == 1 and b["restart"]["runs"] == 0, "the restart line in node a's lanes only")
     check(a["reform"]["runs"] == 1, "the re-form line in node a's lanes")
-    check(a["round"]["runs"] == 3, "3 round lines across node a's lanes")
+    # In node b's lanes: in node a's, a restart line drawn over a round line formed within
+    # the same 3 ms (one pixel) would hide it.
+    check(b["round"]["runs"] == 3, "3 round lines across node b's lanes")
     check(a["failed"]["longest"] >= 20 and b["failed"]["longest"] == 0, "a failed bar in node a only")
     check(a["stopped"]["longest"] >= 20, "a stopped bar in node a")
     check(a["succeeded"]["longest"] >= 20 and b["succeeded"]["longest"] >= 20, "a succeeded bar in each node")
