@@ -1,4 +1,5 @@
-// trun: entry point. `trun store ...` runs the store on its own; anything else is the launcher.
+// trun: entry point. `trun store ...` runs the store on its own, `trun timeline ...` draws a run
+// from its event logs; anything else is the launcher.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -14,6 +15,7 @@
 #include "launcher/cli.h"
 #include "launcher/dry_run.h"
 #include "launcher/store_command.h"
+#include "launcher/timeline_command.h"
 
 namespace {
 
@@ -83,6 +85,9 @@ int run_launcher(int argc, char** argv) {
 int main(int argc, char** argv) {
   if (argc >= 2 && std::strcmp(argv[1], "store") == 0) {
     return trun::launcher::run_store_command(argc - 1, argv + 1);
+  }
+  if (argc >= 2 && std::strcmp(argv[1], "timeline") == 0) {
+    return trun::launcher::run_timeline_command(argc - 1, argv + 1);
   }
   const int code = run_launcher(argc, argv);
   // Bounded: a console nobody reads must not keep trun (and its exit code) from its parent.

@@ -13,12 +13,15 @@ BUILD_PACKAGES=(
   libboost-dev libboost-filesystem-dev
   libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
 )
-# The tests, sanitizer builds, fuzzing and benchmarks.
+# The tests, sanitizer builds, fuzzing and benchmarks. chromium renders `trun timeline` pages and
+# prometheus (with promtool) scrapes /metrics in tests/observability; their daemons are not
+# started (see the policy-rc.d guard below): the tests start their own on loopback.
 TEST_PACKAGES=(
   clang clang-format libclang-rt-14-dev catch2
   python3 python3-torch libtorch-dev python3-etcd
   etcd-server etcd-client
   iproute2 util-linux procps hyperfine
+  chromium prometheus
 )
 # A real SLURM for tests/slurm (scripts/slurm-local.sh): installed by that script, which keeps the
 # packages' postinst from starting system-wide daemons.
@@ -56,8 +59,21 @@ if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
 if ((${#missing[@]} > 0)); then
   echo "setup: installing ${missing[*]}"
-  $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  # Keep the packages' postinst (prometheus, etcd-server) from starting system-wide daemons: the
+  # tests start their own, on free loopback ports. Only a guard we add is removed again.
+  added_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\nexit 101\n' | $SUDO tee /usr/sbin/policy-rc.d >/dev/null
+    $SUDO chmod +x /usr/sbin/policy-rc.d
+    added_policy=1
+  fi
+  rc=0
+  { $SUDO apt-get update -q && $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; } || rc=$?
+  if ((added_policy)); then $SUDO rm -f /usr/sbin/policy-rc.d; fi
+  if ((rc != 0)); then
+    echo "setup: apt-get failed (exit $rc)" >&2
+    exit "$rc"
+  fi
 fi
 if ((slurm_missing)); then
   echo "setup: installing ${SLURM_PACKAGES[*]} (scripts/slurm-local.sh install)"
