@@ -22,6 +22,7 @@
 #include "agent/job_local.h"
 #include "agent/log_mux.h"
 #include "agent/metrics_server.h"
+#include "agent/node_status.h"
 #include "agent/process_supervisor.h"
 #include "agent/rendezvous_session.h"
 #include "agent/worker_env.h"
@@ -44,6 +45,10 @@ sigset_t agent_signal_set(const LaunchConfig& config) {
   sigaddset(&set, SIGCHLD);
   for (int s : config.signals_to_handle) sigaddset(&set, s);
   return set;
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 struct Worker {
@@ -75,6 +80,8 @@ class Agent {
   // Publishes snap_ to the endpoint (no-op without one), as alive now.
   void publish();
   void set_phase(const char* phase);
+  // Writes this node's status record for `trun status` (agent/node_status.h) in `state`.
+  void publish_status(const char* state);
   void set_worker_state(size_t i, const char* state);
   void setup_signals();
   bool make_base_dir();
@@ -134,6 +141,7 @@ class Agent {
   int received_signal_ = 0;
   uint64_t failure_seq_ = 0;
   std::vector<WorkerFailure> failures_;  // of the current attempt
+  NodeStatus status_;                    // the last record publish_status wrote
 };
 
 // A round-over event of the current round, on the loop's thread: it ends the attempt unless the
@@ -202,6 +210,7 @@ int Agent::run() {
   const bool served = cfg_.metrics_port < 0 || start_metrics();
   const int code = served ? run_job() : kExitAgentError;
   const bool signaled = code >= kExitSignalBase;
+  publish_status(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
   if (metrics_) set_phase(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
   // torchelastic's WorkerState words: a job stopped by a signal is STOPPED.
   event("trun.agent.stop", {{"exit_code", int64_t{code}},
@@ -259,6 +268,27 @@ void Agent::set_phase(const char* phase) {
   publish();
 }
 
+void Agent::publish_status(const char* state) {
+  if (!session_) return;
+  const auto& info = session_->info();
+  status_.node_id = session_->node_id();
+  if (status_.node_id.empty()) return;  // no round yet
+  status_.hostname = hostname_;
+  status_.pid = getpid();
+  status_.round = info.round;
+  status_.group_rank = info.group_rank;
+  status_.group_world_size = info.group_world_size;
+  if (static_cast<size_t>(info.group_rank) < info.participants.size()) {
+    status_.addr = info.participants.at(static_cast<size_t>(info.group_rank)).addr;
+  }
+  status_.local_world_size = cfg_.nproc_per_node;
+  status_.restarts = restart_count_;
+  status_.max_restarts = cfg_.max_restarts;
+  status_.state = state;
+  status_.updated_at = unix_seconds();
+  session_->publish_status(encode_node_status(status_));
+}
+
 void Agent::set_worker_state(size_t i, const char* state) {
   if (!metrics_) return;
   if (snap_.worker_states.size() <= i) snap_.worker_states.resize(i + 1);
@@ -270,8 +300,9 @@ int Agent::run_job() {
       cfg_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
   session_->set_event_log(events_.get());
-  if (metrics_) {
-    session_->set_on_round_formed([this](std::chrono::duration<double> took) {
+  session_->set_on_round_formed([this](std::chrono::duration<double> took) {
+    publish_status("running");
+    if (metrics_) {
       const auto& info = session_->info();
       snap_.backend = session_->backend();
       snap_.round = info.round;
@@ -285,8 +316,8 @@ int Agent::run_job() {
       snap_.round_seconds_sum += s;
       snap_.last_round_at = std::chrono::steady_clock::now();
       publish();
-    });
-  }
+    }
+  });
   try {
     session_->start();
   } catch (const rendezvous::RendezvousClosedError& e) {
@@ -382,6 +413,8 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
   if (outcome == GroupOutcome::kFailed) {
     session_->report_worker_failure(failure_line(failures_, hostname_));
     snap_.last_failure = failure_line(failures_, hostname_);
+    status_.last_failure = snap_.last_failure;
+    status_.last_failure_at = unix_seconds();
     if (!failures_.empty()) {
       const auto& root = failures_[root_cause_index(failures_)];
       event("trun.agent.failure", {{"local_rank", int64_t{root.local_rank}},
@@ -416,7 +449,9 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
          {"max_restarts", int64_t{cfg_.max_restarts}},
          {"reason", std::string(after_round ? "round over" : "worker failure")}});
   snap_.restarts = restart_count_;
-  if (next.kind == Next::kAgainNow || !session_->multi_node()) return true;
+  const bool same_round = next.kind == Next::kAgainNow || !session_->multi_node();
+  publish_status(same_round ? "running" : "rendezvous");
+  if (same_round) return true;
   set_phase("rendezvous");
   try {
     session_->next_round();

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <system_error>
 
+#include "agent/node_status.h"
 #include "rendezvous/static_rendezvous.h"
 #include "rendezvous/store/store.h"
 
@@ -250,6 +251,17 @@ void RendezvousSession::exit_barrier(std::chrono::milliseconds timeout) {
   if (arrived >= info_.group_world_size) store.set("exit_barrier/done", "1");
   store.wait({"exit_barrier/done"}, timeout);
 }
+
+void RendezvousSession::publish_status(const std::string& record) {
+  if (!rdzv_ || !info_.run_store) return;
+  try {
+    info_.run_store->set(node_status_key(run_id_, rdzv_->node_id()), record);
+  } catch (const std::exception& e) {
+    spdlog::debug("cannot publish this node's status for trun status: {}", e.what());
+  }
+}
+
+std::string RendezvousSession::node_id() const { return rdzv_ ? rdzv_->node_id() : ""; }
 
 void RendezvousSession::shutdown() { drop_handler(); }
 

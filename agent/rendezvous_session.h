@@ -71,6 +71,12 @@ class RendezvousSession {
   // Waits until every node's workers succeeded, up to `timeout` (multi-node only). Throws the
   // store's errors.
   void exit_barrier(std::chrono::milliseconds timeout);
+  // Writes this node's status record (agent/node_status.h) to the job's store: one set, bounded
+  // by the store's timeout; errors are logged at debug level (status is best effort). No-op
+  // before the first round.
+  void publish_status(const std::string& record);
+  // This node's id in the rendezvous (empty before start()).
+  std::string node_id() const;
   // Leaves the rendezvous and stops the handler. Idempotent.
   void shutdown();
 

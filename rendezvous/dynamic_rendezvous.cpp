@@ -144,7 +144,8 @@ class DynamicRendezvous : public RoundRendezvous {
     info.group_world_size = static_cast<int>(result.members.size());
     info.participants = result.members;
     info.key_prefix = round_store_prefix(options_.run_id, round);
-    info.store = std::make_shared<PrefixStore>(info.key_prefix, backend_->agent_store());
+    info.run_store = backend_->agent_store();
+    info.store = std::make_shared<PrefixStore>(info.key_prefix, info.run_store);
     info.master_addr = std::string(result.members.field(0, 1));
     info.master_port = static_cast<uint16_t>(std::stoi(std::string(result.members.field(0, 3))));
     info.use_agent_store = false;

@@ -103,6 +103,9 @@ struct RendezvousInfo {
   // keys in this round (e.g. an exit barrier). Owned jointly; valid until shutdown().
   std::shared_ptr<Store> store;
   std::string key_prefix;
+  // The same store without the round prefix, for records that outlive rounds (the agent's
+  // status record for `trun status`, agent/node_status.h). Shared with `store`.
+  std::shared_ptr<Store> run_store;
   // Where the workers' process-group bootstrap lives (MASTER_ADDR/MASTER_PORT).
   std::string master_addr;
   uint16_t master_port = 0;
