@@ -37,6 +37,8 @@ namespace fs = std::filesystem;
 
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
+// --metrics-port: how often the nodes waiting for the next round are sampled (off the loop).
+constexpr auto kWaitingSampleInterval = std::chrono::seconds(2);
 
 // The signals the agent takes through its signalfd: SIGCHLD and config.signals_to_handle.
 sigset_t agent_signal_set(const LaunchConfig& config) {
@@ -80,6 +82,9 @@ class Agent {
   // Publishes snap_ to the endpoint (no-op without one), as alive now.
   void publish();
   void set_phase(const char* phase);
+  // A stop signal ended a wait in the rendezvous (which this node has left): takes the signal
+  // from the signalfd and returns 128+N.
+  int after_interrupted_rendezvous();
   // Writes this node's status record for `trun status` (agent/node_status.h) in `state`.
   void publish_status(const char* state);
   void set_worker_state(size_t i, const char* state);
@@ -208,7 +213,12 @@ int Agent::run() {
                                {"entrypoint", cfg_.entrypoint_name}});
   }
   const bool served = cfg_.metrics_port < 0 || start_metrics();
-  const int code = served ? run_job() : kExitAgentError;
+  int code = kExitAgentError;
+  try {
+    if (served) code = run_job();
+  } catch (const RendezvousInterrupted& e) {
+    code = after_interrupted_rendezvous();
+  }
   const bool signaled = code >= kExitSignalBase;
   publish_status(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
   if (metrics_) set_phase(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
@@ -258,6 +268,13 @@ bool Agent::start_metrics() {
 void Agent::publish() {
   if (!metrics_) return;
   snap_.heartbeat = std::chrono::steady_clock::now();
+  if (session_) {
+    snap_.nodes_waiting = session_->nodes_waiting();
+    const auto stats = session_->store_stats();
+    snap_.store_requests = stats.requests_sent;
+    snap_.store_errors = stats.errors;
+    snap_.store_requests_served = stats.requests_served;
+  }
   metrics_->publish(snap_);
 }
 
@@ -266,6 +283,17 @@ void Agent::set_phase(const char* phase) {
   snap_.phase = phase;
   snap_.phase_since = std::chrono::steady_clock::now();
   publish();
+}
+
+int Agent::after_interrupted_rendezvous() {
+  read_signals(false);  // on_agent_signal records it; no workers run now
+  if (received_signal_ == 0) {
+    spdlog::error("the rendezvous was interrupted, but no signal could be read");
+    return kExitAgentError;
+  }
+  spdlog::warn("{} while waiting in the rendezvous: left it; exiting with {}",
+               signal_name(received_signal_), kExitSignalBase + received_signal_);
+  return kExitSignalBase + received_signal_;
 }
 
 void Agent::publish_status(const char* state) {
@@ -300,6 +328,7 @@ int Agent::run_job() {
       cfg_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
   session_->set_event_log(events_.get());
+  if (metrics_) session_->start_sampling(kWaitingSampleInterval);
   session_->set_on_round_formed([this](std::chrono::duration<double> took) {
     publish_status("running");
     if (metrics_) {
@@ -320,6 +349,8 @@ int Agent::run_job() {
   });
   try {
     session_->start();
+  } catch (const RendezvousInterrupted&) {
+    throw;
   } catch (const rendezvous::RendezvousClosedError& e) {
     spdlog::error("rendezvous failed: the job '{}' has finished (its rendezvous is closed): {}",
                   run_id_, e.what());
@@ -456,6 +487,8 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
   try {
     session_->next_round();
     return true;
+  } catch (const RendezvousInterrupted&) {
+    throw;
   } catch (const rendezvous::RendezvousClosedError& ex) {
     spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
   } catch (const std::exception& ex) {
@@ -734,7 +767,11 @@ void Agent::update_groups() {
 void Agent::on_agent_signal(int sig) {
   if (received_signal_ == 0) {
     received_signal_ = sig;
-    spdlog::warn("received {}: forwarding it to the workers and stopping them", signal_name(sig));
+    if (running_count() > 0 || !all_groups_gone()) {
+      spdlog::warn("received {}: forwarding it to the workers and stopping them", signal_name(sig));
+    } else {
+      spdlog::warn("received {}: stopping", signal_name(sig));
+    }
   } else if ((sig == SIGINT || sig == SIGTERM) && phase_ == GroupPhase::kStopping && !killed_) {
     // The user asked twice (a second Ctrl-C): do not make them wait for --shutdown-timeout.
     spdlog::warn("received a second signal ({}) while stopping the workers: sending SIGKILL now",

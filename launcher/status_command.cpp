@@ -212,7 +212,10 @@ JobStatus read_dynamic(Reader& r, const std::string& run_id) {
     }
     if (auto over = r.get(keys.over(js.round))) mark_over(&js, *over);
   }
-  if (js.next_round >= 0) {
+  // The next round's joiners, unless it ended before it formed (they move on or are gone).
+  std::optional<std::string> next_result;
+  if (js.next_round >= 0) next_result = r.get(keys.result(js.next_round));
+  if (js.next_round >= 0 && !next_result) {
     const int64_t n = std::min(r.counter(keys.ticket(js.next_round)), kMaxNodes);
     std::vector<std::pair<std::string, std::string>> joiners;
     for (int64_t t = 1; t <= n; ++t) {

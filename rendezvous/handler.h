@@ -170,6 +170,14 @@ class RendezvousHandler {
   virtual void set_closed() = 0;
   // Nodes waiting for the next round (joined after the current round completed).
   virtual int num_nodes_waiting() = 0;
+
+  // This handler's store traffic, for metrics (no I/O: counters only; any thread).
+  struct StoreStats {
+    uint64_t requests_sent = 0;  // requests to the store (or etcd) by the rendezvous protocol
+    uint64_t errors = 0;         // of those, the ones that failed (StoreError, timeouts included)
+    std::optional<uint64_t> requests_served;  // when this node hosts the store: all it served
+  };
+  virtual StoreStats store_stats() const { return {}; }
   // Stops keep-alives, leaves the current round (members get kNodeLeft unless the rendezvous is
   // closed), unblocks waiting calls and releases the store (stops it when this node hosts it).
   // Idempotent; the handler is unusable afterwards.
