@@ -194,6 +194,13 @@ TEST_CASE("trun status shows both nodes, the round and restarts of an etcd job",
   job.b_args = job.a_args;
   job.status_args = {"--rdzv-backend=etcd-v2", ep, id};
   check_status_of_a_job(job);
+  // Nothing listens where etcd should be.
+  RunResult none =
+      status({"--rdzv-backend=etcd", "--rdzv-endpoint=127.0.0.1:" + std::to_string(free_port()),
+              "--rdzv-id=job", "--timeout=2"});
+  CHECK(none.exit_code == 3);
+  CHECK(one_line(none.err).find("trun status: error: cannot reach the etcd cluster") !=
+        std::string::npos);
   // A run id etcd has never seen.
   RunResult r = status({"--rdzv-backend=etcd", ep, "--rdzv-id=never-started"});
   CHECK(r.exit_code == 1);
