@@ -209,7 +209,10 @@ void RendezvousSession::form_round() {
     info_ = rdzv_->next_rendezvous();
     watch.stop();
     // A signal right as the round formed: the handler is shut down all the same.
-    if (watch.fired()) throw RendezvousInterrupted("a stop signal arrived as the round formed");
+    if (watch.fired()) {
+      interrupted_ = true;
+      throw RendezvousInterrupted("a stop signal arrived as the round formed");
+    }
   } catch (const RendezvousInterrupted&) {
     throw;
   } catch (const std::exception& e) {
@@ -220,6 +223,7 @@ void RendezvousSession::form_round() {
                                              {"node_id", rdzv_->node_id()},
                                              {"error_trace", std::string("stopped by a signal")}});
       }
+      interrupted_ = true;
       throw RendezvousInterrupted("a stop signal arrived while waiting for the round");
     }
     if (events_) {
@@ -356,18 +360,20 @@ void RendezvousSession::exit_barrier(std::chrono::milliseconds timeout) {
   store.wait({"exit_barrier/done"}, timeout);
 }
 
-void RendezvousSession::check_stop_signal() const {
+void RendezvousSession::check_stop_signal() {
   sigset_t pending;
   if (sigpending(&pending) != 0) return;
   for (int s : cfg_.signals_to_handle) {
     if (s != SIGCHLD && sigismember(&pending, s) == 1) {
+      interrupted_ = true;
       throw RendezvousInterrupted("a stop signal is pending");
     }
   }
 }
 
 void RendezvousSession::publish_status(const std::string& record) {
-  if (!rdzv_ || !info_.run_store) return;
+  // After an interrupted rendezvous the handler is shut down (its store may be gone with it).
+  if (!rdzv_ || !info_.run_store || interrupted_) return;
   try {
     info_.run_store->set(node_status_key(run_id_, rdzv_->node_id()), record);
   } catch (const std::exception& e) {

@@ -122,7 +122,7 @@ class RendezvousSession {
   void form_round();
   void on_event_fd();
   // Throws RendezvousInterrupted when a stop signal is pending for the process.
-  void check_stop_signal() const;
+  void check_stop_signal();
 
   const LaunchConfig& cfg_;
   const std::string run_id_;
@@ -137,6 +137,7 @@ class RendezvousSession {
   mutable std::mutex handler_mu_;
   rendezvous::RendezvousHandler::StoreStats retired_stats_;  // of dropped handlers; handler_mu_
   std::atomic<int> nodes_waiting_{-1};
+  bool interrupted_ = false;  // a RendezvousInterrupted was thrown: the handler is shut down
   std::thread sampler_;
   std::mutex sampler_mu_;
   std::condition_variable sampler_cv_;
