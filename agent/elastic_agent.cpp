@@ -220,7 +220,10 @@ int Agent::run() {
     code = after_interrupted_rendezvous();
   }
   const bool signaled = code >= kExitSignalBase;
-  publish_status(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
+  // Not after exit 3 (rendezvous or store trouble): the store may be gone, and a set would spend
+  // the client's reconnect budget before trun exits.
+  if (code != kExitAgentError)
+    publish_status(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
   if (metrics_) set_phase(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
   // torchelastic's WorkerState words: a job stopped by a signal is STOPPED.
   event("trun.agent.stop", {{"exit_code", int64_t{code}},
