@@ -122,6 +122,24 @@ std::string RendezvousSession::backend() const {
   return rdzv_ ? rdzv_->backend() : cfg_.rdzv_backend;
 }
 
+// Creating a handler may wait for the store to come up (a static node > 0 before node 0, a c10d
+// client before the host): a stop signal meanwhile abandons the connection retries.
+template <typename F>
+auto RendezvousSession::create_watched(F create) {
+  check_stop_signal();
+  SignalWatch watch(cfg_.signals_to_handle, [] { rendezvous::abandon_store_connection_retries(); });
+  try {
+    auto handler = create();
+    watch.stop();
+    if (!watch.fired()) return handler;
+  } catch (const std::exception&) {
+    watch.stop();
+    if (!watch.fired()) throw;
+  }
+  interrupted_ = true;
+  throw RendezvousInterrupted("a stop signal arrived while connecting to the store");
+}
+
 void RendezvousSession::create_handler() {
   if (cfg_.rdzv_backend != "static" && !cfg_.standalone) {  // c10d, etcd: dynamic membership
     rendezvous::RendezvousOptions o;
@@ -136,7 +154,8 @@ void RendezvousSession::create_handler() {
     timeout_ = o.join_timeout;
     store_endpoint_ = cfg_.rdzv_endpoint;
     dynamic_ = true;
-    auto handler = rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o);
+    auto handler =
+        create_watched([&] { return rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o); });
     std::lock_guard<std::mutex> lock(handler_mu_);
     rdzv_ = std::move(handler);
   } else {
@@ -153,7 +172,7 @@ void RendezvousSession::create_handler() {
     }
     timeout_ = ro.timeout;
     store_endpoint_ = ro.host + ":" + std::to_string(ro.port);
-    auto handler = rendezvous::create_static_rendezvous(ro);
+    auto handler = create_watched([&] { return rendezvous::create_static_rendezvous(ro); });
     std::lock_guard<std::mutex> lock(handler_mu_);
     rdzv_ = std::move(handler);
   }

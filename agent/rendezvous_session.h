@@ -118,6 +118,8 @@ class RendezvousSession {
 
  private:
   void create_handler();
+  template <typename F>
+  auto create_watched(F create);
   void drop_handler();
   void form_round();
   void on_event_fd();

@@ -251,6 +251,12 @@ std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& 
 // one is given. Throws RendezvousOptionError naming the option.
 void check_backend_options(const std::string& name, const RendezvousOptions& options);
 
+// Makes every store connection in this process that still retries (a client waiting for a store
+// to come up, e.g. a static node > 0 before node 0 listens, inside create_rendezvous_handler) give
+// up at once with a RendezvousError, and every later one after its first attempt. For an agent
+// that is stopping (a stop signal while it waits). One-way; any thread.
+void abandon_store_connection_retries();
+
 // The names create_rendezvous_handler accepts.
 std::vector<std::string> rendezvous_backend_names();
 

@@ -109,3 +109,20 @@ TEST_CASE("Ctrl-C to trun waiting in a static rendezvous for node 1: it exits 13
   CHECK(a.exit_code() == 130);
   CHECK(a.err().find("SIGINT while waiting in the rendezvous") != std::string::npos);
 }
+
+TEST_CASE("SIGTERM to a static node 1 that waits for node 0's store to come up: it exits 143",
+          "[agent][signals]") {
+  // Node 0 never starts: node 1 retries its connection (for join_timeout, minutes by default).
+  Child b({trun_binary(), "--nnodes=2", "--node-rank=1", "--master-addr=127.0.0.1",
+           "--master-port=" + std::to_string(free_port()), "--rdzv-id=sigwait-connect",
+           "--metrics-port=0", test_worker(), "sleep", "60"},
+          {}, {"TORCHELASTIC_HEALTH_CHECK_PORT"});
+  // The metrics line comes after trun took over its signals, just before the rendezvous.
+  REQUIRE(wait_until([&] { return b.err().find("trun: metrics on") != std::string::npos; }, 20s));
+  b.signal(SIGTERM);
+  REQUIRE(b.wait(20s));
+  INFO(b.err());
+  CHECK_FALSE(b.signaled());  // trun exited with 143 itself, not by the default action
+  CHECK(b.exit_code() == 143);
+  CHECK(b.err().find("SIGTERM while waiting in the rendezvous") != std::string::npos);
+}
