@@ -22,6 +22,7 @@
 #include "agent/job_local.h"
 #include "agent/log_mux.h"
 #include "agent/metrics_server.h"
+#include "agent/node_status.h"
 #include "agent/process_supervisor.h"
 #include "agent/rendezvous_session.h"
 #include "agent/worker_env.h"
@@ -36,6 +37,8 @@ namespace fs = std::filesystem;
 
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
+// --metrics-port: how often the nodes waiting for the next round are sampled (off the loop).
+constexpr auto kWaitingSampleInterval = std::chrono::seconds(2);
 
 // The signals the agent takes through its signalfd: SIGCHLD and config.signals_to_handle.
 sigset_t agent_signal_set(const LaunchConfig& config) {
@@ -44,6 +47,10 @@ sigset_t agent_signal_set(const LaunchConfig& config) {
   sigaddset(&set, SIGCHLD);
   for (int s : config.signals_to_handle) sigaddset(&set, s);
   return set;
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
 struct Worker {
@@ -75,6 +82,11 @@ class Agent {
   // Publishes snap_ to the endpoint (no-op without one), as alive now.
   void publish();
   void set_phase(const char* phase);
+  // A stop signal ended a wait in the rendezvous (which this node has left): takes the signal
+  // from the signalfd and returns 128+N.
+  int after_interrupted_rendezvous();
+  // Writes this node's status record for `trun status` (agent/node_status.h) in `state`.
+  void publish_status(const char* state);
   void set_worker_state(size_t i, const char* state);
   void setup_signals();
   bool make_base_dir();
@@ -134,6 +146,7 @@ class Agent {
   int received_signal_ = 0;
   uint64_t failure_seq_ = 0;
   std::vector<WorkerFailure> failures_;  // of the current attempt
+  NodeStatus status_;                    // the last record publish_status wrote
 };
 
 // A round-over event of the current round, on the loop's thread: it ends the attempt unless the
@@ -200,8 +213,17 @@ int Agent::run() {
                                {"entrypoint", cfg_.entrypoint_name}});
   }
   const bool served = cfg_.metrics_port < 0 || start_metrics();
-  const int code = served ? run_job() : kExitAgentError;
+  int code = kExitAgentError;
+  try {
+    if (served) code = run_job();
+  } catch (const RendezvousInterrupted& e) {
+    code = after_interrupted_rendezvous();
+  }
   const bool signaled = code >= kExitSignalBase;
+  // Not after exit 3 (rendezvous or store trouble): the store may be gone, and a set would spend
+  // the client's reconnect budget before trun exits.
+  if (code != kExitAgentError)
+    publish_status(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
   if (metrics_) set_phase(code == 0 ? "succeeded" : signaled ? "signaled" : "failed");
   // torchelastic's WorkerState words: a job stopped by a signal is STOPPED.
   event("trun.agent.stop", {{"exit_code", int64_t{code}},
@@ -249,6 +271,13 @@ bool Agent::start_metrics() {
 void Agent::publish() {
   if (!metrics_) return;
   snap_.heartbeat = std::chrono::steady_clock::now();
+  if (session_) {
+    snap_.nodes_waiting = session_->nodes_waiting();
+    const auto stats = session_->store_stats();
+    snap_.store_requests = stats.requests_sent;
+    snap_.store_errors = stats.errors;
+    snap_.store_requests_served = stats.requests_served;
+  }
   metrics_->publish(snap_);
 }
 
@@ -257,6 +286,38 @@ void Agent::set_phase(const char* phase) {
   snap_.phase = phase;
   snap_.phase_since = std::chrono::steady_clock::now();
   publish();
+}
+
+int Agent::after_interrupted_rendezvous() {
+  read_signals(false);  // on_agent_signal records it; no workers run now
+  if (received_signal_ == 0) {
+    spdlog::error("the rendezvous was interrupted, but no signal could be read");
+    return kExitAgentError;
+  }
+  spdlog::warn("{} while waiting in the rendezvous: left it; exiting with {}",
+               signal_name(received_signal_), kExitSignalBase + received_signal_);
+  return kExitSignalBase + received_signal_;
+}
+
+void Agent::publish_status(const char* state) {
+  if (!session_) return;
+  const auto& info = session_->info();
+  status_.node_id = session_->node_id();
+  if (status_.node_id.empty()) return;  // no round yet
+  status_.hostname = hostname_;
+  status_.pid = getpid();
+  status_.round = info.round;
+  status_.group_rank = info.group_rank;
+  status_.group_world_size = info.group_world_size;
+  if (static_cast<size_t>(info.group_rank) < info.participants.size()) {
+    status_.addr = info.participants.at(static_cast<size_t>(info.group_rank)).addr;
+  }
+  status_.local_world_size = cfg_.nproc_per_node;
+  status_.restarts = restart_count_;
+  status_.max_restarts = cfg_.max_restarts;
+  status_.state = state;
+  status_.updated_at = unix_seconds();
+  session_->publish_status(encode_node_status(status_));
 }
 
 void Agent::set_worker_state(size_t i, const char* state) {
@@ -270,8 +331,10 @@ int Agent::run_job() {
       cfg_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
   session_->set_event_log(events_.get());
-  if (metrics_) {
-    session_->set_on_round_formed([this](std::chrono::duration<double> took) {
+  if (metrics_) session_->start_sampling(kWaitingSampleInterval);
+  session_->set_on_round_formed([this](std::chrono::duration<double> took) {
+    publish_status("running");
+    if (metrics_) {
       const auto& info = session_->info();
       snap_.backend = session_->backend();
       snap_.round = info.round;
@@ -285,10 +348,12 @@ int Agent::run_job() {
       snap_.round_seconds_sum += s;
       snap_.last_round_at = std::chrono::steady_clock::now();
       publish();
-    });
-  }
+    }
+  });
   try {
     session_->start();
+  } catch (const RendezvousInterrupted&) {
+    throw;
   } catch (const rendezvous::RendezvousClosedError& e) {
     spdlog::error("rendezvous failed: the job '{}' has finished (its rendezvous is closed): {}",
                   run_id_, e.what());
@@ -382,6 +447,8 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
   if (outcome == GroupOutcome::kFailed) {
     session_->report_worker_failure(failure_line(failures_, hostname_));
     snap_.last_failure = failure_line(failures_, hostname_);
+    status_.last_failure = snap_.last_failure;
+    status_.last_failure_at = unix_seconds();
     if (!failures_.empty()) {
       const auto& root = failures_[root_cause_index(failures_)];
       event("trun.agent.failure", {{"local_rank", int64_t{root.local_rank}},
@@ -416,11 +483,15 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
          {"max_restarts", int64_t{cfg_.max_restarts}},
          {"reason", std::string(after_round ? "round over" : "worker failure")}});
   snap_.restarts = restart_count_;
-  if (next.kind == Next::kAgainNow || !session_->multi_node()) return true;
+  const bool same_round = next.kind == Next::kAgainNow || !session_->multi_node();
+  publish_status(same_round ? "running" : "rendezvous");
+  if (same_round) return true;
   set_phase("rendezvous");
   try {
     session_->next_round();
     return true;
+  } catch (const RendezvousInterrupted&) {
+    throw;
   } catch (const rendezvous::RendezvousClosedError& ex) {
     spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
   } catch (const std::exception& ex) {
@@ -699,7 +770,11 @@ void Agent::update_groups() {
 void Agent::on_agent_signal(int sig) {
   if (received_signal_ == 0) {
     received_signal_ = sig;
-    spdlog::warn("received {}: forwarding it to the workers and stopping them", signal_name(sig));
+    if (running_count() > 0 || !all_groups_gone()) {
+      spdlog::warn("received {}: forwarding it to the workers and stopping them", signal_name(sig));
+    } else {
+      spdlog::warn("received {}: stopping", signal_name(sig));
+    }
   } else if ((sig == SIGINT || sig == SIGTERM) && phase_ == GroupPhase::kStopping && !killed_) {
     // The user asked twice (a second Ctrl-C): do not make them wait for --shutdown-timeout.
     spdlog::warn("received a second signal ({}) while stopping the workers: sending SIGKILL now",

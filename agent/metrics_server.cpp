@@ -222,6 +222,22 @@ MetricsServer::Response MetricsServer::metrics(const AgentSnapshot& s,
   out << "trun_group_world_size " << s.group_world_size << '\n';
   family(out, "trun_group_rank", "gauge", "This node's group rank in the current round.");
   out << "trun_group_rank " << s.group_rank << '\n';
+  if (s.nodes_waiting >= 0) {
+    family(out, "trun_rendezvous_nodes_waiting", "gauge",
+           "Nodes that joined the next round and wait for it (sampled every few seconds).");
+    out << "trun_rendezvous_nodes_waiting " << s.nodes_waiting << '\n';
+  }
+  family(out, "trun_store_requests_total", "counter",
+         "Requests this agent's rendezvous sent to its store (or etcd).");
+  out << "trun_store_requests_total " << s.store_requests << '\n';
+  family(out, "trun_store_errors_total", "counter",
+         "Of those, requests that failed (errors and timeouts).");
+  out << "trun_store_errors_total " << s.store_errors << '\n';
+  if (s.store_requests_served) {
+    family(out, "trun_store_requests_served_total", "counter",
+           "Requests the store this agent hosts has served (from every client).");
+    out << "trun_store_requests_served_total " << *s.store_requests_served << '\n';
+  }
   if (s.last_round_at) {
     family(out, "trun_seconds_since_last_round", "gauge",
            "Seconds since the last round completed on this node.");

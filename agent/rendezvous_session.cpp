@@ -1,15 +1,24 @@
 #include "agent/rendezvous_session.h"
 
+#include <poll.h>
+#include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <functional>
 #include <system_error>
+#include <thread>
+#include <vector>
 
+#include "agent/node_status.h"
 #include "rendezvous/static_rendezvous.h"
 #include "rendezvous/store/store.h"
 
@@ -40,6 +49,62 @@ const char* round_event_name(rendezvous::RoundEvent::Kind kind) {
   return "round_over";
 }
 
+// While a round forms: a thread that waits (poll, not read) for one of `signals` to be pending
+// and then runs `on_signal` once. The signal stays pending for the agent's own signalfd.
+class SignalWatch {
+ public:
+  SignalWatch(const std::vector<int>& signals, std::function<void()> on_signal) {
+    sigset_t set;
+    sigemptyset(&set);
+    for (int s : signals) {
+      if (s != SIGCHLD) sigaddset(&set, s);
+    }
+    if (sigisemptyset(&set)) return;
+    sig_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
+    stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (sig_fd_ < 0 || stop_fd_ < 0) {
+      spdlog::debug("cannot watch for stop signals during the rendezvous: {}",
+                    std::strerror(errno));
+      return;
+    }
+    thread_ = std::thread([this, on_signal = std::move(on_signal)] {
+      pollfd fds[2] = {{sig_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
+      for (int i = 0; i < 1000; ++i) {  // bounded: only EINTR repeats
+        const int n = poll(fds, 2, -1);
+        if (n < 0 && errno == EINTR) continue;
+        if (n > 0 && (fds[0].revents & POLLIN) && !(fds[1].revents & POLLIN)) {
+          fired_ = true;
+          on_signal();
+        }
+        return;
+      }
+    });
+  }
+  ~SignalWatch() { stop(); }
+  SignalWatch(const SignalWatch&) = delete;
+  SignalWatch& operator=(const SignalWatch&) = delete;
+
+  // Ends the watch (joins the thread). Idempotent.
+  void stop() {
+    if (thread_.joinable()) {
+      uint64_t one = 1;
+      ssize_t n = write(stop_fd_, &one, sizeof one);
+      (void)n;
+      thread_.join();
+    }
+    if (sig_fd_ >= 0) close(sig_fd_);
+    if (stop_fd_ >= 0) close(stop_fd_);
+    sig_fd_ = stop_fd_ = -1;
+  }
+  bool fired() const { return fired_; }
+
+ private:
+  int sig_fd_ = -1;
+  int stop_fd_ = -1;
+  std::atomic<bool> fired_{false};
+  std::thread thread_;
+};
+
 }  // namespace
 
 RendezvousSession::RendezvousSession(const LaunchConfig& config, std::string run_id,
@@ -57,6 +122,24 @@ std::string RendezvousSession::backend() const {
   return rdzv_ ? rdzv_->backend() : cfg_.rdzv_backend;
 }
 
+// Creating a handler may wait for the store to come up (a static node > 0 before node 0, a c10d
+// client before the host): a stop signal meanwhile abandons the connection retries.
+template <typename F>
+auto RendezvousSession::create_watched(F create) {
+  check_stop_signal();
+  SignalWatch watch(cfg_.signals_to_handle, [] { rendezvous::abandon_store_connection_retries(); });
+  try {
+    auto handler = create();
+    watch.stop();
+    if (!watch.fired()) return handler;
+  } catch (const std::exception&) {
+    watch.stop();
+    if (!watch.fired()) throw;
+  }
+  interrupted_ = true;
+  throw RendezvousInterrupted("a stop signal arrived while connecting to the store");
+}
+
 void RendezvousSession::create_handler() {
   if (cfg_.rdzv_backend != "static" && !cfg_.standalone) {  // c10d, etcd: dynamic membership
     rendezvous::RendezvousOptions o;
@@ -71,7 +154,10 @@ void RendezvousSession::create_handler() {
     timeout_ = o.join_timeout;
     store_endpoint_ = cfg_.rdzv_endpoint;
     dynamic_ = true;
-    rdzv_ = rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o);
+    auto handler =
+        create_watched([&] { return rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o); });
+    std::lock_guard<std::mutex> lock(handler_mu_);
+    rdzv_ = std::move(handler);
   } else {
     rendezvous::StaticRendezvousOptions ro;
     ro.run_id = run_id_;
@@ -86,7 +172,9 @@ void RendezvousSession::create_handler() {
     }
     timeout_ = ro.timeout;
     store_endpoint_ = ro.host + ":" + std::to_string(ro.port);
-    rdzv_ = rendezvous::create_static_rendezvous(ro);
+    auto handler = create_watched([&] { return rendezvous::create_static_rendezvous(ro); });
+    std::lock_guard<std::mutex> lock(handler_mu_);
+    rdzv_ = std::move(handler);
   }
   evfd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (evfd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
@@ -104,8 +192,18 @@ void RendezvousSession::create_handler() {
 }
 
 void RendezvousSession::drop_handler() {
-  if (rdzv_) rdzv_->shutdown();
-  rdzv_.reset();
+  if (rdzv_) {
+    rdzv_->shutdown();
+    const auto last = rdzv_->store_stats();
+    std::lock_guard<std::mutex> lock(handler_mu_);
+    retired_stats_.requests_sent += last.requests_sent;
+    retired_stats_.errors += last.errors;
+    if (last.requests_served) {
+      retired_stats_.requests_served =
+          retired_stats_.requests_served.value_or(0) + *last.requests_served;
+    }
+    rdzv_.reset();
+  }
   if (evfd_ >= 0) {
     loop_.remove(evfd_);
     close(evfd_);
@@ -123,9 +221,30 @@ void RendezvousSession::form_round() {
                                        {"max_nodes", int64_t{cfg_.max_nodes}}});
   }
   const auto began = clock_.now();
+  check_stop_signal();
+  rendezvous::RendezvousHandler* handler = rdzv_.get();
+  SignalWatch watch(cfg_.signals_to_handle, [handler] { handler->shutdown(); });
   try {
     info_ = rdzv_->next_rendezvous();
+    watch.stop();
+    // A signal right as the round formed: the handler is shut down all the same.
+    if (watch.fired()) {
+      interrupted_ = true;
+      throw RendezvousInterrupted("a stop signal arrived as the round formed");
+    }
+  } catch (const RendezvousInterrupted&) {
+    throw;
   } catch (const std::exception& e) {
+    watch.stop();
+    if (watch.fired()) {
+      if (events_) {
+        events_->record("trun.rdzv.failed", {{"rdzv_backend", backend()},
+                                             {"node_id", rdzv_->node_id()},
+                                             {"error_trace", std::string("stopped by a signal")}});
+      }
+      interrupted_ = true;
+      throw RendezvousInterrupted("a stop signal arrived while waiting for the round");
+    }
     if (events_) {
       events_->record("trun.rdzv.failed", {{"rdzv_backend", backend()},
                                            {"node_id", rdzv_->node_id()},
@@ -201,6 +320,9 @@ bool RendezvousSession::rejoin(const std::string& why) {
       form_round();
       rejoined = true;
       break;
+    } catch (const RendezvousInterrupted&) {
+      rejoin_deadline_.reset();
+      throw;
     } catch (const rendezvous::RendezvousClosedError& e) {
       rejoin_deadline_.reset();
       std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
@@ -213,6 +335,12 @@ bool RendezvousSession::rejoin(const std::string& why) {
     const auto left = deadline - clock_.now();
     if (left <= Clock::Duration::zero()) break;
     clock_.sleep_for(std::min<Clock::Duration>(std::chrono::milliseconds(500), left));
+    try {
+      check_stop_signal();
+    } catch (const RendezvousInterrupted&) {
+      rejoin_deadline_.reset();
+      throw;
+    }
   }
   rejoin_deadline_.reset();  // later rounds get join_timeout each
   if (rejoined) return true;
@@ -251,6 +379,81 @@ void RendezvousSession::exit_barrier(std::chrono::milliseconds timeout) {
   store.wait({"exit_barrier/done"}, timeout);
 }
 
-void RendezvousSession::shutdown() { drop_handler(); }
+void RendezvousSession::check_stop_signal() {
+  sigset_t pending;
+  if (sigpending(&pending) != 0) return;
+  for (int s : cfg_.signals_to_handle) {
+    if (s != SIGCHLD && sigismember(&pending, s) == 1) {
+      interrupted_ = true;
+      throw RendezvousInterrupted("a stop signal is pending");
+    }
+  }
+}
+
+void RendezvousSession::publish_status(const std::string& record) {
+  // After an interrupted rendezvous the handler is shut down (its store may be gone with it).
+  if (!rdzv_ || !info_.run_store || interrupted_) return;
+  try {
+    info_.run_store->set(node_status_key(run_id_, rdzv_->node_id()), record);
+  } catch (const std::exception& e) {
+    spdlog::debug("cannot publish this node's status for trun status: {}", e.what());
+  }
+}
+
+std::string RendezvousSession::node_id() const { return rdzv_ ? rdzv_->node_id() : ""; }
+
+void RendezvousSession::start_sampling(std::chrono::milliseconds interval) {
+  if (sampler_.joinable()) return;
+  sampler_ = std::thread([this, interval] {
+    std::unique_lock<std::mutex> lock(sampler_mu_);
+    // Runs until shutdown() (the session's lifetime).
+    while (!sampler_cv_.wait_for(lock, interval, [this] { return sampler_stop_; })) {
+      lock.unlock();
+      std::shared_ptr<rendezvous::RendezvousHandler> handler;
+      {
+        std::lock_guard<std::mutex> h(handler_mu_);
+        handler = rdzv_;
+      }
+      int n = -1;
+      if (handler) {
+        try {
+          n = handler->num_nodes_waiting();
+        } catch (const std::exception& e) {
+          spdlog::debug("sampling the nodes waiting: {}", e.what());
+        }
+      }
+      nodes_waiting_ = n;
+      lock.lock();
+    }
+  });
+}
+
+rendezvous::RendezvousHandler::StoreStats RendezvousSession::store_stats() const {
+  std::lock_guard<std::mutex> lock(handler_mu_);
+  auto total = retired_stats_;
+  if (rdzv_) {
+    const auto now = rdzv_->store_stats();
+    total.requests_sent += now.requests_sent;
+    total.errors += now.errors;
+    if (now.requests_served) {
+      total.requests_served = total.requests_served.value_or(0) + *now.requests_served;
+    }
+  }
+  return total;
+}
+
+void RendezvousSession::shutdown() {
+  // The handler first, so that this node leaves the rendezvous at once; a sample in flight then
+  // ends within the store's read timeout.
+  drop_handler();
+  if (sampler_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(sampler_mu_);
+      sampler_stop_ = true;
+    }
+    sampler_cv_.notify_all();
+    sampler_.join();
+  }
+}
 
 }  // namespace trun::agent

@@ -15,14 +15,20 @@
 // Thread safety: use from the agent's thread only (the handler's thread only posts).
 // Errors: start(), next_round() throw what RendezvousHandler::next_rendezvous throws, plus store
 // errors from the rank exchange; rejoin() and the others report on stderr or in the log and do
-// not throw.
+// not throw. start(), next_round() and rejoin() throw RendezvousInterrupted when a stop signal
+// (config.signals_to_handle) arrives while they wait for a round: a thread of their own watches
+// for it (without taking it) and shuts the handler down, which ends the wait at once.
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <thread>
 
 #include "agent/clock.h"
 #include "agent/event_log.h"
@@ -32,6 +38,14 @@
 #include "rendezvous/handler.h"
 
 namespace trun::agent {
+
+// One of the agent's stop signals (LaunchConfig::signals_to_handle) arrived while a round was
+// being formed: the session left the rendezvous (the others see this node leave) and the handler
+// is shut down. The signal itself stays pending for the agent's signalfd.
+class RendezvousInterrupted : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 
 class RendezvousSession {
  public:
@@ -71,6 +85,23 @@ class RendezvousSession {
   // Waits until every node's workers succeeded, up to `timeout` (multi-node only). Throws the
   // store's errors.
   void exit_barrier(std::chrono::milliseconds timeout);
+  // Writes this node's status record (agent/node_status.h) to the job's store: one set, bounded
+  // by the store's timeout; errors are logged at debug level (status is best effort). No-op
+  // before the first round.
+  void publish_status(const std::string& record);
+  // This node's id in the rendezvous (empty before start()).
+  std::string node_id() const;
+
+  // For the metrics (--metrics-port): samples the handler's num_nodes_waiting() every `interval`
+  // on a thread of its own (a few store requests each), so the agent's loop never waits on the
+  // store for it. Call once, after construction.
+  void start_sampling(std::chrono::milliseconds interval);
+  // The last sample: nodes waiting for the next round; -1 before the first sample or after a
+  // failed one. Any thread.
+  int nodes_waiting() const { return nodes_waiting_.load(); }
+  // Store traffic of every handler this session has had (counters keep counting across a
+  // rejoin). No I/O.
+  rendezvous::RendezvousHandler::StoreStats store_stats() const;
   // Leaves the rendezvous and stops the handler. Idempotent.
   void shutdown();
 
@@ -87,9 +118,13 @@ class RendezvousSession {
 
  private:
   void create_handler();
+  template <typename F>
+  auto create_watched(F create);
   void drop_handler();
   void form_round();
   void on_event_fd();
+  // Throws RendezvousInterrupted when a stop signal is pending for the process.
+  void check_stop_signal();
 
   const LaunchConfig& cfg_;
   const std::string run_id_;
@@ -99,7 +134,16 @@ class RendezvousSession {
   EventLog* events_ = nullptr;
   std::function<void(std::chrono::duration<double>)> on_round_formed_;
 
-  std::unique_ptr<rendezvous::RendezvousHandler> rdzv_;
+  // Written on the agent's thread under handler_mu_; the sampler copies it under handler_mu_.
+  std::shared_ptr<rendezvous::RendezvousHandler> rdzv_;
+  mutable std::mutex handler_mu_;
+  rendezvous::RendezvousHandler::StoreStats retired_stats_;  // of dropped handlers; handler_mu_
+  std::atomic<int> nodes_waiting_{-1};
+  bool interrupted_ = false;  // a RendezvousInterrupted was thrown: the handler is shut down
+  std::thread sampler_;
+  std::mutex sampler_mu_;
+  std::condition_variable sampler_cv_;
+  bool sampler_stop_ = false;  // under sampler_mu_
   rendezvous::RendezvousInfo info_;
   Ranks ranks_;
   std::optional<rendezvous::RoundEvent> round_over_;

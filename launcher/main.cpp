@@ -1,5 +1,5 @@
-// trun: entry point. `trun store ...` runs the store on its own, `trun timeline ...` draws a run
-// from its event logs; anything else is the launcher.
+// trun: entry point. `trun store ...` runs the store on its own, `trun status ...` shows a job,
+// `trun timeline ...` draws a run from its event logs; anything else is the launcher.
 #include <spdlog/spdlog.h>
 
 #include <chrono>
@@ -14,6 +14,7 @@
 #include "agent/elastic_agent.h"
 #include "launcher/cli.h"
 #include "launcher/dry_run.h"
+#include "launcher/status_command.h"
 #include "launcher/store_command.h"
 #include "launcher/timeline_command.h"
 
@@ -88,6 +89,9 @@ int main(int argc, char** argv) {
   }
   if (argc >= 2 && std::strcmp(argv[1], "timeline") == 0) {
     return trun::launcher::run_timeline_command(argc - 1, argv + 1);
+  }
+  if (argc >= 2 && std::strcmp(argv[1], "status") == 0) {
+    return trun::launcher::run_status_command(argc - 1, argv + 1);
   }
   const int code = run_launcher(argc, argv);
   // Bounded: a console nobody reads must not keep trun (and its exit code) from its parent.

@@ -44,6 +44,8 @@ class DynamicRendezvous : public RoundRendezvous {
       if (!v) return 0;
       auto rk = parse_round_key(*v);
       if (rk.closed) return 0;
+      // A round that ended before it formed (a joiner left): its tickets wait for nothing.
+      if (backend_->try_get(keys_.result(rk.round))) return 0;
       // A counter: read with add(0) (the etcd backend keeps counters apart from values).
       return static_cast<int>(std::max<int64_t>(0, backend_->add(keys_.ticket(rk.round), 0)));
     } catch (const StoreError& e) {
@@ -72,6 +74,9 @@ class DynamicRendezvous : public RoundRendezvous {
     std::optional<RoundResult> previous;  // result of round j-1 when this node already read it
     for (;;) {
       if (Clock::now() >= deadline) throw timeout_error(j);
+      // shutdown() from another thread ends the join (its abort wakes the wait below): take no
+      // ticket in the next round.
+      check_not_shut_down();
       joining_round_ = j;
       int64_t ticket = backend_->add(keys_.ticket(j), 1);
       NodeDesc me;
@@ -144,7 +149,8 @@ class DynamicRendezvous : public RoundRendezvous {
     info.group_world_size = static_cast<int>(result.members.size());
     info.participants = result.members;
     info.key_prefix = round_store_prefix(options_.run_id, round);
-    info.store = std::make_shared<PrefixStore>(info.key_prefix, backend_->agent_store());
+    info.run_store = backend_->agent_store();
+    info.store = std::make_shared<PrefixStore>(info.key_prefix, info.run_store);
     info.master_addr = std::string(result.members.field(0, 1));
     info.master_port = static_cast<uint16_t>(std::stoi(std::string(result.members.field(0, 3))));
     info.use_agent_store = false;

@@ -103,6 +103,9 @@ struct RendezvousInfo {
   // keys in this round (e.g. an exit barrier). Owned jointly; valid until shutdown().
   std::shared_ptr<Store> store;
   std::string key_prefix;
+  // The same store without the round prefix, for records that outlive rounds (the agent's
+  // status record for `trun status`, agent/node_status.h). Shared with `store`.
+  std::shared_ptr<Store> run_store;
   // Where the workers' process-group bootstrap lives (MASTER_ADDR/MASTER_PORT).
   std::string master_addr;
   uint16_t master_port = 0;
@@ -167,6 +170,14 @@ class RendezvousHandler {
   virtual void set_closed() = 0;
   // Nodes waiting for the next round (joined after the current round completed).
   virtual int num_nodes_waiting() = 0;
+
+  // This handler's store traffic, for metrics (no I/O: counters only; any thread).
+  struct StoreStats {
+    uint64_t requests_sent = 0;  // requests to the store (or etcd) by the rendezvous protocol
+    uint64_t errors = 0;         // of those, the ones that failed (StoreError, timeouts included)
+    std::optional<uint64_t> requests_served;  // when this node hosts the store: all it served
+  };
+  virtual StoreStats store_stats() const { return {}; }
   // Stops keep-alives, leaves the current round (members get kNodeLeft unless the rendezvous is
   // closed), unblocks waiting calls and releases the store (stops it when this node hosts it).
   // Idempotent; the handler is unusable afterwards.
@@ -239,6 +250,12 @@ std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& 
 // c10d's HOST[:PORT] (a port in 0..65535, a non-empty host, an IPv6 address in brackets) when
 // one is given. Throws RendezvousOptionError naming the option.
 void check_backend_options(const std::string& name, const RendezvousOptions& options);
+
+// Makes every store connection in this process that still retries (a client waiting for a store
+// to come up, e.g. a static node > 0 before node 0 listens, inside create_rendezvous_handler) give
+// up at once with a RendezvousError, and every later one after its first attempt. For an agent
+// that is stopping (a stop signal while it waits). One-way; any thread.
+void abandon_store_connection_retries();
 
 // The names create_rendezvous_handler accepts.
 std::vector<std::string> rendezvous_backend_names();

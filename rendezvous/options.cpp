@@ -7,6 +7,7 @@
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/static_rendezvous.h"
+#include "rendezvous/store/socket_conn.h"
 
 namespace trun::rendezvous {
 namespace {
@@ -155,6 +156,8 @@ bool is_rdzv_conf_key(const std::string& key) {
   }
   return false;
 }
+
+void abandon_store_connection_retries() { net::abandon_connect_retries(); }
 
 std::vector<std::string> rendezvous_backend_names() { return {"c10d", "etcd", "static"}; }
 

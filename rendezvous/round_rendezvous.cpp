@@ -254,11 +254,82 @@ std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::str
 
 // --- RoundRendezvous --------------------------------------------------------------------------
 
+namespace {
+
+// Counts the failed operations of a backend (StoreError, StoreTimeoutError) for the metrics, and
+// passes everything else through.
+class ErrorCountingBackend : public RendezvousBackend {
+ public:
+  ErrorCountingBackend(std::unique_ptr<RendezvousBackend> inner,
+                       std::shared_ptr<std::atomic<uint64_t>> errors)
+      : inner_(std::move(inner)), errors_(std::move(errors)) {}
+
+  std::string name() const override { return inner_->name(); }
+  void set(const std::string& key, const std::string& value) override {
+    counted([&] { inner_->set(key, value); });
+  }
+  std::string compare_set(const std::string& key, const std::string& expected,
+                          const std::string& desired) override {
+    return counted([&] { return inner_->compare_set(key, expected, desired); });
+  }
+  int64_t add(const std::string& key, int64_t delta) override {
+    return counted([&] { return inner_->add(key, delta); });
+  }
+  void append(const std::string& key, const std::string& value) override {
+    counted([&] { inner_->append(key, value); });
+  }
+  std::optional<std::string> try_get(const std::string& key) override {
+    return counted([&] { return inner_->try_get(key); });
+  }
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys,
+                                     Duration timeout) override {
+    return counted([&] { return inner_->multi_get(keys, timeout); });
+  }
+  std::optional<std::string> wait_get(const std::string& key, Duration timeout) override {
+    return counted([&] { return inner_->wait_get(key, timeout); });
+  }
+  void interrupt_waits() override { inner_->interrupt_waits(); }
+  void arm_lease(const LeaseSpec& lease) override {
+    counted([&] { inner_->arm_lease(lease); });
+  }
+  bool renew_lease() override {
+    return counted([&] { return inner_->renew_lease(); });
+  }
+  void release_lease() override {
+    counted([&] { inner_->release_lease(); });
+  }
+  std::shared_ptr<Store> agent_store() override { return inner_->agent_store(); }
+  uint64_t requests_sent() const override { return inner_->requests_sent(); }
+
+ private:
+  template <typename F>
+  auto counted(F f) -> decltype(f()) {
+    try {
+      return f();
+    } catch (const StoreError&) {
+      errors_->fetch_add(1, std::memory_order_relaxed);
+      throw;
+    }
+  }
+  std::unique_ptr<RendezvousBackend> inner_;
+  std::shared_ptr<std::atomic<uint64_t>> errors_;
+};
+
+}  // namespace
+
+RendezvousHandler::StoreStats RoundRendezvous::store_stats() const {
+  StoreStats s;
+  s.requests_sent = backend_->requests_sent();
+  s.errors = backend_errors_->load(std::memory_order_relaxed);
+  if (server_) s.requests_served = server_->num_requests();
+  return s;
+}
+
 RoundRendezvous::RoundRendezvous(std::string backend_name, RendezvousOptions options,
                                  std::unique_ptr<RendezvousBackend> backend,
                                  std::unique_ptr<StoreServer> server)
     : options_(std::move(options)),
-      backend_(std::move(backend)),
+      backend_(std::make_unique<ErrorCountingBackend>(std::move(backend), backend_errors_)),
       server_(std::move(server)),
       backend_name_(std::move(backend_name)) {
   start_keep_alive();
@@ -297,6 +368,9 @@ void RoundRendezvous::arm_node_lease(int64_t k, std::string node_key, std::strin
   backend_->arm_lease(lease);
   std::lock_guard<std::mutex> lock(mu_);
   lease_ = true;
+  lease_a_key_ = lease.a_key;
+  lease_a_value_ = lease.a_value;
+  lease_b_key_ = lease.b_key;
   cv_.notify_all();
 }
 
@@ -526,6 +600,8 @@ void RoundRendezvous::shutdown() {
   bool leave;
   bool store_lost;
   int world_size;
+  bool joining;
+  std::string join_abort_key, join_abort_value, join_over_key;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) return;
@@ -533,6 +609,15 @@ void RoundRendezvous::shutdown() {
     k = round_;
     world_size = world_size_;
     leave = in_round_ && !event_ && !closed_here_;
+    // Shut down while a next_rendezvous() on another thread joins a round (a signal to the
+    // agent): this node leaves that round as its lease would report it, so a round waiting for
+    // more nodes does not complete with it, and a round that just did ends for its members.
+    joining = !in_round_ && lease_ && joining_round_.load() > round_ && !closed_here_;
+    if (joining) {
+      join_abort_key = lease_a_key_;
+      join_abort_value = lease_a_value_;
+      join_over_key = lease_b_key_;
+    }
     // With the store gone, goodbyes would only wait for reconnects that cannot succeed.
     // (Each goodbye would spend the client's whole reconnect budget, past the caller's bound.)
     store_lost =
@@ -545,6 +630,12 @@ void RoundRendezvous::shutdown() {
     if (leave) {
       backend_->append(over_key(k), dynamic::encode_over({RoundEvent::Kind::kNodeLeft,
                                                           options_.node_id, "agent shut down"}));
+    }
+    if (joining) {
+      backend_->compare_set(join_abort_key, "", join_abort_value);
+      backend_->append(join_over_key,
+                       dynamic::encode_over({RoundEvent::Kind::kNodeLeft, options_.node_id,
+                                             "agent shut down while joining"}));
     }
     backend_->release_lease();
     // The node hosting the store stops it only after the others' last requests (above): a

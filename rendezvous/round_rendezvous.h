@@ -61,6 +61,7 @@ class RoundRendezvous : public RendezvousHandler {
 
   // Requests this handler's backend sent (tests, benchmarks).
   uint64_t requests_sent() const { return backend_->requests_sent(); }
+  StoreStats store_stats() const override;
   const StoreServer* hosted_store() const { return server_.get(); }
 
  protected:
@@ -90,6 +91,10 @@ class RoundRendezvous : public RendezvousHandler {
     return backend_name_ + " rendezvous '" + options_.run_id + "'";
   }
 
+  // Failed backend operations (counted by the wrapper around backend_; declared
+  // first: the constructor hands it to that wrapper).
+  std::shared_ptr<std::atomic<uint64_t>> backend_errors_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
   RendezvousOptions options_;
   std::unique_ptr<RendezvousBackend> backend_;
   std::unique_ptr<StoreServer> server_;
@@ -119,6 +124,9 @@ class RoundRendezvous : public RendezvousHandler {
   std::optional<RoundEvent> local_event_;  // raised here (store lost), delivered to waiters
   bool store_unreachable_ = false;         // the last next_rendezvous failed on a store error
   bool lease_ = false;                     // a lease is armed
+  // The armed lease's actions, which shutdown() carries out itself when it interrupts a join
+  // (so the others see this node leave at once, not when its lease lapses).
+  std::string lease_a_key_, lease_a_value_, lease_b_key_;
   std::function<void(const RoundEvent&)> callback_;
   int64_t delivered_round_ = -1;
 

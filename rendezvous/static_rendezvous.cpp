@@ -33,23 +33,6 @@ std::string duplicate_rank(int rank, const std::string& holder, const std::strin
          " (give every node its own --node-rank)";
 }
 
-struct StaticKeys {
-  std::string base;
-  explicit StaticKeys(const std::string& run_id) : base("trun/static/" + run_id) {}
-  std::string closed() const { return base + "/closed"; }
-  // Node 0's "node_id local_addr", set once it hosts the store: a second node 0 names it.
-  std::string host() const { return base + "/host"; }
-  // Who holds a rank in round k ("node_id local_addr"): taken once, so a duplicate is seen.
-  std::string claim(int64_t k, int rank) const { return r(k) + "/claim/" + std::to_string(rank); }
-  std::string r(int64_t k) const { return base + "/" + std::to_string(k); }
-  std::string arrived(int64_t k) const { return r(k) + "/arrived"; }
-  // Every node that starts joining round k, duplicates included (arrived counts only claims).
-  std::string joined(int64_t k) const { return r(k) + "/joined"; }
-  std::string all(int64_t k) const { return r(k) + "/all"; }
-  std::string node(int64_t k, int rank) const { return r(k) + "/node/" + std::to_string(rank); }
-  std::string over(int64_t k) const { return r(k) + "/over"; }
-};
-
 class StaticRendezvous : public RoundRendezvous {
  public:
   StaticRendezvous(RendezvousOptions options, std::unique_ptr<RendezvousBackend> backend,
@@ -136,7 +119,8 @@ class StaticRendezvous : public RoundRendezvous {
     }
     info.participants = ParticipantList(participants);
     info.key_prefix = round_store_prefix(options_.run_id, k);
-    info.store = std::make_shared<PrefixStore>(info.key_prefix, backend_->agent_store());
+    info.run_store = backend_->agent_store();
+    info.store = std::make_shared<PrefixStore>(info.key_prefix, info.run_store);
     info.master_addr = master_.host;
     info.master_port = server_ ? server_->port() : master_.port;
     info.use_agent_store = true;

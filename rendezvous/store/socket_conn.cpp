@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -117,12 +118,23 @@ std::string RetryResult::detail() const {
   return detail;
 }
 
+namespace {
+std::atomic<bool> g_abandon_retries{false};
+}  // namespace
+
+void abandon_connect_retries() { g_abandon_retries = true; }
+
 RetryResult connect_retrying(Clock::time_point deadline,
                              const std::function<int(OpenError* error)>& attempt) {
   RetryResult result;
   std::mt19937 rng(std::random_device{}());
   auto backoff = std::chrono::milliseconds(10);
   for (;;) {
+    if (g_abandon_retries.load() && result.attempts > 0) {
+      result.last.what = "abandoned: this process is stopping";
+      result.last.permanent = true;
+      return result;
+    }
     ++result.attempts;
     result.last.permanent = false;
     result.fd = attempt(&result.last);
@@ -130,8 +142,14 @@ RetryResult connect_retrying(Clock::time_point deadline,
     const auto left = deadline - Clock::now();
     if (left <= Clock::duration::zero()) return result;
     std::uniform_real_distribution<double> jitter(0.5, 1.5);
-    std::this_thread::sleep_for(std::min<Clock::duration>(
-        std::chrono::duration_cast<std::chrono::microseconds>(backoff * jitter(rng)), left));
+    // Slept in slices of at most 100 ms, so that abandon_connect_retries() takes effect soon.
+    const auto pause = std::min<Clock::duration>(
+        std::chrono::duration_cast<std::chrono::microseconds>(backoff * jitter(rng)), left);
+    const auto wake = Clock::now() + pause;
+    for (int i = 0; i < 100 && !g_abandon_retries.load() && Clock::now() < wake; ++i) {
+      std::this_thread::sleep_for(
+          std::min<Clock::duration>(wake - Clock::now(), std::chrono::milliseconds(100)));
+    }
     backoff = std::min<std::chrono::milliseconds>(backoff * 2, std::chrono::seconds(1));
   }
 }

@@ -66,6 +66,10 @@ struct RetryResult {
 // `attempt` pass through.
 RetryResult connect_retrying(Clock::time_point deadline,
                              const std::function<int(OpenError* error)>& attempt);
+// Makes every connect_retrying in this process, now and later, stop before its next attempt (with
+// a permanent "abandoned" error): for a process that is stopping (an agent that got a stop signal
+// while it waited for a store to come up). One-way; any thread.
+void abandon_connect_retries();
 
 // Sends all of `data` (MSG_NOSIGNAL). Throws IoError.
 void write_all(int fd, std::string_view data, Clock::time_point deadline);

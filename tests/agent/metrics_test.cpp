@@ -241,7 +241,97 @@ TEST_CASE("/healthz answers 200 while the agent waits in a rendezvous", "[agent]
   CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_round -1\n"));
   CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_rounds_total 0\n"));
   CHECK(trun.running());
-  // Signals reach the agent through its event loop, which the rendezvous blocks: SIGKILL.
-  trun.signal(SIGKILL);
-  CHECK(trun.wait(10s));
+  // A stop signal ends the wait (the rendezvous is left), as torchrun exits 128+N.
+  trun.signal(SIGTERM);
+  REQUIRE(trun.wait(20s));
+  CHECK(trun.exit_code() == 128 + SIGTERM);
+}
+
+namespace {
+
+// The value of the sample `name` ("name value" on a line of /metrics), or -1 when it is missing.
+double metric(int port, const std::string& name) {
+  for (const auto& line : lines_of(body_of(get(port, "/metrics")))) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return -1;
+}
+
+std::vector<std::string> c10d_node(const std::string& ep, const std::string& run,
+                                   const std::string& nnodes, const std::string& conf,
+                                   const std::string& dir, bool metrics) {
+  std::vector<std::string> argv{trun_binary(),         "--nnodes=" + nnodes,
+                                "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep,
+                                "--rdzv-id=" + run,    "--rdzv-conf=" + conf};
+  if (metrics) argv.insert(argv.end(), {"--metrics-port", "0"});
+  argv.insert(argv.end(), {test_worker(), "pidfile", dir, "sleep", "60"});
+  return argv;
+}
+
+}  // namespace
+
+TEST_CASE("/metrics shows the nodes waiting for the next round and counts store requests",
+          "[agent][metrics]") {
+  TempDir d;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string run = "metrics-waiting-" + std::to_string(getpid());
+  // a forms a full group of one node and hosts the store.
+  Child a(c10d_node(ep, run, "1", "join_timeout=60", d.path(), true), {},
+          {"TORCHELASTIC_HEALTH_CHECK_PORT"});
+  const int port = printed_port(a);
+  REQUIRE(wait_until([&] { return file_exists(d / "pid_0_0"); }, 30s));
+  REQUIRE(wait_until([&] { return metric(port, "trun_rendezvous_nodes_waiting") == 0; }, 20s));
+  const std::string first = body_of(get(port, "/metrics"));
+  check_exposition(first);
+  const double requests = metric(port, "trun_store_requests_total");
+  const double served = metric(port, "trun_store_requests_served_total");
+  CHECK(requests > 0);
+  CHECK(served > 0);
+  CHECK(metric(port, "trun_store_errors_total") == 0);
+  // b finds the group full and waits for the next round.
+  TempDir db;
+  Child b(c10d_node(ep, run, "1", "join_timeout=60", db.path(), false));
+  REQUIRE(wait_until([&] { return metric(port, "trun_rendezvous_nodes_waiting") == 1; }, 20s));
+  CHECK(metric(port, "trun_store_requests_total") > requests);       // the samples themselves
+  CHECK(metric(port, "trun_store_requests_served_total") > served);  // b's requests too
+  CHECK_FALSE(file_exists(db / "pid_0_0"));
+  // b leaves (a stop signal while it waits): nobody waits any more.
+  b.signal(SIGTERM);
+  REQUIRE(b.wait(20s));
+  CHECK(b.exit_code() == 128 + SIGTERM);
+  CHECK(wait_until([&] { return metric(port, "trun_rendezvous_nodes_waiting") == 0; }, 20s));
+  a.signal(SIGTERM);
+  REQUIRE(a.wait(30s));
+  CHECK(a.exit_code() == 128 + SIGTERM);
+}
+
+TEST_CASE("/metrics counts the store errors when the store host dies, and no counter goes back",
+          "[agent][metrics]") {
+  TempDir da, dc;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string run = "metrics-errors-" + std::to_string(getpid());
+  const std::string conf = "join_timeout=60,last_call_timeout=0.5";
+  Child a(c10d_node(ep, run, "1:2", conf + ",is_host=true", da.path(), false));
+  REQUIRE(wait_until([&] { return file_exists(da / "pid_0_0"); }, 30s));
+  // c joins a's group as a client of a's store (the port is a's).
+  Child c(c10d_node(ep, run, "1:2", conf, dc.path(), true), {}, {"TORCHELASTIC_HEALTH_CHECK_PORT"});
+  const int port = printed_port(c);
+  REQUIRE(wait_until([&] { return file_exists(dc / "pid_0_0"); }, 30s));
+  REQUIRE(wait_until([&] { return metric(port, "trun_rendezvous_rounds_total") == 1; }, 20s));
+  CHECK(metric(port, "trun_store_errors_total") == 0);
+  CHECK(metric(port, "trun_store_requests_served_total") == -1);  // c hosts nothing
+  const double requests = metric(port, "trun_store_requests_total");
+  CHECK(requests > 0);
+  a.signal(SIGKILL);
+  REQUIRE(a.wait(10s));
+  // c loses the store, rejoins hosting one itself, and forms a round alone.
+  const bool rejoined =
+      wait_until([&] { return metric(port, "trun_rendezvous_rounds_total") == 2; }, 40s);
+  INFO(c.err());
+  REQUIRE(rejoined);
+  CHECK(metric(port, "trun_store_errors_total") >= 1);
+  CHECK(metric(port, "trun_store_requests_total") >= requests);
+  CHECK(metric(port, "trun_store_requests_served_total") > 0);
+  c.signal(SIGTERM);
+  REQUIRE(c.wait(30s));
 }

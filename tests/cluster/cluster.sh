@@ -334,6 +334,33 @@ static)  # static backend across nodes: fixed ranks from --node-rank; a crash re
     fail "not every node restarted its workers with TORCHELASTIC_RESTART_COUNT=1"
   finish_ok
   ;;
+status)  # trun status (from a third namespace) shows both nodes; after a SIGKILL the new round
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1; do start_agent $i --nnodes 1:2 --nproc-per-node 2 --max-restarts 1 $(c10d); done
+  wait_for 30 "4 workers with WORLD_SIZE=4" have_world 4
+  STATUS_OUT=$TMP/status.txt
+  # status_has PATTERN...: trun status (run in node 2, not part of the job) prints every pattern.
+  status_has() {
+    ip netns exec "${TAG}n2" "$TRUN" status --rdzv-backend c10d --rdzv-endpoint "$(addr 0):$PORT" \
+      --rdzv-id "job-$TAG" --timeout 3 >"$STATUS_OUT" 2>&1 || return 1
+    local p
+    for p in "$@"; do grep -q -- "$p" "$STATUS_OUT" || return 1; done
+  }
+  node_line() { echo "$(addr "$1") *[01] *2 *alive *running *0/1"; }
+  wait_for 10 "trun status shows round 0 with both nodes" status_has "round: *0 (running)" \
+    "2 in the round, 0 waiting" "$(node_line 0)" "$(node_line 1)"
+  cat "$STATUS_OUT"
+  log "killing agent 1 (SIGKILL)"
+  kill -KILL "${AGENT_PID[1]}"
+  wait "${AGENT_PID[1]}" 2>/dev/null
+  unset "AGENT_PID[1]"
+  wait_for 30 "2 workers with WORLD_SIZE=2" have_world 2
+  wait_for 10 "trun status shows round 1 with node 0 only" status_has "round: *1 (running)" \
+    "1 in the round, 0 waiting" "$(node_line 0)"
+  cat "$STATUS_OUT"
+  grep -q "$(addr 1)" "$STATUS_OUT" && fail "the killed node 1 is still listed in round 1"
+  finish_ok
+  ;;
 mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the checkpoint at world 4
   MLP=$BIN/examples/train_mlp
   [ -x "$MLP" ] || fail "$MLP is not built"

@@ -1,0 +1,45 @@
+#pragma once
+// NodeStatus: the small record each agent publishes in the job's store for `trun status`
+// (launcher/status_command.h): what the rendezvous keys do not say (workers per node, restarts,
+// the last failure, what the agent is doing).
+//
+// Where: node_status_key(run_id, node_id), in the job's store without a round prefix (the c10d
+// or static store, or etcd under its prefix), so a record outlives rounds and the node itself.
+// When: the agent writes it (one set) when a round forms, when its workers fail, before a
+// restart and when the job ends on this node; never while idle.
+//
+// Thread safety: plain values and pure functions.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace trun::agent {
+
+struct NodeStatus {
+  std::string node_id;
+  std::string hostname;
+  std::string addr;    // how other nodes reach it (the rendezvous' local_addr)
+  int64_t pid = 0;     // the agent's pid
+  int64_t round = -1;  // the round it last formed
+  int group_rank = -1;
+  int group_world_size = 0;
+  int local_world_size = 0;  // --nproc-per-node
+  int restarts = 0;
+  int max_restarts = 0;
+  // rendezvous, running, stopping, succeeded, failed, signaled
+  std::string state;
+  // The last failure of this node's workers, one line; empty when none.
+  std::string last_failure;
+  double last_failure_at = 0;  // unix seconds; 0 when none
+  double updated_at = 0;       // unix seconds
+};
+
+// "trun/status/<run_id>/<node_id>".
+std::string node_status_key(const std::string& run_id, const std::string& node_id);
+// One JSON object.
+std::string encode_node_status(const NodeStatus& status);
+// nullopt when `text` is not such a record (a reader of an older or newer agent goes on).
+std::optional<NodeStatus> decode_node_status(const std::string& text);
+
+}  // namespace trun::agent
