@@ -394,7 +394,8 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
   // Spin only briefly before sleeping on the futex: on a busy or oversubscribed machine a
   // spinning rank steals the core its peer needs.
-  spin_limit_ = (cpus >= static_cast<unsigned>(n_)) ? 1000 : 64;
+  core_each_ = cpus >= static_cast<unsigned>(n_);
+  spin_limit_ = core_each_ ? 1000 : 64;
   if (const char* v = std::getenv("TRUN_SHM_SPIN")) spin_limit_ = std::atoi(v);  // tuning
   if (const char* v = std::getenv("TRUN_SHM_YIELD_US"))                          // tuning
     yield_for_ = std::chrono::microseconds(std::atoi(v));
@@ -697,8 +698,9 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
   };
   if (n_ > 1) {
     // Row i of the table: local rank i's send sizes, receive sizes, send offsets, the address
-    // of its send buffer, and whether it can read its peers' memory (cross-memory attach).
-    const size_t w = 3 * static_cast<size_t>(n_) + 2;
+    // of its send buffer, whether it can read its peers' memory (cross-memory attach), and
+    // whether it may use as many CPUs as there are local ranks.
+    const size_t w = 3 * static_cast<size_t>(n_) + 3;
     std::vector<uint64_t> mine(w), table(w * n_);
     for (int j = 0; j < n_; ++j) {
       mine[j] = send_bytes[j];
@@ -707,11 +709,13 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
     }
     mine[3 * n_] = reinterpret_cast<uintptr_t>(in);
     mine[3 * n_ + 1] = cma_usable() ? 1 : 0;
+    mine[3 * n_ + 2] = core_each_ ? 1 : 0;
     allgather(mine.data(), table.data(), w * sizeof(uint64_t), deadline);
     uint64_t longest = 0;
-    bool cma = true;
+    bool cma = true, core_each = true;
     for (int i = 0; i < n_; ++i) {
       cma = cma && table[i * w + 3 * n_ + 1] == 1;
+      core_each = core_each && table[i * w + 3 * n_ + 2] == 1;
       for (int j = 0; j < n_; ++j) {
         const uint64_t sent = table[i * w + j];           // i -> j, as i says
         const uint64_t expected = table[j * w + n_ + i];  // i -> j, as j says
@@ -723,15 +727,18 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
         if (i != j) longest = std::max(longest, sent);
       }
     }
-    // Staged or direct: a round moves one sub-slot per pair, copied in by the sender (into its
+    // Staged or direct. A round moves one sub-slot per pair, copied in by the sender (into its
     // slot, which stays in the cache) and out by the receiver with non-temporal stores, so each
-    // byte crosses memory once each way. A direct read (the kernel's copy) also writes the
-    // destination through the cache, reading every line first: with sub-slots of 256 KiB or
-    // more (up to 4 ranks with the default segment) the rounds moved 64 MiB 1.2-2x faster here;
-    // with smaller ones (8 ranks: 64 KiB) their barriers cost more than that.
+    // byte crosses memory once each way; a direct read (the kernel's copy, even through the
+    // bounce buffer) costs more memory traffic per byte, but no barriers. Measured here (2
+    // cores, 64 MiB): 2 ranks, rounds 1.2-2x faster; 4 ranks, faster on a quiet machine and
+    // slower on a loaded one (two ranks per core wait for each other at every barrier); 8
+    // ranks (64 KiB sub-slots), slower. So rounds when every rank has a core of its own and
+    // sub-slots of at least 256 KiB. Every rank must take the same path: decided from the
+    // table, which all ranks share.
     const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
-    // Every rank must take the same path: decided from the sizes all ranks agree on.
-    const bool staged = sub_bytes >= kStagedMinSubBytes && longest >= kStagedMinSubBytes;
+    const bool staged =
+        core_each && sub_bytes >= kStagedMinSubBytes && longest >= kStagedMinSubBytes;
     if (cma && !staged && longest > 0) {
       // One copy per block, straight from each peer's send buffer (process_vm_readv); then an
       // allgather of the outcomes, which is also the barrier that keeps every send buffer
