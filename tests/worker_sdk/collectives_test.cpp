@@ -119,6 +119,31 @@ TEST_CASE("a point-to-point peer that dies makes the receive fail naming it, wit
   }
 }
 
+TEST_CASE("a peer that dies in the middle of an all_to_all makes the others fail, without a hang",
+          "[worker_sdk][failures][a2a]") {
+  // 2 ranks: the staged rounds (each rank has a core here); 3 ranks on this 2-core machine:
+  // direct reads from the peers' memory; 16 KiB slots and TRUN_SHM_CMA=0: many short rounds.
+  for (const Layout& layout :
+       {Layout{"2 ranks, one node", {2}}, Layout{"3 ranks, one node", {3}},
+        Layout{"3 ranks, 16 KiB slots, no cross-memory reads", {3}, false, false, true}}) {
+    DYNAMIC_SECTION(layout.name) {
+      Job job;
+      JobSpec spec = spec_for(layout, {"a2a_dead", "8"}, "a2a-dead");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";  // failing within 45 s is detection
+      job.start(spec);
+      auto results = job.wait(45s);
+      INFO(job.describe(results));
+      CHECK(results[1].signal == SIGKILL);
+      for (size_t r = 0; r < results.size(); ++r) {
+        if (r == 1) continue;
+        REQUIRE(results[r].exited);
+        REQUIRE(results[r].exit_code == 15);
+      }
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
 TEST_CASE("new_group over a subset and new_subgroups build groups of exactly their members",
           "[worker_sdk][groups]") {
   for (const Layout& layout :

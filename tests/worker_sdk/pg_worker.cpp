@@ -22,6 +22,11 @@
 //   pg_worker p2p_dead <when>    rank 1 dies (SIGKILL) "before" it ever connects to rank 0 or
 //                                "after" one exchange; rank 0's recv from it must fail naming
 //                                rank 1: exit 15 (CollectiveError), 16 (timeout), 4 otherwise
+//   pg_worker a2a_dead <MiB>     every rank runs all_to_all of <MiB> per rank in a loop; rank 1
+//                                dies (SIGKILL, from a thread) 300 ms into it, mid-exchange: the
+//                                others must fail naming it: exit 15 (CollectiveError naming local
+//                                rank 1 or rank 1), 16 (timeout), 4 otherwise (or no failure in
+//                                2000 calls)
 //   pg_worker stall <victim> <timeout_ms>
 //                                the victim never joins; the others must time out (exit 10)
 //   pg_worker loop               allreduce until failure, printing READY after the first;
@@ -956,6 +961,32 @@ int main(int argc, char** argv) {
       } catch (const CollectiveTimeoutError& e) {
         std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
         return std::strstr(e.what(), "rank 1") ? 16 : 4;
+      } catch (const CollectiveError& e) {
+        std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+        return std::strstr(e.what(), "rank 1") ? 15 : 4;
+      }
+      return 4;
+    } else if (scenario == "a2a_dead") {
+      const size_t mib = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8;
+      const size_t block = (mib << 20) / 4 / pg.size();
+      std::vector<float> send(block * pg.size(), 1.0f), recv(block * pg.size(), 0.0f);
+      if (pg.size() < 2) return 2;
+      pg.barrier();
+      if (pg.rank() == 1) {
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          std::printf("DYING\n");
+          std::fflush(stdout);
+          std::raise(SIGKILL);
+        }).detach();
+      }
+      auto t0 = Clock::now();
+      try {
+        for (int i = 0; i < 2000; ++i)
+          pg.all_to_all(send.data(), recv.data(), block, DataType::kFloat32);
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+        return 16;
       } catch (const CollectiveError& e) {
         std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
         return std::strstr(e.what(), "rank 1") ? 15 : 4;

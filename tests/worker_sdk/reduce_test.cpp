@@ -153,6 +153,29 @@ TEST_CASE("copy_bytes copies every length and alignment exactly", "[worker_sdk][
   }
 }
 
+TEST_CASE("stream_bytes copies every length and alignment exactly, below and above 4 KiB",
+          "[worker_sdk][reduce]") {
+  // The streamed body starts at the first 32-byte boundary of dst: every head length 0..31 and
+  // every tail length past the last 128-byte step.
+  std::vector<unsigned char> src((1u << 20) + 300), dst((1u << 20) + 300);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 13 + 5);
+  for (size_t len : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{4096 + 127},
+                     size_t{65536 + 33}, size_t{1u << 20}}) {
+    for (size_t so : {0, 1, 17}) {
+      for (size_t d_off : {0, 3, 31, 32, 64}) {
+        std::fill(dst.begin(), dst.end(), 0xAA);
+        stream_bytes(dst.data() + d_off, src.data() + so, len);
+        INFO("len=" << len << " src+" << so << " dst+" << d_off);
+        REQUIRE(std::memcmp(dst.data() + d_off, src.data() + so, len) == 0);
+        // Nothing before or after (one assertion each: a megabyte of REQUIREs is slow).
+        REQUIRE(std::count(dst.begin(), dst.begin() + d_off, 0xAA) == static_cast<long>(d_off));
+        REQUIRE(std::count(dst.begin() + d_off + len, dst.end(), 0xAA) ==
+                static_cast<long>(dst.size() - d_off - len));
+      }
+    }
+  }
+}
+
 TEST_CASE("product and the bitwise ops on the integer types, with wrap-around",
           "[worker_sdk][reduce]") {
   {

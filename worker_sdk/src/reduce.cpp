@@ -200,6 +200,25 @@ __attribute__((target("avx2"))) void copy_avx2(char* d, const char* s, size_t n)
   if (i < n) std::memcpy(d + i, s + i, n - i);
 }
 
+// Non-temporal stores: the destination lines go to memory without being read first (a plain
+// store reads each line it writes, a third memory access per byte). For large copies whose
+// destination is not read again soon; d must be 32-byte aligned.
+__attribute__((target("avx2"))) void stream_avx2(char* d, const char* s, size_t n) {
+  size_t i = 0;
+  for (; i + 128 <= n; i += 128) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+  }
+  _mm_sfence();  // the streamed lines are visible before anything this thread stores later
+  if (i < n) std::memcpy(d + i, s + i, n - i);
+}
+
 void copy_sse2(char* d, const char* s, size_t n) {
   size_t i = 0;
   for (; i + 64 <= n; i += 64) {
@@ -230,6 +249,21 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   }
 #endif
   std::memcpy(dst, src, n);
+}
+
+void stream_bytes(void* dst, const void* src, size_t n) {
+#if defined(__x86_64__)
+  static const bool avx2 = __builtin_cpu_supports("avx2");
+  if (avx2 && n >= 4096) {
+    char* d = static_cast<char*>(dst);
+    const char* s = static_cast<const char*>(src);
+    const size_t head = (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32;
+    copy_bytes(d, s, head);
+    stream_avx2(d + head, s + head, n - head);
+    return;
+  }
+#endif
+  copy_bytes(dst, src, n);
 }
 
 float half_to_float(uint16_t h) {

@@ -26,6 +26,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "worker_sdk/src/cpu/process_memory.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace trun::worker::detail {
@@ -262,28 +263,6 @@ void GlooComm::barrier(Deadline deadline) {
   });
 }
 
-namespace {
-
-// Copies `bytes` at `remote` in process `pid` to dst (cross-memory attach); "" or why not.
-std::string read_process(int pid, char* dst, uint64_t remote, size_t bytes) {
-  size_t done = 0;
-  for (int tries = 0; done < bytes && tries < 1024; ++tries) {
-    iovec local{dst + done, bytes - done};
-    iovec far{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), bytes - done};
-    ssize_t n = ::process_vm_readv(pid, &local, 1, &far, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return std::string("process_vm_readv from pid ") + std::to_string(pid) + ": " +
-             std::strerror(errno);
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  return done < bytes ? "process_vm_readv from pid " + std::to_string(pid) + ": short read" : "";
-}
-
-}  // namespace
-
 void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what) {
   if (transfers.empty()) return;
   // Per message, on slots 4*tag + 0, 1, 2: the sender's header (length, address of its data),
@@ -353,7 +332,7 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
       p.answer = t.bytes == 0 ? 1 : 0;
       if (t.bytes && t.peer_pid > 0 && !t.comm->direct_read_failed_) {
         std::string why =
-            read_process(t.peer_pid, static_cast<char*>(t.data), p.header[1], t.bytes);
+            read_process_memory(t.peer_pid, t.peer_name, t.data, p.header[1], t.bytes);
         p.answer = why.empty() ? 1 : 0;
         if (!why.empty()) {
           t.comm->direct_read_failed_ = true;

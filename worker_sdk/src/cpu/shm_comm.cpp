@@ -26,6 +26,7 @@
 #include "rendezvous/check.h"
 #include "rendezvous/shm_names.h"
 #include "rendezvous/store/auth.h"
+#include "worker_sdk/src/cpu/process_memory.h"
 #include "worker_sdk/src/reduce.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -43,6 +44,7 @@ constexpr size_t kPage = 4096;
 constexpr size_t kMaxSlotBytes = 2u << 20;
 constexpr size_t kSegmentDataBytes = 4u << 20;
 constexpr size_t kLine = 64;
+constexpr size_t kStagedMinSubBytes = 256u << 10;  // see all_to_all_v
 }  // namespace
 
 struct alignas(64) ShmRankState {
@@ -392,7 +394,8 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   if (::sched_getaffinity(0, sizeof set, &set) == 0) cpus = CPU_COUNT(&set);
   // Spin only briefly before sleeping on the futex: on a busy or oversubscribed machine a
   // spinning rank steals the core its peer needs.
-  spin_limit_ = (cpus >= static_cast<unsigned>(n_)) ? 1000 : 64;
+  core_each_ = cpus >= static_cast<unsigned>(n_);
+  spin_limit_ = core_each_ ? 1000 : 64;
   if (const char* v = std::getenv("TRUN_SHM_SPIN")) spin_limit_ = std::atoi(v);  // tuning
   if (const char* v = std::getenv("TRUN_SHM_YIELD_US"))                          // tuning
     yield_for_ = std::chrono::microseconds(std::atoi(v));
@@ -668,21 +671,7 @@ bool ShmComm::cma_usable() const {
 }
 
 std::string ShmComm::read_peer(int r, char* dst, uint64_t remote, size_t bytes) {
-  size_t done = 0;
-  for (int tries = 0; done < bytes && tries < 1024; ++tries) {
-    iovec local{dst + done, bytes - done};
-    iovec far{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), bytes - done};
-    ssize_t n = ::process_vm_readv(pids_[r], &local, 1, &far, 1, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return std::string("process_vm_readv from local rank ") + std::to_string(r) + " (pid " +
-             std::to_string(pids_[r]) + "): " + std::strerror(errno);
-    }
-    if (n == 0) break;
-    done += static_cast<size_t>(n);
-  }
-  if (done < bytes) return "process_vm_readv from local rank " + std::to_string(r) + ": short read";
-  return "";
+  return read_process_memory(pids_[r], "local rank " + std::to_string(r), dst, remote, bytes);
 }
 
 void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
@@ -693,10 +682,25 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
   if (n_ == 1 && send_bytes[0] != recv_bytes[0])
     throw CollectiveError("all_to_all: sends " + std::to_string(send_bytes[0]) +
                           " bytes to itself but receives " + std::to_string(recv_bytes[0]));
+  // Large receives are written with non-temporal stores: nothing reads them back soon, and
+  // the copies are limited by memory bandwidth.
+  size_t total_recv = 0;
+  for (int j = 0; j < n_; ++j) total_recv += recv_bytes[j];
+  const bool stream = total_recv >= kStreamMinBytes;
+  auto put = [stream](char* dst, const char* src, size_t bytes) {
+    if (stream)
+      stream_bytes(dst, src, bytes);
+    else
+      copy_bytes(dst, src, bytes);
+  };
+  auto copy_own_block = [&] {
+    if (send_bytes[me_]) put(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+  };
   if (n_ > 1) {
     // Row i of the table: local rank i's send sizes, receive sizes, send offsets, the address
-    // of its send buffer, and whether it can read its peers' memory (cross-memory attach).
-    const size_t w = 3 * static_cast<size_t>(n_) + 2;
+    // of its send buffer, whether it can read its peers' memory (cross-memory attach), and
+    // whether it may use as many CPUs as there are local ranks.
+    const size_t w = 3 * static_cast<size_t>(n_) + 3;
     std::vector<uint64_t> mine(w), table(w * n_);
     for (int j = 0; j < n_; ++j) {
       mine[j] = send_bytes[j];
@@ -705,11 +709,13 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
     }
     mine[3 * n_] = reinterpret_cast<uintptr_t>(in);
     mine[3 * n_ + 1] = cma_usable() ? 1 : 0;
+    mine[3 * n_ + 2] = core_each_ ? 1 : 0;
     allgather(mine.data(), table.data(), w * sizeof(uint64_t), deadline);
     uint64_t longest = 0;
-    bool cma = true;
+    bool cma = true, core_each = true;
     for (int i = 0; i < n_; ++i) {
       cma = cma && table[i * w + 3 * n_ + 1] == 1;
+      core_each = core_each && table[i * w + 3 * n_ + 2] == 1;
       for (int j = 0; j < n_; ++j) {
         const uint64_t sent = table[i * w + j];           // i -> j, as i says
         const uint64_t expected = table[j * w + n_ + i];  // i -> j, as j says
@@ -721,7 +727,19 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
         if (i != j) longest = std::max(longest, sent);
       }
     }
-    if (cma && longest > 0) {
+    // Staged or direct. A round moves one sub-slot per pair, copied in by the sender (into its
+    // slot, which stays in the cache) and out by the receiver with non-temporal stores, so each
+    // byte crosses memory once each way; a direct read (the kernel's copy, even through the
+    // bounce buffer) costs more memory traffic per byte, but no barriers. Measured here (2
+    // cores, 64 MiB): 2 ranks, rounds 1.2-2x faster; 4 ranks, faster on a quiet machine and
+    // slower on a loaded one (two ranks per core wait for each other at every barrier); 8
+    // ranks (64 KiB sub-slots), slower. So rounds when every rank has a core of its own and
+    // sub-slots of at least 256 KiB. Every rank must take the same path: decided from the
+    // table, which all ranks share.
+    const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
+    const bool staged =
+        core_each && sub_bytes >= kStagedMinSubBytes && longest >= kStagedMinSubBytes;
+    if (cma && !staged && longest > 0) {
       // One copy per block, straight from each peer's send buffer (process_vm_readv); then an
       // allgather of the outcomes, which is also the barrier that keeps every send buffer
       // untouched until its readers are done. If any rank failed to read (EPERM under a
@@ -737,8 +755,7 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
       std::vector<uint64_t> oks(n_);
       allgather(&ok, oks.data(), sizeof ok, deadline);
       if (std::all_of(oks.begin(), oks.end(), [](uint64_t v) { return v == 1; })) {
-        if (send_bytes[me_])
-          copy_bytes(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+        copy_own_block();
         return;
       }
       cma_failed_ = true;
@@ -748,7 +765,6 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
                      "the shared-memory rounds from now on\n",
                      why.c_str());
     }
-    const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
     TRUN_CHECK_GT(sub_bytes, 0u, "slot of " << slot_bytes_ << " bytes, " << n_ << " local ranks");
     for (uint64_t off = 0; off < longest; off += sub_bytes) {
       for (int d = 0; d < n_; ++d) {
@@ -759,13 +775,13 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
       arrive_and_wait(deadline, "all_to_all");
       for (int s = 0; s < n_; ++s) {
         if (s == me_ || recv_bytes[s] <= off) continue;
-        copy_bytes(out + recv_offsets[s] + off, slot(s) + me_ * sub_bytes,
-                   std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
+        put(out + recv_offsets[s] + off, slot(s) + me_ * sub_bytes,
+            std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
       }
       arrive_and_wait(deadline, "all_to_all");
     }
   }
-  if (send_bytes[me_]) copy_bytes(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+  copy_own_block();
 }
 
 }  // namespace trun::worker::detail

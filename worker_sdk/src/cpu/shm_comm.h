@@ -71,10 +71,13 @@ class ShmComm {
   // recv (recv_bytes[i] at recv_offsets[i]) comes from local rank i. Every rank first publishes
   // its sizes, offsets and send buffer's address (one small allgather), so that a send size
   // that differs from its receive size fails on every rank with the same CollectiveError. Then
-  // each rank reads its blocks straight out of its peers' send buffers (process_vm_readv: one
-  // copy, no rounds) and a second small allgather ends it; where that is not possible (a peer in
-  // another pid namespace, TRUN_SHM_CMA=0, or a read refused once), rounds of one sub-slot per
-  // pair through the segment (two barriers each), as reduce_scatter.
+  // one of two paths, the same on every rank: rounds of one sub-slot per pair through the
+  // segment (two barriers each; the receiver copies out with non-temporal stores), when every
+  // rank has a CPU of its own and blocks and sub-slots are at least 256 KiB; else each rank
+  // reads its blocks straight out of its peers' send buffers (process_vm_readv, large blocks
+  // through a bounce buffer) and a second small allgather ends it. Where direct reads are not
+  // possible (a peer in another pid namespace, TRUN_SHM_CMA=0, or a read refused once), the
+  // rounds.
   void all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
                     void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
                     Deadline deadline);
@@ -104,6 +107,7 @@ class ShmComm {
   char* data_ = nullptr;
   uint32_t seq_ = 0;
   int spin_limit_ = 0;
+  bool core_each_ = false;  // this rank may use at least local_size() CPUs
   Clock::duration yield_for_ = std::chrono::milliseconds(2);  // sched_yield phase of a wait
   std::vector<int> pidfds_;  // per local rank; -1 for self or when unavailable
   std::vector<int> pids_;
