@@ -165,10 +165,12 @@ void RendezvousSession::create_handler() {
     ro.port = cfg_.standalone ? 0 : static_cast<uint16_t>(cfg_.master_port);
     ro.rank = cfg_.node_rank;
     ro.world_size = cfg_.max_nodes;
-    if (cfg_.rdzv_conf.count("timeout") || cfg_.rdzv_conf.count("join_timeout")) {
+    if (!cfg_.rdzv_conf.empty()) {
       rendezvous::RendezvousOptions parsed;  // validated by the command line already
       rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &parsed);
-      ro.timeout = parsed.join_timeout;
+      if (cfg_.rdzv_conf.count("timeout") || cfg_.rdzv_conf.count("join_timeout"))
+        ro.timeout = parsed.join_timeout;
+      ro.progress_interval = parsed.progress_interval;
     }
     timeout_ = ro.timeout;
     store_endpoint_ = ro.host + ":" + std::to_string(ro.port);

@@ -2,6 +2,8 @@
 
 #include <optional>
 
+#include <spdlog/spdlog.h>
+
 #include "rendezvous/c10d/backend.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/prefix_store.h"
@@ -91,7 +93,19 @@ class StaticRendezvous : public RoundRendezvous {
     }
     // Not a plain set: a duplicate rank may have aborted the round already.
     if (arrived == world) backend_->compare_set(keys_.all(k), "", "ok");
-    auto v = backend_->wait_get(keys_.all(k), time_left(deadline, options_.join_timeout));
+    // Every node waits for the barrier; each says at a steady pace how many have arrived.
+    std::optional<std::string> v;
+    for (;;) {
+      const auto left = time_left(deadline, options_.join_timeout);
+      const auto progress = options_.progress_interval;
+      const bool slice = progress.count() > 0 && progress < left;
+      v = backend_->wait_get(keys_.all(k), slice ? progress : left);
+      if (v || !slice) break;
+      const int joined = static_cast<int>(backend_->add(keys_.arrived(k), 0));
+      spdlog::warn("{}: {}", error_prefix(),
+                   waiting_line(k, joined, world, world, std::nullopt, deadline,
+                                std::chrono::steady_clock::now()));
+    }
     if (!v) {
       throw RendezvousTimeoutError(error_prefix() + ": only some of the " + std::to_string(world) +
                                    " nodes arrived within " +
@@ -232,6 +246,7 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const StaticRendezvo
   o.master_port = s.port;
   o.join_timeout = s.timeout;
   o.read_timeout = s.timeout;
+  o.progress_interval = s.progress_interval;
   return create_static_rendezvous(o);
 }
 

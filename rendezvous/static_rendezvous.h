@@ -51,6 +51,8 @@ struct StaticRendezvousOptions {
   int rank = 0;
   int world_size = 1;
   std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // joining and reaching node 0
+  // The waiting line's pace while the barrier waits for nodes (0: none).
+  std::chrono::milliseconds progress_interval{std::chrono::seconds(5)};
 };
 std::unique_ptr<RendezvousHandler> create_static_rendezvous(const StaticRendezvousOptions& options);
 

@@ -148,6 +148,43 @@ TEST_CASE("an event log on a full disk is one warning and the job goes on", "[ag
   CHECK(r.err.find(warning, at + 1) == std::string::npos);  // once
 }
 
+TEST_CASE("static: node 0 waiting for node 1 prints the progress line at a steady pace",
+          "[agent][waiting]") {
+  const std::string port = std::to_string(free_port());
+  auto node = [&](int rank) {
+    return std::vector<std::string>{trun_binary(),
+                                    "--nnodes=2",
+                                    "--node-rank=" + std::to_string(rank),
+                                    "--rdzv-id=late-static",
+                                    "--master-addr=127.0.0.1",
+                                    "--master-port=" + port,
+                                    "--rdzv-conf",
+                                    "join_timeout=60,progress_interval=0.2",
+                                    test_worker(),
+                                    "exit",
+                                    "0"};
+  };
+  const std::string waiting =
+      "static rendezvous 'late-static': waiting for nodes in round 0: 1 "
+      "joined (min 2, max 2); join timeout in ";
+  Child first(node(0));
+  auto count = [&](const std::string& text) {
+    size_t n = 0;
+    for (size_t at = text.find(waiting); at != std::string::npos; at = text.find(waiting, at + 1))
+      ++n;
+    return n;
+  };
+  REQUIRE(wait_until([&] { return count(first.err()) >= 2 || !first.running(); }, 30s));
+  INFO(first.err());
+  REQUIRE(first.running());
+  Child second(node(1));
+  REQUIRE(first.wait(60s));
+  REQUIRE(second.wait(60s));
+  INFO(second.err());
+  CHECK(first.exit_code() == 0);
+  CHECK(second.exit_code() == 0);
+}
+
 TEST_CASE("a node waiting for a late second node prints a progress line at a steady pace",
           "[agent][event-log][waiting]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
