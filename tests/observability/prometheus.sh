@@ -22,24 +22,9 @@ command -v prometheus >/dev/null && command -v promtool >/dev/null ||
   skip setup "no prometheus/promtool (Debian package prometheus; scripts/setup.sh installs it)"
 command -v curl >/dev/null || skip setup "no curl"
 
-TMP=$(mktemp -d /tmp/trun-prometheus-XXXXXX)
-PIDS=()
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null; done
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' TERM INT
-fail() {
-  echo "FAIL: $*"
-  for f in "$TMP"/*.out; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
-  exit 1
-}
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# shellcheck source=tests/observability/lib.sh
+source "$SRC/lib.sh"
+obs_setup prometheus
 
 PROM_PORT=$(free_port)
 STORE_PORT=$(free_port)

@@ -24,25 +24,10 @@ SKIP_TEST_NAME="observability.timeline_$CASE (timeline.sh)"
 # shellcheck source=tests/skip.sh
 source "$SRC/../skip.sh"
 
-TMP=$(mktemp -d /tmp/trun-timeline-XXXXXX)
-PIDS=()
-CHROME_PGID=
-cleanup() {
-  local p
-  for p in "${PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  [ -n "$CHROME_PGID" ] && kill -KILL -- "-$CHROME_PGID" 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' TERM INT
-fail() {
-  echo "FAIL: $*"
-  for f in "$TMP"/*.out; do [ -f "$f" ] && { echo "--- $f"; tail -n 20 "$f"; }; done
-  exit 1
-}
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# shellcheck source=tests/observability/lib.sh
+source "$SRC/lib.sh"
+obs_setup timeline
+
 # count FILE TEXT: how many times TEXT occurs in FILE.
 count() { grep -o -F -- "$2" "$1" | wc -l; }
 

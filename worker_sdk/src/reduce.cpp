@@ -183,39 +183,27 @@ void divide_native(void* data, size_t n, int divisor) {
 }
 
 #if defined(__x86_64__)
-// 128 bytes per iteration; unaligned loads and stores (the slices are cache-line aligned in the
-// shared segment, user buffers may not be).
-__attribute__((target("avx2"))) void copy_avx2(char* d, const char* s, size_t n) {
+// 128 bytes per iteration, unaligned loads. kStream = false: unaligned plain stores (the slices
+// are cache-line aligned in the shared segment, user buffers may not be). kStream = true:
+// non-temporal stores, so the destination lines go to memory without being read first (a plain
+// store reads each line it writes, a third memory access per byte): for large copies whose
+// destination is not read again soon; d must then be 32-byte aligned.
+template <bool kStream>
+__attribute__((target("avx2"))) void copy_lines_avx2(char* d, const char* s, size_t n) {
   size_t i = 0;
   for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
-    __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), a);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+    __m256i v[4];
+    for (int k = 0; k < 4; ++k)
+      v[k] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32 * k));
+    for (int k = 0; k < 4; ++k) {
+      auto* to = reinterpret_cast<__m256i*>(d + i + 32 * k);
+      if constexpr (kStream)
+        _mm256_stream_si256(to, v[k]);
+      else
+        _mm256_storeu_si256(to, v[k]);
+    }
   }
-  if (i < n) std::memcpy(d + i, s + i, n - i);
-}
-
-// Non-temporal stores: the destination lines go to memory without being read first (a plain
-// store reads each line it writes, a third memory access per byte). For large copies whose
-// destination is not read again soon; d must be 32-byte aligned.
-__attribute__((target("avx2"))) void stream_avx2(char* d, const char* s, size_t n) {
-  size_t i = 0;
-  for (; i + 128 <= n; i += 128) {
-    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
-    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
-    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
-    __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), a);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
-    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
-  }
-  _mm_sfence();  // the streamed lines are visible before anything this thread stores later
+  if constexpr (kStream) _mm_sfence();  // the streamed lines are visible before later stores
   if (i < n) std::memcpy(d + i, s + i, n - i);
 }
 
@@ -242,7 +230,7 @@ void copy_bytes(void* dst, const void* src, size_t n) {
   if (n >= 1024) {
     static const bool avx2 = __builtin_cpu_supports("avx2");
     if (avx2)
-      copy_avx2(static_cast<char*>(dst), static_cast<const char*>(src), n);
+      copy_lines_avx2<false>(static_cast<char*>(dst), static_cast<const char*>(src), n);
     else
       copy_sse2(static_cast<char*>(dst), static_cast<const char*>(src), n);
     return;
@@ -259,7 +247,7 @@ void stream_bytes(void* dst, const void* src, size_t n) {
     const char* s = static_cast<const char*>(src);
     const size_t head = (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32;
     copy_bytes(d, s, head);
-    stream_avx2(d + head, s + head, n - head);
+    copy_lines_avx2<true>(d + head, s + head, n - head);
     return;
   }
 #endif
