@@ -30,7 +30,6 @@ constexpr int kExitUsage = 2;
 constexpr int kExitUnreachable = 3;
 // Bounds on what one status reads, so a corrupt or huge job cannot make it run for long.
 constexpr int64_t kMaxNodes = 4096;
-constexpr int kMaxAbortedRounds = 64;
 constexpr int64_t kMaxRoundSearch = int64_t{1} << 40;
 
 struct NoSuchJob : std::runtime_error {
@@ -189,7 +188,7 @@ JobStatus read_dynamic(Reader& r, const std::string& run_id) {
     top = last_existing([&](int64_t i) { return r.get(keys.result(i)).has_value(); });
   }
   std::optional<dyn::RoundResult> formed;
-  for (int64_t i = top; i >= 0 && i >= top - kMaxAbortedRounds; --i) {
+  for (int64_t i = top; i >= 0 && i >= top - rendezvous::dynamic::kMaxAbortedRounds; --i) {
     auto v = r.get(keys.result(i));
     if (!v) continue;
     auto res = dyn::decode_result(*v);
@@ -237,7 +236,7 @@ JobStatus read_static(Reader& r, const std::string& run_id) {
   const int64_t last = last_existing([&](int64_t k) { return r.get(keys.joined(k)).has_value(); });
   if (last < 0 && !r.get(keys.host())) throw NoSuchJob("no rendezvous");
   js.closed = r.get(keys.closed()).has_value();
-  for (int64_t k = last; k >= 0 && k >= last - kMaxAbortedRounds; --k) {
+  for (int64_t k = last; k >= 0 && k >= last - rendezvous::dynamic::kMaxAbortedRounds; --k) {
     auto all = r.get(keys.all(k));
     if (all && *all == "ok") {
       js.round = k;
@@ -250,8 +249,8 @@ JobStatus read_static(Reader& r, const std::string& run_id) {
     for (int rank = 0; rank < kMaxNodes; ++rank) {
       auto v = r.get(keys.claim(k, rank));
       if (!v) break;
-      const auto space = v->find(' ');
-      out.emplace_back(v->substr(0, space), space == std::string::npos ? "" : v->substr(space + 1));
+      auto node = rendezvous::parse_static_node(*v);
+      out.emplace_back(std::move(node.node_id), std::move(node.addr));
     }
     return out;
   };

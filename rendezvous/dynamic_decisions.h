@@ -21,6 +21,10 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 using Duration = std::chrono::milliseconds;
 
+// How far back the last completed round is looked for across aborted ones (a leader; trun
+// status, for the static backend's rounds too).
+inline constexpr int kMaxAbortedRounds = 64;
+
 // --- keys -----------------------------------------------------------------------------------
 // Every key of one run lives under "trun/rdzv/<run_id>/".
 struct Keys {

@@ -15,8 +15,6 @@ namespace {
 using namespace dynamic;
 constexpr uint16_t kDefaultPort = 29400;     // torchrun's c10d default
 constexpr uint16_t kDefaultEtcdPort = 2379;  // etcd's client port
-// How far back a leader looks for the last completed round across aborted ones.
-constexpr int kMaxAbortedRounds = 64;
 
 class DynamicRendezvous : public RoundRendezvous {
  public:

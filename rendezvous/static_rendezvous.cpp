@@ -9,6 +9,11 @@
 #include "rendezvous/store/prefix_store.h"
 
 namespace trun::rendezvous {
+Participant parse_static_node(const std::string& value) {
+  const auto space = value.find(' ');
+  return {value.substr(0, space), space == std::string::npos ? "" : value.substr(space + 1)};
+}
+
 namespace {
 
 using namespace dynamic;
@@ -16,9 +21,7 @@ using namespace dynamic;
 // "trun pid 1234 at 10.0.0.7 (node host-1234-ab12cd)" from a node's "node_id local_addr"; the
 // default node id is host-pid-suffix (default_node_id()).
 std::string describe_node(const std::string& value) {
-  const auto space = value.find(' ');
-  const std::string id = value.substr(0, space);
-  const std::string addr = space == std::string::npos ? "" : value.substr(space + 1);
+  const auto [id, addr] = parse_static_node(value);
   const auto last = id.rfind('-');
   const auto before =
       last == std::string::npos || last == 0 ? std::string::npos : id.rfind('-', last - 1);
@@ -126,11 +129,7 @@ class StaticRendezvous : public RoundRendezvous {
     info.group_rank = rank;
     info.group_world_size = world;
     std::vector<Participant> participants;
-    for (auto& value : values) {
-      auto space = value.find(' ');
-      participants.push_back(
-          {value.substr(0, space), space == std::string::npos ? "" : value.substr(space + 1)});
-    }
+    for (auto& value : values) participants.push_back(parse_static_node(value));
     info.participants = ParticipantList(participants);
     info.key_prefix = round_store_prefix(options_.run_id, k);
     info.run_store = backend_->agent_store();

@@ -39,6 +39,10 @@ struct StaticKeys {
   std::string over(int64_t k) const { return r(k) + "/over"; }
 };
 
+// A static node's "node_id local_addr" value (claims, node keys, host) read back; addr is empty
+// when the value has none.
+Participant parse_static_node(const std::string& value);
+
 // Registry entry "static": options.max_nodes nodes (min_nodes must equal it), options.node_rank,
 // options.master_addr/master_port (falling back to options.endpoint, then 127.0.0.1:29500).
 std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOptions& options);
