@@ -5,7 +5,7 @@
 #   CHROME_PGID  a process group ended (SIGKILL, by its id) on exit, when set
 # and the functions
 #   fail MSG     prints "FAIL: MSG" and the last lines of every $TMP/*.out, exits 1
-#   free_port    prints a loopback TCP port that was free a moment ago
+#   free_port    prints a loopback TCP port that was free a moment ago (scripts/lib.sh)
 
 obs_setup() {
   TMP=$(mktemp -d "/tmp/trun-$1-XXXXXX")
@@ -30,6 +30,6 @@ fail() {
   exit 1
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+# free_port (and the benchmarks' other helpers, unused here).
+# shellcheck source=scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../../scripts/lib.sh"
