@@ -198,12 +198,7 @@ void RendezvousSession::drop_handler() {
     rdzv_->shutdown();
     const auto last = rdzv_->store_stats();
     std::lock_guard<std::mutex> lock(handler_mu_);
-    retired_stats_.requests_sent += last.requests_sent;
-    retired_stats_.errors += last.errors;
-    if (last.requests_served) {
-      retired_stats_.requests_served =
-          retired_stats_.requests_served.value_or(0) + *last.requests_served;
-    }
+    retired_stats_ += last;
     rdzv_.reset();
   }
   if (evfd_ >= 0) {
@@ -225,6 +220,13 @@ void RendezvousSession::form_round() {
   const auto began = clock_.now();
   check_stop_signal();
   rendezvous::RendezvousHandler* handler = rdzv_.get();
+  auto record_failed = [&](const std::string& trace) {
+    if (events_) {
+      events_->record(
+          "trun.rdzv.failed",
+          {{"rdzv_backend", backend()}, {"node_id", rdzv_->node_id()}, {"error_trace", trace}});
+    }
+  };
   SignalWatch watch(cfg_.signals_to_handle, [handler] { handler->shutdown(); });
   try {
     info_ = rdzv_->next_rendezvous();
@@ -239,19 +241,11 @@ void RendezvousSession::form_round() {
   } catch (const std::exception& e) {
     watch.stop();
     if (watch.fired()) {
-      if (events_) {
-        events_->record("trun.rdzv.failed", {{"rdzv_backend", backend()},
-                                             {"node_id", rdzv_->node_id()},
-                                             {"error_trace", std::string("stopped by a signal")}});
-      }
+      record_failed("stopped by a signal");
       interrupted_ = true;
       throw RendezvousInterrupted("a stop signal arrived while waiting for the round");
     }
-    if (events_) {
-      events_->record("trun.rdzv.failed", {{"rdzv_backend", backend()},
-                                           {"node_id", rdzv_->node_id()},
-                                           {"error_trace", std::string(e.what())}});
-    }
+    record_failed(e.what());
     throw;
   }
   round_over_.reset();
@@ -433,14 +427,7 @@ void RendezvousSession::start_sampling(std::chrono::milliseconds interval) {
 rendezvous::RendezvousHandler::StoreStats RendezvousSession::store_stats() const {
   std::lock_guard<std::mutex> lock(handler_mu_);
   auto total = retired_stats_;
-  if (rdzv_) {
-    const auto now = rdzv_->store_stats();
-    total.requests_sent += now.requests_sent;
-    total.errors += now.errors;
-    if (now.requests_served) {
-      total.requests_served = total.requests_served.value_or(0) + *now.requests_served;
-    }
-  }
+  if (rdzv_) total += rdzv_->store_stats();
   return total;
 }
 

@@ -176,6 +176,13 @@ class RendezvousHandler {
     uint64_t requests_sent = 0;  // requests to the store (or etcd) by the rendezvous protocol
     uint64_t errors = 0;         // of those, the ones that failed (StoreError, timeouts included)
     std::optional<uint64_t> requests_served;  // when this node hosts the store: all it served
+    // Adds another handler's counts (requests_served stays unset when neither has one).
+    StoreStats& operator+=(const StoreStats& o) {
+      requests_sent += o.requests_sent;
+      errors += o.errors;
+      if (o.requests_served) requests_served = requests_served.value_or(0) + *o.requests_served;
+      return *this;
+    }
   };
   virtual StoreStats store_stats() const { return {}; }
   // Stops keep-alives, leaves the current round (members get kNodeLeft unless the rendezvous is
