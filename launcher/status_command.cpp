@@ -14,6 +14,7 @@
 #include "agent/node_status.h"
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/etcd/backend.h"
 #include "rendezvous/etcd/kv.h"
 #include "rendezvous/static_rendezvous.h"
 #include "rendezvous/store/tcp_store.h"
@@ -76,8 +77,7 @@ class EtcdReader : public Reader {
   explicit EtcdReader(const rendezvous::etcd::KvOptions& o) : kv_(o) {}
   std::optional<std::string> get(const std::string& key) override { return kv_.try_get(key); }
   int64_t counter(const std::string& key) override {
-    // The etcd backend keeps a counter as one key per arrival under "<key>/+/" (etcd/backend.h).
-    return kv_.client().count_prefix(kv_.full(key) + "/+/");
+    return kv_.client().count_prefix(rendezvous::etcd_counter_arrivals(kv_.full(key)));
   }
 
  private:

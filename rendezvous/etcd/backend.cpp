@@ -72,7 +72,7 @@ class EtcdBackend : public RendezvousBackend {
       throw std::invalid_argument("etcd rendezvous backend: add() counts up by one (got " +
                                   std::to_string(delta) + ")");
     }
-    const std::string arrivals = kv_.full(key) + "/+/";
+    const std::string arrivals = etcd_counter_arrivals(kv_.full(key));
     if (delta == 0) return kv_.client().count_prefix(arrivals);
     // One transaction: the count after our arrival, at our arrival's revision.
     auto r = kv_.client().txn({}, {Op::put(arrivals + node_tag_ + std::to_string(++arrivals_), ""),

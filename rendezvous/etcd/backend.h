@@ -33,6 +33,10 @@ struct EtcdBackendOptions {
   std::chrono::milliseconds connect_timeout{std::chrono::seconds(60)};  // retrying included
 };
 
+// The backend's counters (add()) are one key per arrival under this prefix of the counter's full
+// key: their count is the counter's value (read by `trun status` too).
+inline std::string etcd_counter_arrivals(const std::string& full_key) { return full_key + "/+/"; }
+
 // Connects before returning. Throws StoreError / StoreTimeoutError.
 std::unique_ptr<RendezvousBackend> connect_etcd_backend(const EtcdBackendOptions& options);
 
