@@ -34,6 +34,9 @@ class Connection : public std::enable_shared_from_this<Connection> {
   Connection(ServerImpl* server, tcp::socket socket, uint64_t id);
   void start();
   void close(const std::string& why);
+  // The server stops on purpose: a client parked in one of trun's waits (WAIT_KEYS, GET_WAIT)
+  // hears kWaitGoingAway before the connection closes, so it need not retry this endpoint.
+  void going_away();
   // Called by the server when every key this connection's parked request waits for exists.
   void on_keys_ready();
 
@@ -112,6 +115,7 @@ class ServerImpl : public StoreServer {
                        std::to_string(options_.port) + ": " + ec.message());
     }
     port_ = acceptor_.local_endpoint().port();
+    for (auto& [key, value] : options_.seed) kv_.set(key, value);  // before the loop runs
     raise_fd_limit();
     accept();
     thread_ = std::thread([this] { run(); });
@@ -130,7 +134,7 @@ class ServerImpl : public StoreServer {
       boost::system::error_code ec;
       acceptor_.close(ec);
       auto conns = connections_;
-      for (auto& [id, c] : conns) c->close("");  // quietly: stopping is not a client's fault
+      for (auto& [id, c] : conns) c->going_away();  // quietly: stopping is not a client's fault
       signals_guard_.reset();
     });
     if (thread_.joinable()) thread_.join();
@@ -503,6 +507,20 @@ void Connection::flush() {
                       self->flush();
                       self->read();  // may have paused for back-pressure
                     });
+}
+
+void Connection::going_away() {
+  if (closed_) return;
+  const wire::Request* parked = server_->kv().parked(id_);
+  // Only when nothing else is on its way to the client: the byte must be the answer to the wait.
+  if (parked && (parked->op == Op::kWaitKeys || parked->op == Op::kGetWait) && !writing_now_ &&
+      out_.empty()) {
+    clear_wait();
+    const uint8_t bye = wire::kWaitGoingAway;
+    boost::system::error_code ec;
+    asio::write(socket_, asio::buffer(&bye, 1), ec);  // one byte into an idle socket
+  }
+  close("");
 }
 
 void Connection::close(const std::string& why) {

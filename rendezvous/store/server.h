@@ -14,6 +14,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/store/wire.h"
 
@@ -29,6 +31,9 @@ struct StoreServerOptions {
   // A client that leaves this many response bytes unread stops being read from until it catches up.
   uint64_t max_pending_output = 64ull * 1024 * 1024;
   int backlog = 4096;
+  // Keys the store holds before it accepts its first connection (a store taking over from one
+  // that was lost: rendezvous/dynamic_decisions.h, failover_seed).
+  std::vector<std::pair<std::string, std::string>> seed;
 };
 
 class StoreServer {

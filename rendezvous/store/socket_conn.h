@@ -33,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 struct IoError {
   bool timed_out;
   std::string what;
+  bool gone = false;  // the server said it is stopping on purpose (wire::kWaitGoingAway)
 };
 
 // Why one connection attempt failed, and whether trying again can help (see above).

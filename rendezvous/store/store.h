@@ -36,6 +36,15 @@ class StoreTimeoutError : public StoreError {
   using StoreError::StoreError;
 };
 
+// The store was stopped on purpose (its host agent left, the job ended, `trun store` was told to
+// stop): trun's server says so to the clients it was answering a wait for before it closes, and a
+// client that heard it fails every later call at once instead of retrying the endpoint. Distinct
+// from a store that died (a plain StoreError: connection closed, refused or timed out).
+class StoreGoneError : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
+
 class Store {
  public:
   using Duration = std::chrono::milliseconds;

@@ -58,7 +58,30 @@ std::string quoted(const std::string& key) { return "('" + key + "')"; }
 // Server-side waits answer at `timeout`; the socket deadline leaves room for that answer.
 Store::Duration with_grace(Store::Duration t) { return t + std::chrono::seconds(10); }
 
+// What a trun wait's reply reader throws when the server answers kWaitGoingAway (call() turns it
+// into StoreGoneError and remembers it).
+IoError going_away() {
+  return IoError{false, "the store is stopping on purpose (its host left or the job ended)", true};
+}
+
 }  // namespace
+
+bool probe_store_key(TcpStoreOptions options, const std::string& key,
+                     std::chrono::milliseconds timeout) {
+  net::OpenError error;
+  int fd = net::open_socket(options.host, options.port, Clock::now() + timeout, &error);
+  if (fd < 0) return false;  // nothing listens (or it is unreachable): no retries
+  ::close(fd);
+  options.connect_timeout = timeout;
+  options.reconnect_timeout = timeout;
+  options.timeout = timeout;
+  try {
+    TcpStore store(options);
+    return store.check({key});
+  } catch (const std::exception&) {
+    return false;
+  }
+}
 
 TcpStore::TcpStore(TcpStoreOptions options)
     : options_(std::move(options)), endpoint_(net::endpoint_name(options_.host, options_.port)) {
@@ -175,6 +198,11 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
       throw StoreError("store " + endpoint_ + ": " + op + ": interrupted");
     }
   }
+  if (gone_) {
+    throw StoreGoneError("store " + endpoint_ + ": " + op +
+                         ": the store was stopped on purpose (its host left or the job ended); "
+                         "not retried");
+  }
   // The call's bound covers the reconnect too.
   const auto deadline = Clock::now() + budget;
   if (fd_ < 0) connect_locked(op, budget);
@@ -196,6 +224,10 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
     }
     std::string msg = "store " + endpoint_ + ": " + op + ": " + e.what;
     if (interrupted) throw StoreError("store " + endpoint_ + ": " + op + ": interrupted");
+    if (e.gone) {
+      gone_ = true;
+      throw StoreGoneError(msg + " (not retried)");
+    }
     if (e.timed_out) {
       throw StoreTimeoutError(msg + " after " + std::to_string(budget.count()) + " ms");
     }
@@ -287,6 +319,7 @@ std::string TcpStore::get(const std::string& key, Duration timeout) {
   wire::Encoder(&req).query(way.query).u64(1).bytes(key).i64(std::max<int64_t>(timeout.count(), 0));
   auto [status, value] = call(op.c_str(), req, with_grace(timeout), [](Reader& r) {
     uint8_t status = r.u8();
+    if (status == wire::kWaitGoingAway) throw going_away();
     return std::make_pair(status, status == wire::kWaitStop ? r.bytes() : std::string());
   });
   if (status != wire::kWaitStop) throw timed_out();
@@ -331,8 +364,11 @@ void TcpStore::wait(const std::vector<std::string>& keys, Duration timeout) {
     enc.query(way.query).u64(keys.size());
     for (auto& k : keys) enc.bytes(k);
     enc.i64(std::max<int64_t>(timeout.count(), 0));
-    ok =
-        call("wait", req, with_grace(timeout), [](Reader& r) { return r.u8(); }) == wire::kWaitStop;
+    ok = call("wait", req, with_grace(timeout), [](Reader& r) {
+           uint8_t status = r.u8();
+           if (status == wire::kWaitGoingAway) throw going_away();
+           return status;
+         }) == wire::kWaitStop;
   }
   if (!ok) {
     throw StoreTimeoutError("store " + endpoint_ + ": " + op + ": keys did not appear within " +

@@ -11,7 +11,9 @@
 // transport failure the next call reconnects, retrying for `reconnect_timeout` only: a store that
 // went away fails that call promptly with a StoreError (deliberately not StoreTimeoutError: no key
 // is late) instead of after the whole connect_timeout. Callers that must outlast an outage, like
-// the agent rejoining after a partition, retry at their own level with new clients.
+// the agent rejoining after a partition, retry at their own level with new clients. A trun server
+// that stops on purpose tells a client waiting on it so (StoreGoneError); from then on every call
+// of that client fails at once with StoreGoneError, without trying to reconnect.
 //
 // Dialects (TcpStoreOptions::dialect): trun's server with its extensions, a plain PyTorch 2.x
 // server, or a PyTorch 1.13 server; kAuto finds out on the first connect with a probe that none
@@ -81,6 +83,12 @@ struct TcpStoreOptions {
   std::string token;  // shared secret (kTrun/kAuto only); empty: do not authenticate
   StoreDialect dialect = StoreDialect::kAuto;
 };
+
+// One quick look, not retried: whether a store answers at options.host:port within `timeout`
+// and holds `key` (the first connect attempt only: a refused port is a "no" at once). False on
+// any failure. For finding where a job's store is now (an endpoint list, a failover).
+bool probe_store_key(TcpStoreOptions options, const std::string& key,
+                     std::chrono::milliseconds timeout);
 
 class TcpStore : public Store {
  public:
@@ -174,6 +182,9 @@ class TcpStore : public Store {
   bool interrupted_ = false;  // under fd_mu_
   bool connected_once_ = false;
   bool answered_ = false;  // the current connection answered a request
+  // The server said it stops on purpose (wire::kWaitGoingAway): every later call fails at once
+  // with StoreGoneError. Under mu_.
+  bool gone_ = false;
   StoreDialect dialect_;
 };
 

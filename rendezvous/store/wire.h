@@ -65,6 +65,9 @@ inline constexpr uint8_t kCheckNotReady = 1;
 inline constexpr uint8_t kWaitStop = 0;      // WaitResponseType::STOP_WAITING
 inline constexpr uint8_t kWaitCanceled = 1;  // WaitResponseType::WAIT_CANCELED
 inline constexpr uint8_t kWaitTimedOut = 2;  // trun extension (kWaitKeys only)
+// trun extension (kWaitKeys, kGetWait): the server is stopping on purpose and will close the
+// connection right after this byte; the wait did not complete.
+inline constexpr uint8_t kWaitGoingAway = 3;
 
 struct Limits {
   uint64_t max_key_bytes = 64 * 1024;              // one key

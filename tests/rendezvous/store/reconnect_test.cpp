@@ -82,3 +82,65 @@ TEST_CASE("a client whose store stopped fails promptly on reconnect, naming the 
   store.set("k2", "v2");
   CHECK(store.get("k2") == "v2");
 }
+
+TEST_CASE("a client waiting on a store that stops on purpose hears so and never retries it",
+          "[store][reconnect][gone]") {
+  auto server = StoreServer::start(loopback());
+  const uint16_t port = server->port();
+  TcpStoreOptions o;
+  o.port = port;
+  o.dialect = StoreDialect::kTrun;
+  o.timeout = 60s;
+  o.connect_timeout = 60s;
+  o.reconnect_timeout = 30s;  // a retried endpoint would take this long to give up
+  TcpStore waiter(o);
+  std::string error;
+  bool gone = false;
+  std::thread t([&] {
+    try {
+      waiter.get("never", 60s);
+    } catch (const StoreGoneError& e) {
+      gone = true;
+      error = e.what();
+    } catch (const StoreError& e) {
+      error = e.what();
+    }
+  });
+  // The get is parked on the server before the stop (a bounded wait for it to arrive).
+  for (int i = 0; i < 400 && server->num_requests() < 1; ++i) std::this_thread::sleep_for(5ms);
+  std::this_thread::sleep_for(20ms);
+  server->stop();
+  t.join();
+  CHECK(gone);
+  CHECK(error.find("stopping on purpose") != std::string::npos);
+  // Later calls fail at once, without trying the port again (a new server there is not asked).
+  auto again = StoreServer::start(loopback(port));
+  const auto began = Clock::now();
+  CHECK_THROWS_AS(waiter.set("k", "v"), StoreGoneError);
+  CHECK(Clock::now() - began < 1s);
+  CHECK(again->num_requests() == 0);
+}
+
+TEST_CASE("a client of a store that dies (no goodbye) gets a plain StoreError, not 'gone'",
+          "[store][reconnect][gone]") {
+  auto server = StoreServer::start(loopback());
+  TcpStoreOptions o;
+  o.port = server->port();
+  o.dialect = StoreDialect::kTrun;
+  o.reconnect_timeout = 200ms;
+  TcpStore store(o);
+  store.set("k", "v");
+  server->stop();  // not waiting: nobody is told anything
+  server.reset();
+  bool plain = false;
+  for (int i = 0; i < 3 && !plain; ++i) {
+    try {
+      store.num_keys();
+    } catch (const StoreGoneError&) {
+      FAIL("a store nobody was waiting on cannot have said goodbye");
+    } catch (const StoreError&) {
+      plain = true;
+    }
+  }
+  CHECK(plain);
+}
