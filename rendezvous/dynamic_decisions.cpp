@@ -182,7 +182,7 @@ std::string encode_complete(const std::vector<NodeDesc>& members) {
   std::string s = "complete " + std::to_string(members.size());
   for (auto& m : members) {
     s += "\n" + m.id + " " + m.addr + " " + std::to_string(m.ticket) + " " +
-         std::to_string(m.master_port);
+         std::to_string(m.master_port) + (m.store_host ? " 1" : " 0");
   }
   return s;
 }
@@ -203,6 +203,7 @@ std::string encode_result(const RoundResult& r) {
     m.addr = std::string(r.members.field(i, 1));
     parse_int(r.members.field(i, 2), &m.ticket);
     parse_int(r.members.field(i, 3), &m.master_port);
+    m.store_host = r.members.field(i, 4) == "1";
     members.push_back(std::move(m));
   }
   return encode_complete(members);
@@ -380,6 +381,14 @@ LeaderAction decide_leader(const LeaderState& s, TimePoint now) {
     a.until = s.join_deadline;
     return a;
   }
+  // The nodes so far could not form it (no quorum): only more of them can.
+  if (s.hold_at > 0 && s.joined <= s.hold_at) {
+    if (now >= s.join_deadline) return a;  // kTimeout
+    a.kind = LeaderAction::Kind::kWaitForJoins;
+    a.target = s.hold_at + 1;
+    a.until = s.join_deadline;
+    return a;
+  }
   if (s.joined >= s.max_nodes) {
     a.kind = LeaderAction::Kind::kComplete;
     a.target = s.max_nodes;
@@ -417,6 +426,91 @@ int expected_after(const RoundResult& previous, const std::vector<OverRecord>& o
     if (r.kind == RoundEvent::Kind::kNodeJoined && !r.node_id.empty()) ids.insert(r.node_id);
   }
   return static_cast<int>(ids.size());
+}
+
+bool planned_leave(const OverRecord& record) {
+  return record.kind == RoundEvent::Kind::kNodeLeft &&
+         record.detail.rfind("agent shut down", 0) == 0;
+}
+
+int store_host_rank(const ParticipantList& members) {
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (members.field(i, 4) == "1") return static_cast<int>(i);
+  }
+  return -1;
+}
+
+QuorumCheck check_quorum(const RoundResult& previous, int64_t previous_round,
+                         const std::vector<OverRecord>& over, const std::vector<NodeDesc>& joined) {
+  QuorumCheck q;
+  std::set<std::string> electorate;
+  for (size_t i = 0; i < previous.members.size(); ++i) {
+    electorate.insert(std::string(previous.members.field(i, 0)));
+  }
+  for (auto& r : over) {
+    if (planned_leave(r)) electorate.erase(r.node_id);
+  }
+  const int host = store_host_rank(previous.members);
+  const std::string host_id = host >= 0 ? std::string(previous.members.field(host, 0)) : "";
+  bool host_present = false;
+  std::set<std::string> present;
+  for (auto& n : joined) {
+    if (n.prev_round != previous_round || !electorate.count(n.id)) continue;
+    present.insert(n.id);
+    host_present = host_present || n.id == host_id;
+  }
+  q.electorate = static_cast<int>(electorate.size());
+  q.present = static_cast<int>(present.size());
+  q.needed = host_present ? (q.electorate + 1) / 2 : q.electorate / 2 + 1;
+  q.ok = q.electorate == 0 || 2 * q.present > q.electorate ||
+         (2 * q.present == q.electorate && host_present);
+  return q;
+}
+
+FailoverPlan plan_failover(const ParticipantList& members, int my_rank, bool host_left) {
+  FailoverPlan p;
+  const int n = static_cast<int>(members.size());
+  p.lost_host_rank = store_host_rank(members);
+  for (int r = 0; r < n; ++r) {
+    if (r != p.lost_host_rank) p.candidates.push_back(r);
+  }
+  const int electorate = host_left && p.lost_host_rank >= 0 ? n - 1 : n;
+  p.quorum = electorate / 2 + 1;
+  const int left = static_cast<int>(p.candidates.size());
+  if (my_rank < 0 || my_rank >= n || my_rank == p.lost_host_rank) {
+    p.why_not = "this node was not a member of the last round";
+  } else if (left < p.quorum) {
+    p.why_not = "the last round had " + std::to_string(n) + " node(s); without its store host " +
+                std::to_string(left) + " remain, and a new store needs a majority (" +
+                std::to_string(p.quorum) +
+                ") of them so that a partition cannot split the job into two groups";
+  } else {
+    p.possible = true;
+  }
+  return p;
+}
+
+std::vector<std::pair<std::string, std::string>> failover_seed(const Keys& keys, int64_t round,
+                                                               const ParticipantList& members,
+                                                               const std::string& endpoint,
+                                                               bool host_left) {
+  RoundResult complete;
+  complete.kind = RoundResult::Kind::kComplete;
+  complete.members = members;
+  const int host = store_host_rank(members);
+  OverRecord over;
+  if (host >= 0) {
+    // planned_leave() reads the prefix.
+    over = {RoundEvent::Kind::kNodeLeft, std::string(members.field(host, 0)),
+            std::string(host_left ? "agent shut down; " : "") +
+                "the store host was lost; the store moved to " + endpoint};
+  } else {
+    over = {RoundEvent::Kind::kRestart, "", "the store was lost; it moved to " + endpoint};
+  }
+  return {{keys.round(), std::to_string(round + 1)},
+          {keys.result(round), encode_result(complete)},
+          {keys.over(round), encode_over(over)},
+          {keys.failover(), std::to_string(round) + " " + endpoint}};
 }
 
 JoinOutcome decide_after_result(const RoundResult& result, const std::string& my_id,

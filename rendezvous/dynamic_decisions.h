@@ -37,6 +37,9 @@ struct Keys {
   }
   std::string result(int64_t k) const { return base + "/" + std::to_string(k) + "/result"; }
   std::string over(int64_t k) const { return base + "/" + std::to_string(k) + "/over"; }
+  // On a store started by a failover: "<round> <endpoint>", the last round of the lost store and
+  // where this store listens (seeded before it accepts connections).
+  std::string failover() const { return base + "/failover"; }
 };
 // The prefix of a round's store view handed to the agent.
 std::string round_store_prefix(const std::string& run_id, int64_t round);
@@ -63,7 +66,8 @@ struct RoundResult {
   enum class Kind { kComplete, kAborted, kClosed };
   Kind kind = Kind::kAborted;
   std::string reason;  // kAborted
-  // kComplete: in group-rank order; fields: id, addr, ticket, master_port.
+  // kComplete: in group-rank order; fields: id, addr, ticket, master_port, store host ("1" for
+  // the node that hosted the store of that round, "0" or missing otherwise).
   ParticipantList members;
 };
 std::string encode_complete(const std::vector<NodeDesc>& members);
@@ -114,6 +118,9 @@ struct LeaderState {
   int expected = 0;
   int joined = 0;                           // tickets taken so far in this round
   std::optional<TimePoint> min_reached_at;  // when the leader first saw joined >= min_nodes
+  // The first `hold_at` tickets could not form the round (no quorum, check_quorum): wait for
+  // more until join_deadline. 0: no hold.
+  int hold_at = 0;
 };
 struct LeaderAction {
   enum class Kind {
@@ -159,6 +166,48 @@ struct JoinOutcome {
   bool announce_join = false;
 };
 JoinOutcome decide_after_result(const RoundResult& result, const std::string& my_id, int max_nodes);
+
+// --- quorum and store failover (c10d, docs/rendezvous.md) -------------------------------------
+// A kNodeLeft that the node announced itself (its agent shut down) rather than a lease that
+// lapsed: planned leaves shrink the electorate instead of counting against the quorum.
+bool planned_leave(const OverRecord& record);
+// The rank of the member of `result` that hosted the store of that round, or -1.
+int store_host_rank(const ParticipantList& members);
+struct QuorumCheck {
+  bool ok = true;
+  int electorate = 0;  // the previous round's members minus those that left on purpose
+  int present = 0;     // of them, joined here (as members of that round: prev_round matches)
+  int needed = 0;      // a strict majority of the electorate (half with that round's store host)
+};
+// Whether the nodes `joined` may form the round after `previous_round` (`previous`, its over-log
+// `over`): more than half of its electorate must be among them, or exactly half including the
+// node that hosted that round's store. A store started by a failover never holds that node, so
+// at most one side of a partition can form a round. No electorate (everybody left on purpose):
+// ok.
+QuorumCheck check_quorum(const RoundResult& previous, int64_t previous_round,
+                         const std::vector<OverRecord>& over, const std::vector<NodeDesc>& joined);
+
+// What a node of round k does when that round's store is lost.
+struct FailoverPlan {
+  bool possible = false;
+  std::string why_not;      // !possible: one line for the error message
+  int lost_host_rank = -1;  // the member that hosted the lost store (-1: an external store)
+  // The members that may host the next store, best first: every rank except the lost host's, in
+  // rank order. Each node tries those before itself and hosts when none of them answers.
+  std::vector<int> candidates;
+  int quorum = 0;  // members needed to form the next round (a strict majority of the round)
+};
+// `host_left`: the lost host announced its leave (an agent that shut down): it leaves the
+// electorate, so a majority of the others suffices (a 2-node job carries on with one node).
+FailoverPlan plan_failover(const ParticipantList& members, int my_rank, bool host_left = false);
+// The keys a failover store starts with, so that round k+1 forms on it as if on the old store:
+// the round key (k+1), round k's result, its over-log naming the lost host (an unplanned leave, or
+// a restart record when the store was external) and the failover record.
+// `host_left`: as for plan_failover (the over-log then records a planned leave).
+std::vector<std::pair<std::string, std::string>> failover_seed(const Keys& keys, int64_t round,
+                                                               const ParticipantList& members,
+                                                               const std::string& endpoint,
+                                                               bool host_left = false);
 
 // --- keep-alive -----------------------------------------------------------------------------
 struct KeepAliveState {

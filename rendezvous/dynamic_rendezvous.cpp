@@ -25,6 +25,10 @@ class DynamicRendezvous : public RoundRendezvous {
 
   ~DynamicRendezvous() override { shutdown(); }
 
+  std::string store_endpoint() const override {
+    return backend_->name() == "c10d" ? options_.endpoint : std::string();
+  }
+
   bool is_closed() override {
     check_not_shut_down();
     try {
@@ -134,10 +138,16 @@ class DynamicRendezvous : public RoundRendezvous {
                                  "--rdzv-id to run again)");
   }
   RendezvousTimeoutError timeout_error(int64_t round) const {
+    std::string why = " with at least " + std::to_string(options_.min_nodes) + " node(s)";
+    if (!held_.ok) {
+      why = ": no majority of the previous round's nodes (" + std::to_string(held_.present) +
+            " of " + std::to_string(held_.electorate) + " here, " + std::to_string(held_.needed) +
+            " needed): this side of a partition, or the survivors of an unplanned loss of more "
+            "than half the nodes, does not form a group (docs/rendezvous.md)";
+    }
     return RendezvousTimeoutError(
         error_prefix() + ": round " + std::to_string(round) + " did not complete within " +
-        std::to_string(options_.join_timeout.count() / 1000.0) +
-        " s (join_timeout) with at least " + std::to_string(options_.min_nodes) + " node(s)");
+        std::to_string(options_.join_timeout.count() / 1000.0) + " s (join_timeout)" + why);
   }
 
   RendezvousInfo make_info(int64_t round, int rank, const RoundResult& result) {
@@ -159,6 +169,7 @@ class DynamicRendezvous : public RoundRendezvous {
   // when the result exists (written here or by someone else: an abort, a close) or on timeout;
   // the caller then reads the result like every other node.
   void lead(int64_t j, TimePoint deadline) {
+    held_ = {};
     const Duration slice =
         std::min<Duration>(options_.keep_alive_interval, std::chrono::seconds(1));
     LeaderState s;
@@ -186,8 +197,10 @@ class DynamicRendezvous : public RoundRendezvous {
     // Ids holding tickets in round j when the previous round ended: nodes that waited while the
     // group was full count as expected too (read once, one request).
     std::vector<std::string> waiting;
+    std::vector<OverRecord> prev_over;
     auto refresh_previous = [&](const std::optional<std::string>& over) {
       if (!over) return;
+      prev_over = parse_over(*over);
       if (s.previous_running) {
         s.previous_running = false;
         int n = static_cast<int>(backend_->add(keys_.ticket(j), 0));
@@ -201,7 +214,7 @@ class DynamicRendezvous : public RoundRendezvous {
         }
         observe_joined(&s, n, Clock::now());
       }
-      s.expected = expected_after(prev_result, parse_over(*over), waiting);
+      s.expected = expected_after(prev_result, prev_over, waiting);
     };
     if (prev >= 0) {
       s.previous_running = true;
@@ -218,7 +231,9 @@ class DynamicRendezvous : public RoundRendezvous {
       LeaderAction a = decide_leader(s, now);
       if (progress.count() > 0 && now >= next_progress) {
         next_progress = now + progress;
-        if (a.kind == LeaderAction::Kind::kWaitForJoins) {
+        if (a.kind == LeaderAction::Kind::kWaitForJoins && s.hold_at > 0) {
+          spdlog::warn("{}: {}", error_prefix(), quorum_line(j, prev));
+        } else if (a.kind == LeaderAction::Kind::kWaitForJoins) {
           std::optional<TimePoint> last_call_ends;
           if (s.min_reached_at) last_call_ends = *s.min_reached_at + s.last_call;
           spdlog::warn("{}: {}", error_prefix(),
@@ -228,8 +243,12 @@ class DynamicRendezvous : public RoundRendezvous {
       }
       if (a.kind == LeaderAction::Kind::kTimeout) return;
       if (a.kind == LeaderAction::Kind::kComplete) {
-        complete(j, a.target);
-        return;
+        const Quorum quorum{prev, &prev_result, &prev_over};
+        if (complete(j, a.target, quorum_applies() && prev >= 0 ? &quorum : nullptr)) return;
+        // Too few of the previous round's members: wait for more of them (or the deadline).
+        s.hold_at = a.target;
+        spdlog::warn("{}: {}", error_prefix(), quorum_line(j, prev));
+        continue;
       }
       TimePoint wake = std::min(a.until, now + slice);
       if (progress.count() > 0) wake = std::min(wake, next_progress);
@@ -260,7 +279,25 @@ class DynamicRendezvous : public RoundRendezvous {
                     lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt));
   }
 
-  void complete(int64_t j, int count) {
+  // The previous completed round, for the quorum (check_quorum).
+  struct Quorum {
+    int64_t round;
+    const RoundResult* result;
+    const std::vector<OverRecord>* over;
+  };
+  // The quorum rule guards against two groups after a store failover (c10d only: etcd is no
+  // single point of failure).
+  bool quorum_applies() const { return options_.failover && backend_->name() == "c10d"; }
+  std::string quorum_line(int64_t j, int64_t prev) const {
+    return "round " + std::to_string(j) + " waits for a majority of round " + std::to_string(prev) +
+           "'s nodes: " + std::to_string(held_.present) + " of " +
+           std::to_string(held_.electorate) + " here, " + std::to_string(held_.needed) +
+           " needed (a smaller side of a partition never forms a group; docs/rendezvous.md)";
+  }
+
+  // Writes the result with the first `count` tickets; false (nothing written) when `quorum` is
+  // given and they do not hold it.
+  bool complete(int64_t j, int count, const Quorum* quorum) {
     std::vector<std::string> keys;
     keys.reserve(count);
     for (int t = 1; t <= count; ++t) keys.push_back(keys_.node(j, t));
@@ -271,18 +308,24 @@ class DynamicRendezvous : public RoundRendezvous {
       // A node took a ticket and died before publishing (its lease never armed).
       backend_->compare_set(keys_.result(j), "",
                             abort_record("a node took a ticket but never published itself"));
-      return;
+      return true;
     }
     std::vector<NodeDesc> joined;
     joined.reserve(count);
     for (int t = 1; t <= count; ++t) joined.push_back(decode_node(values[t - 1], t));
+    if (quorum) {
+      held_ = check_quorum(*quorum->result, quorum->round, *quorum->over, joined);
+      if (!held_.ok) return false;
+    }
     std::string record = encode_complete(assign_ranks(std::move(joined), options_.max_nodes));
     if (backend_->compare_set(keys_.result(j), "", record) == record) {
       backend_->compare_set(keys_.round(), std::to_string(j), std::to_string(j + 1));
     }
+    return true;
   }
 
   Keys keys_;
+  QuorumCheck held_;  // the leader's last quorum check that failed (for its messages)
 };
 
 void validate_dynamic_options(const RendezvousOptions& o, const char* backend) {
@@ -309,17 +352,64 @@ std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
                                              std::move(hosted));
 }
 
+std::vector<std::pair<std::string, uint16_t>> parse_c10d_endpoints(const std::string& text) {
+  std::vector<std::pair<std::string, uint16_t>> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    std::string entry = text.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (entry.empty() && !text.empty()) {
+      throw RendezvousOptionError("--rdzv-endpoint=" + text + ": an empty entry in the list");
+    }
+    Endpoint ep = parse_endpoint(entry, kDefaultPort, "--rdzv-endpoint");
+    out.emplace_back(ep.host, ep.port);
+  }
+  return out;
+}
+
 std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOptions& options) {
   validate_dynamic_options(options, "c10d");
   RendezvousOptions o = options;
   const auto connect_timeout = start_first_round(&o, options.read_timeout);
-  Endpoint ep = parse_endpoint(options.endpoint, kDefaultPort, "--rdzv-endpoint");
-  bool host = options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr);
+  std::vector<Endpoint> endpoints;
+  for (auto& [host, port] : parse_c10d_endpoints(options.endpoint))
+    endpoints.push_back({host, port});
+  Endpoint ep = endpoints[0];
+  // An endpoint list: a store that took over from a lost one (a failover) is where the job is
+  // now. One quick look at each later entry (a refused port answers at once) before hosting the
+  // first entry's store or waiting for it.
+  bool moved = false;
+  if (endpoints.size() > 1 && options.store_seed.empty()) {
+    TcpStoreOptions probe;
+    probe.token = options.store_token;
+    probe.dialect = StoreDialect::kTrun;
+    const std::string key = Keys(options.run_id).failover();
+    for (size_t i = 1; i < endpoints.size() && !moved; ++i) {
+      probe.host = endpoints[i].host;
+      probe.port = endpoints[i].port;
+      if (probe_store_key(probe, key, std::chrono::milliseconds(500))) {
+        spdlog::warn("c10d rendezvous '{}': the store moved to {}:{} (a failover); joining there",
+                     options.run_id, endpoints[i].host, endpoints[i].port);
+        ep = endpoints[i];
+        moved = true;
+      }
+    }
+  }
+  bool host = !moved &&
+              (options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr));
   std::unique_ptr<StoreServer> server;
-  if (host) server = host_store(ep, options.store_token, options.is_host.value_or(false), "c10d");
+  if (host) {
+    server = host_store(ep, options.store_token, options.is_host.value_or(false), "c10d",
+                        options.store_seed);
+  }
   StoreBackendOptions bo;
   bo.host = ep.host;
   bo.port = server ? server->port() : ep.port;
+  // From here on the endpoint is the one store this handler uses.
+  o.endpoint = (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host) + ":" +
+               std::to_string(bo.port);
   bo.token = options.store_token;
   bo.read_timeout = options.read_timeout;
   bo.connect_timeout = connect_timeout;

@@ -56,6 +56,12 @@ class RendezvousTimeoutError : public RendezvousError {
  public:
   using RendezvousError::RendezvousError;
 };
+// The store was stopped on purpose (its host agent left, the job ended) while this node needed
+// it (StoreGoneError underneath): retrying that endpoint cannot help.
+class RendezvousStoreGoneError : public RendezvousError {
+ public:
+  using RendezvousError::RendezvousError;
+};
 // Invalid options or --rdzv-conf entries; the message names the option and the value.
 class RendezvousOptionError : public RendezvousError {
  public:
@@ -130,6 +136,9 @@ struct RoundEvent {
   int64_t round = 0;
   std::string node_id;  // the node concerned (empty for kStoreLost / kShutdown)
   std::string detail;   // free text from the reporter
+  // kStoreLost: the store said it stops on purpose (StoreGoneError), rather than dying or
+  // becoming unreachable.
+  bool store_stopped = false;
   // One line for logs: "round 3 over: worker failure on node b-123: local_rank 2 exited 1".
   std::string describe() const;
 };
@@ -145,6 +154,9 @@ class RendezvousHandler {
   virtual std::string run_id() const = 0;
   // This node's id (unique per agent process).
   virtual std::string node_id() const = 0;
+  // c10d: HOST:PORT of the store this handler uses (the entry of an endpoint list it found the
+  // store at); empty for the other backends.
+  virtual std::string store_endpoint() const { return {}; }
 
   // Joins the next round and blocks until it completes. Called mid-round (no RoundEvent seen
   // yet), it first ends the current round for every node (kRestart). Throws
@@ -222,6 +234,20 @@ struct RendezvousOptions {
   std::optional<std::chrono::steady_clock::time_point> first_round_deadline;
   // c10d: unset hosts the store when the endpoint is this machine; etcd ignores it (warning).
   std::optional<bool> is_host;
+  // c10d: when the store is lost, the survivors of the last round move it to one of them and
+  // carry on (RendezvousSession; docs/rendezvous.md), and every round after an unplanned loss
+  // needs a majority of the previous round (dynamic::check_quorum), so that a partition never
+  // leaves two groups. false: neither (a lost store ends the job, as in torchrun). Ignored by etcd
+  // and static.
+  bool failover = true;
+  // The last round this node completed under an earlier handler (a rejoin after a lost store or
+  // membership) and its group rank there: the first join reports them, so that the node counts as
+  // a member of that round (quorum, rank order). -1: none.
+  int64_t previous_round = -1;
+  int previous_rank = -1;
+  // c10d, when this node hosts the store: keys it starts with (a failover store:
+  // dynamic::failover_seed).
+  std::vector<std::pair<std::string, std::string>> store_seed;
   // Shared secret for the store (TRUN_STORE_TOKEN); etcd does not use it (warning).
   std::string store_token;
   // etcd: every key starts with it (--rdzv-conf etcd_prefix; empty: "/"). Other backends refuse
@@ -234,7 +260,7 @@ struct RendezvousOptions {
 std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
 // Applies --rdzv-conf entries: join_timeout, last_call_timeout, close_timeout,
 // keep_alive_interval, read_timeout, progress_interval (seconds, fractions allowed),
-// keep_alive_max_attempt (integer), is_host (true/false/1/0/yes/no), timeout (alias of
+// keep_alive_max_attempt (integer), is_host and failover (true/false/1/0/yes/no), timeout (alias of
 // join_timeout, as torchrun's static backend), use_libuv (true/false, accepted and ignored),
 // store_type (tcp only), and for etcd: etcd_prefix, protocol (http only; https and the certificate
 // keys are refused). Throws RendezvousOptionError naming the key for unknown keys and bad values.

@@ -64,6 +64,7 @@ const char* const kConfKeys[] = {"join_timeout",
                                  "read_timeout",
                                  "progress_interval",
                                  "is_host",
+                                 "failover",
                                  "timeout",
                                  "use_libuv",
                                  "store_type",
@@ -118,6 +119,8 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       o->keep_alive_max_attempt = parse_count(key, value);
     } else if (key == "is_host") {
       o->is_host = parse_bool(key, value);
+    } else if (key == "failover") {
+      o->failover = parse_bool(key, value);
     } else if (key == "store_type") {
       // torchrun's c10d also offers a FileStore on a shared file system; trun's is TCP only.
       if (lowercase(value) != "tcp") {
@@ -169,9 +172,7 @@ void check_backend_options(const std::string& name, const RendezvousOptions& opt
   }
   if (etcd && !options.endpoint.empty()) parse_etcd_endpoints(options.endpoint);
   // The port is only a default here: the check is of the form.
-  if (name == "c10d" && !options.endpoint.empty()) {
-    parse_endpoint(options.endpoint, 29400, "--rdzv-endpoint");
-  }
+  if (name == "c10d" && !options.endpoint.empty()) parse_c10d_endpoints(options.endpoint);
 }
 
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,

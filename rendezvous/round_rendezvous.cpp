@@ -233,12 +233,14 @@ std::chrono::milliseconds start_first_round(RendezvousOptions* o, std::chrono::m
   return std::min(cap, o->join_timeout);
 }
 
-std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::string& token,
-                                        bool forced, const char* backend) {
+std::unique_ptr<StoreServer> host_store(
+    const Endpoint& endpoint, const std::string& token, bool forced, const char* backend,
+    const std::vector<std::pair<std::string, std::string>>& seed) {
   StoreServerOptions so;
   so.host = is_numeric_ip(endpoint.host) ? endpoint.host : "0.0.0.0";
   so.port = endpoint.port;
   so.token = token;
+  so.seed = seed;
   try {
     return StoreServer::start(so);
   } catch (const StoreError& e) {
@@ -383,8 +385,9 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
     if (shut_down_) throw RendezvousError(error_prefix() + ": the handler was shut down");
     end_round = in_round_ && !event_;
     in_round_ = false;
-    last_round = round_;
-    last_rank = rank_;
+    // A new handler of a node that rejoins: the round it completed under the old one.
+    last_round = round_ >= 0 ? round_ : options_.previous_round;
+    last_rank = round_ >= 0 ? rank_ : options_.previous_rank;
   }
   try {
     if (end_round) {
@@ -415,6 +418,9 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
       store_unreachable_ = true;  // shutdown() skips its goodbyes unless a later join succeeds
     }
     check_not_shut_down();
+    if (dynamic_cast<const StoreGoneError*>(&e)) {
+      throw RendezvousStoreGoneError(error_prefix() + ": " + e.what());
+    }
     throw RendezvousError(error_prefix() + ": " + e.what());
   }
 }
@@ -438,10 +444,12 @@ std::optional<RoundEvent> RoundRendezvous::wait_round_over(std::chrono::millisec
   }
   std::optional<std::string> log;
   std::string error;
+  bool stopped = false;
   try {
     log = backend_->wait_get(over_key(k), timeout);
   } catch (const StoreError& e) {
     error = e.what();
+    stopped = dynamic_cast<const StoreGoneError*>(&e) != nullptr;
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) {
@@ -456,6 +464,7 @@ std::optional<RoundEvent> RoundRendezvous::wait_round_over(std::chrono::millisec
     e.kind = RoundEvent::Kind::kStoreLost;
     e.round = k;
     e.detail = error;
+    e.store_stopped = stopped;
     local_event_ = e;
     return e;
   }

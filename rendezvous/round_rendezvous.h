@@ -41,8 +41,9 @@ std::chrono::milliseconds time_left(std::chrono::steady_clock::time_point deadli
                                     std::chrono::milliseconds cap);
 // Hosts a StoreServer for `endpoint` (binding its address when it is numeric, else every
 // interface). Returns null when the port is taken and hosting was not forced.
-std::unique_ptr<StoreServer> host_store(const Endpoint& endpoint, const std::string& token,
-                                        bool forced, const char* backend);
+std::unique_ptr<StoreServer> host_store(
+    const Endpoint& endpoint, const std::string& token, bool forced, const char* backend,
+    const std::vector<std::pair<std::string, std::string>>& seed = {});
 
 class RoundRendezvous : public RendezvousHandler {
  public:

@@ -3,6 +3,7 @@
 #include "rendezvous/dynamic_decisions.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 
 using namespace trun::rendezvous;
 using namespace trun::rendezvous::dynamic;
@@ -264,4 +265,129 @@ TEST_CASE("the waiting line shows joined/min/max and the join timeout, then the 
   // Past a deadline it says 0, never a negative time.
   CHECK(waiting_line(0, 0, 1, 1, std::nullopt, t0, t0 + 5s) ==
         "waiting for nodes in round 0: 0 joined (min 1, max 1); join timeout in 0 s");
+}
+
+// --- quorum and failover (split-brain protection) ------------------------------------------
+
+namespace {
+
+// Round 4 of nodes a (store host, rank 0), b, c.
+RoundResult round4() {
+  return decode_result(encode_complete({node("a", 1, -1, -1, true), node("b", 2), node("c", 3)}));
+}
+
+}  // namespace
+
+TEST_CASE("quorum: a majority of the previous round forms the next one, a minority never",
+          "[decisions][quorum]") {
+  const RoundResult prev = round4();
+  // b and c without the store host: 2 of 3.
+  auto q = check_quorum(prev, 4, {}, {node("b", 1, 4, 1), node("c", 2, 4, 2)});
+  CHECK(q.ok);
+  CHECK(q.present == 2);
+  CHECK(q.electorate == 3);
+  // The store host alone: 1 of 3, not enough even with the tie-break.
+  q = check_quorum(prev, 4, {}, {node("a", 1, 4, 0, true)});
+  CHECK_FALSE(q.ok);
+  CHECK(q.needed == 2);
+  // Newcomers (no previous round) and members of an older round do not count.
+  q = check_quorum(prev, 4, {}, {node("a", 1, 4, 0, true), node("x", 2), node("b", 3, 2, 1)});
+  CHECK_FALSE(q.ok);
+  CHECK(q.present == 1);
+}
+
+TEST_CASE("quorum: half is enough only together with the previous round's store host",
+          "[decisions][quorum]") {
+  const RoundResult two =
+      decode_result(encode_complete({node("a", 1, -1, -1, true), node("b", 2)}));
+  CHECK(check_quorum(two, 7, {}, {node("a", 1, 7, 0, true)}).ok);  // b died: a carries on
+  auto q = check_quorum(two, 7, {}, {node("b", 1, 7, 1, true)});   // a died: b hosts a new store
+  CHECK_FALSE(q.ok);
+  CHECK(q.needed == 2);
+}
+
+TEST_CASE("quorum: nodes that left on purpose leave the electorate", "[decisions][quorum]") {
+  const RoundResult prev = round4();
+  std::vector<OverRecord> over = {{RoundEvent::Kind::kNodeLeft, "b", "agent shut down"},
+                                  {RoundEvent::Kind::kNodeLeft, "c", "agent shut down"}};
+  auto q = check_quorum(prev, 4, over, {node("a", 1, 4, 0, true)});
+  CHECK(q.ok);
+  CHECK(q.electorate == 1);
+  // A lapsed lease is not a planned leave.
+  over = {
+      {RoundEvent::Kind::kNodeLeft, "b", "connection to the store closed or keep-alives stopped"},
+      {RoundEvent::Kind::kNodeLeft, "c", "agent shut down while joining"}};
+  q = check_quorum(prev, 4, over, {node("a", 1, 4, 0, true)});
+  CHECK(q.ok);  // electorate {a, b}: half with the store host
+  CHECK(q.electorate == 2);
+  CHECK(check_quorum(prev, 4, over, {node("b", 1, 4, 1)}).ok == false);  // b alone, no host
+}
+
+TEST_CASE("the leader holds a round that lacks a quorum until more nodes join",
+          "[decisions][quorum]") {
+  auto s = leader(1, 3);
+  s.expected = 2;
+  observe_joined(&s, 1, t0);
+  s.hold_at = 1;
+  auto a = decide_leader(s, t0 + 100s);  // past the last call: still held
+  CHECK(a.kind == LeaderAction::Kind::kWaitForJoins);
+  CHECK(a.target == 2);
+  CHECK(a.until == s.join_deadline);
+  observe_joined(&s, 2, t0 + 101s);
+  CHECK(decide_leader(s, t0 + 101s).kind == LeaderAction::Kind::kComplete);
+  s.joined = 1;
+  CHECK(decide_leader(s, s.join_deadline).kind == LeaderAction::Kind::kTimeout);
+}
+
+TEST_CASE("failover: candidates are the members without the lost store host, in rank order",
+          "[decisions][failover]") {
+  const RoundResult prev = round4();
+  auto p = plan_failover(prev.members, 2);
+  CHECK(p.possible);
+  CHECK(p.lost_host_rank == 0);
+  CHECK(p.candidates == std::vector<int>{1, 2});
+  CHECK(p.quorum == 2);
+  // Two nodes: the survivor alone is no majority of two.
+  const RoundResult two =
+      decode_result(encode_complete({node("a", 1, -1, -1, true), node("b", 2)}));
+  p = plan_failover(two.members, 1);
+  CHECK_FALSE(p.possible);
+  CHECK_THAT(p.why_not, Catch::Contains("majority (2)"));
+  // ... unless the host left on purpose: then the survivor is the whole electorate.
+  p = plan_failover(two.members, 1, true);
+  CHECK(p.possible);
+  CHECK(p.quorum == 1);
+  auto seed = failover_seed(Keys("job"), 3, two.members, "10.0.0.2:1", true);
+  auto over = parse_over(seed[2].second);
+  REQUIRE(over.size() == 1);
+  CHECK(planned_leave(over[0]));
+  CHECK(check_quorum(two, 3, over, {node("b", 1, 3, 1, true)}).ok);
+  // An external store (no member hosted it): every member is a candidate.
+  const RoundResult ext = decode_result(encode_complete({node("a", 1), node("b", 2)}));
+  p = plan_failover(ext.members, 0);
+  CHECK(p.possible);
+  CHECK(p.lost_host_rank == -1);
+  CHECK(p.candidates == std::vector<int>{0, 1});
+}
+
+TEST_CASE("failover: the new store starts where the lost one stopped", "[decisions][failover]") {
+  const Keys keys("job");
+  const RoundResult prev = round4();
+  auto seed = failover_seed(keys, 4, prev.members, "10.0.0.2:29400");
+  std::map<std::string, std::string> kv(seed.begin(), seed.end());
+  CHECK(kv.at(keys.round()) == "5");
+  CHECK(kv.at(keys.failover()) == "4 10.0.0.2:29400");
+  RoundResult copy = decode_result(kv.at(keys.result(4)));
+  REQUIRE(copy.kind == RoundResult::Kind::kComplete);
+  CHECK(copy.members.to_vector().size() == 3);
+  CHECK(store_host_rank(copy.members) == 0);
+  auto over = parse_over(kv.at(keys.over(4)));
+  REQUIRE(over.size() == 1);
+  CHECK(over[0].kind == RoundEvent::Kind::kNodeLeft);
+  CHECK(over[0].node_id == "a");
+  CHECK_FALSE(planned_leave(over[0]));
+  // The next round expects the two survivors and needs both of them.
+  CHECK(expected_after(copy, over) == 2);
+  CHECK(check_quorum(copy, 4, over, {node("b", 1, 4, 1, true), node("c", 2, 4, 2)}).ok);
+  CHECK_FALSE(check_quorum(copy, 4, over, {node("b", 1, 4, 1, true)}).ok);
 }
