@@ -409,7 +409,8 @@ Agent::Next Agent::after_round_over() {
     case RoundAction::kRejoin:
       // The rejoin forms the next round itself.
       set_phase("rendezvous");
-      return session_->rejoin(e.detail) ? Next{Next::kAgainNow} : Next{kExitAgentError};
+      return session_->rejoin(e.detail, e.store_stopped) ? Next{Next::kAgainNow}
+                                                         : Next{kExitAgentError};
     case RoundAction::kStoreLost:
       spdlog::error("lost the rendezvous store at {} ({}): {}; giving up",
                     session_->store_endpoint(), session_->backend(), e.describe());
@@ -494,9 +495,19 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
     throw;
   } catch (const rendezvous::RendezvousClosedError& ex) {
     spdlog::error("rendezvous for the restart failed: the job has finished: {}", ex.what());
+  } catch (const rendezvous::RendezvousTimeoutError& ex) {
+    // join_timeout passed with the store answering: rejoining (on the store host: a new, empty
+    // store) would only bypass what held the round, e.g. the lack of a majority.
+    spdlog::error("rendezvous for the restart failed: {}", ex.what());
+    std::fprintf(stderr, "trun: error: %s\n", ex.what());
+    std::fflush(stderr);
   } catch (const std::exception& ex) {
     // After the end of a round the store may have gone with it: a dynamic backend rejoins.
-    if (after_round && session_->dynamic() && session_->rejoin(ex.what())) return true;
+    if (after_round && session_->dynamic() &&
+        session_->rejoin(
+            ex.what(), dynamic_cast<const rendezvous::RendezvousStoreGoneError*>(&ex) != nullptr)) {
+      return true;
+    }
     spdlog::error("rendezvous for the restart failed: {}", ex.what());
   }
   return false;

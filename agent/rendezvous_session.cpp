@@ -19,8 +19,11 @@
 #include <vector>
 
 #include "agent/node_status.h"
+#include "rendezvous/dynamic_decisions.h"
+#include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/static_rendezvous.h"
 #include "rendezvous/store/store.h"
+#include "rendezvous/store/tcp_store.h"
 
 namespace trun::agent {
 namespace {
@@ -144,18 +147,31 @@ void RendezvousSession::create_handler() {
   if (cfg_.rdzv_backend != "static" && !cfg_.standalone) {  // c10d, etcd: dynamic membership
     rendezvous::RendezvousOptions o;
     o.run_id = run_id_;
-    o.endpoint = cfg_.rdzv_endpoint;
+    if (current_endpoint_.empty()) current_endpoint_ = cfg_.rdzv_endpoint;
+    o.endpoint = current_endpoint_;
     o.min_nodes = cfg_.min_nodes;
     o.max_nodes = cfg_.max_nodes;
     o.local_addr = cfg_.local_addr;
     if (const char* t = std::getenv("TRUN_STORE_TOKEN")) o.store_token = t;
     rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &o);
     o.first_round_deadline = rejoin_deadline_;
+    if (info_.round >= 0) {  // a rejoin: this node was a member of that round
+      o.previous_round = info_.round;
+      o.previous_rank = info_.group_rank;
+    }
+    if (target_) {
+      o.endpoint = target_->endpoint;
+      o.is_host = target_->host;
+      o.node_id = target_->node_id;
+      o.store_seed = target_->seed;
+      target_.reset();
+    }
     timeout_ = o.join_timeout;
-    store_endpoint_ = cfg_.rdzv_endpoint;
+    store_endpoint_ = o.endpoint;
     dynamic_ = true;
     auto handler =
         create_watched([&] { return rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o); });
+    if (!handler->store_endpoint().empty()) store_endpoint_ = handler->store_endpoint();
     std::lock_guard<std::mutex> lock(handler_mu_);
     rdzv_ = std::move(handler);
   } else {
@@ -300,12 +316,164 @@ void RendezvousSession::on_event_fd() {
   if (on_round_over_(*e)) round_over_ = *e;
 }
 
-bool RendezvousSession::rejoin(const std::string& why) {
+RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::string& why,
+                                                                bool store_stopped,
+                                                                Clock::TimePoint deadline) {
+  namespace rdzv = rendezvous;
+  const std::string lost_endpoint = store_endpoint_;
+  rdzv::RendezvousOptions o;
+  rdzv::apply_rdzv_conf(cfg_.rdzv_conf, &o);
+  if (cfg_.rdzv_backend != "c10d" || !o.failover || info_.round < 0 || info_.participants.empty()) {
+    return FailoverOutcome::kNotNeeded;
+  }
+  std::pair<std::string, uint16_t> lost;
+  try {
+    lost = rdzv::parse_c10d_endpoints(store_endpoint_).front();
+  } catch (const std::exception&) {
+    return FailoverOutcome::kNotNeeded;
+  }
+  const rdzv::dynamic::Keys keys(run_id_);
+  rdzv::TcpStoreOptions probe;
+  probe.dialect = rdzv::StoreDialect::kTrun;
+  if (const char* t = std::getenv("TRUN_STORE_TOKEN")) probe.token = t;
+  probe.host = lost.first;
+  probe.port = lost.second;
+  // A store that still answers (this node only lost its membership, or a blip): rejoin it.
+  if (!store_stopped && rdzv::probe_store_key(probe, keys.round(), std::chrono::seconds(1))) {
+    return FailoverOutcome::kNotNeeded;
+  }
+  const auto plan =
+      rdzv::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
+  if (!plan.possible) {
+    spdlog::error("lost the rendezvous store at {}; cannot move it: {}", store_endpoint_,
+                  plan.why_not);
+    std::fprintf(stderr, "trun: error: lost the rendezvous store at %s; cannot move it: %s\n",
+                 store_endpoint_.c_str(), plan.why_not.c_str());
+    return store_stopped ? FailoverOutcome::kFailed : FailoverOutcome::kNotNeeded;
+  }
+  // How long a candidate before this node may take to notice the loss and start its store: a
+  // partition is noticed when keep-alives fail (each bounded by read_timeout), so two nodes
+  // notice it up to a lease's ttl plus one read_timeout apart; plus slack. (A candidate that is
+  // alive and noticed first answers at once: this is only spent on dead candidates.)
+  const auto window = rdzv::dynamic::lease_ttl(o.keep_alive_interval, o.keep_alive_max_attempt) +
+                      o.read_timeout + std::chrono::seconds(2);
+  const std::string host_id =
+      plan.lost_host_rank >= 0 ? info_.participants.at(plan.lost_host_rank).node_id : "";
+  spdlog::warn(
+      "lost the rendezvous store at {} ({}){}; moving it to the first reachable of {} node(s) of "
+      "round {}",
+      store_endpoint_, why, host_id.empty() ? "" : " hosted by node " + host_id,
+      plan.candidates.size(), info_.round);
+  const auto members = info_.participants;
+  const int64_t round = info_.round;
+  const int my_rank = info_.group_rank;
+  // On the new store this node is who it was in round k (no lease of its old self lives there).
+  const std::string my_id = members.at(my_rank).node_id;
+  for (int c : plan.candidates) {
+    const auto member = members.at(c);
+    const std::string endpoint =
+        (member.addr.find(':') != std::string::npos ? "[" + member.addr + "]" : member.addr) + ":" +
+        std::to_string(lost.second);
+    StoreTarget target;
+    target.endpoint = endpoint;
+    target.node_id = my_id;
+    if (c == my_rank) {
+      target.host = true;
+      target.seed = rdzv::dynamic::failover_seed(keys, round, members, endpoint, store_stopped);
+    } else {
+      probe.host = member.addr;
+      probe.port = lost.second;
+      const auto until = std::min(deadline, clock_.now() + window);
+      bool found = false;
+      for (int i = 0; i < 10000 && !found; ++i) {
+        found = rdzv::probe_store_key(probe, keys.failover(), std::chrono::milliseconds(500));
+        if (found || clock_.now() >= until) break;
+        clock_.sleep_for(std::chrono::milliseconds(100));
+        check_stop_signal();
+      }
+      if (!found) {
+        spdlog::info("failover: node {} (rank {}) hosts no store at {}; trying the next",
+                     member.node_id, c, endpoint);
+        continue;
+      }
+    }
+    drop_handler();
+    target_ = std::move(target);
+    try {
+      create_handler();
+      form_round();
+    } catch (const RendezvousInterrupted&) {
+      throw;
+    } catch (const rdzv::RendezvousClosedError&) {
+      throw;
+    } catch (const std::exception& e) {
+      spdlog::warn("failover to {} failed: {}", endpoint, e.what());
+      continue;
+    }
+    current_endpoint_ = endpoint;
+    spdlog::warn("the rendezvous store moved to {} ({}; round {} formed there)", endpoint,
+                 c == my_rank ? "hosted here" : "hosted by node " + member.node_id, info_.round);
+    if (events_) {
+      events_->record("trun.rdzv.failover", {{"rdzv_backend", backend()},
+                                             {"lost_endpoint", lost_endpoint},
+                                             {"endpoint", endpoint},
+                                             {"hosted_here", c == my_rank},
+                                             {"round", int64_t{info_.round}}});
+    }
+    return FailoverOutcome::kJoined;
+  }
+  std::fprintf(stderr,
+               "trun: error: lost the rendezvous store at %s and could not move it: no node of "
+               "round %lld hosts a store for this job, and hosting one here failed\n",
+               lost_endpoint.c_str(), static_cast<long long>(round));
+  return FailoverOutcome::kFailed;
+}
+
+bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
+  // The round ended because the store's host shut down (it said so): its store went with it.
+  if (round_over_ && round_over_->kind == rendezvous::RoundEvent::Kind::kNodeLeft &&
+      !info_.participants.empty()) {
+    const int host = rendezvous::dynamic::store_host_rank(info_.participants);
+    store_stopped = store_stopped ||
+                    (host >= 0 && round_over_->node_id == info_.participants.at(host).node_id &&
+                     rendezvous::dynamic::planned_leave(
+                         {round_over_->kind, round_over_->node_id, round_over_->detail}));
+  }
   const auto deadline = clock_.now() + timeout_;
   std::string last = why;
+  rejoin_deadline_ = deadline;
+  try {
+    switch (fail_over(why, store_stopped, deadline)) {
+      case FailoverOutcome::kJoined:
+        rejoin_deadline_.reset();
+        return true;
+      case FailoverOutcome::kFailed:
+        rejoin_deadline_.reset();
+        return false;
+      case FailoverOutcome::kNotNeeded:
+        break;
+    }
+  } catch (const RendezvousInterrupted&) {
+    rejoin_deadline_.reset();
+    throw;
+  } catch (const rendezvous::RendezvousClosedError& e) {
+    rejoin_deadline_.reset();
+    std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
+                 run_id_.c_str(), e.what());
+    return false;
+  }
+  if (store_stopped) {
+    // It went away on purpose: retrying that endpoint for join_timeout cannot bring it back.
+    rejoin_deadline_.reset();
+    std::fprintf(stderr,
+                 "trun: error: the rendezvous store at %s was stopped (its host left or the job "
+                 "ended): %s\n",
+                 store_endpoint_.c_str(), why.c_str());
+    std::fflush(stderr);
+    return false;
+  }
   spdlog::warn("lost the rendezvous store at {}: {}; trying to rejoin for up to {} s",
                store_endpoint_, why, timeout_.count() / 1000.0);
-  rejoin_deadline_ = deadline;
   bool rejoined = false;
   int attempts = 0;
   while (attempts < 100000 && clock_.now() < deadline) {

@@ -75,7 +75,10 @@ class RendezvousSession {
   // window for connecting and its first round, so the whole rejoin ends within it. Returns false
   // (after printing why on stderr, naming the endpoint) when the store stays unreachable or the
   // job has finished meanwhile.
-  bool rejoin(const std::string& why);
+  // With c10d (and --rdzv-conf failover, the default), when the store itself is gone, the
+  // survivors of the last round first move it to one of them (fail_over) and form the next round
+  // there; `store_stopped`: the store said it stops on purpose, so it is not waited for.
+  bool rejoin(const std::string& why, bool store_stopped = false);
 
   // Ends the round on every node because this node's workers failed (multi-node only). Logs and
   // swallows errors: the local restart decision does not depend on it.
@@ -117,6 +120,20 @@ class RendezvousSession {
   const std::string& store_endpoint() const { return store_endpoint_; }
 
  private:
+  // Where a c10d handler connects, and whether it hosts (a failover store); unset: from the
+  // configuration.
+  struct StoreTarget {
+    std::string endpoint;
+    bool host = false;
+    std::string node_id;  // keep this node's id: the quorum counts the last round's members
+    std::vector<std::pair<std::string, std::string>> seed;
+  };
+  enum class FailoverOutcome { kNotNeeded, kJoined, kFailed };
+  // The c10d store of the last round is unreachable: move it to the first reachable candidate of
+  // that round (dynamic::plan_failover), hosting it here when none of those before this node
+  // answers, and form the next round there. kNotNeeded: the store still answers, or no failover
+  // is possible (the caller retries the store as before).
+  FailoverOutcome fail_over(const std::string& why, bool store_stopped, Clock::TimePoint deadline);
   void create_handler();
   template <typename F>
   auto create_watched(F create);
@@ -149,6 +166,9 @@ class RendezvousSession {
   std::optional<rendezvous::RoundEvent> round_over_;
   bool dynamic_ = false;
   std::string store_endpoint_;
+  // c10d: where the store is now (the configured endpoint, until a failover moves it).
+  std::string current_endpoint_;
+  std::optional<StoreTarget> target_;  // for the next create_handler() only
   std::chrono::milliseconds timeout_{std::chrono::seconds(300)};  // join_timeout
   // While rejoin() runs: the end of its window, which bounds each new handler's first round.
   std::optional<Clock::TimePoint> rejoin_deadline_;

@@ -21,6 +21,10 @@
 //   flood N            print N numbered lines to stdout, as fast as possible
 //   print TEXT / eprint TEXT / partial TEXT   a line to stdout / stderr / no newline
 //   env DIR            write the whole environment as JSON to DIR/env_<restart>_<local_rank>.json
+//   envlog FILE        append one line to FILE: this process's pid, RANK, WORLD_SIZE, GROUP_RANK,
+//                      GROUP_WORLD_SIZE, TORCHELASTIC_RESTART_COUNT, MASTER_ADDR:MASTER_PORT
+//                      (space-separated key=value), so that successive rounds of one attempt
+//                      stay apart
 //   store-check        connect to $MASTER_ADDR:$MASTER_PORT with a TcpStore, set and read back a
 //                      key under /worker/attempt_<restart>/ (as PyTorch workers do); exit 4 if
 //                      that fails
@@ -283,6 +287,18 @@ int main(int argc, char** argv) {
         vars[std::string(*e, static_cast<size_t>(eq - *e))] = eq + 1;
       }
       write_file(a[i++] + "/env_" + attempt() + "_" + rank() + ".json", to_json(vars));
+    } else if (act == "envlog") {
+      need(1);
+      std::string line = "pid=" + std::to_string(::getpid());
+      for (const char* k :
+           {"RANK", "WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT"}) {
+        line += std::string(" ") + k + "=" + env_or(k, "");
+      }
+      line += " MASTER=" + env_or("MASTER_ADDR", "") + ":" + env_or("MASTER_PORT", "") + "\n";
+      if (std::FILE* f = std::fopen(a[i++].c_str(), "a")) {
+        std::fputs(line.c_str(), f);
+        std::fclose(f);
+      }
     } else if (act == "store-check") {
       try {
         trun::rendezvous::TcpStoreOptions o;
