@@ -683,7 +683,8 @@ CliResult parse_command_line(int argc, char** argv) {
         result.notes.push_back(
             "--rdzv-conf: ignoring unknown key(s) " + unknown +
             " (trun reads join_timeout, timeout, last_call_timeout, close_timeout, "
-            "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, store_type, "
+            "keep_alive_interval, keep_alive_max_attempt, read_timeout, is_host, failover, "
+            "store_type, "
             "use_libuv, etcd_prefix, protocol)");
       }
       rendezvous::RendezvousOptions checked;

@@ -461,7 +461,8 @@ int run_status_command(int argc, char** argv) {
                  "The job's rendezvous backend: static, c10d or etcd (alias etcd-v2)")
       ->capture_default_str();
   app.add_option("--rdzv-endpoint,--rdzv_endpoint", endpoint,
-                 "The job's --rdzv-endpoint (c10d: HOST[:PORT], port 29400; etcd: HOST[:PORT] of "
+                 "The job's --rdzv-endpoint (c10d: HOST[:PORT], port 29400, or the list of where "
+                 "the store may have moved; etcd: HOST[:PORT] of "
                  "a client URL, port 2379; static: node 0's store, when --master-addr is not "
                  "given)");
   app.add_option("--rdzv-id,--rdzv_id", run_id, "The job's --rdzv-id")->required();
@@ -536,6 +537,33 @@ int run_status_command(int argc, char** argv) {
         where += ":" + std::to_string(master_port > 0 ? master_port : 29500);
       }
       if (where.empty()) return usage("--rdzv-backend=c10d: --rdzv-endpoint is required");
+      if (backend == "c10d" && where.find(',') != std::string::npos) {
+        // An endpoint list: as an agent would, prefer a store that took over (a failover) at a
+        // later entry; else the first entry.
+        std::vector<std::pair<std::string, uint16_t>> list;
+        try {
+          list = rendezvous::parse_c10d_endpoints(where);
+        } catch (const rendezvous::RendezvousError& e) {
+          return usage(e.what());
+        }
+        auto text = [](const std::pair<std::string, uint16_t>& e) {
+          return (e.first.find(':') != std::string::npos ? "[" + e.first + "]" : e.first) + ":" +
+                 std::to_string(e.second);
+        };
+        where = text(list[0]);
+        rendezvous::TcpStoreOptions probe;
+        probe.token = token;
+        probe.dialect = rendezvous::StoreDialect::kTrun;
+        const std::string key = rendezvous::dynamic::Keys(run_id).failover();
+        for (size_t i = 1; i < list.size(); ++i) {
+          probe.host = list[i].first;
+          probe.port = list[i].second;
+          if (rendezvous::probe_store_key(probe, key, std::chrono::milliseconds(500))) {
+            where = text(list[i]);
+            break;
+          }
+        }
+      }
       if (!split_host_port(where, default_port, &o.host, &o.port)) {
         return usage("--rdzv-endpoint=" + where + ": expected HOST[:PORT] with a port 1..65535");
       }

@@ -264,20 +264,58 @@ crash)  # a worker crashes on node 1: restart on every node; after --max-restart
       fail "agent $i does not print node 1's failure as the root cause"
   done
   ;;
-storehost)  # the store host's agent is killed: the others fail naming the lost endpoint
+storehost)  # the store host's agent is killed: the other two move the store (failover) and
+  # continue as one group within 10 s, ranks dense, restart count unchanged; node 0 started again
+  # with the endpoint list joins them
   for i in 0 1 2; do add_node $i; done
   for i in 0 1 2; do start_agent $i --nnodes 2:3 --nproc-per-node 1 --max-restarts 0 $(c10d); done
   wait_for 30 "3 workers with WORLD_SIZE=3" have_world 3
+  check_ranks 3
   log "killing the store host's agent (node 0)"
   kill -KILL "${AGENT_PID[0]}"
   wait "${AGENT_PID[0]}" 2>/dev/null
   unset "AGENT_PID[0]"
+  wait_for 10 "nodes 1 and 2 as one group of 2 (failover)" have_world 2
+  check_ranks 2
+  check_restart 2 0
   for i in 1 2; do
-    agent_exit $i
-    [ "$RC" != 0 ] || fail "agent $i exited 0 after losing the store"
     grep -q "lost the rendezvous store at $(addr 0):$PORT" "$TMP/agent_$i.log" ||
       fail "agent $i did not name the lost endpoint"
   done
+  grep -q "the rendezvous store moved to" "$TMP/agent_1.log" "$TMP/agent_2.log" ||
+    fail "no survivor says where the store moved"
+  log "node 0 starts again with the endpoint list"
+  LIST="$(addr 0):$PORT,$(addr 1):$PORT,$(addr 2):$PORT"
+  before=$(grep -c " world=3 " "$CLUSTER_LOG")
+  start_agent 0 --nnodes 2:3 --nproc-per-node 1 --max-restarts 0 --rdzv-backend c10d \
+    --rdzv-endpoint "$LIST" --rdzv-id "job-$TAG" --rdzv-conf "$CONF"
+  rejoined() { [ "$(grep -c " world=3 " "$CLUSTER_LOG")" -ge $((before + 3)) ]; }
+  wait_for 30 "node 0 joins the moved store (3 more workers with WORLD_SIZE=3)" rejoined
+  check_ranks 3
+  check_restart 3 0
+  finish_ok
+  ;;
+partition_host)  # the store host (node 0) is cut off: nodes 1 and 2 (a majority) move the store
+  # and train as a group of 2; node 0 (a minority of round 0) forms no group: it waits for a
+  # majority, saying so, and gives up at join_timeout (exit 3). Exactly one group trains.
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1 2; do start_agent $i --nnodes 1:3 --nproc-per-node 1 --max-restarts 0 $(c10d); done
+  wait_for 30 "3 workers with WORLD_SIZE=3" have_world 3
+  log "link of node 0 (the store host) down"
+  ip -n "$HUB" link set h0 down
+  wait_for 40 "nodes 1 and 2 as one group of 2" have_world 2
+  check_ranks 2
+  check_restart 2 0
+  grep " world=2 " "$CLUSTER_LOG" | grep -q " node=n0 " && fail "node 0 joined the majority's group"
+  holds() { grep -q "waits for a majority of round" "$TMP/agent_0.log"; }
+  wait_for 20 "node 0 says it waits for a majority" holds
+  grep " world=1 " "$CLUSTER_LOG" && fail "node 0 formed a group of its own"
+  agent_exit 0
+  [ "$RC" = 3 ] || fail "node 0 exited $RC, expected 3 (no majority within join_timeout)"
+  grep -q "no majority of the previous round" "$TMP/agent_0.log" ||
+    fail "node 0's error does not say that it had no majority"
+  grep " world=1 " "$CLUSTER_LOG" && fail "node 0 formed a group of its own"
+  finish_ok
   ;;
 etcd)  # etcd backend, etcd in a namespace of its own: SIGKILL of node 0's agent (the store host
   # under c10d) leaves the other two running as a group of 2, the restart count unchanged
@@ -412,6 +450,48 @@ bench)  # cross-node restart latency: a worker dies on node 1 -> replacements ru
     t0=$(grep "crash restart=$r\$" "$CLUSTER_LOG" | head -n 1 | sed 's/^t=\([0-9.]*\).*/\1/')
     t1=$(grep " world=6 .*restart=$((r + 1)) " "$CLUSTER_LOG" | sed 's/^t=\([0-9.]*\).*/\1/' | sort -n | tail -n 1)
     echo "latency_ms $(echo "($t1 - $t0) * 1000" | bc -l | xargs printf '%.0f')"
+  done
+  finish_ok
+  ;;
+failover_bench)  # store failover time: SIGKILL of the store host's agent -> the survivors'
+  # replacement workers running (the last one's first line); the killed node then starts again
+  # with the endpoint list and joins, and the next repetition kills whoever hosts the store now.
+  # BENCH_REPS (default 3); prints one "failover_ms X" line per repetition.
+  reps=${BENCH_REPS:-3}
+  for i in 0 1 2; do add_node $i; done
+  LIST="$(addr 0):$PORT,$(addr 1):$PORT,$(addr 2):$PORT"
+  fo_agent() {
+    start_agent "$1" --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 --rdzv-backend c10d \
+      --rdzv-endpoint "$LIST" --rdzv-id "job-$TAG" --rdzv-conf "$CONF"
+  }
+  for i in 0 1 2; do fo_agent $i; sleep 0.2; done
+  host=0
+  count() { grep -c " world=$1 " "$CLUSTER_LOG"; }
+  hosted() { grep -c "hosted here" "$TMP/agent_$1.log"; }
+  wait_for 60 "6 workers" have_world 6
+  for ((r = 0; r < reps; r++)); do
+    sleep 0.5
+    w2=$(count 4)
+    declare -A was
+    for i in 0 1 2; do was[$i]=$(hosted $i); done
+    t0=$(date +%s.%N)
+    kill -KILL "${AGENT_PID[$host]}"
+    wait "${AGENT_PID[$host]}" 2>/dev/null
+    unset "AGENT_PID[$host]"
+    moved() { [ "$(count 4)" -ge $((w2 + 4)) ]; }
+    wait_for 60 "the survivors' 4 replacement workers (repetition $((r + 1)))" moved
+    t1=$(grep " world=4 " "$CLUSTER_LOG" | tail -n 4 | sed 's/^t=\([0-9.]*\).*/\1/' | sort -n | tail -n 1)
+    echo "failover_ms $(echo "($t1 - $t0) * 1000" | bc -l | xargs printf '%.0f')"
+    killed=$host
+    for i in 0 1 2; do
+      [ "$i" = "$killed" ] && continue
+      [ "$(hosted $i)" -gt "${was[$i]}" ] && host=$i
+    done
+    [ "$host" != "$killed" ] || fail "no survivor says it hosts the store now"
+    w3=$(count 6)
+    fo_agent "$killed"
+    back() { [ "$(count 6)" -ge $((w3 + 6)) ]; }
+    wait_for 60 "node $killed back (6 workers)" back
   done
   finish_ok
   ;;
