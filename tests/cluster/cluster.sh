@@ -217,6 +217,26 @@ mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the check
       fail "the joined node has no rank $r training"
   done
   ;;
+joinrestart)  # a node joins after the other spent a restart: the group of both still forms
+  # (node 0's TORCHELASTIC_RESTART_COUNT is 1, node 1's is 0: the ranks must not key their process
+  # group by it; they did, and the group of 2 waited forever)
+  MLP=$BIN/examples/train_mlp
+  [ -x "$MLP" ] || fail "$MLP is not built"
+  WORKER_CMD=("$MLP" --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5 --epochs 1
+    --ckpt-every 5 --step-sleep-ms 20 --crash-at-step 20 --crash-rank 0)
+  for i in 0 1; do add_node $i; done
+  start_agent 0 --nnodes 1:2 --nproc-per-node 1 --max-restarts 1 $(c10d)
+  restarted() { grep -q "restarting the worker group (1/1 restarts)" "$TMP/agent_0.log"; }
+  wait_for 30 "node 0 spends its restart (rank 0 crashes at step 20)" restarted
+  log "node 1 joins (restart count 0; node 0's is 1)"
+  start_agent 1 --nnodes 1:2 --nproc-per-node 1 --max-restarts 1 $(c10d)
+  for i in 0 1; do
+    agent_exit $i
+    [ "$RC" = 0 ] || fail "agent $i exited $RC"
+  done
+  grep -q "done: .* world size 2" "$TMP/agent_0.log" ||
+    fail "rank 0 did not finish training at world size 2"
+  ;;
 bench)  # cross-node restart latency: a worker dies on node 1 -> replacements running everywhere
   # LAUNCHER=trun|torchrun, BENCH_REPS (default 5); prints one "latency_ms X" line per repetition.
   reps=${BENCH_REPS:-5}
