@@ -148,6 +148,9 @@ def verify(a):
 
     # 1. The final checkpoint loads: the verification run (train_mlp, world 1, same --ckpt-dir)
     # resumed from it; its sample log's start line names the step and the group that saved it.
+    # It is the end of training when the run then trained nothing ("done: N steps" at the step it
+    # resumed from) and its sampler was at the last epoch's end (epoch E-1 fully consumed, when the
+    # last step was also a periodic save, or epoch E at offset 0).
     final = None
     try:
         with open(a.verify_log) as f:
@@ -161,13 +164,18 @@ def verify(a):
         return 1
     verify_out = open(a.verify_out).read() if a.verify_out else ""
     m = re.search(r"resumed from \S+ \(step (\d+), epoch (\d+), sample offset (\d+)", verify_out)
+    d = re.search(r"\] done: (\d+) steps", verify_out)
+    at_end = m is not None and (int(m.group(2)), int(m.group(3))) in (
+        (a.epochs, 0), (a.epochs - 1, a.dataset_size))
     loaded = (final is not None and final[1] not in ("-", "?") and m is not None and
-              int(m.group(1)) == final[0] and int(m.group(2)) == a.epochs and int(m.group(3)) == 0)
+              int(m.group(1)) == final[0] and at_end and d is not None and
+              int(d.group(1)) == final[0])
     report("checkpoint", loaded,
            "final checkpoint: step %s, saved by group %s; resumed at epoch %s offset %s "
-           "(expected epoch %d offset 0)" % (final[0] if final else "?", final[1] if final else "?",
-                                            m.group(2) if m else "?", m.group(3) if m else "?",
-                                            a.epochs))
+           "(expected epoch %d offset 0 or epoch %d offset %d), then done at step %s" %
+           (final[0] if final else "?", final[1] if final else "?", m.group(2) if m else "?",
+            m.group(3) if m else "?", a.epochs, a.epochs - 1, a.dataset_size,
+            d.group(1) if d else "? (not done)"))
     if final is None or final[1] not in groups:
         report("finished", False, "the group that saved the final checkpoint has no sample log")
         return 1
