@@ -93,6 +93,7 @@ void usage() {
       "  --stop-after-steps N   exit 0 after N steps of this run (a preemption)\n"
       "  --crash-at-step N [--crash-rank R]  rank R exits 1 at step N on attempt 0\n"
       "  --sample-log PREFIX    append the sample indices of each step to PREFIX.<pid>\n"
+      "                         (with the group, step and time; see the README)\n"
       "  --stop-check-every K   agree on stop requests every K steps (default 1)\n"
       "  --final-params FILE    rank 0 writes the final parameters and momentum (raw\n"
       "                         float32, in registration order) to FILE\n"
@@ -217,6 +218,39 @@ std::string default_ckpt_dir(Worker& worker, ProcessGroup& pg, bool* own) {
   return dir;
 }
 
+// The sample log's group id: every process of one training group (one worker-group attempt of
+// one rendezvous round) logs the same id. Rank 0 picks "<pid>-<unix ms>" and tells the others
+// through the store (set before the barrier, read after it: never a previous group's value).
+std::string sample_log_group(Worker& worker, ProcessGroup& pg) {
+  const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                      std::chrono::system_clock::now().time_since_epoch())
+                      .count();
+  std::string id = std::to_string(::getpid()) + "-" + std::to_string(ms);
+  if (worker.world_size() > 1 && worker.store()) {
+    const std::string key = "train_mlp/sample_log_group";
+    if (worker.rank() == 0) worker.store()->set(key, id);
+    pg.barrier();
+    if (worker.rank() != 0) id = worker.store()->get(key, std::chrono::minutes(1));
+  }
+  return id;
+}
+
+// The value of "group" in a checkpoint's metadata (written by save() below with --sample-log),
+// "?" when there is none.
+std::string metadata_group(const std::string& json) {
+  const std::string key = "\"group\"";
+  size_t p = json.find(key);
+  if (p == std::string::npos) return "?";
+  p = json.find('"', json.find(':', p + key.size()));
+  if (p == std::string::npos) return "?";
+  const size_t e = json.find('"', p + 1);
+  return e == std::string::npos ? "?" : json.substr(p + 1, e - p - 1);
+}
+
+double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   // Before init(): a stop signal that arrives while the group forms or the checkpoint loads is
@@ -252,6 +286,8 @@ int run(int argc, char** argv) {
   if (pg.backend() == Backend::kNccl) cpu_group = worker.new_group(Backend::kCpu);
   ProcessGroup& host_pg = cpu_group ? *cpu_group : pg;
   StopAgreement stop(host_pg, args.stop_check_every);
+  const std::string group = args.sample_log.empty() ? "" : sample_log_group(worker, host_pg);
+  std::string resumed_from = "-";  // the group that saved the checkpoint resumed from
   std::unique_ptr<Checkpointer> ckpt;
   uint64_t step = 0;
   uint64_t saved_step = UINT64_MAX;  // the step of the last checkpoint saved (or resumed from)
@@ -283,6 +319,7 @@ int run(int argc, char** argv) {
       if (c->sampler) sampler.load_state(*c->sampler);
       step = c->step;
       saved_step = step;
+      resumed_from = metadata_group(c->metadata);
       if (rank == 0)
         std::printf("[%d] resumed from %s (step %" PRIu64 ", epoch %" PRIu64
                     ", sample offset %" PRIu64 ", saved at world size %d, now %d)\n",
@@ -303,6 +340,11 @@ int run(int argc, char** argv) {
       std::fprintf(stderr, "train_mlp: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
       return 1;
     }
+    std::fprintf(
+        sample_log,
+        "start group %s world %d rank %d restart %d step %" PRIu64 " resumed_from %s time %.6f\n",
+        group.c_str(), world, rank, env.restart_count, step, resumed_from.c_str(), unix_seconds());
+    std::fflush(sample_log);
   }
 
   // A periodic save that fails (a full or read-only disk) does not stop training: the error is
@@ -318,8 +360,8 @@ int run(int argc, char** argv) {
                                model.param_shape(i), opt.momentum_buffers()[i].data()});
     }
     req.sampler = sampler.state();
-    req.metadata =
-        "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " + std::to_string(world) + "}";
+    req.metadata = "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " + std::to_string(world) +
+                   (group.empty() ? "" : ", \"group\": \"" + group + "\"") + "}";
     try {
       ckpt->save(req);
       saved_step = step;
@@ -350,8 +392,9 @@ int run(int argc, char** argv) {
     while (!sampler.epoch_done()) {
       const std::vector<uint64_t> idx = sampler.next_batch(args.batch_size);
       if (sample_log) {
-        std::fprintf(sample_log, "epoch %" PRIu64 " step %" PRIu64 " world %d rank %d idx",
-                     sampler.epoch(), step + 1, world, rank);
+        std::fprintf(sample_log,
+                     "epoch %" PRIu64 " step %" PRIu64 " world %d rank %d group %s time %.6f idx",
+                     sampler.epoch(), step + 1, world, rank, group.c_str(), unix_seconds());
         for (uint64_t v : idx) std::fprintf(sample_log, " %" PRIu64, v);
         std::fprintf(sample_log, "\n");
         std::fflush(sample_log);

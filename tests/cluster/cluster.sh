@@ -19,178 +19,8 @@ set -uo pipefail
 BIN=$1
 TEST=$2
 SRC=$(cd "$(dirname "$0")" && pwd)
-TRUN=$BIN/launcher/trun
-WORKER_CMD=("$SRC/worker.sh")
-TAG=t$$
-HUB=${TAG}hub
-
-# run_alive PID: PID is a running cluster.sh (a reused pid of another program does not count).
-run_alive() {
-  [ -r "/proc/$1/cmdline" ] && tr '\0' ' ' <"/proc/$1/cmdline" 2>/dev/null | grep -q 'cluster\.sh'
-}
-# Leftovers of dead runs (see the header). Bounded: one pass over what exists now.
-remove_stale() {
-  local d pid ns p
-  for d in /tmp/trun-cluster-*-*; do
-    [ -d "$d" ] || continue
-    pid=${d#/tmp/trun-cluster-}
-    pid=${pid%%-*}
-    [[ $pid =~ ^[0-9]+$ ]] || continue
-    run_alive "$pid" || { echo "removing $d (its run, pid $pid, is gone)"; rm -rf "$d"; }
-  done
-  [ "$(id -u)" = 0 ] || return 0
-  for ns in $(ip netns list 2>/dev/null | awk '{print $1}'); do
-    [[ $ns =~ ^t([0-9]+)(hub|n[0-9]+)$ ]] || continue
-    pid=${BASH_REMATCH[1]}
-    run_alive "$pid" && continue
-    echo "removing namespace $ns (its run, pid $pid, is gone)"
-    for p in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$p" 2>/dev/null; done
-    ip netns del "$ns" 2>/dev/null
-  done
-}
-remove_stale
-
-TMP=$(mktemp -d "/tmp/trun-cluster-$$-XXXXXX")
-export CLUSTER_LOG=$TMP/workers.log CLUSTER_CTRL=$TMP
-: >"$CLUSTER_LOG"
-declare -A AGENT_PID
-OTHER_PIDS=()  # processes a test starts besides agents (etcd), ended in cleanup
-NODES=()
-WATCHDOG=
-CONF="last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=3,join_timeout=8,read_timeout=3"
-PORT=29611
-
-SKIP_TEST_NAME="cluster.$TEST (cluster.sh)"
-# shellcheck source=tests/skip.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
-fail() {
-  echo "FAIL: $*"
-  echo "--- worker log"; cat "$CLUSTER_LOG"
-  for n in "${NODES[@]}"; do echo "--- agent $n"; tail -n 25 "$TMP/agent_$n.log"; done
-  exit 1
-}
-log() { echo "[$(date +%T.%N | cut -c1-12)] $*"; }
-
-cleanup() {
-  local p
-  for n in "${!AGENT_PID[@]}"; do
-    p=${AGENT_PID[$n]}
-    kill -KILL "$p" 2>/dev/null
-  done
-  # Workers left behind by a SIGKILLed agent: their pids are in the log.
-  for p in $(grep -o 'pid=[0-9]*' "$CLUSTER_LOG" 2>/dev/null | cut -d= -f2 | sort -u); do
-    kill -KILL "$p" 2>/dev/null
-  done
-  for n in "${!AGENT_PID[@]}"; do wait "${AGENT_PID[$n]}" 2>/dev/null; done
-  for p in "${OTHER_PIDS[@]}"; do
-    kill -KILL "$p" 2>/dev/null
-    wait "$p" 2>/dev/null
-  done
-  if [ -n "$WATCHDOG" ]; then
-    kill -KILL "$WATCHDOG" 2>/dev/null
-    wait "$WATCHDOG" 2>/dev/null
-  fi
-  for n in "${NODES[@]}"; do ip netns del "${TAG}n$n" 2>/dev/null; done
-  ip netns del "$HUB" 2>/dev/null
-  rm -rf "$TMP"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM
-
-# The watchdog polls once a second so that it ends with this run: if this shell dies, the
-# watchdog's parent changes and it exits without signalling a pid that may have been reused. It
-# waits with `read -t 1` on a pipe it holds open (no sleep child that would outlive a kill).
-LIMIT=${CLUSTER_TIME_LIMIT:-0}
-[[ $LIMIT =~ ^[0-9]+$ ]] || { echo "CLUSTER_TIME_LIMIT must be a whole number of seconds, got '$LIMIT'"; exit 1; }
-if [ "$LIMIT" -gt 0 ]; then
-  trap 'fail "the run exceeded CLUSTER_TIME_LIMIT=${LIMIT}s (watchdog)"' USR1
-  (
-    trap - EXIT INT TERM USR1
-    exec {tick}<> <(:)
-    for ((s = 0; s < LIMIT; s++)); do
-      read -r -t 1 -u "$tick"
-      read -r _ _ _ ppid _ <"/proc/$BASHPID/stat" && [ "$ppid" = "$$" ] || exit 0
-    done
-    kill -USR1 "$$"
-  ) &
-  WATCHDOG=$!
-fi
-
-[ "$(id -u)" = 0 ] || skip setup "needs root to create network namespaces"
-ip netns add "$HUB" 2>/dev/null || skip setup "cannot create network namespaces (ip netns add failed)"
-ip -n "$HUB" link add br0 type bridge || fail "cannot create the bridge"
-ip -n "$HUB" link set br0 up
-ip -n "$HUB" link set lo up
-
-add_node() {  # add_node I: namespace ${TAG}nI with 10.77.0.(I+1)
-  local i=$1 ns=${TAG}n$1
-  ip netns add "$ns" || fail "ip netns add $ns"
-  NODES+=("$i")
-  ip -n "$HUB" link add "h$i" type veth peer name eth0 netns "$ns" || fail "veth for node $i"
-  ip -n "$HUB" link set "h$i" master br0
-  ip -n "$HUB" link set "h$i" up
-  ip -n "$ns" addr add "10.77.0.$((i + 1))/24" dev eth0
-  ip -n "$ns" link set eth0 up
-  ip -n "$ns" link set lo up
-}
-addr() { echo "10.77.0.$(($1 + 1))"; }
-
-# start_agent I [trun options...]: the agent of node I in the background; output in agent_I.log.
-start_agent() {
-  local i=$1
-  shift
-  # TMPDIR inside $TMP: an agent killed by a test cannot remove its own log directory.
-  CLUSTER_NODE=n$i TMPDIR=$TMP ip netns exec "${TAG}n$i" "$TRUN" --local-addr "$(addr "$i")" "$@" \
-    "${WORKER_CMD[@]}" >"$TMP/agent_$i.log" 2>&1 &
-  AGENT_PID[$i]=$!
-}
-c10d() {  # common options of a c10d agent
-  echo --rdzv-backend c10d --rdzv-endpoint "$(addr 0):$PORT" --rdzv-id "job-$TAG" --rdzv-conf "$CONF"
-}
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.1 s.
-wait_for() {
-  local secs=$1 what=$2
-  shift 2
-  local n=$((secs * 10))
-  for ((k = 0; k < n; k++)); do
-    "$@" && return 0
-    sleep 0.1
-  done
-  fail "timed out after ${secs}s waiting for: $what"
-}
-# count of worker lines with world=W (and restart=R when given)
-lines_with() { grep -c " world=$1 .*restart=${2:-[0-9]*} " "$CLUSTER_LOG"; }
-have_world() { [ "$(grep -c " world=$1 " "$CLUSTER_LOG")" -ge "$1" ]; }
-# The ranks of the last W lines with world=W must be exactly 0..W-1.
-check_ranks() {
-  local w=$1 got want
-  got=$(grep " world=$w " "$CLUSTER_LOG" | tail -n "$w" | grep -o ' rank=[0-9]*' | cut -d= -f2 | sort -n | tr '\n' ' ')
-  want=$(seq 0 $((w - 1)) | tr '\n' ' ')
-  [ "$got" = "$want" ] || fail "ranks for world=$w are '$got', expected '$want'"
-}
-check_restart() {  # all lines with world=W have restart=R
-  local bad
-  bad=$(grep " world=$1 " "$CLUSTER_LOG" | grep -vc " restart=$2 ")
-  [ "$bad" = 0 ] || fail "workers with world=$1 saw a restart count other than $2"
-}
-agent_exit() {  # agent_exit I: waits (<= 30 s) for agent I; its exit status goes to RC
-  local p=${AGENT_PID[$1]} k
-  for ((k = 0; k < 300; k++)); do
-    kill -0 "$p" 2>/dev/null || break
-    sleep 0.1
-  done
-  wait "$p"
-  RC=$?
-  unset "AGENT_PID[$1]"
-}
-finish_ok() {  # stop the workers, every agent exits 0
-  touch "$TMP/stop"
-  for n in "${!AGENT_PID[@]}"; do
-    agent_exit "$n"
-    [ "$RC" = 0 ] || fail "agent $n exited $RC, expected 0"
-  done
-}
-ns_pid_alive() { kill -0 "$1" 2>/dev/null; }
+# shellcheck source=tests/cluster/lib.sh
+source "$SRC/lib.sh"
 
 case "$TEST" in
 join)  # two nodes of 2:4, a third joins: all restart with WORLD_SIZE 6, restart count unchanged
@@ -424,6 +254,26 @@ mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the check
     grep -q "epoch 0 (rank $r, local_rank $((r - 2))) loss" "$TMP/agent_1.log" ||
       fail "the joined node has no rank $r training"
   done
+  ;;
+joinrestart)  # a node joins after the other spent a restart: the group of both still forms
+  # (node 0's TORCHELASTIC_RESTART_COUNT is 1, node 1's is 0: the ranks must not key their process
+  # group by it; they did, and the group of 2 waited forever)
+  MLP=$BIN/examples/train_mlp
+  [ -x "$MLP" ] || fail "$MLP is not built"
+  WORKER_CMD=("$MLP" --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5 --epochs 1
+    --ckpt-every 5 --step-sleep-ms 20 --crash-at-step 20 --crash-rank 0)
+  for i in 0 1; do add_node $i; done
+  start_agent 0 --nnodes 1:2 --nproc-per-node 1 --max-restarts 1 $(c10d)
+  restarted() { grep -q "restarting the worker group (1/1 restarts)" "$TMP/agent_0.log"; }
+  wait_for 30 "node 0 spends its restart (rank 0 crashes at step 20)" restarted
+  log "node 1 joins (restart count 0; node 0's is 1)"
+  start_agent 1 --nnodes 1:2 --nproc-per-node 1 --max-restarts 1 $(c10d)
+  for i in 0 1; do
+    agent_exit $i
+    [ "$RC" = 0 ] || fail "agent $i exited $RC"
+  done
+  grep -q "done: .* world size 2" "$TMP/agent_0.log" ||
+    fail "rank 0 did not finish training at world size 2"
   ;;
 bench)  # cross-node restart latency: a worker dies on node 1 -> replacements running everywhere
   # LAUNCHER=trun|torchrun, BENCH_REPS (default 5); prints one "latency_ms X" line per repetition.

@@ -40,11 +40,18 @@ void collect(const std::string& dir, const std::string& prefix, uint64_t max_ste
     std::ifstream in(e.path());
     std::string line;
     while (std::getline(in, line)) {
+      // "start group G ..." opens each process's log; each step's line is
+      // "epoch E step S world W rank R group G time T idx I...".
+      if (line.rfind("start ", 0) == 0) continue;
       std::istringstream ls(line);
-      std::string w_epoch, w_step, w_world, w_rank, w_idx;
+      std::string w_epoch, w_step, w_world, w_rank, w_group, group, w_time, w_idx;
       uint64_t epoch, step;
       int world, rank;
-      ls >> w_epoch >> epoch >> w_step >> step >> w_world >> world >> w_rank >> rank >> w_idx;
+      double time;
+      ls >> w_epoch >> epoch >> w_step >> step >> w_world >> world >> w_rank >> rank >> w_group >>
+          group >> w_time >> time >> w_idx;
+      REQUIRE(w_epoch == "epoch");
+      REQUIRE(w_group == "group");
       REQUIRE(w_idx == "idx");
       if (epoch != 0 || step > max_step) continue;
       *world_seen = world;

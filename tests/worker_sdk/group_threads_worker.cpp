@@ -63,18 +63,20 @@ int main(int argc, char** argv) {
     if (!failures.empty()) return 1;
 
     if (w.store()) {
+      // Worker::build_group's prefix: the restart count only in a store that outlives a group.
+      const std::string attempt = w.env().use_agent_store || !w.env().store_path.empty()
+                                      ? "restart" + std::to_string(w.env().restart_count) + "/"
+                                      : "";
       std::vector<std::string> keys;
       for (int k = 0; k <= threads; ++k)
-        keys.push_back("restart" + std::to_string(w.env().restart_count) + "/pg" +
-                       std::to_string(k) + "/rank/" + std::to_string(w.rank()));
+        keys.push_back(attempt + "pg" + std::to_string(k) + "/rank/" + std::to_string(w.rank()));
       for (const auto& key : keys) {
         if (!w.store()->check({key})) {
           std::fprintf(stderr, "rank %d: no key %s\n", w.rank(), key.c_str());
           return 1;
         }
       }
-      if (w.store()->check({"restart" + std::to_string(w.env().restart_count) + "/pg" +
-                            std::to_string(threads + 1) + "/rank/0"})) {
+      if (w.store()->check({attempt + "pg" + std::to_string(threads + 1) + "/rank/0"})) {
         std::fprintf(stderr, "rank %d: more groups than calls\n", w.rank());
         return 1;
       }

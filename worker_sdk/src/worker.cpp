@@ -161,8 +161,14 @@ std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>&
                                                   Backend backend) {
   auto me = std::find(members.begin(), members.end(), env_.rank);
   if (me == members.end()) return nullptr;
+  // The agent's store (and a file store) outlives an attempt: the restart count keeps a
+  // re-created group from old keys. A store hosted by rank 0 is new with every group, and the
+  // restart count is not the group's but each agent's (a node that joins after the others spent
+  // restarts has 0; with it in the prefix the ranks would never meet), so it is left out there.
+  const bool store_outlives_group = env_.use_agent_store || !env_.store_path.empty();
   const std::string round =
-      "restart" + std::to_string(env_.restart_count) + "/pg" + std::to_string(n);
+      (store_outlives_group ? "restart" + std::to_string(env_.restart_count) + "/" : "") + "pg" +
+      std::to_string(n);
   ProcessGroupOptions o;
   if (store_) {
     // Waiting for the other ranks says so on stderr (detail::WaitingStore).
