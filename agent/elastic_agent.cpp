@@ -502,8 +502,9 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
     std::fprintf(stderr, "trun: error: %s\n", ex.what());
     std::fflush(stderr);
   } catch (const std::exception& ex) {
-    // After the end of a round the store may have gone with it: a dynamic backend rejoins.
-    if (after_round && session_->dynamic() &&
+    // The store may be gone (the round ended with it, or the failure report could not reach
+    // it): a dynamic backend rejoins, moving the store if it must.
+    if (session_->dynamic() &&
         session_->rejoin(
             ex.what(), dynamic_cast<const rendezvous::RendezvousStoreGoneError*>(&ex) != nullptr)) {
       return true;

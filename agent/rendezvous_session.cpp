@@ -155,14 +155,17 @@ void RendezvousSession::create_handler() {
     if (const char* t = std::getenv("TRUN_STORE_TOKEN")) o.store_token = t;
     rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &o);
     o.first_round_deadline = rejoin_deadline_;
-    if (info_.round >= 0) {  // a rejoin: this node was a member of that round
+    if (!info_.participants.empty()) {
+      // A rejoin: this node was a member of that round, under the same id (the quorum counts the
+      // last round's members by id; a stale lease of the old handler can only write to rounds
+      // that are over).
       o.previous_round = info_.round;
       o.previous_rank = info_.group_rank;
+      o.node_id = info_.participants.at(info_.group_rank).node_id;
     }
     if (target_) {
       o.endpoint = target_->endpoint;
       o.is_host = target_->host;
-      o.node_id = target_->node_id;
       o.store_seed = target_->seed;
       target_.reset();
     }
@@ -338,6 +341,11 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   if (const char* t = std::getenv("TRUN_STORE_TOKEN")) probe.token = t;
   probe.host = lost.first;
   probe.port = lost.second;
+  rdzv::TcpStoreOptions old_store = probe;
+  auto old_store_answers = [&] {
+    return !store_stopped &&
+           rdzv::probe_store_key(old_store, keys.round(), std::chrono::milliseconds(300));
+  };
   // A store that still answers (this node only lost its membership, or a blip): rejoin it.
   if (!store_stopped && rdzv::probe_store_key(probe, keys.round(), std::chrono::seconds(1))) {
     return FailoverOutcome::kNotNeeded;
@@ -367,8 +375,6 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   const auto members = info_.participants;
   const int64_t round = info_.round;
   const int my_rank = info_.group_rank;
-  // On the new store this node is who it was in round k (no lease of its old self lives there).
-  const std::string my_id = members.at(my_rank).node_id;
   for (int c : plan.candidates) {
     const auto member = members.at(c);
     const std::string endpoint =
@@ -376,8 +382,8 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
         std::to_string(lost.second);
     StoreTarget target;
     target.endpoint = endpoint;
-    target.node_id = my_id;
     if (c == my_rank) {
+      if (old_store_answers()) return FailoverOutcome::kNotNeeded;  // healed while we looked
       target.host = true;
       target.seed = rdzv::dynamic::failover_seed(keys, round, members, endpoint, store_stopped);
     } else {
@@ -388,6 +394,8 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
       for (int i = 0; i < 10000 && !found; ++i) {
         found = rdzv::probe_store_key(probe, keys.failover(), std::chrono::milliseconds(500));
         if (found || clock_.now() >= until) break;
+        // A partition that healed meanwhile: the others may be back on the old store.
+        if (old_store_answers()) return FailoverOutcome::kNotNeeded;
         clock_.sleep_for(std::chrono::milliseconds(100));
         check_stop_signal();
       }

@@ -125,7 +125,6 @@ class RendezvousSession {
   struct StoreTarget {
     std::string endpoint;
     bool host = false;
-    std::string node_id;  // keep this node's id: the quorum counts the last round's members
     std::vector<std::pair<std::string, std::string>> seed;
   };
   enum class FailoverOutcome { kNotNeeded, kJoined, kFailed };
