@@ -16,8 +16,7 @@
 //              on a node, Gloo carries only the headers and the receiver reads the data
 //              straight from the sender's memory (process_vm_readv; the segment's barriers are
 //              the whole node's, so they cannot serve a pair); a large message is copied by
-//              both at once, the sender writing chunks into the receiver's buffer
-//              (process_vm_writev) that it claims from a CopyChannel in the segment
+//              both at once, pipelined through a ring in the segment (CopyChannel)
 // Every node's segment and every leader's Gloo context belong to this group only.
 
 #include <algorithm>
@@ -316,7 +315,7 @@ class CpuBackend : public BackendImpl {
       t.tag = static_cast<uint32_t>(tag_base >= 0 ? tag_base : op.tag);
       t.peer_name = "rank " + std::to_string(op.peer);
       // A rank of this node: the receiver reads straight from the sender's memory, and for
-      // large messages the sender writes part of it into the receiver's (CopyChannel).
+      // large messages the sender also copies chunks into a ring in the segment (CopyChannel).
       if (shm_ && place_[op.peer].node == place_[rank_].node) {
         const int local = place_[op.peer].local;
         t.peer_pid = shm_->readable_pid(local);

@@ -268,7 +268,7 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
   // Per message, on slots 4*tag + 0..3: the sender's header (length, address of its data, and
   // 1 + the index of the sender's CopyChannel when it offers to help, else 0), the receiver's
   // answer (kRead: it read the data itself, straight from the sender's memory; kSend: send it;
-  // kShare: both copy, the sender writing into the receiver's buffer at the address given),
+  // kShare: both copy, the sender through the ring of its CopyChannel),
   // then on kSend the data, on kShare the receiver's "done" (every chunk is copied; the
   // channel is free again). Gloo would otherwise treat a message longer than the posted
   // receive as a fatal invariant violation; the answer (or "done") also keeps the sender's
@@ -276,8 +276,8 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
   enum : uint64_t { kSend = 0, kRead = 1, kShare = 2 };
   struct Posted {
     const Transfer* t = nullptr;
-    uint64_t header[3] = {0, 0, 0};   // send: what we announce; recv: what the sender announced
-    uint64_t answer[2] = {kSend, 0};  // mode, and for kShare the receiver's buffer
+    uint64_t header[3] = {0, 0, 0};  // send: what we announce; recv: what the sender announced
+    uint64_t answer = kSend;
     uint64_t done = 0;
     CopyChannel* channel = nullptr;  // kShare: the sender's channel
     std::unique_ptr<gloo::transport::UnboundBuffer> header_buf, answer_buf, body, done_buf;
@@ -312,12 +312,11 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
         throw CollectiveError(describe(t) + " failed: aborted: " + reason);
       try {
         p.header_buf = st.context->createUnboundBuffer(p.header, sizeof p.header);
-        p.answer_buf = st.context->createUnboundBuffer(p.answer, sizeof p.answer);
+        p.answer_buf = st.context->createUnboundBuffer(&p.answer, sizeof p.answer);
         if (t.send) {
           p.header[0] = t.bytes;
           p.header[1] = reinterpret_cast<uintptr_t>(t.data);
-          if (t.channel && t.peer_pid > 0 && t.bytes >= kSharedCopyMinBytes &&
-              !t.comm->direct_write_failed_) {
+          if (t.channel && t.peer_pid > 0 && t.bytes >= kSharedCopyMinBytes) {
             // Ours until the receiver's "done": reset before the header announces it.
             reset_channel(*t.channel);
             p.header[2] = 1 + static_cast<uint64_t>(t.channel_index);
@@ -343,7 +342,7 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
                               std::to_string(t.bytes));
       State& st = *t.comm->state_;
       char* dst = static_cast<char*>(t.data);
-      p.answer[0] = t.bytes == 0 ? kRead : kSend;
+      p.answer = t.bytes == 0 ? kRead : kSend;
       if (t.bytes && t.peer_pid > 0 && !t.comm->direct_read_failed_) {
         const uint64_t k = p.header[2];
         std::string why;
@@ -354,15 +353,13 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
           why = read_process_memory(t.peer_pid, t.peer_name, dst, p.header[1],
                                     std::min(t.bytes, kCopyChunkBytes));
           if (why.empty()) {
-            p.channel->done.fetch_add(1, std::memory_order_release);
-            p.answer[0] = kShare;
-            p.answer[1] = reinterpret_cast<uintptr_t>(dst);
+            p.answer = kShare;
           } else {
             p.channel = nullptr;
           }
         } else {
           why = read_process_memory(t.peer_pid, t.peer_name, dst, p.header[1], t.bytes);
-          if (why.empty()) p.answer[0] = kRead;
+          if (why.empty()) p.answer = kRead;
         }
         if (!why.empty()) {
           t.comm->direct_read_failed_ = true;
@@ -371,10 +368,10 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
         }
       }
       p.answer_buf->send(t.peer, slot(t, 1));
-      if (p.answer[0] == kSend) {
+      if (p.answer == kSend) {
         p.body = st.context->createUnboundBuffer(t.data, t.bytes);
         p.body->recv(t.peer, slot(t, 2));
-      } else if (p.answer[0] == kShare) {
+      } else if (p.answer == kShare) {
         std::string why = receive_chunks(
             *p.channel, t.peer_pid, t.peer_name, dst, p.header[1], t.bytes, deadline, [&] {
               if (std::string reason = abort_reason(st); !reason.empty())
@@ -392,21 +389,16 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
       if (!t.send) continue;
       wait_one(t, *p.answer_buf, false);
       State& st = *t.comm->state_;
-      if (p.answer[0] == kSend && t.bytes) {
+      if (p.answer == kSend && t.bytes) {
         p.body = st.context->createUnboundBuffer(t.data, t.bytes);
         p.body->send(t.peer, slot(t, 2));
-      } else if (p.answer[0] == kShare) {
+      } else if (p.answer == kShare) {
         if (p.header[2] == 0)
           throw CollectiveError(describe(t) + " failed: the receiver asked for help not offered");
-        std::string why = push_chunks(*t.channel, t.peer_pid, t.peer_name,
-                                      static_cast<const char*>(t.data), p.answer[1], t.bytes);
-        if (!why.empty()) {
-          t.comm->direct_write_failed_ = true;
-          std::fprintf(stderr,
-                       "[trun.worker] %s: %s; the receiver copies large messages alone from now "
-                       "on\n",
-                       describe(t).c_str(), why.c_str());
-        }
+        // Stops early only when the receiver is gone or the deadline passed: its "done" (or
+        // the closed connection) then tells.
+        (void)push_chunks(*t.channel, t.peer_pid, t.peer_name, static_cast<const char*>(t.data),
+                          t.bytes, deadline);
         p.done_buf = st.context->createUnboundBuffer(&p.done, sizeof p.done);
         p.done_buf->recv(t.peer, slot(t, 3));
       }

@@ -53,7 +53,7 @@ class GlooComm {
     std::string peer_name;  // for messages, e.g. "rank 3"
     // The peer is a process on this machine: its pid (in this pid namespace), so that the data
     // is read straight from its memory (process_vm_readv) instead of sent over TCP. 0: over
-    // TCP. A receive needs it for that; a send, only to help (below).
+    // TCP. A receive needs it for that; a send, to notice a receiver that died (below).
     int peer_pid = 0;
     // Both processes on one node sharing a segment (ShmComm): a send's own channel (distinct
     // per pending send) and a receive's sender's kCopyChannels channels. With both, a message
@@ -81,8 +81,7 @@ class GlooComm {
 
  private:
   std::unique_ptr<State> state_;
-  bool direct_read_failed_ = false;   // see p2p()
-  bool direct_write_failed_ = false;  // a send's share failed once: the receiver copies alone
+  bool direct_read_failed_ = false;  // see p2p()
   int rank_;
   int size_;
 };

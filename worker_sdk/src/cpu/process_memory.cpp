@@ -18,26 +18,22 @@
 namespace trun::worker::detail {
 namespace {
 
-// One process_vm_readv/writev per pass; a short copy continues where it stopped.
-std::string copy_direct(bool write, int pid, const std::string& who, char* local_addr,
-                        uint64_t remote, size_t bytes) {
+// One process_vm_readv per pass; a short read continues where it stopped.
+std::string read_direct(int pid, const std::string& who, char* dst, uint64_t remote, size_t bytes) {
   size_t done = 0;
   for (int tries = 0; done < bytes && tries < 1024; ++tries) {
-    iovec local{local_addr + done, bytes - done};
+    iovec local{dst + done, bytes - done};
     iovec far{reinterpret_cast<void*>(static_cast<uintptr_t>(remote + done)), bytes - done};
-    ssize_t n = write ? ::process_vm_writev(pid, &local, 1, &far, 1, 0)
-                      : ::process_vm_readv(pid, &local, 1, &far, 1, 0);
+    ssize_t n = ::process_vm_readv(pid, &local, 1, &far, 1, 0);
     if (n < 0) {
       if (errno == EINTR) continue;
-      return std::string(write ? "process_vm_writev to " : "process_vm_readv from ") + who +
-             " (pid " + std::to_string(pid) + "): " + std::strerror(errno);
+      return "process_vm_readv from " + who + " (pid " + std::to_string(pid) +
+             "): " + std::strerror(errno);
     }
     if (n == 0) break;
     done += static_cast<size_t>(n);
   }
-  if (done < bytes)
-    return std::string(write ? "process_vm_writev to " : "process_vm_readv from ") + who +
-           ": short copy";
+  if (done < bytes) return "process_vm_readv from " + who + ": short read";
   return "";
 }
 
@@ -48,7 +44,7 @@ constexpr size_t kBounceBytes = 256u << 10;  // fits in L2 with room for the sou
 std::string read_process_memory(int pid, const std::string& who, void* dst, uint64_t remote,
                                 size_t bytes) {
   char* out = static_cast<char*>(dst);
-  if (bytes < kStreamMinBytes) return copy_direct(false, pid, who, out, remote, bytes);
+  if (bytes < kStreamMinBytes) return read_direct(pid, who, out, remote, bytes);
   // One per thread: collectives run on one thread at a time, but different process groups may
   // run on different threads.
   thread_local std::vector<char> storage;
@@ -56,23 +52,15 @@ std::string read_process_memory(int pid, const std::string& who, void* dst, uint
   char* bounce = storage.data() + (64 - reinterpret_cast<uintptr_t>(storage.data()) % 64) % 64;
   for (size_t off = 0; off < bytes; off += kBounceBytes) {
     const size_t m = std::min(kBounceBytes, bytes - off);
-    if (std::string why = copy_direct(false, pid, who, bounce, remote + off, m); !why.empty())
-      return why;
+    if (std::string why = read_direct(pid, who, bounce, remote + off, m); !why.empty()) return why;
     stream_bytes(out + off, bounce, m);
   }
   return "";
 }
 
-std::string write_process_memory(int pid, const std::string& who, const void* src, uint64_t remote,
-                                 size_t bytes) {
-  return copy_direct(true, pid, who, const_cast<char*>(static_cast<const char*>(src)), remote,
-                     bytes);
-}
-
 void reset_channel(CopyChannel& c) {
-  c.next.store(0, std::memory_order_relaxed);
-  c.done.store(0, std::memory_order_relaxed);
-  c.redo.store(-1, std::memory_order_release);
+  for (auto& slot : c.slots) slot.full.store(0, std::memory_order_relaxed);
+  c.next.store(0, std::memory_order_release);
 }
 
 namespace {
@@ -109,16 +97,22 @@ bool alive(int pid) {
   return ::kill(pid, 0) == 0 || errno != ESRCH;
 }
 
-// Closes the channel and waits until every chunk the sender claimed is written or handed back
-// (`lost`: chunks the receiver claimed and did not copy). Bounded: 2 s, or the sender's death.
-void close_and_drain(CopyChannel& c, int pid, uint64_t total, uint64_t lost) {
-  const uint64_t claimed = std::min(c.next.exchange(kClosed), total);
-  const auto until = Clock::now() + std::chrono::seconds(2);
-  for (long pass = 0;; ++pass) {
-    const uint64_t settled = c.done.load(std::memory_order_acquire) + lost +
-                             (c.redo.load(std::memory_order_acquire) >= 0 ? 1 : 0);
-    if (settled >= claimed) return;
-    if (pass % 256 == 255 && (Clock::now() >= until || !alive(pid))) return;
+// Calls `ready` until it returns true, pausing between calls; every 5 ms checks the deadline
+// (throws CollectiveTimeoutError with `what`), that `pid` lives (throws CollectiveError) and
+// runs `check`.
+template <typename Ready>
+void wait_until(Ready&& ready, int pid, const std::string& what, Deadline deadline,
+                const std::function<void()>& check) {
+  auto last_check = Clock::now();
+  for (long pass = 0; !ready(); ++pass) {
+    if (pass < 200) continue;
+    auto now = Clock::now();
+    if (now - last_check >= std::chrono::milliseconds(5)) {
+      last_check = now;
+      if (now >= deadline) throw CollectiveTimeoutError("timed out " + what);
+      if (!alive(pid)) throw CollectiveError("the peer exited while " + what);
+      if (check) check();
+    }
     pause_for(pass);
   }
 }
@@ -128,54 +122,59 @@ std::string receive_chunks(CopyChannel& c, int pid, const std::string& who, char
                            uint64_t remote, size_t bytes, Deadline deadline,
                            const std::function<void()>& check) {
   const uint64_t total = copy_chunks(bytes);
-  auto copy = [&](uint64_t k) {
-    const size_t off = static_cast<size_t>(k) * kCopyChunkBytes;
-    return read_process_memory(pid, who, dst + off, remote + off, chunk_len(k, bytes));
-  };
+  uint64_t done = 1;  // chunk 0, read by the caller
+  uint64_t seq = 0;   // the next ring slot to copy out, in the sender's order
   std::string why;
   try {
-    for (uint64_t k; why.empty() && (k = c.next.fetch_add(1)) < total;) {
-      why = copy(k);
-      if (why.empty()) c.done.fetch_add(1, std::memory_order_release);
-    }
-    auto last_check = Clock::now();
-    for (long pass = 0; why.empty() && c.done.load(std::memory_order_acquire) < total; ++pass) {
-      if (int64_t k = c.redo.exchange(-1); k >= 0) {
-        why = copy(static_cast<uint64_t>(k));
-        if (why.empty()) c.done.fetch_add(1, std::memory_order_release);
+    while (done < total) {
+      CopyChannel::Slot& slot = c.slots[seq % kRingSlots];
+      if (uint64_t full = slot.full.load(std::memory_order_acquire); full) {
+        const uint64_t k = full - 1;
+        stream_bytes(dst + k * kCopyChunkBytes, c.ring[seq % kRingSlots], chunk_len(k, bytes));
+        slot.full.store(0, std::memory_order_release);
+        ++seq;
+        ++done;
         continue;
       }
-      if (pass < 200) continue;
-      auto now = Clock::now();
-      if (now >= deadline)
-        throw CollectiveTimeoutError("timed out waiting for " + who + " to write its share");
-      if (now - last_check >= std::chrono::milliseconds(5)) {
-        last_check = now;
-        if (!alive(pid)) throw CollectiveError(who + " exited while writing its share");
-        check();
+      if (uint64_t k = c.next.fetch_add(1); k < total) {
+        const size_t off = static_cast<size_t>(k) * kCopyChunkBytes;
+        why = read_process_memory(pid, who, dst + off, remote + off, chunk_len(k, bytes));
+        if (!why.empty()) break;
+        ++done;
+        continue;
       }
-      pause_for(pass);
+      // Every chunk is claimed: wait for the sender's next one.
+      wait_until([&] { return slot.full.load(std::memory_order_acquire) != 0; }, pid,
+                 "waiting for " + who + " to copy its share", deadline, check);
     }
   } catch (...) {
-    close_and_drain(c, pid, total, 0);
+    c.next.store(kClosed);
     throw;
   }
-  if (!why.empty()) close_and_drain(c, pid, total, 1);
+  if (!why.empty()) c.next.store(kClosed);
   return why;
 }
 
 std::string push_chunks(CopyChannel& c, int pid, const std::string& who, const char* src,
-                        uint64_t remote, size_t bytes) {
+                        size_t bytes, Deadline deadline) {
   const uint64_t total = copy_chunks(bytes);
-  for (uint64_t k; (k = c.next.fetch_add(1)) < total;) {
-    const size_t off = static_cast<size_t>(k) * kCopyChunkBytes;
-    if (std::string why =
-            write_process_memory(pid, who, src + off, remote + off, chunk_len(k, bytes));
-        !why.empty()) {
-      c.redo.store(static_cast<int64_t>(k), std::memory_order_release);
-      return why;
+  uint64_t seq = 0;
+  try {
+    for (uint64_t k; (k = c.next.fetch_add(1)) < total; ++seq) {
+      CopyChannel::Slot& slot = c.slots[seq % kRingSlots];
+      bool closed = false;
+      wait_until(
+          [&] {
+            closed = c.next.load(std::memory_order_relaxed) >= kClosed;
+            return closed || slot.full.load(std::memory_order_acquire) == 0;
+          },
+          pid, "waiting for " + who + " to empty a slot", deadline, nullptr);
+      if (closed) return "";
+      copy_bytes(c.ring[seq % kRingSlots], src + k * kCopyChunkBytes, chunk_len(k, bytes));
+      slot.full.store(k + 1, std::memory_order_release);
     }
-    c.done.fetch_add(1, std::memory_order_release);
+  } catch (const std::exception& e) {
+    return e.what();
   }
   return "";
 }

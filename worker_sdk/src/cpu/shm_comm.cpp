@@ -351,7 +351,8 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   if (me_ == 0) {
     // ftruncate zero-filled the segment; placement-new the atomics for form's sake.
     new (hdr_) ShmHeader();
-    for (int i = 0; i < n_ * kCopyChannels; ++i) new (channels_ + i) CopyChannel();
+    // Default-initialized: the rings stay untouched (zero pages) until a message uses them.
+    for (int i = 0; i < n_ * kCopyChannels; ++i) new (channels_ + i) CopyChannel;
     hdr_->local_size = static_cast<uint32_t>(n_);
     hdr_->slot_bytes = slot_bytes_;
     hdr_->abort_owner.store(-1);

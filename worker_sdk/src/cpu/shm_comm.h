@@ -60,8 +60,9 @@ class ShmComm {
   // not 0), else 0.
   int readable_pid(int r) const;
   // Local rank r's k-th channel for messages it sends to a local peer (both copy them, see
-  // CopyChannel), k < kCopyChannels; in the segment, zeroed at creation.
-  static constexpr int kCopyChannels = 8;
+  // CopyChannel, 2 MiB: its pages are touched only when used), k < kCopyChannels; in the
+  // segment, zeroed at creation.
+  static constexpr int kCopyChannels = 4;
   CopyChannel* copy_channel(int r, int k) const {
     return channels_ + static_cast<size_t>(r) * kCopyChannels + k;
   }
