@@ -34,7 +34,7 @@
 //                                2, received in the other order); exit 0 when all match. With
 //                                <rank> and <call> (process_vm_readv or process_vm_writev): that
 //                                rank first makes the call fail with EPERM (seccomp), as a
-//                                container's policy would
+//                                container's policy would (exit 18 when it cannot)
 //   pg_worker p2p_big_dead <rank>
 //                                ranks 0 and 1 exchange 16 MiB messages in turns in a loop; <rank>
 //                                dies (SIGKILL, from a thread) 300 ms into it: the other must fail
@@ -1067,8 +1067,8 @@ int main(int argc, char** argv) {
       return 4;
     } else if (scenario == "p2p_big") {
       if (argc > 4 && std::atoi(argv[3]) == pg.rank() && !deny_syscall(argv[4])) {
-        std::fprintf(stderr, "cannot deny %s\n", argv[4]);
-        return 2;
+        std::printf("NO SECCOMP: cannot refuse %s (%s)\n", argv[4], std::strerror(errno));
+        return 18;
       }
       if (pg.size() < 2) return 2;
       run_p2p_big(pg, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8);
