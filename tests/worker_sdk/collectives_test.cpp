@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/skip.h"
 #include "tests/worker_sdk/job.h"
 
 using namespace trun::worker::test;
@@ -139,6 +140,58 @@ TEST_CASE("a peer that dies in the middle of an all_to_all makes the others fail
         REQUIRE(results[r].exited);
         REQUIRE(results[r].exit_code == 15);
       }
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
+TEST_CASE("large point-to-point messages on a node, copied by both ranks, arrive intact",
+          "[worker_sdk][collectives][p2p]") {
+  struct Case {
+    const char* name;
+    std::vector<std::string> args;
+    const char* says;  // on stderr of some rank, or nullptr
+  };
+  for (const Case& c :
+       {Case{"2 ranks", {"p2p_big", "9"}, nullptr}, Case{"3 ranks", {"p2p_big", "5"}, nullptr},
+        Case{"2 ranks, the receiver may not read the sender (seccomp)",
+             {"p2p_big", "9", "1", "process_vm_readv"},
+             "sending the data over Gloo from now on"}}) {
+    DYNAMIC_SECTION(c.name) {
+      const int world = c.args[1] == "5" ? 3 : 2;
+      Job job;
+      JobSpec spec = spec_for({"", {world}}, c.args, "p2p-big");
+      job.start(spec);
+      auto results = job.wait(180s);
+      if (c.args.size() > 2 &&
+          job.output(std::stoi(c.args[2])).find("NO SECCOMP") != std::string::npos)
+        TRUN_SKIP("no seccomp filter can be installed here to refuse " << c.args[3], kEnvironment);
+      expect_codes(results, job, std::vector<int>(world, 0));
+      if (c.says) {
+        std::string all;
+        for (int r = 0; r < world; ++r) all += job.output(r);
+        INFO(all);
+        CHECK(all.find(c.says) != std::string::npos);
+      }
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
+TEST_CASE("a rank that dies while both copy a large message makes its peer fail, without a hang",
+          "[worker_sdk][failures][p2p]") {
+  for (int victim : {0, 1}) {
+    DYNAMIC_SECTION("rank " << victim << " dies") {
+      Job job;
+      JobSpec spec = spec_for({"", {2}}, {"p2p_big_dead", std::to_string(victim)}, "p2p-big-dead");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";  // failing within 45 s is detection
+      job.start(spec);
+      auto results = job.wait(45s);
+      INFO(job.describe(results));
+      const int survivor = 1 - victim;
+      CHECK(results[victim].signal == SIGKILL);
+      REQUIRE(results[survivor].exited);
+      REQUIRE(results[survivor].exit_code == 15);
       CHECK(shm_segments(spec.run_id).empty());
     }
   }

@@ -27,6 +27,18 @@
 //                                others must fail naming it: exit 15 (CollectiveError naming local
 //                                rank 1 or rank 1), 16 (timeout), 4 otherwise (or no failure in
 //                                2000 calls)
+//   pg_worker p2p_big <MiB> [<rank> <call>]
+//                                messages of <MiB> MiB plus 12 KiB between ranks of a node, three
+//                                times each: send/recv 0 -> 1 and 1 -> 0, a ring of
+//                                batch_isend_irecv, two sends to rank 1 in one batch (tags 1 and
+//                                2, received in the other order); exit 0 when all match. With
+//                                <rank> and <call> (process_vm_readv or process_vm_writev): that
+//                                rank first makes the call fail with EPERM (seccomp), as a
+//                                container's policy would (exit 18 when it cannot)
+//   pg_worker p2p_big_dead <rank>
+//                                ranks 0 and 1 exchange 16 MiB messages in turns in a loop; <rank>
+//                                dies (SIGKILL, from a thread) 300 ms into it: the other must fail
+//                                naming it: exit 15 (CollectiveError), 16 (timeout), 4 otherwise
 //   pg_worker stall <victim> <timeout_ms>
 //                                the victim never joins; the others must time out (exit 10)
 //   pg_worker loop               allreduce until failure, printing READY after the first;
@@ -54,8 +66,13 @@
 //
 // Exit codes: 0 pass, 1 mismatch, 2 usage, 3 unexpected exception.
 
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <pthread.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -386,6 +403,88 @@ void run_big(ProcessGroup& pg) {
       pg.reduce_scatter(send.data(), recv.data(), per, dt, op);
       check(label("reduce_scatter", dt, per, reduce_op_name(op)), recv, want, per, dt);
     }
+  }
+}
+
+// ---- p2p_big: large point-to-point messages, which the two ranks of a node copy together ----
+
+// Makes every later `call` (process_vm_readv or process_vm_writev) of this process fail with
+// EPERM. Returns false for an unknown name or when the filter cannot be installed.
+bool deny_syscall(const std::string& call) {
+  long nr = call == "process_vm_readv"    ? SYS_process_vm_readv
+            : call == "process_vm_writev" ? SYS_process_vm_writev
+                                          : -1;
+  if (nr < 0) return false;
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, static_cast<uint32_t>(nr), 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+  return ::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         ::syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) == 0;
+}
+
+int32_t big_value(int rank, int tag, size_t i) {
+  return static_cast<int32_t>(static_cast<uint32_t>(rank * 1000003 + tag * 7919) + i * 2654435761u);
+}
+
+void fill_big(std::vector<int32_t>& v, int rank, int tag) {
+  for (size_t i = 0; i < v.size(); ++i) v[i] = big_value(rank, tag, i);
+}
+
+void check_big(const char* what, const std::vector<int32_t>& got, int rank, int tag) {
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (got[i] != big_value(rank, tag, i)) {
+      std::fprintf(stderr, "MISMATCH %s: element %zu of %zu is %d, expected %d\n", what, i,
+                   got.size(), got[i], big_value(rank, tag, i));
+      ++g_failures;
+      return;
+    }
+  }
+}
+
+void run_p2p_big(ProcessGroup& pg, size_t mib) {
+  const int rank = pg.rank(), world = pg.size();
+  const size_t n = ((mib << 20) + (12 << 10)) / 4;  // a short last chunk
+  std::vector<int32_t> a(n), b(n);
+  for (int round = 0; round < 3; ++round) {
+    if (rank < 2 && world >= 2) {
+      for (int from = 0; from < 2; ++from) {
+        if (rank == from) {
+          fill_big(a, rank, round);
+          pg.send(a.data(), n, DataType::kInt32, 1 - rank, round);
+        } else {
+          std::fill(b.begin(), b.end(), 0);
+          pg.recv(b.data(), n, DataType::kInt32, from, round);
+          check_big("send/recv", b, from, round);
+        }
+      }
+    }
+    const int next = (rank + 1) % world, prev = (rank + world - 1) % world;
+    fill_big(a, rank, 10 + round);
+    std::fill(b.begin(), b.end(), 0);
+    pg.batch_isend_irecv({P2POp{P2POp::kSend, a.data(), n, DataType::kInt32, next, 3},
+                          P2POp{P2POp::kRecv, b.data(), n, DataType::kInt32, prev, 3}})
+        .wait();
+    check_big("batch_isend_irecv ring", b, prev, 10 + round);
+    if (rank == 0) {
+      fill_big(a, rank, 1);
+      fill_big(b, rank, 2);
+      pg.batch_isend_irecv({P2POp{P2POp::kSend, a.data(), n, DataType::kInt32, 1, 1},
+                            P2POp{P2POp::kSend, b.data(), n, DataType::kInt32, 1, 2}})
+          .wait();
+    } else if (rank == 1) {
+      std::fill(a.begin(), a.end(), 0);
+      std::fill(b.begin(), b.end(), 0);
+      pg.batch_isend_irecv({P2POp{P2POp::kRecv, b.data(), n, DataType::kInt32, 0, 2},
+                            P2POp{P2POp::kRecv, a.data(), n, DataType::kInt32, 0, 1}})
+          .wait();
+      check_big("two sends in one batch, tag 1", a, 0, 1);
+      check_big("two sends in one batch, tag 2", b, 0, 2);
+    }
+    pg.barrier();
   }
 }
 
@@ -964,6 +1063,45 @@ int main(int argc, char** argv) {
       } catch (const CollectiveError& e) {
         std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
         return std::strstr(e.what(), "rank 1") ? 15 : 4;
+      }
+      return 4;
+    } else if (scenario == "p2p_big") {
+      if (argc > 4 && std::atoi(argv[3]) == pg.rank() && !deny_syscall(argv[4])) {
+        std::printf("NO SECCOMP: cannot refuse %s (%s)\n", argv[4], std::strerror(errno));
+        return 18;
+      }
+      if (pg.size() < 2) return 2;
+      run_p2p_big(pg, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8);
+      std::printf("P2P_BIG done, %d mismatches\n", g_failures);
+    } else if (scenario == "p2p_big_dead") {
+      const int victim = argc > 2 ? std::atoi(argv[2]) : 1;
+      if (pg.size() < 2 || victim < 0 || victim > 1) return 2;
+      std::vector<float> buf((16u << 20) / 4, 1.0f);
+      pg.barrier();
+      if (pg.rank() > 1) return 0;
+      if (pg.rank() == victim) {
+        std::thread([] {
+          std::this_thread::sleep_for(std::chrono::milliseconds(300));
+          std::printf("DYING\n");
+          std::fflush(stdout);
+          std::raise(SIGKILL);
+        }).detach();
+      }
+      const int peer = 1 - pg.rank();
+      auto t0 = Clock::now();
+      try {
+        for (int i = 0; i < 20000; ++i) {
+          if (i % 2 == pg.rank())
+            pg.send(buf.data(), buf.size(), DataType::kFloat32, peer);
+          else
+            pg.recv(buf.data(), buf.size(), DataType::kFloat32, peer);
+        }
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+        return 16;
+      } catch (const CollectiveError& e) {
+        std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+        return std::strstr(e.what(), ("rank " + std::to_string(peer)).c_str()) ? 15 : 4;
       }
       return 4;
     } else if (scenario == "a2a_dead") {

@@ -15,7 +15,8 @@
 //              first time they exchange a message (through the store, under "p2p/<lo>-<hi>");
 //              on a node, Gloo carries only the headers and the receiver reads the data
 //              straight from the sender's memory (process_vm_readv; the segment's barriers are
-//              the whole node's, so they cannot serve a pair)
+//              the whole node's, so they cannot serve a pair); a large message is copied by
+//              both at once, pipelined through a ring in the segment (CopyChannel)
 // Every node's segment and every leader's Gloo context belong to this group only.
 
 #include <algorithm>
@@ -303,6 +304,7 @@ class CpuBackend : public BackendImpl {
     peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
     for (int p : peers) pair(p, deadline);
     std::vector<GlooComm::Transfer> transfers;
+    int sends = 0;  // to ranks of this node: each gets its own channel
     for (const P2POp& op : ops) {
       GlooComm::Transfer t;
       t.comm = pair(op.peer, deadline);
@@ -312,9 +314,19 @@ class CpuBackend : public BackendImpl {
       t.peer = rank_ < op.peer ? 1 : 0;
       t.tag = static_cast<uint32_t>(tag_base >= 0 ? tag_base : op.tag);
       t.peer_name = "rank " + std::to_string(op.peer);
-      // A receive from a rank of this node: read straight from its memory.
-      if (!t.send && shm_ && place_[op.peer].node == place_[rank_].node)
-        t.peer_pid = shm_->readable_pid(place_[op.peer].local);
+      // A rank of this node: the receiver reads straight from the sender's memory, and for
+      // large messages the sender also copies chunks into a ring in the segment (CopyChannel).
+      if (shm_ && place_[op.peer].node == place_[rank_].node) {
+        const int local = place_[op.peer].local;
+        t.peer_pid = shm_->readable_pid(local);
+        if (t.send && sends < ShmComm::kCopyChannels) {
+          t.channel_index = sends++;
+          t.channel = shm_->copy_channel(place_[rank_].local, t.channel_index);
+        } else if (!t.send) {
+          t.peer_channels = shm_->copy_channel(local, 0);
+          t.peer_channel_count = ShmComm::kCopyChannels;
+        }
+      }
       transfers.push_back(std::move(t));
     }
     const std::string full = std::string(what) + " on rank " + std::to_string(rank_);

@@ -265,16 +265,22 @@ void GlooComm::barrier(Deadline deadline) {
 
 void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what) {
   if (transfers.empty()) return;
-  // Per message, on slots 4*tag + 0, 1, 2: the sender's header (length, address of its data),
-  // the receiver's answer (1: it read the data itself, straight from the sender's memory; 0:
-  // send it), and then, only on 0, the data. Gloo would otherwise treat a message longer than
-  // the posted receive as a fatal invariant violation; the answer also keeps the sender's
+  // Per message, on slots 4*tag + 0..3: the sender's header (length, address of its data, and
+  // 1 + the index of the sender's CopyChannel when it offers to help, else 0), the receiver's
+  // answer (kRead: it read the data itself, straight from the sender's memory; kSend: send it;
+  // kShare: both copy, the sender through the ring of its CopyChannel),
+  // then on kSend the data, on kShare the receiver's "done" (every chunk is copied; the
+  // channel is free again). Gloo would otherwise treat a message longer than the posted
+  // receive as a fatal invariant violation; the answer (or "done") also keeps the sender's
   // buffer untouched until a direct read is done.
+  enum : uint64_t { kSend = 0, kRead = 1, kShare = 2 };
   struct Posted {
     const Transfer* t = nullptr;
-    uint64_t header[2] = {0, 0};  // send: what we announce; recv: what the sender announced
-    uint64_t answer = 0;
-    std::unique_ptr<gloo::transport::UnboundBuffer> header_buf, answer_buf, body;
+    uint64_t header[3] = {0, 0, 0};  // send: what we announce; recv: what the sender announced
+    uint64_t answer = kSend;
+    uint64_t done = 0;
+    CopyChannel* channel = nullptr;  // kShare: the sender's channel
+    std::unique_ptr<gloo::transport::UnboundBuffer> header_buf, answer_buf, body, done_buf;
   };
   std::vector<Posted> posted(transfers.size());
   auto describe = [&](const Transfer& t) {
@@ -310,6 +316,11 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
         if (t.send) {
           p.header[0] = t.bytes;
           p.header[1] = reinterpret_cast<uintptr_t>(t.data);
+          if (t.channel && t.peer_pid > 0 && t.bytes >= kSharedCopyMinBytes) {
+            // Ours until the receiver's "done": reset before the header announces it.
+            reset_channel(*t.channel);
+            p.header[2] = 1 + static_cast<uint64_t>(t.channel_index);
+          }
           p.header_buf->send(t.peer, slot(t, 0));
           p.answer_buf->recv(t.peer, slot(t, 1));
         } else {
@@ -320,7 +331,7 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
       }
     }
     // Receives: the header, then a direct read when the sender is a process on this machine
-    // whose pid we know, else ask for the data.
+    // whose pid we know (shared with the sender when it offers to help), else ask for the data.
     for (Posted& p : posted) {
       const Transfer& t = *p.t;
       if (t.send) continue;
@@ -329,32 +340,67 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
         throw CollectiveError(describe(t) + " failed: the sender sent " +
                               std::to_string(p.header[0]) + " bytes, this receive expects " +
                               std::to_string(t.bytes));
-      p.answer = t.bytes == 0 ? 1 : 0;
+      State& st = *t.comm->state_;
+      char* dst = static_cast<char*>(t.data);
+      p.answer = t.bytes == 0 ? kRead : kSend;
       if (t.bytes && t.peer_pid > 0 && !t.comm->direct_read_failed_) {
-        std::string why =
-            read_process_memory(t.peer_pid, t.peer_name, t.data, p.header[1], t.bytes);
-        p.answer = why.empty() ? 1 : 0;
+        const uint64_t k = p.header[2];
+        std::string why;
+        if (k > 0 && k <= static_cast<uint64_t>(t.peer_channel_count) && t.peer_channels) {
+          // Read chunk 0 (proving that direct reads work), then ask the sender to help.
+          p.channel = t.peer_channels + (k - 1);
+          p.channel->next.fetch_add(1);
+          why = read_process_memory(t.peer_pid, t.peer_name, dst, p.header[1],
+                                    std::min(t.bytes, kCopyChunkBytes));
+          if (why.empty()) {
+            p.answer = kShare;
+          } else {
+            p.channel = nullptr;
+          }
+        } else {
+          why = read_process_memory(t.peer_pid, t.peer_name, dst, p.header[1], t.bytes);
+          if (why.empty()) p.answer = kRead;
+        }
         if (!why.empty()) {
           t.comm->direct_read_failed_ = true;
           std::fprintf(stderr, "[trun.worker] %s: %s; sending the data over Gloo from now on\n",
                        describe(t).c_str(), why.c_str());
         }
       }
-      State& st = *t.comm->state_;
       p.answer_buf->send(t.peer, slot(t, 1));
-      if (p.answer == 0) {
+      if (p.answer == kSend) {
         p.body = st.context->createUnboundBuffer(t.data, t.bytes);
         p.body->recv(t.peer, slot(t, 2));
+      } else if (p.answer == kShare) {
+        std::string why = receive_chunks(
+            *p.channel, t.peer_pid, t.peer_name, dst, p.header[1], t.bytes, deadline, [&] {
+              if (std::string reason = abort_reason(st); !reason.empty())
+                throw CollectiveError(describe(t) + " failed: aborted: " + reason);
+            });
+        if (!why.empty()) throw CollectiveError(describe(t) + " failed: " + why);
+        p.done_buf = st.context->createUnboundBuffer(&p.done, sizeof p.done);
+        p.done = 1;
+        p.done_buf->send(t.peer, slot(t, 3));
       }
     }
-    // Sends: the answer, then the data if asked for.
+    // Sends: the answer, then the data if asked for, or our share of the copy.
     for (Posted& p : posted) {
       const Transfer& t = *p.t;
       if (!t.send) continue;
       wait_one(t, *p.answer_buf, false);
-      if (p.answer == 0 && t.bytes) {
-        p.body = t.comm->state_->context->createUnboundBuffer(t.data, t.bytes);
+      State& st = *t.comm->state_;
+      if (p.answer == kSend && t.bytes) {
+        p.body = st.context->createUnboundBuffer(t.data, t.bytes);
         p.body->send(t.peer, slot(t, 2));
+      } else if (p.answer == kShare) {
+        if (p.header[2] == 0)
+          throw CollectiveError(describe(t) + " failed: the receiver asked for help not offered");
+        // Stops early only when the receiver is gone or the deadline passed: its "done" (or
+        // the closed connection) then tells.
+        (void)push_chunks(*t.channel, t.peer_pid, t.peer_name, static_cast<const char*>(t.data),
+                          t.bytes, deadline);
+        p.done_buf = st.context->createUnboundBuffer(&p.done, sizeof p.done);
+        p.done_buf->recv(t.peer, slot(t, 3));
       }
     }
     for (Posted& p : posted) {
@@ -362,6 +408,7 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
       if (t.send) wait_one(t, *p.header_buf, true);
       if (!t.send) wait_one(t, *p.answer_buf, true);
       if (p.body) wait_one(t, *p.body, t.send);
+      if (p.done_buf) wait_one(t, *p.done_buf, !t.send);
     }
   } catch (const std::exception& e) {
     for (const Transfer& t : transfers) t.comm->abort(e.what());

@@ -24,6 +24,7 @@
 
 #include "rendezvous/store/store.h"
 #include "worker_sdk/src/backend.h"
+#include "worker_sdk/src/cpu/process_memory.h"
 
 namespace trun::worker::detail {
 
@@ -50,10 +51,17 @@ class GlooComm {
     int peer = 0;
     uint32_t tag = 0;
     std::string peer_name;  // for messages, e.g. "rank 3"
-    // A receive from a process on this machine: its pid (in this pid namespace), so that the
-    // data is read straight from its memory (process_vm_readv) instead of sent over TCP. 0:
-    // over TCP. The sender needs nothing: the receiver's answer tells it which happened.
+    // The peer is a process on this machine: its pid (in this pid namespace), so that the data
+    // is read straight from its memory (process_vm_readv) instead of sent over TCP. 0: over
+    // TCP. A receive needs it for that; a send, to notice a receiver that died (below).
     int peer_pid = 0;
+    // Both processes on one node sharing a segment (ShmComm): a send's own channel (distinct
+    // per pending send) and a receive's sender's kCopyChannels channels. With both, a message
+    // of at least kSharedCopyMinBytes is copied by the two processes at once (CopyChannel).
+    CopyChannel* channel = nullptr;
+    int channel_index = 0;  // of `channel` among the sender's
+    CopyChannel* peer_channels = nullptr;
+    int peer_channel_count = 0;
   };
   // Posts every transfer (on any number of GlooComms), then waits for all, bounded by
   // `deadline`: posting everything first lets a ring exchange over separate communicators

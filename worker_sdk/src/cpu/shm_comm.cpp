@@ -285,7 +285,9 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   slot_bytes_ = std::max(slot_bytes_, static_cast<size_t>(n_) * kLine);
   slot_bytes_ = (slot_bytes_ + kPage - 1) / kPage * kPage;
   const size_t header_bytes = (sizeof(ShmHeader) + kPage - 1) / kPage * kPage;
-  map_bytes_ = header_bytes + slot_bytes_ * static_cast<size_t>(n_);
+  const size_t channel_bytes =
+      (sizeof(CopyChannel) * kCopyChannels * static_cast<size_t>(n_) + kPage - 1) / kPage * kPage;
+  map_bytes_ = header_bytes + channel_bytes + slot_bytes_ * static_cast<size_t>(n_);
 
   const std::string stem = rendezvous::shm_segment_stem(o.tag);
   int fd = -1;
@@ -343,11 +345,14 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     throw CollectiveError(errno_text(("mmap(" + name_ + ")").c_str()));
   }
   hdr_ = static_cast<ShmHeader*>(map_);
-  data_ = static_cast<char*>(map_) + header_bytes;
+  channels_ = reinterpret_cast<CopyChannel*>(static_cast<char*>(map_) + header_bytes);
+  data_ = static_cast<char*>(map_) + header_bytes + channel_bytes;
 
   if (me_ == 0) {
     // ftruncate zero-filled the segment; placement-new the atomics for form's sake.
     new (hdr_) ShmHeader();
+    // Default-initialized: the rings stay untouched (zero pages) until a message uses them.
+    for (int i = 0; i < n_ * kCopyChannels; ++i) new (channels_ + i) CopyChannel;
     hdr_->local_size = static_cast<uint32_t>(n_);
     hdr_->slot_bytes = slot_bytes_;
     hdr_->abort_owner.store(-1);

@@ -30,6 +30,7 @@
 
 #include "rendezvous/store/store.h"
 #include "worker_sdk/src/backend.h"
+#include "worker_sdk/src/cpu/process_memory.h"
 
 namespace trun::worker::detail {
 
@@ -58,6 +59,13 @@ class ShmComm {
   // Local rank r's pid when its memory may be read directly (same pid namespace, TRUN_SHM_CMA
   // not 0), else 0.
   int readable_pid(int r) const;
+  // Local rank r's k-th channel for messages it sends to a local peer (both copy them, see
+  // CopyChannel, 2 MiB: its pages are touched only when used), k < kCopyChannels; in the
+  // segment, zeroed at creation.
+  static constexpr int kCopyChannels = 4;
+  CopyChannel* copy_channel(int r, int k) const {
+    return channels_ + static_cast<size_t>(r) * kCopyChannels + k;
+  }
 
   // In place; op is kSum, kMin or kMax.
   void allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline);
@@ -105,6 +113,7 @@ class ShmComm {
   void* map_ = nullptr;
   ShmHeader* hdr_ = nullptr;
   char* data_ = nullptr;
+  CopyChannel* channels_ = nullptr;  // local_size() * kCopyChannels, after the header
   uint32_t seq_ = 0;
   int spin_limit_ = 0;
   bool core_each_ = false;  // this rank may use at least local_size() CPUs
