@@ -383,6 +383,12 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shut_down_) throw RendezvousError(error_prefix() + ": the handler was shut down");
+    // The keep-alives gave up on the store (or a wait found it gone): this handler has no lease
+    // and no keep-alive thread any more, so it must not join a round even if the store answers
+    // again; the caller rejoins with a new handler.
+    if (local_event_ && local_event_->kind == RoundEvent::Kind::kStoreLost) {
+      throw RendezvousError(error_prefix() + ": the store was lost: " + local_event_->detail);
+    }
     end_round = in_round_ && !event_;
     in_round_ = false;
     // A new handler of a node that rejoins: the round it completed under the old one.
