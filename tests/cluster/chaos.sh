@@ -18,7 +18,8 @@
 # Environment:
 #   CHAOS_SEED=N        the schedule's seed (default: CHAOS_DEFAULT_SEED, else random); printed
 #   CHAOS_SECONDS=T     length of the schedule in seconds (default 120; at least 30)
-#   CHAOS_STORE_HOST=1  node 0 (the c10d store host) may be killed or partitioned too: needs store
+#   CHAOS_STORE_HOST=0  never kill or partition node 0 (the first c10d store host); the default, 1,
+#                       lets the schedule hit it too, which needs store
 #                       failover (an agent that accepts an --rdzv-endpoint list)
 #   CHAOS_EPOCHS=E      training length (default: scaled with CHAOS_SECONDS, see below)
 #   CHAOS_KEEP=DIR      copy the logs (sample logs, agent logs, schedule) to DIR at the end
@@ -58,7 +59,7 @@ DURATION=${CHAOS_SECONDS:-120}
 SEED=${CHAOS_SEED:-${CHAOS_DEFAULT_SEED:-}}
 [ -n "$SEED" ] || SEED=$(((RANDOM << 15) | RANDOM))
 [[ $SEED =~ ^[0-9]+$ ]] || fail "CHAOS_SEED must be a non-negative whole number, got '$SEED'"
-STORE_HOST=${CHAOS_STORE_HOST:-0}
+STORE_HOST=${CHAOS_STORE_HOST:-1}
 [[ $STORE_HOST =~ ^[01]$ ]] || fail "CHAOS_STORE_HOST must be 0 or 1, got '$STORE_HOST'"
 
 # Training: 1200 samples, 12 per rank per step. With 1..4 ranks every epoch ends without padding
