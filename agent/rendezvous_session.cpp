@@ -377,9 +377,7 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   const int my_rank = info_.group_rank;
   for (int c : plan.candidates) {
     const auto member = members.at(c);
-    const std::string endpoint =
-        (member.addr.find(':') != std::string::npos ? "[" + member.addr + "]" : member.addr) + ":" +
-        std::to_string(lost.second);
+    const std::string endpoint = rdzv::endpoint_text(member.addr, lost.second);
     StoreTarget target;
     target.endpoint = endpoint;
     if (c == my_rank) {
@@ -450,6 +448,12 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
   const auto deadline = clock_.now() + timeout_;
   std::string last = why;
   rejoin_deadline_ = deadline;
+  auto job_finished = [&](const std::exception& e) {
+    rejoin_deadline_.reset();
+    std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
+                 run_id_.c_str(), e.what());
+    return false;
+  };
   try {
     switch (fail_over(why, store_stopped, deadline)) {
       case FailoverOutcome::kJoined:
@@ -465,10 +469,7 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
     rejoin_deadline_.reset();
     throw;
   } catch (const rendezvous::RendezvousClosedError& e) {
-    rejoin_deadline_.reset();
-    std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
-                 run_id_.c_str(), e.what());
-    return false;
+    return job_finished(e);
   }
   if (store_stopped) {
     // It went away on purpose: retrying that endpoint for join_timeout cannot bring it back.
@@ -496,10 +497,7 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
       rejoin_deadline_.reset();
       throw;
     } catch (const rendezvous::RendezvousClosedError& e) {
-      rejoin_deadline_.reset();
-      std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
-                   run_id_.c_str(), e.what());
-      return false;
+      return job_finished(e);
     } catch (const std::exception& e) {
       last = e.what();
       spdlog::debug("rejoin attempt {}: {}", attempts, last);

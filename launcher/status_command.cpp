@@ -546,11 +546,7 @@ int run_status_command(int argc, char** argv) {
         } catch (const rendezvous::RendezvousError& e) {
           return usage(e.what());
         }
-        auto text = [](const std::pair<std::string, uint16_t>& e) {
-          return (e.first.find(':') != std::string::npos ? "[" + e.first + "]" : e.first) + ":" +
-                 std::to_string(e.second);
-        };
-        where = text(list[0]);
+        where = rendezvous::endpoint_text(list[0].first, list[0].second);
         rendezvous::TcpStoreOptions probe;
         probe.token = token;
         probe.dialect = rendezvous::StoreDialect::kTrun;
@@ -559,7 +555,7 @@ int run_status_command(int argc, char** argv) {
           probe.host = list[i].first;
           probe.port = list[i].second;
           if (rendezvous::probe_store_key(probe, key, std::chrono::milliseconds(500))) {
-            where = text(list[i]);
+            where = rendezvous::endpoint_text(list[i].first, list[i].second);
             break;
           }
         }

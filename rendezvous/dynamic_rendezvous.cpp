@@ -16,6 +16,19 @@ using namespace dynamic;
 constexpr uint16_t kDefaultPort = 29400;     // torchrun's c10d default
 constexpr uint16_t kDefaultEtcdPort = 2379;  // etcd's client port
 
+// "a,b,,c" -> {"a", "b", "", "c"}; "" -> {""}.
+std::vector<std::string> split_endpoint_list(const std::string& text) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t comma = text.find(',', pos);
+    if (comma == std::string::npos) comma = text.size();
+    out.push_back(text.substr(pos, comma - pos));
+    pos = comma + 1;
+  }
+  return out;
+}
+
 class DynamicRendezvous : public RoundRendezvous {
  public:
   DynamicRendezvous(std::string name, RendezvousOptions options,
@@ -352,14 +365,14 @@ std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
                                              std::move(hosted));
 }
 
+std::string endpoint_text(const std::string& host, uint16_t port) {
+  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
+         std::to_string(port);
+}
+
 std::vector<std::pair<std::string, uint16_t>> parse_c10d_endpoints(const std::string& text) {
   std::vector<std::pair<std::string, uint16_t>> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    if (comma == std::string::npos) comma = text.size();
-    std::string entry = text.substr(pos, comma - pos);
-    pos = comma + 1;
+  for (const auto& entry : split_endpoint_list(text)) {
     if (entry.empty() && !text.empty()) {
       throw RendezvousOptionError("--rdzv-endpoint=" + text + ": an empty entry in the list");
     }
@@ -408,8 +421,7 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   bo.host = ep.host;
   bo.port = server ? server->port() : ep.port;
   // From here on the endpoint is the one store this handler uses.
-  o.endpoint = (ep.host.find(':') != std::string::npos ? "[" + ep.host + "]" : ep.host) + ":" +
-               std::to_string(bo.port);
+  o.endpoint = endpoint_text(ep.host, bo.port);
   bo.token = options.store_token;
   bo.read_timeout = options.read_timeout;
   bo.connect_timeout = connect_timeout;
@@ -426,12 +438,7 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
 
 std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::string& text) {
   std::vector<std::pair<std::string, uint16_t>> out;
-  size_t pos = 0;
-  while (pos <= text.size()) {
-    size_t comma = text.find(',', pos);
-    if (comma == std::string::npos) comma = text.size();
-    std::string endpoint = text.substr(pos, comma - pos);
-    pos = comma + 1;
+  for (std::string endpoint : split_endpoint_list(text)) {
     if (endpoint.rfind("https://", 0) == 0) {
       throw RendezvousOptionError("--rdzv-endpoint=" + text +
                                   ": trun reaches etcd over plain HTTP only (no TLS); give "

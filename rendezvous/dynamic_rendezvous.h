@@ -35,6 +35,8 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
 // (a trun extension): the first is where the store starts, the others where it may have moved
 // after a failover (docs/rendezvous.md). Throws RendezvousOptionError naming the list.
 std::vector<std::pair<std::string, uint16_t>> parse_c10d_endpoints(const std::string& text);
+// "host:port", with an IPv6 address in brackets.
+std::string endpoint_text(const std::string& host, uint16_t port);
 
 // The etcd backend's --rdzv-endpoint: one client URL or several members separated by commas (a
 // trun extension), each HOST[:PORT] (port 2379 by default) or http://HOST[:PORT]. Throws
