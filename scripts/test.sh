@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is needed, builds (plain and ASan+UBSan), fuzzes the
-# store's decoder briefly, and runs the whole suite with CTest in both builds.
+# The README's test command: installs what is needed, builds (plain, ASan+UBSan and TSan), fuzzes
+# the store's decoder briefly, and runs the whole suite with CTest in the plain and the ASan+UBSan
+# build, and the `tsan` label (tests/CMakeLists.txt) in the TSan build, where any ThreadSanitizer
+# report, in a test or in any process it started, fails the step.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,7 +14,9 @@ bash scripts/setup.sh
 export TRUN_STRICT_SKIPS=${TRUN_STRICT_SKIPS:-1}
 TRUN_SKIP_LOG=$(mktemp /tmp/trun-skips.XXXXXX)
 export TRUN_SKIP_LOG
-trap 'rm -f "$TRUN_SKIP_LOG"' EXIT
+# ThreadSanitizer's reports go to files here (log_path), one per reporting process.
+TSAN_REPORTS=$(mktemp -d /tmp/trun-tsan.XXXXXX)
+trap 'rm -f "$TRUN_SKIP_LOG"; rm -rf "$TSAN_REPORTS"' EXIT
 
 # run_ctest ARGS...: ctest, then the skips it saw ("N tests skipped:" and one line each, or "no
 # test skipped"); the log starts empty for the next run. Returns ctest's status.
@@ -44,6 +48,14 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTRUN_SANITIZE=addre
   -DTRUN_BUILD_BENCH=OFF -DTRUN_WITH_TORCH=OFF >/dev/null
 cmake --build build-asan -j "$JOBS"
 
+echo "== build (TSan) =="
+# Only what the TSan step runs (tests/CMakeLists.txt: label tsan, target tsan_tests). -O1: TSan
+# instruments every memory access, and at -O0 the collectives cases of worker_sdk_test alone ran
+# over 5 minutes each; Debug otherwise, so assertions stay on.
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g -O1" \
+  -DTRUN_SANITIZE=thread -DTRUN_BUILD_BENCH=OFF -DTRUN_WITH_TORCH=OFF >/dev/null
+cmake --build build-tsan -j "$JOBS" --target tsan_tests
+
 echo "== fuzz (bounded) =="
 bash scripts/fuzz.sh 20
 
@@ -54,6 +66,25 @@ echo "== tests (ASan+UBSan) =="
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
   run_ctest --test-dir build-asan --output-on-failure -j "$TEST_JOBS" -LE no_sanitize --timeout 900 ||
   failed+=("tests (ASan+UBSan)")
+
+echo "== tests (TSan) =="
+# halt_on_error: a process stops at its first report, exitcode 66, so the test that ran it
+# normally fails too. log_path: every process writes its reports to a file of its own under
+# $TSAN_REPORTS (TSAN_OPTIONS reaches the trun binary, the store and the workers a test starts, as
+# their environment is inherited), so a report in a child whose exit status the test does not
+# check, or whose stderr it swallows, still fails this step: any file there does. history_size=7
+# (the most): the earlier access of a report keeps its stack, which tests/tsan.supp's entries match.
+TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 history_size=7 \
+log_path=$TSAN_REPORTS/report suppressions=$PWD/tests/tsan.supp" \
+  run_ctest --test-dir build-tsan --output-on-failure -j "$TEST_JOBS" -L tsan --timeout 900 ||
+  failed+=("tests (TSan)")
+if compgen -G "$TSAN_REPORTS/report.*" >/dev/null; then
+  for f in "$TSAN_REPORTS"/report.*; do
+    echo "---- ThreadSanitizer report ($f):"
+    cat "$f"
+  done
+  failed+=("tests (TSan): ThreadSanitizer reports")
+fi
 
 echo "== tests =="
 run_ctest --test-dir build --output-on-failure -j "$TEST_JOBS" --timeout 900 -LE cluster ||

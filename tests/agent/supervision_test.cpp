@@ -499,8 +499,11 @@ TEST_CASE("LOGLEVEL sets trun's own log level", "[agent][logs]") {
   CHECK(loud.err.find("rendezvous done") != std::string::npos);
 }
 
+// [no_tsan]: the agent spawns with vfork, whose child reports a failed execve through the memory
+// it shares with trun; ThreadSanitizer turns vfork into fork, so in a TSan build that report is
+// lost and the worker just exits 1 (no race involved; the plain and ASan builds run this case).
 TEST_CASE("a program that cannot be executed fails the job with 127 in the summary",
-          "[agent][exit]") {
+          "[agent][exit][no_tsan]") {
   TempDir d;
   std::string script = d / "not_really.sh";
   {

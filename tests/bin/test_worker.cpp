@@ -30,6 +30,7 @@
 //                      that fails
 //   on-rank R ACTION...     run the next action only on local rank R
 //   on-attempt N ACTION...  run the next action only when TORCHELASTIC_RESTART_COUNT is N
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -82,33 +83,46 @@ void sleep_seconds(double s) {
   std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long long>(s * 1e6)));
 }
 
-std::string g_trap_dir;
+// The --trap handlers run in a signal handler: only async-signal-safe calls (open, write, rename,
+// clock_gettime, _exit), on paths made before the handler is installed (ThreadSanitizer reports
+// an allocation inside a handler, and one could deadlock on malloc's lock).
+std::string g_trap_path;       // <dir>/sig_<rank>
+std::string g_trap_time_path;  // <dir>/sigtime_<rank>
+std::string g_trap_time_tmp;   // the same + ".tmp"
+
+// Decimal text of v (>= 0) into buf (at least 21 bytes); returns its length.
+int decimal(long long v, char* buf) {
+  char rev[21];
+  int n = 0;
+  do {
+    rev[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v > 0 && n < 20);
+  for (int i = 0; i < n; ++i) buf[i] = rev[n - 1 - i];
+  return n;
+}
+
+void write_all(const char* path, const char* text, int len) {
+  int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  if (fd < 0) return;
+  ssize_t w = ::write(fd, text, static_cast<size_t>(len));
+  (void)w;
+  ::close(fd);
+}
+
 void on_trapped(int sig) {
-  std::string path = g_trap_dir + "/sig_" + rank();
-  std::string content = std::to_string(sig);
-  FILE* f = std::fopen(path.c_str(), "w");
-  if (f) {
-    std::fputs(content.c_str(), f);
-    std::fclose(f);
-  }
+  char text[21];
+  write_all(g_trap_path.c_str(), text, decimal(sig, text));
   _exit(0);
 }
 
-std::string g_trap_time_dir;
 void on_trapped_time(int) {
   timespec ts;
   clock_gettime(CLOCK_REALTIME, &ts);
-  char text[32];
-  int len = std::snprintf(text, sizeof text, "%lld",
-                          static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec);
-  std::string path = g_trap_time_dir + "/sigtime_" + rank();
-  std::string tmp = path + ".tmp";
-  FILE* f = std::fopen(tmp.c_str(), "w");
-  if (f) {
-    std::fwrite(text, 1, static_cast<size_t>(len), f);
-    std::fclose(f);
-    std::rename(tmp.c_str(), path.c_str());  // readers never see a partial file
-  }
+  char text[21];
+  int len = decimal(static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec, text);
+  write_all(g_trap_time_tmp.c_str(), text, len);
+  std::rename(g_trap_time_tmp.c_str(), g_trap_time_path.c_str());  // no partial file is seen
   _exit(0);
 }
 
@@ -233,11 +247,12 @@ int main(int argc, char** argv) {
       signal(SIGTERM, SIG_IGN);
     } else if (act == "trap") {
       need(1);
-      g_trap_dir = a[i++];
+      g_trap_path = a[i++] + "/sig_" + rank();
       for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) signal(s, on_trapped);
     } else if (act == "trap-time") {
       need(1);
-      g_trap_time_dir = a[i++];
+      g_trap_time_path = a[i++] + "/sigtime_" + rank();
+      g_trap_time_tmp = g_trap_time_path + ".tmp";
       for (int s : {SIGTERM, SIGINT}) signal(s, on_trapped_time);
     } else if (act == "sleep") {
       need(1);
