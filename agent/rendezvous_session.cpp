@@ -353,11 +353,11 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   const auto plan =
       rdzv::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
   if (!plan.possible) {
-    spdlog::error("lost the rendezvous store at {}; cannot move it: {}", store_endpoint_,
-                  plan.why_not);
-    std::fprintf(stderr, "trun: error: lost the rendezvous store at %s; cannot move it: %s\n",
-                 store_endpoint_.c_str(), plan.why_not.c_str());
-    return store_stopped ? FailoverOutcome::kFailed : FailoverOutcome::kNotNeeded;
+    // The caller retries the store, or gives up at once when it stopped on purpose; its error
+    // line is the one that ends the agent.
+    spdlog::warn("lost the rendezvous store at {}; cannot move it: {}", store_endpoint_,
+                 plan.why_not);
+    return FailoverOutcome::kNotNeeded;
   }
   // How long a candidate before this node may take to notice the loss and start its store: a
   // partition is noticed when keep-alives fail (each bounded by read_timeout), so two nodes

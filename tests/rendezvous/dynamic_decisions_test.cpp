@@ -362,12 +362,12 @@ TEST_CASE("failover: candidates are the members without the lost store host, in 
   REQUIRE(over.size() == 1);
   CHECK(planned_leave(over[0]));
   CHECK(check_quorum(two, 3, over, {node("b", 1, 3, 1, true)}).ok);
-  // An external store (no member hosted it): every member is a candidate.
+  // An external store (no member hosted it) is left to whoever runs it.
   const RoundResult ext = decode_result(encode_complete({node("a", 1), node("b", 2)}));
   p = plan_failover(ext.members, 0);
-  CHECK(p.possible);
+  CHECK_FALSE(p.possible);
   CHECK(p.lost_host_rank == -1);
-  CHECK(p.candidates == std::vector<int>{0, 1});
+  CHECK_THAT(p.why_not, Catch::Contains("external store"));
 }
 
 TEST_CASE("failover: the new store starts where the lost one stopped", "[decisions][failover]") {
