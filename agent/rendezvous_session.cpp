@@ -394,7 +394,7 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
         if (found || clock_.now() >= until) break;
         // A partition that healed meanwhile: the others may be back on the old store.
         if (old_store_answers()) return FailoverOutcome::kNotNeeded;
-        clock_.sleep_for(std::chrono::milliseconds(100));
+        clock_.sleep_for(std::chrono::milliseconds(20));
         check_stop_signal();
       }
       if (!found) {
