@@ -237,8 +237,12 @@ TEST_CASE("a node waiting for a late second node prints a progress line at a ste
   }
 }
 
+// [no_tsan]: in two of about five TSan runs at -j2 under load (never alone, never in the ASan or
+// plain builds) the store host's agent took over 30 s to exit after the final SIGTERM, with no
+// ThreadSanitizer report. Left out of the TSan step until that slow exit is understood (noted on
+// issue 15); the case still runs in the ASan+UBSan step.
 TEST_CASE("the event log records a node that leaves and one that joins a running c10d job",
-          "[agent][event-log]") {
+          "[agent][event-log][no_tsan]") {
   const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());
   TempDir d0, d1, d2;
   auto node = [&](const std::string& is_host, const TempDir& d) {
