@@ -84,7 +84,7 @@ CONF="last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=3,join_
 # The endpoint list for store failover (issue 15): tried in order, the successor store host
 # serves on the same port at its own address. SWITCH: this trun refuses a list for c10d today, so
 # the single endpoint is used then (node 0 must stay up: CHAOS_STORE_HOST=1 is refused).
-ENDPOINTS="$(addr 0):$PORT,$(addr 1):$PORT,$(addr 2):$PORT"
+ENDPOINTS="$(addr 0):$PORT,$(addr 1):$PORT,$(addr 2):$PORT,$(addr 3):$PORT"  # every node that may host it
 if "$TRUN" --dry-run --rdzv-backend c10d --rdzv-endpoint "$ENDPOINTS" --rdzv-id probe /bin/true \
   >/dev/null 2>&1; then
   C10D_ENDPOINT=$ENDPOINTS
