@@ -479,7 +479,7 @@ FailoverPlan plan_failover(const ParticipantList& members, int my_rank, bool hos
   const int left = static_cast<int>(p.candidates.size());
   if (my_rank < 0 || my_rank >= n || my_rank == p.lost_host_rank) {
     p.why_not = "this node was not a member of the last round";
-  } else if (p.lost_host_rank < 0) {
+  } else if (p.lost_host_rank < 0 && !host_left) {
     // An external store (`trun store`, is_host=false everywhere): whoever runs it restarts it.
     p.why_not = "no node of the job hosted it (an external store is not moved)";
   } else if (left < p.quorum) {

@@ -194,7 +194,8 @@ struct FailoverPlan {
   int lost_host_rank = -1;  // the member that hosted the lost store (-1: an external store)
   // The members that may host the next store, best first: every rank except the lost host's, in
   // rank order. Each node tries those before itself and hosts when none of them answers. A store
-  // no member hosted (an external one) is not moved: possible is false.
+  // no member hosted (an external one) is not moved unless it stopped on purpose (`host_left`:
+  // its host left the job after the last round formed there without it): possible is false.
   std::vector<int> candidates;
   int quorum = 0;  // members needed to form the next round (a strict majority of the round)
 };
