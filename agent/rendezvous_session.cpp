@@ -448,8 +448,12 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
   const auto deadline = clock_.now() + timeout_;
   std::string last = why;
   rejoin_deadline_ = deadline;
+  // Every way out of here ends the window: later rounds get join_timeout each.
+  struct EndWindow {
+    std::optional<Clock::TimePoint>& window;
+    ~EndWindow() { window.reset(); }
+  } end_window{rejoin_deadline_};
   auto job_finished = [&](const std::exception& e) {
-    rejoin_deadline_.reset();
     std::fprintf(stderr, "trun: error: the job '%s' has finished (rendezvous closed): %s\n",
                  run_id_.c_str(), e.what());
     return false;
@@ -457,23 +461,17 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
   try {
     switch (fail_over(why, store_stopped, deadline)) {
       case FailoverOutcome::kJoined:
-        rejoin_deadline_.reset();
         return true;
       case FailoverOutcome::kFailed:
-        rejoin_deadline_.reset();
         return false;
       case FailoverOutcome::kNotNeeded:
         break;
     }
-  } catch (const RendezvousInterrupted&) {
-    rejoin_deadline_.reset();
-    throw;
   } catch (const rendezvous::RendezvousClosedError& e) {
     return job_finished(e);
   }
   if (store_stopped) {
     // It went away on purpose: retrying that endpoint for join_timeout cannot bring it back.
-    rejoin_deadline_.reset();
     std::fprintf(stderr,
                  "trun: error: the rendezvous store at %s was stopped (its host left or the job "
                  "ended): %s\n",
@@ -494,7 +492,6 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
       rejoined = true;
       break;
     } catch (const RendezvousInterrupted&) {
-      rejoin_deadline_.reset();
       throw;
     } catch (const rendezvous::RendezvousClosedError& e) {
       return job_finished(e);
@@ -508,11 +505,9 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
     try {
       check_stop_signal();
     } catch (const RendezvousInterrupted&) {
-      rejoin_deadline_.reset();
       throw;
     }
   }
-  rejoin_deadline_.reset();  // later rounds get join_timeout each
   if (rejoined) return true;
   std::fprintf(stderr,
                "trun: error: lost the rendezvous store at %s (%s) and could not rejoin within "
