@@ -161,7 +161,7 @@ void RendezvousSession::create_handler() {
       // that are over).
       o.previous_round = info_.round;
       o.previous_rank = info_.group_rank;
-      o.node_id = info_.participants.at(info_.group_rank).node_id;
+      o.node_id = member_id_;
     }
     if (target_) {
       o.endpoint = target_->endpoint;
@@ -249,6 +249,7 @@ void RendezvousSession::form_round() {
   SignalWatch watch(cfg_.signals_to_handle, [handler] { handler->shutdown(); });
   try {
     info_ = rdzv_->next_rendezvous();
+    member_id_ = rdzv_->node_id();
     watch.stop();
     // A signal right as the round formed: the handler is shut down all the same.
     if (watch.fired()) {
@@ -350,8 +351,14 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   if (!store_stopped && rdzv::probe_store_key(probe, keys.round(), std::chrono::seconds(1))) {
     return FailoverOutcome::kNotNeeded;
   }
-  const auto plan =
-      rdzv::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
+  auto plan = rdzv::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
+  if (static_cast<int>(info_.participants.size()) < info_.group_world_size) {
+    // A large round's nodes know only its first members (docs/rendezvous.md, "Scale"): not
+    // enough to seed a store that checks the quorum.
+    plan.possible = false;
+    plan.why_not = "rounds of more than " + std::to_string(o.max_inline_members) +
+                   " nodes do not move their store";
+  }
   if (!plan.possible) {
     // The caller retries the store, or gives up at once when it stopped on purpose; its error
     // line is the one that ends the agent.

@@ -161,6 +161,7 @@ class RendezvousSession {
   std::condition_variable sampler_cv_;
   bool sampler_stop_ = false;  // under sampler_mu_
   rendezvous::RendezvousInfo info_;
+  std::string member_id_;  // this node's id in info_'s round
   Ranks ranks_;
   std::optional<rendezvous::RoundEvent> round_over_;
   bool dynamic_ = false;

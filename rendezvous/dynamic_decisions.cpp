@@ -178,12 +178,86 @@ NodeDesc decode_node(std::string_view text, int64_t ticket) {
   return n;
 }
 
-std::string encode_complete(const std::vector<NodeDesc>& members) {
-  std::string s = "complete " + std::to_string(members.size());
-  for (auto& m : members) {
-    s += "\n" + m.id + " " + m.addr + " " + std::to_string(m.ticket) + " " +
+namespace {
+
+std::string member_line(const NodeDesc& m) {
+  return m.id + " " + m.addr + " " + std::to_string(m.ticket) + " " +
          std::to_string(m.master_port) + (m.store_host ? " 1" : " 0");
+}
+
+// A member's coordinate in a partial result's rank map (rank_of).
+std::pair<char, int64_t> coordinate(const NodeDesc& m, int64_t latest) {
+  if (m.rank_hint >= 0) return {'h', m.rank_hint};
+  if (latest >= 0 && m.prev_round == latest) return {'p', m.prev_rank};
+  return {'t', m.ticket};
+}
+
+// "complete N" for a whole list; "complete N K L <runs> <exceptions>" for a partial one.
+std::string encode_header(const RoundResult& r, size_t listed) {
+  std::string s = "complete " + std::to_string(r.world_size);
+  if (static_cast<int>(listed) == r.world_size) return s;
+  s += " " + std::to_string(listed) + " " + std::to_string(r.latest);
+  for (auto& run : r.runs) {
+    s += " ";
+    s += run.cls;
+    s += std::to_string(run.first) + "=" + std::to_string(run.rank) + "+" +
+         std::to_string(run.count);
   }
+  for (auto& [ticket, rank] : r.exceptions) {
+    s += " x" + std::to_string(ticket) + "=" + std::to_string(rank);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string encode_complete(const std::vector<NodeDesc>& members, int inline_limit) {
+  const int n = static_cast<int>(members.size());
+  // Membership in a partial result is "ticket in 1..N" (the leader ranks the first N tickets);
+  // anything else is written whole.
+  bool dense = true;
+  {
+    std::vector<bool> seen(n + 1, false);
+    for (auto& m : members) {
+      if (m.ticket < 1 || m.ticket > n || seen[m.ticket]) dense = false;
+      if (dense) seen[m.ticket] = true;
+    }
+  }
+  RoundResult r;
+  r.kind = RoundResult::Kind::kComplete;
+  r.world_size = n;
+  size_t listed = static_cast<size_t>(n);
+  if (n > inline_limit && dense) {
+    listed = static_cast<size_t>(std::min(n, kListedMembers));
+    for (auto& m : members) r.latest = std::max(r.latest, m.prev_round);
+    std::map<std::pair<char, int64_t>, int> uses;
+    for (auto& m : members) ++uses[coordinate(m, r.latest)];
+    for (int rank = 0; rank < n; ++rank) {
+      const NodeDesc& m = members[rank];
+      auto c = coordinate(m, r.latest);
+      if (uses[c] > 1) {  // two members claim one coordinate: list them by ticket
+        r.exceptions.emplace_back(m.ticket, rank);
+        continue;
+      }
+      if (!r.runs.empty()) {
+        RankRun& last = r.runs.back();
+        if (last.cls == c.first && last.first + last.count == c.second &&
+            last.rank + last.count == rank) {
+          ++last.count;
+          continue;
+        }
+      }
+      r.runs.push_back({c.first, c.second, rank, 1});
+    }
+    std::sort(r.exceptions.begin(), r.exceptions.end());
+    // In the order decode_result keeps them (for its lookups), so that a result re-encodes as
+    // written.
+    std::sort(r.runs.begin(), r.runs.end(), [](const RankRun& a, const RankRun& b) {
+      return std::make_pair(a.cls, a.first) < std::make_pair(b.cls, b.first);
+    });
+  }
+  std::string s = encode_header(r, listed);
+  for (size_t i = 0; i < listed; ++i) s += "\n" + member_line(members[i]);
   return s;
 }
 
@@ -196,7 +270,11 @@ std::string encode_result(const RoundResult& r) {
     case RoundResult::Kind::kComplete:
       break;
   }
-  std::vector<NodeDesc> members;
+  RoundResult header = r;
+  if (header.world_size < static_cast<int>(r.members.size())) {
+    header.world_size = static_cast<int>(r.members.size());
+  }
+  std::string s = encode_header(header, r.members.size());
   for (size_t i = 0; i < r.members.size(); ++i) {
     NodeDesc m;
     m.id = std::string(r.members.field(i, 0));
@@ -204,9 +282,9 @@ std::string encode_result(const RoundResult& r) {
     parse_int(r.members.field(i, 2), &m.ticket);
     parse_int(r.members.field(i, 3), &m.master_port);
     m.store_host = r.members.field(i, 4) == "1";
-    members.push_back(std::move(m));
+    s += "\n" + member_line(m);
   }
-  return encode_complete(members);
+  return s;
 }
 
 std::string abort_record(const std::string& reason) { return "aborted " + one_line(reason); }
@@ -228,17 +306,53 @@ RoundResult decode_result(std::string_view text) {
   }
   if (text.rfind("complete ", 0) != 0) throw bad("unknown kind");
   size_t nl = text.find('\n');
+  if (nl == std::string_view::npos) throw bad("member count");
+  auto head = split(text.substr(0, nl), ' ');
   size_t n = 0;
-  if (nl == std::string_view::npos || !parse_int(text.substr(9, nl - 9), &n) || n == 0) {
-    throw bad("member count");
-  }
+  if (!parse_int(head[1], &n) || n == 0 || n > (1u << 30)) throw bad("member count");
+  size_t listed = n;
   r.kind = RoundResult::Kind::kComplete;
+  r.world_size = static_cast<int>(n);
+  if (head.size() > 2) {  // partial: K L <runs> <exceptions>
+    if (head.size() < 4 || !parse_int(head[2], &listed) || listed == 0 || listed >= n ||
+        !parse_int(head[3], &r.latest)) {
+      throw bad("partial header");
+    }
+    for (size_t i = 4; i < head.size(); ++i) {
+      std::string_view tok = head[i];
+      size_t eq = tok.find('=');
+      if (tok.size() < 4 || eq == std::string_view::npos) throw bad("rank map");
+      const char cls = tok[0];
+      int64_t first = 0;
+      if (!parse_int(tok.substr(1, eq - 1), &first)) throw bad("rank map");
+      std::string_view rest = tok.substr(eq + 1);
+      if (cls == 'x') {
+        int rank = 0;
+        if (!parse_int(rest, &rank) || rank < 0 || rank >= r.world_size) throw bad("rank map");
+        r.exceptions.emplace_back(first, rank);
+        continue;
+      }
+      size_t plus = rest.find('+');
+      RankRun run{cls, first, 0, 0};
+      if ((cls != 'h' && cls != 'p' && cls != 't') || plus == std::string_view::npos ||
+          !parse_int(rest.substr(0, plus), &run.rank) ||
+          !parse_int(rest.substr(plus + 1), &run.count) || run.count < 1 || run.rank < 0 ||
+          run.rank + run.count > r.world_size) {
+        throw bad("rank map");
+      }
+      r.runs.push_back(run);
+    }
+    std::sort(r.exceptions.begin(), r.exceptions.end());
+    std::sort(r.runs.begin(), r.runs.end(), [](const RankRun& a, const RankRun& b) {
+      return std::make_pair(a.cls, a.first) < std::make_pair(b.cls, b.first);
+    });
+  }
   try {
-    r.members = ParticipantList(std::make_shared<const std::string>(text), nl + 1, n);
+    r.members = ParticipantList(std::make_shared<const std::string>(text), nl + 1, listed);
   } catch (const RendezvousError&) {
     throw bad("member count");
   }
-  for (size_t i = 0; i < n; i += std::max<size_t>(1, n - 1)) {  // spot-check first and last
+  for (size_t i = 0; i < listed; i += std::max<size_t>(1, listed - 1)) {  // first and last
     int64_t ticket = 0;
     uint16_t port = 0;
     if (r.members.field(i, 1).empty() || !parse_int(r.members.field(i, 2), &ticket) ||
@@ -247,6 +361,24 @@ RoundResult decode_result(std::string_view text) {
     }
   }
   return r;
+}
+
+int rank_of(const RoundResult& r, const NodeDesc& me) {
+  if (r.kind != RoundResult::Kind::kComplete) return -1;
+  if (!r.partial()) return r.members.find(me.id);
+  if (me.ticket < 1 || me.ticket > r.world_size) return -1;
+  auto x = std::lower_bound(r.exceptions.begin(), r.exceptions.end(),
+                            std::make_pair(me.ticket, std::numeric_limits<int>::min()));
+  if (x != r.exceptions.end() && x->first == me.ticket) return x->second;
+  auto c = coordinate(me, r.latest);
+  // The last run starting at or before the coordinate.
+  auto it = std::upper_bound(r.runs.begin(), r.runs.end(), c, [](auto& v, const RankRun& run) {
+    return v < std::make_pair(run.cls, run.first);
+  });
+  if (it == r.runs.begin()) return -1;
+  --it;
+  if (it->cls != c.first || c.second >= it->first + it->count) return -1;
+  return static_cast<int>(it->rank + (c.second - it->first));
 }
 
 RoundKey parse_round_key(std::string_view text) {
@@ -516,8 +648,7 @@ std::vector<std::pair<std::string, std::string>> failover_seed(const Keys& keys,
           {keys.failover(), std::to_string(round) + " " + endpoint}};
 }
 
-JoinOutcome decide_after_result(const RoundResult& result, const std::string& my_id,
-                                int max_nodes) {
+JoinOutcome decide_after_result(const RoundResult& result, const NodeDesc& me, int max_nodes) {
   JoinOutcome o;
   switch (result.kind) {
     case RoundResult::Kind::kClosed:
@@ -528,14 +659,21 @@ JoinOutcome decide_after_result(const RoundResult& result, const std::string& my
     case RoundResult::Kind::kComplete:
       break;
   }
-  int rank = result.members.find(my_id);
+  int rank = rank_of(result, me);
   if (rank >= 0) {
     o.kind = JoinOutcome::Kind::kRanked;
     o.rank = rank;
     return o;
   }
-  o.announce_join = static_cast<int>(result.members.size()) < max_nodes;
+  o.announce_join = result.world_size < max_nodes;
   return o;
+}
+
+JoinOutcome decide_after_result(const RoundResult& result, const std::string& my_id,
+                                int max_nodes) {
+  NodeDesc me;
+  me.id = my_id;
+  return decide_after_result(result, me, max_nodes);
 }
 
 KeepAliveAction decide_keep_alive(const KeepAliveState& s, TimePoint now) {

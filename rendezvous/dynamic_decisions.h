@@ -37,6 +37,9 @@ struct Keys {
   }
   std::string result(int64_t k) const { return base + "/" + std::to_string(k) + "/result"; }
   std::string over(int64_t k) const { return base + "/" + std::to_string(k) + "/over"; }
+  // A round too large to list its members in the result (RoundResult::partial): the whole list,
+  // in the format of a small round's result, written by the leader before the result.
+  std::string members(int64_t k) const { return base + "/" + std::to_string(k) + "/members"; }
   // On a store started by a failover: "<round> <endpoint>", the last round of the lost store and
   // where this store listens (seeded before it accepts connections).
   std::string failover() const { return base + "/failover"; }
@@ -60,6 +63,21 @@ std::string encode_node(const NodeDesc& node);
 // Throws RendezvousError naming the ticket when the record is malformed.
 NodeDesc decode_node(std::string_view text, int64_t ticket);
 
+// Rounds of up to this many nodes list every member in their result; larger ones list only the
+// first kListedMembers (the store failover candidates) and carry a compact rank map instead, so
+// that the result every node reads stays small: N nodes x a whole list would be O(N^2) bytes.
+inline constexpr int kInlineMembers = 256;
+inline constexpr int kListedMembers = 8;
+
+// One run of the rank map of a partial result: the members whose coordinate (rank_of) is
+// (`cls`, `first` .. `first` + `count` - 1) have ranks `rank` .. `rank` + `count` - 1.
+struct RankRun {
+  char cls = 't';  // 'h': their --node-rank hint; 'p': their rank in round `latest`; 't': ticket
+  int64_t first = 0;
+  int64_t rank = 0;
+  int64_t count = 1;
+};
+
 // What the round's leader writes under Keys::result(k) (compare-and-set on an absent key), or what
 // ends the round without completing it.
 struct RoundResult {
@@ -67,12 +85,26 @@ struct RoundResult {
   Kind kind = Kind::kAborted;
   std::string reason;  // kAborted
   // kComplete: in group-rank order; fields: id, addr, ticket, master_port, store host ("1" for
-  // the node that hosted the store of that round, "0" or missing otherwise).
+  // the node that hosted the store of that round, "0" or missing otherwise). Every member, or for
+  // a partial result the first kListedMembers of them.
   ParticipantList members;
+  int world_size = 0;  // kComplete: the number of members
+  // A partial result (more than kInlineMembers members): how a member finds its rank (rank_of).
+  int64_t latest = -1;  // the round the 'p' coordinates refer to
+  std::vector<RankRun> runs;
+  std::vector<std::pair<int64_t, int>> exceptions;  // (ticket, rank), sorted: checked first
+  bool partial() const { return static_cast<int>(members.size()) < world_size; }
 };
-std::string encode_complete(const std::vector<NodeDesc>& members);
+// `inline_limit`: rounds larger than this are written partial (tests pass small limits).
+std::string encode_complete(const std::vector<NodeDesc>& members,
+                            int inline_limit = kInlineMembers);
 std::string encode_result(const RoundResult& result);
 RoundResult decode_result(std::string_view text);  // throws RendezvousError when malformed
+// The group rank of the node `me` (its id, ticket, hint and previous round as it published them)
+// in the complete round `result`, or -1 when it is not a member. A partial result is read through
+// its rank map: a member's coordinate is ('h', hint) when it has a hint, else ('p', prev_rank) when
+// it was in round `latest`, else ('t', ticket); the exceptions (by ticket) come first.
+int rank_of(const RoundResult& result, const NodeDesc& me);
 // What the lease fires into Keys::result(k) when a node dies before the round completes.
 std::string abort_record(const std::string& reason);
 
@@ -165,6 +197,8 @@ struct JoinOutcome {
   // kNextRound after a completed round with room: tell its members that a node waits.
   bool announce_join = false;
 };
+JoinOutcome decide_after_result(const RoundResult& result, const NodeDesc& me, int max_nodes);
+// The same for a node known by its id alone (a result that lists every member).
 JoinOutcome decide_after_result(const RoundResult& result, const std::string& my_id, int max_nodes);
 
 // --- quorum and store failover (c10d, docs/rendezvous.md) -------------------------------------

@@ -6,6 +6,7 @@
 
 #include "rendezvous/c10d/backend.h"
 #include "rendezvous/etcd/backend.h"
+#include "rendezvous/round_leader.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/prefix_store.h"
 
@@ -101,6 +102,7 @@ class DynamicRendezvous : public RoundRendezvous {
       me.rank_hint = options_.node_rank;
       me.prev_round = last_round;
       me.prev_rank = last_rank;
+      me.ticket = ticket;
       me.master_port = pick_free_port();
       arm_node_lease(j, keys_.node(j, ticket), encode_node(me), keys_.result(j),
                      abort_record("node " + me.id + " left before the round completed"));
@@ -117,13 +119,13 @@ class DynamicRendezvous : public RoundRendezvous {
         }
       }
 
-      if (ticket == 1) lead(j, deadline);
+      if (ticket == 1) leader_.lead(j, deadline);
 
       auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
       auto text = backend_->wait_get(keys_.result(j), std::max(left, Duration(0)));
       if (!text) throw timeout_error(j);
       RoundResult result = decode_result(*text);
-      JoinOutcome outcome = decide_after_result(result, me.id, options_.max_nodes);
+      JoinOutcome outcome = decide_after_result(result, me, options_.max_nodes);
       switch (outcome.kind) {
         case JoinOutcome::Kind::kClosed:
           throw closed_error();
@@ -152,9 +154,9 @@ class DynamicRendezvous : public RoundRendezvous {
   }
   RendezvousTimeoutError timeout_error(int64_t round) const {
     std::string why = " with at least " + std::to_string(options_.min_nodes) + " node(s)";
-    if (!held_.ok) {
-      why = ": no majority of the previous round's nodes (" + std::to_string(held_.present) +
-            " of " + std::to_string(held_.electorate) + " here, " + std::to_string(held_.needed) +
+    if (const QuorumCheck& held = leader_.held(); !held.ok) {
+      why = ": no majority of the previous round's nodes (" + std::to_string(held.present) +
+            " of " + std::to_string(held.electorate) + " here, " + std::to_string(held.needed) +
             " needed): this side of a partition, or the survivors of an unplanned loss of more "
             "than half the nodes, does not form a group (docs/rendezvous.md)";
     }
@@ -167,7 +169,7 @@ class DynamicRendezvous : public RoundRendezvous {
     RendezvousInfo info;
     info.round = round;
     info.group_rank = rank;
-    info.group_world_size = static_cast<int>(result.members.size());
+    info.group_world_size = result.world_size;
     info.participants = result.members;
     info.key_prefix = round_store_prefix(options_.run_id, round);
     info.run_store = backend_->agent_store();
@@ -178,167 +180,8 @@ class DynamicRendezvous : public RoundRendezvous {
     return info;
   }
 
-  // The leader (ticket 1) of round j decides when it completes and writes the result. Returns
-  // when the result exists (written here or by someone else: an abort, a close) or on timeout;
-  // the caller then reads the result like every other node.
-  void lead(int64_t j, TimePoint deadline) {
-    held_ = {};
-    const Duration slice =
-        std::min<Duration>(options_.keep_alive_interval, std::chrono::seconds(1));
-    LeaderState s;
-    s.min_nodes = options_.min_nodes;
-    s.max_nodes = options_.max_nodes;
-    s.last_call = options_.last_call_timeout;
-    s.join_deadline = deadline;
-
-    // The last completed round before j, whose members may still be running.
-    int64_t prev = -1;
-    RoundResult prev_result;
-    for (int64_t i = j - 1; i >= 0 && i >= j - kMaxAbortedRounds; --i) {
-      auto v = backend_->try_get(keys_.result(i));
-      if (!v) break;
-      prev_result = decode_result(*v);
-      if (prev_result.kind == RoundResult::Kind::kClosed) {
-        backend_->compare_set(keys_.result(j), "", encode_result(prev_result));
-        return;
-      }
-      if (prev_result.kind == RoundResult::Kind::kComplete) {
-        prev = i;
-        break;
-      }
-    }
-    // Ids holding tickets in round j when the previous round ended: nodes that waited while the
-    // group was full count as expected too (read once, one request).
-    std::vector<std::string> waiting;
-    std::vector<OverRecord> prev_over;
-    auto refresh_previous = [&](const std::optional<std::string>& over) {
-      if (!over) return;
-      prev_over = parse_over(*over);
-      if (s.previous_running) {
-        s.previous_running = false;
-        int n = static_cast<int>(backend_->add(keys_.ticket(j), 0));
-        std::vector<std::string> node_keys;
-        for (int t = 1; t <= n; ++t) node_keys.push_back(keys_.node(j, t));
-        try {
-          auto values = backend_->multi_get(node_keys, descriptor_wait());
-          for (int t = 1; t <= n; ++t) waiting.push_back(decode_node(values[t - 1], t).id);
-        } catch (const StoreTimeoutError&) {
-          // A ticket without a descriptor: its node died; the result will say so.
-        }
-        observe_joined(&s, n, Clock::now());
-      }
-      s.expected = expected_after(prev_result, prev_over, waiting);
-    };
-    if (prev >= 0) {
-      s.previous_running = true;
-      refresh_previous(backend_->try_get(keys_.over(prev)));
-    }
-    observe_joined(&s, static_cast<int>(backend_->add(keys_.ticket(j), 0)), Clock::now());
-    // The waiting line, at a steady pace while the leader waits for joins (not while a full
-    // group still runs: then nobody is missing).
-    const Duration progress = options_.progress_interval;
-    TimePoint next_progress = Clock::now() + progress;
-
-    for (;;) {
-      auto now = Clock::now();
-      LeaderAction a = decide_leader(s, now);
-      if (progress.count() > 0 && now >= next_progress) {
-        next_progress = now + progress;
-        if (a.kind == LeaderAction::Kind::kWaitForJoins && s.hold_at > 0) {
-          spdlog::warn("{}: {}", error_prefix(), quorum_line(j, prev));
-        } else if (a.kind == LeaderAction::Kind::kWaitForJoins) {
-          std::optional<TimePoint> last_call_ends;
-          if (s.min_reached_at) last_call_ends = *s.min_reached_at + s.last_call;
-          spdlog::warn("{}: {}", error_prefix(),
-                       waiting_line(j, s.joined, s.min_nodes, s.max_nodes, last_call_ends,
-                                    s.join_deadline, now));
-        }
-      }
-      if (a.kind == LeaderAction::Kind::kTimeout) return;
-      if (a.kind == LeaderAction::Kind::kComplete) {
-        const Quorum quorum{prev, &prev_result, &prev_over};
-        if (complete(j, a.target, quorum_applies() && prev >= 0 ? &quorum : nullptr)) return;
-        // Too few of the previous round's members: wait for more of them (or the deadline).
-        s.hold_at = a.target;
-        spdlog::warn("{}: {}", error_prefix(), quorum_line(j, prev));
-        continue;
-      }
-      TimePoint wake = std::min(a.until, now + slice);
-      if (progress.count() > 0) wake = std::min(wake, next_progress);
-      auto wait = std::chrono::duration_cast<Duration>(wake - now);
-      wait = std::max(wait, Duration(1));
-      bool progressed;
-      if (a.kind == LeaderAction::Kind::kWaitPreviousOver) {
-        auto over = backend_->wait_get(keys_.over(prev), wait);
-        progressed = over.has_value();
-        refresh_previous(over);
-      } else {
-        progressed = backend_->wait_get(keys_.node(j, a.target), wait).has_value();
-        observe_joined(&s, static_cast<int>(backend_->add(keys_.ticket(j), 0)), Clock::now());
-        if (!progressed && prev >= 0) {
-          // Expected members that died before rejoining show up as "left" in the old over key.
-          refresh_previous(backend_->try_get(keys_.over(prev)));
-        }
-      }
-      // Someone else may have ended this round (a joiner's lease fired, the job was closed).
-      if (!progressed && backend_->try_get(keys_.result(j))) return;
-    }
-  }
-
-  // How long a ticket may stay without its descriptor: a live node publishes right after taking
-  // its ticket; one that died in between never will (and has no lease to report it).
-  Duration descriptor_wait() const {
-    return std::min(options_.read_timeout,
-                    lease_ttl(options_.keep_alive_interval, options_.keep_alive_max_attempt));
-  }
-
-  // The previous completed round, for the quorum (check_quorum).
-  struct Quorum {
-    int64_t round;
-    const RoundResult* result;
-    const std::vector<OverRecord>* over;
-  };
-  // The quorum rule guards against two groups after a store failover (c10d only: etcd is no
-  // single point of failure).
-  bool quorum_applies() const { return options_.failover && backend_->name() == "c10d"; }
-  std::string quorum_line(int64_t j, int64_t prev) const {
-    return "round " + std::to_string(j) + " waits for a majority of round " + std::to_string(prev) +
-           "'s nodes: " + std::to_string(held_.present) + " of " +
-           std::to_string(held_.electorate) + " here, " + std::to_string(held_.needed) +
-           " needed (a smaller side of a partition never forms a group; docs/rendezvous.md)";
-  }
-
-  // Writes the result with the first `count` tickets; false (nothing written) when `quorum` is
-  // given and they do not hold it.
-  bool complete(int64_t j, int count, const Quorum* quorum) {
-    std::vector<std::string> keys;
-    keys.reserve(count);
-    for (int t = 1; t <= count; ++t) keys.push_back(keys_.node(j, t));
-    std::vector<std::string> values;
-    try {
-      values = backend_->multi_get(keys, descriptor_wait());
-    } catch (const StoreTimeoutError&) {
-      // A node took a ticket and died before publishing (its lease never armed).
-      backend_->compare_set(keys_.result(j), "",
-                            abort_record("a node took a ticket but never published itself"));
-      return true;
-    }
-    std::vector<NodeDesc> joined;
-    joined.reserve(count);
-    for (int t = 1; t <= count; ++t) joined.push_back(decode_node(values[t - 1], t));
-    if (quorum) {
-      held_ = check_quorum(*quorum->result, quorum->round, *quorum->over, joined);
-      if (!held_.ok) return false;
-    }
-    std::string record = encode_complete(assign_ranks(std::move(joined), options_.max_nodes));
-    if (backend_->compare_set(keys_.result(j), "", record) == record) {
-      backend_->compare_set(keys_.round(), std::to_string(j), std::to_string(j + 1));
-    }
-    return true;
-  }
-
   Keys keys_;
-  QuorumCheck held_;  // the leader's last quorum check that failed (for its messages)
+  RoundLeader leader_{*backend_, keys_, options_, error_prefix()};
 };
 
 void validate_dynamic_options(const RendezvousOptions& o, const char* backend) {

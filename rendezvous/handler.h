@@ -104,7 +104,9 @@ struct RendezvousInfo {
   int64_t round = 0;  // increases with every completed round (not every attempt)
   int group_rank = 0;
   int group_world_size = 1;
-  ParticipantList participants;  // index = group rank
+  // Index = group rank. Every member, except in a round of more than
+  // RendezvousOptions::max_inline_members nodes: then the first 8 only (size() < group_world_size).
+  ParticipantList participants;
   // The job's store, namespaced for this round (`key_prefix`): what the agent may use for its own
   // keys in this round (e.g. an exit barrier). Owned jointly; valid until shutdown().
   std::shared_ptr<Store> store;
@@ -240,6 +242,10 @@ struct RendezvousOptions {
   // leaves two groups. false: neither (a lost store ends the job, as in torchrun). Ignored by etcd
   // and static.
   bool failover = true;
+  // Rounds of more than this many nodes list only a few members in the result every node reads
+  // (RendezvousInfo::participants then holds the first 8; docs/rendezvous.md, "Scale"). Tests
+  // lower it to reach that path with a few nodes.
+  int max_inline_members = 256;
   // The last round this node completed under an earlier handler (a rejoin after a lost store or
   // membership) and its group rank there: the first join reports them, so that the node counts as
   // a member of that round (quorum, rank order). -1: none.

@@ -22,7 +22,10 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using wire::Op;
 
-constexpr size_t kReadChunk = 64 * 1024;
+constexpr size_t kReadChunk =
+    64 * 1024;  // one read; the buffer is the server's, not per connection
+// Connections taken per wake-up of the listening socket (a crowd connecting at once).
+constexpr int kAcceptBurst = 256;
 // While a connection is blocked in a wait it keeps reading (to see CANCEL_WAIT and disconnects),
 // but stops once this much unprocessed input has piled up.
 constexpr size_t kMaxBufferedWhileBlocked = 1 << 20;
@@ -46,7 +49,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
  private:
   friend class ServerImpl;
   void read();
-  void on_read(const boost::system::error_code& ec, size_t n);
+  void on_read(boost::system::error_code ec);
   // Decodes and executes buffered requests until one blocks or the buffer runs dry.
   void process();
   // Executes one request. Returns false when it blocked (the connection now waits for keys) or
@@ -65,7 +68,6 @@ class Connection : public std::enable_shared_from_this<Connection> {
   tcp::socket socket_;
   uint64_t id_;
   std::string peer_;
-  std::array<char, kReadChunk> chunk_;
   std::string in_;
   std::string out_;
   std::string writing_;
@@ -110,6 +112,7 @@ class ServerImpl : public StoreServer {
     }
     if (!ec) acceptor_.bind(endpoint, ec);
     if (!ec) acceptor_.listen(options_.backlog, ec);
+    if (!ec) acceptor_.non_blocking(true, ec);  // the accept burst must not block
     if (ec) {
       throw StoreError("store server: cannot listen on " + options_.host + ":" +
                        std::to_string(options_.port) + ": " + ec.message());
@@ -163,6 +166,10 @@ class ServerImpl : public StoreServer {
     }
   }
 
+  // Where every connection reads into (one read at a time: the event loop is one thread). A
+  // connection keeps only what it has not processed yet, so an idle one costs no buffer.
+  std::array<char, kReadChunk>& read_buffer() { return read_buffer_; }
+
  private:
   // Resumes a connection whose parked request's keys all exist (called from inside kv_).
   void wake(KvState::Waiter id) {
@@ -212,12 +219,24 @@ class ServerImpl : public StoreServer {
         accept_failures_ = 0;
         accept_backoff_ = kMinAcceptBackoff;
       }
-      auto conn = std::make_shared<Connection>(this, std::move(socket), next_conn_id_++);
-      connections_.emplace(conn->id(), conn);
-      num_connections_.fetch_add(1);
-      conn->start();
+      adopt(std::move(socket));
+      // More may be waiting in the backlog: take them without a round trip through the loop.
+      for (int i = 1; i < kAcceptBurst; ++i) {
+        boost::system::error_code more;
+        tcp::socket next(io_);
+        acceptor_.accept(next, more);
+        if (more) break;
+        adopt(std::move(next));
+      }
       accept();
     });
+  }
+
+  void adopt(tcp::socket socket) {
+    auto conn = std::make_shared<Connection>(this, std::move(socket), next_conn_id_++);
+    connections_.emplace(conn->id(), conn);
+    num_connections_.fetch_add(1);
+    conn->start();
   }
 
   static void raise_fd_limit() {
@@ -243,6 +262,7 @@ class ServerImpl : public StoreServer {
   uint64_t accept_failures_ = 0;                                  // in a row
   LogLimiter accept_log_{std::chrono::seconds(5)};
   LogLimiter client_log_{std::chrono::seconds(5), 10};
+  std::array<char, kReadChunk> read_buffer_;
   uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
   std::thread thread_;
@@ -257,6 +277,7 @@ Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
   socket_.set_option(asio::socket_base::keep_alive(true), ec);
+  socket_.non_blocking(true, ec);  // reads are attempted when the socket is readable
   auto ep = socket_.remote_endpoint(ec);
   peer_ =
       ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
@@ -272,14 +293,24 @@ void Connection::read() {
   if (out_.size() + writing_.size() > server_->options().max_pending_output) return;
   if (in_.size() > kMaxBufferedWhileBlocked && blocked()) return;
   reading_ = true;
-  socket_.async_read_some(asio::buffer(chunk_),
-                          [self = shared_from_this()](const boost::system::error_code& ec,
-                                                      size_t n) { self->on_read(ec, n); });
+  socket_.async_wait(
+      tcp::socket::wait_read,
+      [self = shared_from_this()](const boost::system::error_code& ec) { self->on_read(ec); });
 }
 
-void Connection::on_read(const boost::system::error_code& ec, size_t n) {
+void Connection::on_read(boost::system::error_code ec) {
   reading_ = false;
   if (closed_) return;
+  size_t n = 0;
+  if (!ec) {
+    auto& buffer = server_->read_buffer();
+    n = socket_.read_some(asio::buffer(buffer), ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      read();  // a spurious wake-up
+      return;
+    }
+    if (!ec) in_.append(buffer.data(), n);
+  }
   if (ec) {
     if (ec == asio::error::eof || ec == asio::error::connection_reset) {
       close("");
@@ -288,7 +319,6 @@ void Connection::on_read(const boost::system::error_code& ec, size_t n) {
     }
     return;
   }
-  in_.append(chunk_.data(), n);
   process();
   read();
 }
@@ -388,6 +418,13 @@ bool Connection::execute(wire::Request& r) {
       arm_lease_timer();
       enc.u8(1);
       return true;
+    case Op::kLeaseFire: {
+      Lease once;
+      once.arm(std::move(r), server_->kv());
+      once.fire(server_->kv());
+      enc.u8(1);
+      return true;
+    }
     case Op::kLeaseRenew:
       if (r.number < 0) {
         close("LEASE_RENEW with a negative ttl");

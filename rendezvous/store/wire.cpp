@@ -42,6 +42,7 @@ constexpr QueryEntry kV2Queries[] = {
     {kExtBase + 4, Op::kLeaseArm},
     {kExtBase + 5, Op::kLeaseRenew},
     {kExtBase + 6, Op::kLeaseRelease},
+    {kExtBase + 7, Op::kLeaseFire},
 };
 
 template <size_t N>
@@ -184,7 +185,8 @@ void DecodeBody(Op op, Cursor& c, Request* r) {
       }
       return;
     }
-    case Op::kLeaseArm: {
+    case Op::kLeaseArm:
+    case Op::kLeaseFire: {
       r->keys.resize(3);
       r->values.resize(3);
       int64_t ttl = 0;
@@ -313,6 +315,8 @@ const char* op_name(Op op) {
       return "LEASE_RENEW";
     case Op::kLeaseRelease:
       return "LEASE_RELEASE";
+    case Op::kLeaseFire:
+      return "LEASE_FIRE";
   }
   return "?";
 }

@@ -54,6 +54,9 @@ enum class Op : uint8_t {
   kLeaseArm,      // keys: set, a, b; values: set, a, b; number: ttl ms. Answers u8 1.
   kLeaseRenew,    // number: new ttl ms (0 keeps it). Answers u8 1, or 0 when no lease is armed.
   kLeaseRelease,  // disarms without firing. Answers u8 1, or 0 when no lease was armed.
+  // A lease's notification now, for a connection that is not the agent's own (a relay's agent
+  // went away): as LEASE_ARM followed by its firing. Answers u8 1.
+  kLeaseFire,
 };
 
 inline constexpr uint32_t kValidationMagic = 0x3C85F7CE;

@@ -2,8 +2,12 @@
 // no sockets.
 #include "rendezvous/dynamic_decisions.h"
 
+#include <algorithm>
+#include <array>
 #include <catch2/catch.hpp>
 #include <map>
+#include <numeric>
+#include <random>
 
 using namespace trun::rendezvous;
 using namespace trun::rendezvous::dynamic;
@@ -390,4 +394,380 @@ TEST_CASE("failover: the new store starts where the lost one stopped", "[decisio
   CHECK(expected_after(copy, over) == 2);
   CHECK(check_quorum(copy, 4, over, {node("b", 1, 4, 1, true), node("c", 2, 4, 2)}).ok);
   CHECK_FALSE(check_quorum(copy, 4, over, {node("b", 1, 4, 1, true)}).ok);
+}
+
+// --- large rounds: partial results (a few members and a rank map) ---------------------------
+
+namespace {
+
+std::string header_line(const std::string& record) { return record.substr(0, record.find('\n')); }
+
+// A round of random make-up: tickets 1..n (+ `extra` beyond max_nodes), with a random mix of no
+// hints, valid, conflicting and out-of-range hints, nodes of the latest and of older rounds (old
+// ranks with holes: nodes that left), duplicate claims of one old rank, and maybe a store host.
+struct RandomRound {
+  std::vector<NodeDesc> joined;
+  int max_nodes = 0;
+  std::string what;  // the mix, for failure messages
+};
+
+RandomRound random_round(std::mt19937& rng, int n) {
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  auto coin = [&](double p) { return std::uniform_real_distribution<double>(0, 1)(rng) < p; };
+  const double p_hint = std::array<double, 5>{0.0, 0.0, 0.05, 0.5, 1.0}[pick(0, 4)];
+  const double p_prev = std::array<double, 4>{0.0, 0.5, 0.9, 1.0}[pick(0, 3)];
+  const bool conflicting = coin(0.4);   // hints from a narrow range: many claim one rank
+  const bool out_of_range = coin(0.4);  // some hints beyond the world
+  const bool dup_prev = coin(0.3);      // some nodes claim an old rank another node claims
+  const bool older = coin(0.3);         // some nodes come from an older round than the latest
+  const int64_t latest = pick(0, 5);
+  const int extra = coin(0.3) ? pick(1, 5) : 0;
+  const int total = n + extra;
+  const int host = coin(0.5) ? pick(1, total) : 0;  // the store host's ticket, 0: none
+  std::vector<int> old_ranks(total + pick(0, n / 4 + 1));
+  std::iota(old_ranks.begin(), old_ranks.end(), 0);
+  std::shuffle(old_ranks.begin(), old_ranks.end(), rng);
+  std::vector<int> hints(total);
+  std::iota(hints.begin(), hints.end(), 0);
+  std::shuffle(hints.begin(), hints.end(), rng);
+
+  RandomRound r;
+  r.max_nodes = extra > 0 ? n : n + pick(0, 3);
+  r.what = "n=" + std::to_string(n) + " extra=" + std::to_string(extra) +
+           " max=" + std::to_string(r.max_nodes) + " p_hint=" + std::to_string(p_hint) +
+           " p_prev=" + std::to_string(p_prev) + " conflicting=" + std::to_string(conflicting) +
+           " out_of_range=" + std::to_string(out_of_range) +
+           " dup_prev=" + std::to_string(dup_prev) + " older=" + std::to_string(older) +
+           " latest=" + std::to_string(latest) + " host=" + std::to_string(host);
+  for (int t = 1; t <= total; ++t) {
+    NodeDesc d = node("n" + std::to_string(t), t);
+    d.store_host = t == host;
+    if (coin(p_prev)) {
+      d.prev_round =
+          older && latest > 0 && coin(0.2) ? pick(0, static_cast<int>(latest) - 1) : latest;
+      d.prev_rank = old_ranks[t - 1];
+      if (dup_prev && t > 1 && coin(0.1)) d.prev_rank = old_ranks[pick(0, t - 2)];
+    }
+    if (coin(p_hint)) {
+      if (out_of_range && coin(0.2)) {
+        d.rank_hint = total + pick(0, 100);
+      } else if (conflicting) {
+        d.rank_hint = pick(0, std::max(1, n / 10));
+      } else {
+        d.rank_hint = hints[t - 1];
+      }
+    }
+    r.joined.push_back(d);
+  }
+  std::shuffle(r.joined.begin(), r.joined.end(), rng);  // arrival order is in the tickets only
+  return r;
+}
+
+bool is_exception(const RoundResult& r, int64_t ticket) {
+  for (auto& [t, rank] : r.exceptions) {
+    if (t == ticket) return true;
+  }
+  return false;
+}
+
+// Every member of `ranked` (in rank order) finds its own rank in `result`, through rank_of and
+// decide_after_result. Returns the first few mismatches.
+std::vector<std::string> rank_mismatches(const RoundResult& result,
+                                         const std::vector<NodeDesc>& ranked, int max_nodes) {
+  std::vector<std::string> bad;
+  for (size_t i = 0; i < ranked.size() && bad.size() < 5; ++i) {
+    const NodeDesc& m = ranked[i];
+    const int got = rank_of(result, m);
+    const JoinOutcome o = decide_after_result(result, m, max_nodes);
+    if (got != static_cast<int>(i) || o.kind != JoinOutcome::Kind::kRanked ||
+        o.rank != static_cast<int>(i)) {
+      bad.push_back(m.id + " (ticket " + std::to_string(m.ticket) + " hint " +
+                    std::to_string(m.rank_hint) + " prev " + std::to_string(m.prev_round) + "/" +
+                    std::to_string(m.prev_rank) + " host " + std::to_string(m.store_host) +
+                    "): expected rank " + std::to_string(i) + ", rank_of " + std::to_string(got) +
+                    ", decide_after_result rank " + std::to_string(o.rank));
+    }
+  }
+  return bad;
+}
+
+}  // namespace
+
+TEST_CASE("partial results: every member of a random large round finds its rank, others none",
+          "[decisions][partial]") {
+  for (uint32_t seed = 1; seed <= 300; ++seed) {
+    std::mt19937 rng(seed);
+    const int n = std::uniform_int_distribution<int>(9, 700)(rng);
+    const int limit = seed % 2 ? 4 : 8;
+    RandomRound round = random_round(rng, n);
+    INFO("seed " << seed << ": " << round.what << " inline_limit=" << limit);
+    const std::vector<NodeDesc> ranked = assign_ranks(round.joined, round.max_nodes);
+    REQUIRE(ranked.size() == static_cast<size_t>(n));
+    const std::string text = encode_complete(ranked, limit);
+    INFO("header: " << header_line(text).substr(0, 300));
+    const RoundResult r = decode_result(text);
+    REQUIRE(r.kind == RoundResult::Kind::kComplete);
+    CHECK(r.world_size == n);
+    CHECK(r.partial());
+    REQUIRE(r.members.size() == static_cast<size_t>(kListedMembers));
+    for (int i = 0; i < kListedMembers; ++i) CHECK(r.members.field(i, 0) == ranked[i].id);
+    auto bad = rank_mismatches(r, ranked, round.max_nodes);
+    INFO("mismatches: " << bad.size() << (bad.empty() ? "" : ", first: " + bad[0]));
+    CHECK(bad.empty());
+
+    // Not members: tickets outside 1..n (the extra joiners beyond max_nodes among them), and a
+    // member's ticket with a coordinate nobody has.
+    NodeDesc outside = ranked[0];
+    outside.ticket = 0;
+    CHECK(rank_of(r, outside) == -1);
+    outside.ticket = n + 1;
+    CHECK(rank_of(r, outside) == -1);
+    auto o = decide_after_result(r, outside, round.max_nodes);
+    CHECK(o.kind == JoinOutcome::Kind::kNextRound);
+    CHECK(o.announce_join == (n < round.max_nodes));
+    for (auto& j : round.joined) {
+      if (j.ticket > n) CHECK(rank_of(r, j) == -1);
+    }
+    for (auto& m : ranked) {
+      if (is_exception(r, m.ticket)) continue;
+      NodeDesc unknown = m;
+      unknown.rank_hint = 1 << 29;  // ('h', 2^29): no member has that hint
+      CHECK(rank_of(r, unknown) == -1);
+      unknown.rank_hint = -1;
+      unknown.prev_round = r.latest;
+      unknown.prev_rank = 1 << 29;  // ('p', 2^29) when latest >= 0, else ('t', its ticket)
+      if (r.latest >= 0) CHECK(rank_of(r, unknown) == -1);
+      break;
+    }
+
+    // Written again, it reads the same (encode_result == text: the next test case).
+    const std::string rewritten = encode_result(r);
+    const RoundResult again = decode_result(rewritten);
+    CHECK(again.world_size == n);
+    CHECK(again.latest == r.latest);
+    CHECK(again.members.size() == r.members.size());
+    CHECK(encode_result(again) == rewritten);
+    CHECK(rank_mismatches(again, ranked, round.max_nodes).empty());
+  }
+}
+
+TEST_CASE("partial results: encode_result gives back the text a partial result was read from",
+          "[decisions][partial]") {
+  auto first_round = [](int n, int host) {
+    std::vector<NodeDesc> joined;
+    for (int t = 1; t <= n; ++t) {
+      joined.push_back(node("n" + std::to_string(t), t, -1, -1, t == host));
+    }
+    return assign_ranks(joined, n);
+  };
+  SECTION("one run") {
+    const std::string x = encode_complete(first_round(20, 0), 4);
+    CHECK(header_line(x) == "complete 20 8 -1 t1=0+20");
+    CHECK(encode_result(decode_result(x)) == x);
+  }
+  SECTION("runs out of rank order: the store host at ticket 5") {
+    const std::string x = encode_complete(first_round(20, 5), 4);
+    // Written in coordinate order (the order decode_result looks them up in).
+    CHECK(header_line(x) == "complete 20 8 -1 t1=1+4 t5=0+1 t6=5+15");
+    CHECK(encode_result(decode_result(x)) == x);
+  }
+  SECTION("hints, survivors, newcomers and exceptions") {
+    std::vector<NodeDesc> joined;
+    for (int t = 1; t <= 30; ++t) {
+      // tickets 1-3 claim old rank 0 (exceptions), 4-20 survivors, 21-25 newcomers, 26-30 hinted
+      joined.push_back(node("n" + std::to_string(t), t, t <= 20 ? 6 : -1, t <= 3 ? 0 : 40 - t,
+                            false, t > 25 ? t - 26 : -1));
+    }
+    const std::string x = encode_complete(assign_ranks(joined, 30), 8);
+    INFO(header_line(x));
+    CHECK(encode_result(decode_result(x)) == x);
+  }
+}
+
+TEST_CASE("partial results: a first round without hints is at most 3 runs and no exceptions",
+          "[decisions][partial]") {
+  for (int n : {9, 1000, 100000}) {
+    for (int host : {0, 1, 2, n / 2, n}) {  // the store host's ticket, 0: none
+      INFO("n " << n << ", store host at ticket " << host);
+      std::vector<NodeDesc> joined;
+      for (int t = 1; t <= n; ++t)
+        joined.push_back(node("n" + std::to_string(t), t, -1, -1, t == host));
+      auto ranked = assign_ranks(joined, n);
+      const std::string text = encode_complete(ranked, 8);
+      INFO("header: " << header_line(text));
+      auto r = decode_result(text);
+      REQUIRE(r.partial());
+      CHECK(r.runs.size() <= 3);
+      CHECK(r.exceptions.empty());
+      CHECK(header_line(text).size() < 200);
+      CHECK(rank_mismatches(r, ranked, n).empty());
+    }
+  }
+}
+
+TEST_CASE("partial results: the round after one node left is 2 or 3 runs", "[decisions][partial]") {
+  std::mt19937 rng(7);
+  for (int n : {1000, 100000}) {
+    for (int gone : {0, 1, n / 3, n - 1}) {  // the old rank of the node that left
+      for (bool host : {false, true}) {      // old rank 0 hosts the store
+        INFO("n " << n << ", old rank " << gone << " left, host " << host);
+        std::vector<int> order;  // arrival order of the survivors: random
+        for (int old = 0; old < n; ++old) {
+          if (old != gone) order.push_back(old);
+        }
+        std::shuffle(order.begin(), order.end(), rng);
+        std::vector<NodeDesc> joined;
+        for (size_t i = 0; i < order.size(); ++i) {
+          const int old = order[i];
+          joined.push_back(node("n" + std::to_string(old), static_cast<int64_t>(i) + 1, 41, old,
+                                host && old == 0));
+        }
+        auto ranked = assign_ranks(joined, n);
+        REQUIRE(ranked.size() == static_cast<size_t>(n - 1));
+        const std::string text = encode_complete(ranked, kInlineMembers);
+        INFO("header: " << header_line(text));
+        auto r = decode_result(text);
+        REQUIRE(r.partial());
+        CHECK(r.latest == 41);
+        CHECK(r.runs.size() <= 3);
+        CHECK(r.exceptions.empty());
+        CHECK(header_line(text).size() < 200);
+        CHECK(rank_mismatches(r, ranked, n).empty());
+        // The survivors keep their relative order.
+        for (size_t i = 1; i < ranked.size(); ++i) {
+          if (ranked[i - 1].prev_rank > ranked[i].prev_rank) FAIL_CHECK("order changed at " << i);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("partial results: a round hinted 0..N-1 is one run", "[decisions][partial]") {
+  std::mt19937 rng(11);
+  for (int n : {9, 1000, 100000}) {
+    INFO("n " << n);
+    std::vector<int> hints(n);
+    std::iota(hints.begin(), hints.end(), 0);
+    std::shuffle(hints.begin(), hints.end(), rng);
+    std::vector<NodeDesc> joined;
+    for (int t = 1; t <= n; ++t) {
+      // The store host hints 0 (as a host given --node-rank=0 does).
+      const int hint = hints[t - 1];
+      joined.push_back(node("n" + std::to_string(t), t, 3, t - 1, hint == 0, hint));
+    }
+    auto ranked = assign_ranks(joined, n);
+    const std::string text = encode_complete(ranked, 8);
+    INFO("header: " << header_line(text));
+    auto r = decode_result(text);
+    REQUIRE(r.partial());
+    REQUIRE(r.runs.size() == 1);
+    CHECK(r.runs[0].cls == 'h');
+    CHECK(r.runs[0].first == 0);
+    CHECK(r.runs[0].rank == 0);
+    CHECK(r.runs[0].count == n);
+    CHECK(r.exceptions.empty());
+    CHECK(header_line(text).size() < 100);
+    CHECK(rank_mismatches(r, ranked, n).empty());
+  }
+}
+
+TEST_CASE("partial results: rounds up to the inline limit (or 8) keep the whole list",
+          "[decisions][partial]") {
+  std::mt19937 rng(3);
+  for (auto [n, limit] :
+       {std::pair{4, 4}, {8, 4}, {6, 5}, {9, 9}, {20, 20}, {256, kInlineMembers}}) {
+    INFO("n " << n << ", inline_limit " << limit);
+    std::vector<NodeDesc> joined;
+    for (int t = 1; t <= n; ++t) {
+      joined.push_back(node("n" + std::to_string(t), t, t % 2 ? 2 : -1, n - t, t == 2));
+    }
+    std::shuffle(joined.begin(), joined.end(), rng);
+    auto ranked = assign_ranks(joined, n);
+    const std::string text = encode_complete(ranked, limit);
+    CHECK(header_line(text) == "complete " + std::to_string(n));
+    auto r = decode_result(text);
+    CHECK_FALSE(r.partial());
+    CHECK(r.world_size == n);
+    REQUIRE(r.members.size() == static_cast<size_t>(n));
+    CHECK(r.runs.empty());
+    CHECK(r.exceptions.empty());
+    for (int i = 0; i < n; ++i) {
+      NodeDesc by_id;  // a whole list is read by id alone
+      by_id.id = ranked[i].id;
+      CHECK(rank_of(r, by_id) == i);
+      CHECK(decide_after_result(r, ranked[i].id, n).rank == i);
+    }
+    NodeDesc stranger;
+    stranger.id = "stranger";
+    stranger.ticket = 1;
+    CHECK(rank_of(r, stranger) == -1);
+    CHECK(encode_result(r) == text);
+  }
+  // The default limit: 257 members are partial.
+  std::vector<NodeDesc> joined;
+  for (int t = 1; t <= kInlineMembers + 1; ++t) joined.push_back(node("n" + std::to_string(t), t));
+  CHECK(decode_result(encode_complete(assign_ranks(joined, 1000))).partial());
+}
+
+TEST_CASE("partial results: malformed headers are rejected", "[decisions][partial]") {
+  std::vector<NodeDesc> joined;
+  for (int t = 1; t <= 20; ++t) joined.push_back(node("n" + std::to_string(t), t));
+  const std::string good = encode_complete(assign_ranks(joined, 20), 4);
+  REQUIRE(header_line(good) == "complete 20 8 -1 t1=0+20");
+  const std::string lines = good.substr(good.find('\n'));  // "\n" + the 8 member lines
+  CHECK(decode_result("complete 20 8 -1 t1=0+20" + lines).partial());
+  CHECK(decode_result("complete 20 8 4 h3=0+1 p0=1+9 t1=10+10 x5=19" + lines).partial());
+  for (const char* header : {
+           // a bad run token
+           "complete 20 8 -1 q1=0+20",
+           "complete 20 8 -1 t1=0",
+           "complete 20 8 -1 t1=0+0",
+           "complete 20 8 -1 t1=0+-1",
+           "complete 20 8 -1 t=0+20",
+           "complete 20 8 -1 ta=0+20",
+           "complete 20 8 -1 t1=0+20x",
+           "complete 20 8 -1 t1+0=20",
+           "complete 20 8 -1 t1",
+           "complete 20 8 -1 x1",
+           "complete 20 8 -1 x1=a",
+           "complete 20 8 -1 t1=0+20 ",
+           // a rank out of range
+           "complete 20 8 -1 t1=5+16",
+           "complete 20 8 -1 t1=-1+20",
+           "complete 20 8 -1 t1=20+1",
+           "complete 20 8 -1 t1=0+20 x3=20",
+           "complete 20 8 -1 t1=0+20 x3=-1",
+           // K >= N, or no K
+           "complete 20 20 -1 t1=0+20",
+           "complete 20 21 -1 t1=0+20",
+           "complete 20 0 -1 t1=0+20",
+           "complete 20 x -1 t1=0+20",
+           // no L
+           "complete 20 8",
+           "complete 20 8 ",
+           "complete 20 8 x t1=0+20",
+       }) {
+    INFO(header);
+    CHECK_THROWS_AS(decode_result(header + lines), RendezvousError);
+  }
+  // K says 8, the text holds 7 or 9 member lines.
+  const std::string seven = lines.substr(0, lines.rfind('\n'));
+  CHECK_THROWS_AS(decode_result("complete 20 8 -1 t1=0+20" + seven), RendezvousError);
+  CHECK_THROWS_AS(decode_result("complete 20 8 -1 t1=0+20" + lines + "\nz 10.0.0.9 9 1 0"),
+                  RendezvousError);
+  CHECK_THROWS_WITH(decode_result(std::string("complete 20 8 -1 q1=0+20") + lines),
+                    Catch::Contains("q1=0+20"));
+}
+
+TEST_CASE("partial results: membership is ticket 1..N, a non-dense list is written whole",
+          "[decisions][partial]") {
+  std::vector<NodeDesc> members;
+  for (int t = 1; t <= 20; ++t) members.push_back(node("n" + std::to_string(t), t == 20 ? 25 : t));
+  auto r = decode_result(encode_complete(members, 4));
+  CHECK_FALSE(r.partial());
+  CHECK(r.members.size() == 20);
+  NodeDesc last;
+  last.id = "n20";
+  last.ticket = 25;
+  CHECK(rank_of(r, last) == 19);
 }

@@ -17,6 +17,7 @@
 #include <set>
 #include <thread>
 
+#include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
@@ -549,6 +550,133 @@ TEST_CASE("c10d: store traffic per node and round is constant (O(N) in total)", 
   CHECK(leader32 <= 16);
   CHECK(t32 <= 4 * 32 + 16);
   CHECK(t4 <= 4 * 4 + 16);
+}
+
+// A round of more than max_inline_members nodes: the result every node reads lists the first 8
+// members and a rank map (dynamic::RoundResult::partial); the whole list goes under
+// Keys::members(k), and the next round's leader reads it from there.
+TEST_CASE("c10d: a round larger than max_inline_members ranks every node from its rank map",
+          "[c10d]") {
+  const int n = 12;
+  Cluster c("c10d", n - 1, n);
+  std::vector<HandlerPtr> hs;
+  std::vector<RendezvousHandler*> raw;
+  for (int i = 0; i < n; ++i) {
+    auto o = c.options("n" + std::to_string(i));
+    o.max_inline_members = 4;
+    o.keep_alive_interval = 60s;  // keep-alives are per interval, not per round: leave out
+    o.last_call_timeout = 60s;    // round 0 waits for all 12 (max), never forms with 11
+    hs.push_back(c.create(o));
+    raw.push_back(hs.back().get());
+  }
+  // Every node agrees on the round, the world, the listed members and the master; ranks are
+  // 0..world-1, and a node among the first 8 ranks is listed at its rank.
+  auto check_large = [](const std::vector<RendezvousInfo>& infos, const std::vector<int>& nodes,
+                        int world) {
+    REQUIRE(infos.size() == nodes.size());
+    std::set<int> ranks;
+    for (size_t k = 0; k < infos.size(); ++k) {
+      const RendezvousInfo& i = infos[k];
+      CHECK(i.round == infos[0].round);
+      CHECK(i.group_world_size == world);
+      REQUIRE(i.participants.size() == 8);
+      for (size_t r = 0; r < 8; ++r) {
+        CHECK(i.participants[r].node_id == infos[0].participants[r].node_id);
+      }
+      CHECK(i.master_addr == "127.0.0.1");
+      CHECK(i.master_addr == infos[0].master_addr);
+      CHECK(i.master_port == infos[0].master_port);
+      CHECK(i.master_port != 0);
+      CHECK(i.store != nullptr);
+      if (i.group_rank >= 0 && i.group_rank < 8) {
+        CHECK(i.participants[i.group_rank].node_id == "n" + std::to_string(nodes[k]));
+      }
+      ranks.insert(i.group_rank);
+    }
+    CHECK(ranks.size() == static_cast<size_t>(world));
+    CHECK(*ranks.begin() == 0);
+    CHECK(*ranks.rbegin() == world - 1);
+  };
+
+  std::vector<int> all(n);
+  for (int i = 0; i < n; ++i) all[i] = i;
+  auto first = join_all(raw);
+  check_large(first, all, n);
+  CHECK(first[0].round == 0);
+  // A non-leader sends what it sends in a small round: the round key, a ticket, the lease with
+  // its descriptor, the result wait. The leader adds the whole member list (one set).
+  std::vector<uint64_t> sent;
+  for (auto& h : hs) sent.push_back(static_cast<RoundRendezvous*>(h.get())->requests_sent());
+  std::sort(sent.begin(), sent.end());
+  INFO("requests per node: least " << sent[0] << ", most of the non-leaders " << sent[n - 2]
+                                   << ", the leader " << sent[n - 1]);
+  CHECK(sent[0] == 4);
+  CHECK(sent[n - 2] == 4);
+  CHECK(sent[n - 1] <= 16);
+
+  // The whole list, in a small round's format, agrees with every node's rank.
+  const dynamic::Keys keys(c.run_id);
+  auto whole = dynamic::decode_result(first[0].run_store->get(keys.members(0), 10s));
+  REQUIRE(whole.kind == dynamic::RoundResult::Kind::kComplete);
+  CHECK_FALSE(whole.partial());
+  CHECK(whole.world_size == n);
+  REQUIRE(whole.members.size() == static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    CHECK(whole.members.find("n" + std::to_string(i)) == first[i].group_rank);
+  }
+  auto result = dynamic::decode_result(first[0].run_store->get(keys.result(0), 10s));
+  CHECK(result.partial());
+  CHECK(result.world_size == n);
+
+  // A node that is not among the first 8 ranks shuts down; the others form round 1.
+  int gone = -1;
+  for (int i = 0; i < n; ++i) {
+    if (first[i].group_rank == 9) gone = i;
+  }
+  REQUIRE(gone >= 0);
+  std::vector<int> survivors;
+  std::vector<RendezvousHandler*> rest;
+  for (int i = 0; i < n; ++i) {
+    if (i == gone) continue;
+    survivors.push_back(i);
+    rest.push_back(hs[i].get());
+  }
+  std::vector<std::future<std::optional<RoundEvent>>> over;
+  for (auto* h : rest) {
+    over.push_back(std::async(std::launch::async, [h] { return h->wait_round_over(30s); }));
+  }
+  hs[gone]->shutdown();
+  for (auto& f : over) {
+    auto e = f.get();
+    REQUIRE(e);
+    CHECK(e->kind == Kind::kNodeLeft);
+    CHECK(e->node_id == "n" + std::to_string(gone));
+  }
+  auto start = Clock::now();
+  auto second = join_all(rest);
+  // The leader knew whom to expect (the whole list of round 0 less the node that left): no last
+  // call (60 s).
+  CHECK(Clock::now() - start < 30s);
+  check_large(second, survivors, n - 1);
+  CHECK(second[0].round == 1);
+  // The survivors keep their relative order.
+  for (size_t a = 0; a < survivors.size(); ++a) {
+    for (size_t b = 0; b < survivors.size(); ++b) {
+      const bool before0 = first[survivors[a]].group_rank < first[survivors[b]].group_rank;
+      const bool before1 = second[a].group_rank < second[b].group_rank;
+      if (before0 != before1) {
+        FAIL_CHECK("n" << survivors[a] << " and n" << survivors[b] << " swapped: round 0 ranks "
+                       << first[survivors[a]].group_rank << ", " << first[survivors[b]].group_rank
+                       << ", round 1 ranks " << second[a].group_rank << ", "
+                       << second[b].group_rank);
+      }
+    }
+  }
+  auto whole1 = dynamic::decode_result(second[0].run_store->get(keys.members(1), 10s));
+  REQUIRE(whole1.members.size() == static_cast<size_t>(n - 1));
+  for (size_t k = 0; k < survivors.size(); ++k) {
+    CHECK(whole1.members.find("n" + std::to_string(survivors[k])) == second[k].group_rank);
+  }
 }
 
 // Over etcd, compare_set and add are transactions (add retries when another node's add came
