@@ -1,6 +1,9 @@
 """Peer for bench/rdzv_bench: PyTorch 1.13's dynamic rendezvous with the c10d backend.
 
-Usage: /usr/bin/python3 bench/rdzv_torch_peer.py N [N ...]
+Usage: /usr/bin/python3 bench/rdzv_torch_peer.py [--budget S] N [N ...]
+
+With --budget, the sizes run in order until one takes longer than S seconds (or fails): how far
+PyTorch's rendezvous goes on this machine, measured in the same run as trun's.
 
 For each N: a TCPStore server in this process, N agent processes (forked after importing torch,
 so the import is not timed), each creating its TCPStore client, C10dRendezvousBackend and
@@ -57,7 +60,11 @@ def agent(port, n, run_id, go, results, counter):
     handler = DynamicRendezvousHandler.from_backend(
         run_id, store, backend, min_nodes=n, max_nodes=n,
         timeout=RendezvousTimeout(join=timedelta(seconds=120)))
-    _, rank, world = handler.next_rendezvous()
+    try:
+        _, rank, world = handler.next_rendezvous()
+    except Exception as e:  # e.g. RendezvousTimeoutError: the round did not form in time
+        results.put((None, -1, type(e).__name__))
+        return
     results.put((time.monotonic(), rank, world))
     # Stay until everyone is done so no node's exit disturbs the others' rounds.
     go.wait()
@@ -65,7 +72,8 @@ def agent(port, n, run_id, go, results, counter):
 
 def time_agents(n, agent_fn, endpoint, run_id):
     """Forks n processes running agent_fn(endpoint, n, run_id, go, results, counter), releases
-    them at once and prints the peer line: time until the last one has its rank."""
+    them at once and prints the peer line: time until the last one has its rank. Returns those
+    seconds (None when the round did not complete or the ranks were wrong)."""
     ctx = mp.get_context("fork")
     go = ctx.Event()
     results = ctx.Queue()
@@ -77,7 +85,22 @@ def time_agents(n, agent_fn, endpoint, run_id):
     time.sleep(0.5)  # let every process reach go.wait()
     start = time.monotonic()
     go.set()
-    done = [results.get(timeout=300) for _ in range(n)]
+    deadline = start + 150  # the agents give up at their 120 s join timeout
+    done = []
+    try:
+        while len(done) < n:
+            entry = results.get(timeout=max(0.1, deadline - time.monotonic()))
+            if entry[0] is None:
+                raise RuntimeError(entry[2])
+            done.append(entry)
+    except Exception as e:  # the round never completed (queue.Empty, or an agent's error)
+        print("peer nodes=%d failed: %s" % (n, type(e).__name__ if not str(e) else e),
+              file=sys.stderr, flush=True)
+        for p in procs:
+            p.kill()
+            p.join()
+        print("peer nodes=%d seconds=-1 requests_per_agent=0 ranks_ok=0" % n, flush=True)
+        return None
     end = max(t for t, _, _ in done)
     ranks = sorted(r for _, r, _ in done)
     ok = ranks == list(range(n)) and all(w == n for _, _, w in done)
@@ -89,16 +112,26 @@ def time_agents(n, agent_fn, endpoint, run_id):
             p.join()
     print("peer nodes=%d seconds=%.4f requests_per_agent=%.1f ranks_ok=%d"
           % (n, end - start, requests / n, 1 if ok else 0), flush=True)
+    return end - start if ok else None
 
 
 def run(n):
     port = free_port()
     server = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
                            timeout=timedelta(seconds=120))
-    time_agents(n, agent, port, "peer%d" % n)
+    seconds = time_agents(n, agent, port, "peer%d" % n)
     del server
+    return seconds
 
 
 if __name__ == "__main__":
-    for arg in sys.argv[1:]:
-        run(int(arg))
+    args = sys.argv[1:]
+    budget = None
+    if args[:1] == ["--budget"]:
+        budget = float(args[1])
+        args = args[2:]
+    for arg in args:
+        seconds = run(int(arg))
+        if budget is not None and (seconds is None or seconds > budget):
+            print("peer stopped after nodes=%s (budget %.0f s)" % (arg, budget), file=sys.stderr)
+            break

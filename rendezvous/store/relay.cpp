@@ -41,9 +41,11 @@ bool skip_bytes(std::string_view in, size_t* pos) {
 // The shape of a passed-through request's answer, to cut it out of the upstream stream.
 struct Answer {
   // kStatusValue: a GET_TIMEOUT's (a status, then the value when it is STOP_WAITING).
-  enum class Kind : uint8_t { kBytes, kI64, kU8, kList, kStatusValue } kind = Kind::kU8;
+  // kU32: a PING's (the relay's fences).
+  enum class Kind : uint8_t { kBytes, kI64, kU8, kU32, kList, kStatusValue } kind = Kind::kU8;
   size_t count = 0;     // kList: that many byte strings
   uint64_t client = 0;  // 0: the relay's own request (its lease): the answer is dropped
+  bool fence = false;   // a PING behind the client's writes: the client's wait may go out now
 };
 
 // How many bytes at the front of `in` form the answer `a`; 0 while incomplete.
@@ -54,6 +56,8 @@ size_t answer_size(std::string_view in, const Answer& a) {
       return in.size() >= 1 ? 1 : 0;
     case Answer::Kind::kI64:
       return in.size() >= 8 ? 8 : 0;
+    case Answer::Kind::kU32:
+      return in.size() >= 4 ? 4 : 0;
     case Answer::Kind::kBytes:
       return skip_bytes(in, &pos) ? pos : 0;
     case Answer::Kind::kList:  // count > 0 (an empty MULTI_GET is answered by the relay)
@@ -75,8 +79,11 @@ class Client : public std::enable_shared_from_this<Client> {
   Client(RelayImpl* relay, tcp::socket socket, uint64_t id);
   void start() { read(); }
   void close(const std::string& why);
-  // The answer to the request being served (passed through, or a wait's).
-  void answer(std::string_view bytes);
+  // The answer to the request being served (passed through, or a wait's). `in_order`: it came
+  // over the relay's one upstream connection, behind every write the client sent before.
+  void answer(std::string_view bytes, bool in_order = false);
+  // The fence behind this client's writes came back: its parked wait may go upstream now.
+  void fenced();
   // The shared wait `wait_id` of this client ended with `bytes` (status [+ value]).
   void wait_done(uint64_t wait_id, std::string_view bytes);
   uint64_t id() const { return id_; }
@@ -99,6 +106,12 @@ class Client : public std::enable_shared_from_this<Client> {
   std::string in_, out_, writing_;
   bool reading_ = false, writing_now_ = false, closed_ = false;
   bool busy_ = false;  // a passed-through request is unanswered
+  // The client sent writes (answered by nothing) since its last answer that came in order: a wait
+  // (on another upstream connection) could overtake them, so it waits for a fence first.
+  bool unfenced_writes_ = false;
+  wire::Request fenced_wait_;  // the wait held back for the fence
+  // Joins (or starts) the shared wait for `r`; false when the client was closed.
+  bool start_wait(const wire::Request& r);
   wire::Dialect dialect_ = wire::Dialect::kUnknown;
   // A wait shared upstream (RelayImpl::waits_): its key and this client's id for it.
   std::string wait_sig_;
@@ -221,6 +234,17 @@ class RelayImpl : public StoreRelay {
       }
     }
   }
+
+  // A PING behind `client`'s writes on the upstream connection; its answer calls fenced().
+  void fence(uint64_t client) {
+    std::string req;
+    wire::Encoder(&req).query(Op::kPing).u32(0);
+    Answer a;
+    a.kind = Answer::Kind::kU32;
+    a.fence = true;
+    pass(client, req, a);
+  }
+  bool stopping() const { return stopped_.load(); }
 
   // The relay's own lease upstream follows the newest round its clients arm leases for.
   void cover(const wire::Request& lease) {
@@ -352,11 +376,17 @@ class RelayImpl : public StoreRelay {
         size_t size = answer_size(rest, answers_.front());
         if (size == 0) break;
         const uint64_t client = answers_.front().client;
+        const bool fence = answers_.front().fence;
         answers_.pop_front();
         used += size;
         if (client == 0) continue;
         auto it = clients_.find(client);
-        if (it != clients_.end()) it->second->answer(rest.substr(0, size));
+        if (it == clients_.end()) continue;
+        if (fence) {
+          it->second->fenced();
+        } else {
+          it->second->answer(rest.substr(0, size), true);
+        }
       }
       up_in_.erase(0, used);
       read_up();
@@ -581,6 +611,7 @@ bool Client::execute(wire::Request& r, std::string_view raw) {
     case Op::kAppend:
     case Op::kMultiSet:
       relay_->pass_unanswered(raw);
+      unfenced_writes_ = true;
       return true;
     case Op::kCompareSet:
     case Op::kGet:
@@ -604,21 +635,13 @@ bool Client::execute(wire::Request& r, std::string_view raw) {
       if (r.op != Op::kWait && r.number == 0) {  // a look, not a wait: the store answers it
         return pass(r.op == Op::kGetWait ? Answer::Kind::kStatusValue : Answer::Kind::kU8);
       }
-      wait_id_ = relay_->wait(id_, r.op == Op::kGetWait, r.keys, &wait_sig_);
-      if (wait_id_ == 0) {
-        close("the store does not take another wait connection");
+      if (unfenced_writes_) {
+        busy_ = true;
+        fenced_wait_ = r;
+        relay_->fence(id_);
         return false;
       }
-      if (r.op != Op::kWait && r.number > 0) {
-        wait_timer_.expires_after(std::chrono::milliseconds(r.number));
-        wait_timer_.async_wait(
-            [self = shared_from_this(), id = wait_id_](const boost::system::error_code& ec) {
-              if (ec || self->closed_ || self->wait_id_ != id) return;
-              self->end_wait();
-              const uint8_t timed_out = wire::kWaitTimedOut;
-              self->answer(std::string_view(reinterpret_cast<const char*>(&timed_out), 1));
-            });
-      }
+      if (!start_wait(r)) return false;
       return true;  // parked: process() reads only a CANCEL_WAIT behind it
     }
     case Op::kCancelWait:
@@ -634,6 +657,7 @@ bool Client::execute(wire::Request& r, std::string_view raw) {
         std::string set;
         wire::Encoder(&set).query(Op::kSet).bytes(r.keys[0]).bytes(r.values[0]);
         relay_->pass_unanswered(set);
+        unfenced_writes_ = true;
       }
       lease_ = std::move(r);
       lease_ttl_ = lease_.number;
@@ -663,6 +687,35 @@ bool Client::execute(wire::Request& r, std::string_view raw) {
   }
 }
 
+bool Client::start_wait(const wire::Request& r) {
+  wait_id_ = relay_->wait(id_, r.op == Op::kGetWait, r.keys, &wait_sig_);
+  if (wait_id_ == 0) {
+    close("the store does not take another wait connection");
+    return false;
+  }
+  if (r.op != Op::kWait && r.number > 0) {
+    wait_timer_.expires_after(std::chrono::milliseconds(r.number));
+    wait_timer_.async_wait(
+        [self = shared_from_this(), id = wait_id_](const boost::system::error_code& ec) {
+          if (ec || self->closed_ || self->wait_id_ != id) return;
+          self->end_wait();
+          const uint8_t timed_out = wire::kWaitTimedOut;
+          self->answer(std::string_view(reinterpret_cast<const char*>(&timed_out), 1));
+        });
+  }
+  return true;
+}
+
+void Client::fenced() {
+  if (closed_) return;
+  busy_ = false;
+  unfenced_writes_ = false;
+  if (!start_wait(fenced_wait_)) return;
+  process();
+  flush();
+  read();
+}
+
 void Client::end_wait() {
   relay_->leave_wait(wait_sig_, id_);
   wait_id_ = 0;
@@ -671,9 +724,10 @@ void Client::end_wait() {
   wait_timer_.cancel(ec);
 }
 
-void Client::answer(std::string_view bytes) {
+void Client::answer(std::string_view bytes, bool in_order) {
   if (closed_) return;
   busy_ = false;
+  if (in_order) unfenced_writes_ = false;
   out_.append(bytes);
   process();  // what queued up behind the request
   flush();
@@ -737,7 +791,9 @@ void Client::close(const std::string& why) {
   if (!why.empty())
     relay_->warn("closing the connection of client " + std::to_string(id_) + ": " + why);
   if (wait_id_ != 0) end_wait();
-  fire_lease();  // the agent is gone: the store hears it as from a closed connection
+  // The agent is gone: the store hears it as from a closed connection. Not when the relay stops:
+  // its own lease tells the store once for all of them.
+  if (!relay_->stopping()) fire_lease();
   boost::system::error_code ec;
   lease_timer_.cancel(ec);
   socket_.close(ec);

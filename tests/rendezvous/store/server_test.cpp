@@ -440,3 +440,77 @@ TEST_CASE("trun store rejects a bad port with exit code 2", "[store][cli]") {
   CHECK(WEXITSTATUS(status) == 2);
   CHECK_THAT(output, Catch::Contains("port"));
 }
+
+TEST_CASE("LEASE_FIRE performs a lease's notification at once and wakes its waiters",
+          "[store][server][lease]") {
+  auto server = StoreServer::start(loopback());
+  TcpStore observer(client_for(*server));
+  TcpStore waiter(client_for(*server));
+  auto fire = [](std::string set_key, std::string a_value, std::string b_value) {
+    std::string msg;
+    Encoder(&msg)
+        .query(Op::kLeaseFire)
+        .bytes(set_key)
+        .bytes("set by the fire")
+        .bytes("A")
+        .bytes(a_value)
+        .bytes("B")
+        .bytes(b_value)
+        .i64(0);
+    return msg;
+  };
+  auto read_u8 = [](RawSocket& raw) {
+    pollfd p{raw.fd(), POLLIN, 0};
+    REQUIRE(::poll(&p, 1, 10000) == 1);
+    uint8_t answer = 0xff;
+    REQUIRE(::recv(raw.fd(), &answer, 1, 0) == 1);
+    return answer;
+  };
+  RawSocket raw(server->port());
+  raw.send(v2_hello());
+
+  // a_key missing: it is set, and a waiter on it wakes.
+  auto parked = [&](std::function<void()> fn) {
+    const uint64_t before = server->num_requests();
+    std::thread t([fn] {
+      try {
+        fn();
+      } catch (const std::exception& e) {
+        FAIL_CHECK(e.what());
+      }
+    });
+    CHECK(eventually([&] { return server->num_requests() > before; }));  // the wait arrived
+    return t;
+  };
+  waiter.ping();
+  std::string got_a;
+  std::thread wait_a = parked([&] { got_a = waiter.get("A", 20s); });
+  raw.send(fire("", "first", "b1\n"));
+  CHECK(read_u8(raw) == 1);
+  wait_a.join();
+  CHECK(got_a == "first");
+  CHECK_FALSE(observer.check({"B"}));
+
+  // a_key present: b_value is appended to b_key, and a waiter on b_key wakes; set_key is set.
+  std::string got_b;
+  std::thread wait_b = parked([&] {
+    waiter.wait({"B"}, 20s);
+    got_b = waiter.get("B");
+  });
+  raw.send(fire("S", "second", "b2\n"));
+  CHECK(read_u8(raw) == 1);
+  wait_b.join();
+  CHECK(got_b == "b2\n");
+  CHECK(observer.get("A") == "first");
+  CHECK(observer.get("S") == "set by the fire");
+  raw.send(fire("", "third", "b3\n"));
+  CHECK(read_u8(raw) == 1);
+  CHECK(observer.get("B") == "b2\nb3\n");
+
+  // It armed nothing on its own connection: closing that fires nothing more.
+  const size_t before = server->num_connections();
+  raw.close();
+  CHECK(eventually([&] { return server->num_connections() == before - 1; }));
+  CHECK(observer.get("B") == "b2\nb3\n");
+  CHECK(observer.get("A") == "first");
+}
