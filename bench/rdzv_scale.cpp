@@ -186,7 +186,9 @@ class Sim {
     options_.max_nodes = c_.nodes;
     options_.read_timeout = std::chrono::seconds(120);
     options_.keep_alive_interval = std::chrono::seconds(60);
-    options_.last_call_timeout = std::chrono::seconds(1);
+    // --nnodes=1:N (the leave scenario) waits this long for the rest once one node is in: long
+    // enough for every agent to connect, so that round 0 holds all N.
+    options_.last_call_timeout = std::chrono::seconds(60);
     options_.progress_interval = std::chrono::milliseconds(0);
     server_ = tcp::endpoint(asio::ip::make_address("127.0.0.1"), c_.port);
     for (int i = 0; i < c_.count; ++i) {
@@ -486,6 +488,14 @@ bool Agent::parse() {
       if (o.kind == JoinOutcome::Kind::kClosed) {
         fail("closed");
         return false;
+      }
+      if (o.announce_join) {  // a round with room formed without this node: tell its members
+        std::string req;
+        wire::Encoder(&req)
+            .query(Op::kAppend)
+            .bytes(sim_->keys().over(round_))
+            .bytes(encode_over({RoundEvent::Kind::kNodeJoined, me().id, "waits to join"}));
+        out_ += req;
       }
       ++round_;  // aborted, or no room: the next round
       request_ticket();

@@ -8,6 +8,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "rendezvous/dynamic_rendezvous.h"
+#include "rendezvous/store/relay.h"
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/store.h"
 
@@ -16,7 +18,7 @@ namespace trun::launcher {
 int run_store_command(int argc, char** argv) {
   CLI::App app{
       "Runs trun's rendezvous store (wire-compatible with PyTorch's TCPStore) until "
-      "SIGINT or SIGTERM.",
+      "SIGINT or SIGTERM; with --relay-to, a relay in front of one (docs/rendezvous.md, Scale).",
       "trun store"};
   rendezvous::StoreServerOptions opts;
   opts.host = "127.0.0.1";
@@ -35,6 +37,12 @@ int run_store_command(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-value-bytes", opts.limits.max_value_bytes, "Largest value accepted")
       ->capture_default_str();
+  std::string relay_to;
+  app.add_option("--relay-to", relay_to,
+                 "HOST:PORT of a store: relay to it instead of holding the keys here. Agents "
+                 "connect to the relay as to the store (--rdzv-endpoint, is_host=false); it "
+                 "shares their waits and keeps their leases, so the store serves relays, not "
+                 "every agent");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -47,6 +55,32 @@ int run_store_command(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("trun-store"));
   opts.token = token;
 
+  rendezvous::StoreRelayOptions relay_opts;
+  if (!relay_to.empty()) {
+    std::vector<std::pair<std::string, uint16_t>> ups;
+    try {
+      ups = rendezvous::parse_c10d_endpoints(relay_to);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "trun store: --relay-to: %s\n", e.what());
+      return 2;
+    }
+    if (ups.size() != 1) {
+      std::fprintf(stderr, "trun store: --relay-to=%s: give one HOST:PORT\n", relay_to.c_str());
+      return 2;
+    }
+    if (!token.empty()) {
+      std::fprintf(stderr,
+                   "trun store: --relay-to: a relay does not authenticate its clients or itself "
+                   "(no --store-token / TRUN_STORE_TOKEN with a relay)\n");
+      return 2;
+    }
+    relay_opts.host = opts.host;
+    relay_opts.port = opts.port;
+    relay_opts.upstream_host = ups[0].first;
+    relay_opts.upstream_port = ups[0].second;
+    relay_opts.limits = opts.limits;
+  }
+
   // Block the signals before the server's thread starts so only sigwait sees them.
   sigset_t set;
   sigemptyset(&set);
@@ -55,11 +89,26 @@ int run_store_command(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
   std::unique_ptr<rendezvous::StoreServer> server;
+  std::unique_ptr<rendezvous::StoreRelay> relay;
   try {
-    server = rendezvous::StoreServer::start(opts);
+    if (relay_to.empty()) {
+      server = rendezvous::StoreServer::start(opts);
+    } else {
+      relay = rendezvous::StoreRelay::start(relay_opts);
+    }
   } catch (const rendezvous::StoreError& e) {
     std::fprintf(stderr, "trun store: %s\n", e.what());
     return 1;
+  }
+  if (relay) {
+    std::printf("trun store relaying %s:%u to %s\n", opts.host.c_str(), relay->port(),
+                relay_to.c_str());
+    std::fflush(stdout);
+    int sig = 0;
+    sigwait(&set, &sig);
+    spdlog::info("trun store: signal {} received, stopping the relay", sig);
+    relay->stop();
+    return 0;
   }
   std::printf("trun store listening on %s:%u%s\n", opts.host.c_str(), server->port(),
               token.empty() ? "" : " (token required)");

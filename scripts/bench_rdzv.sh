@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
-# Rendezvous benchmark (scripts/bench.sh rdzv): N simulated agents run trun's real c10d
-# rendezvous over real TCP connections to a real store (threads in a few processes), N = 8, 16,
-# 32, 64, 512, 2048: time until every agent has its rank, and store requests per agent. Peer in
-# the same run: PyTorch 1.13's dynamic rendezvous with the c10d backend, one process per agent,
-# N = 8, 16, 32 (what fits on this machine). Target: 2048 nodes in under 2 s.
-# Then the etcd backend against an etcd of our own on loopback (v2 API enabled for the peer),
-# N = 8, 16, 32, 64, 256, with PyTorch 1.13's etcd-v2 rendezvous (python3-etcd) as the peer at
-# N = 8, 16, 32. The RESULT lines of both come last.
-# Options (environment): RDZV_NODES (default 8,16,32,64,512,2048), RDZV_PEER_NODES (8 16 32),
-# RDZV_PROCS (agent processes for trun, default 4), RDZV_ETCD_NODES (8,16,32,64,256),
-# RDZV_ETCD_PEER_NODES (8 16 32); RDZV_ETCD=0 leaves the etcd part out.
+# Rendezvous benchmark (scripts/bench.sh rdzv).
+# 1. Scale (bench/rdzv_scale): N simulated agents, event-driven (no thread per agent), run trun's
+#    c10d join protocol over real TCP connections against a real store; the agent drawing ticket 1
+#    runs the real leader. N = 64 .. 100,000; above what one process may hold (a descriptor per
+#    connection) the agents go through store relays (rendezvous/store/relay.h). Then a round of
+#    10,000 nodes in which one leaves: time until every survivor has the next round.
+#    Targets: 2048 nodes < 1 s, 100,000 < 30 s, <= 5 requests per agent.
+#    Peer in the same run: PyTorch 1.13's dynamic rendezvous (c10d backend, one process per
+#    agent), N = 8, 16, 32, 64, 128, 256 until a size takes over 60 s or fails.
+# 2. The etcd backend (bench/rdzv_bench, agents as threads) against an etcd of our own on
+#    loopback (v2 API enabled for the peer), N = 8, 16, 32, 64, 256, with PyTorch 1.13's etcd-v2
+#    rendezvous (python3-etcd) as the peer at N = 8, 16, 32.
+# The RESULT lines of both come last.
+# Options (environment): RDZV_NODES (64,256,1024,2048,4096,16384,32768,65536,100000),
+# RDZV_LEAVE (10000; 0: no leave scenario), RDZV_PEER_NODES (8 16 32 64 128 256),
+# RDZV_PEER_BUDGET (60 s), RDZV_ETCD_NODES (8,16,32,64,256), RDZV_ETCD_PEER_NODES (8 16 32),
+# RDZV_PROCS (etcd agent processes, 4); RDZV_ETCD=0 leaves the etcd part out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
 BUILD_DIR=${TRUN_BUILD_DIR:-build}
-bench_build "$BUILD_DIR" rdzv_bench
+bench_build "$BUILD_DIR" rdzv_bench rdzv_scale
 
 peer_file=$(mktemp /tmp/trun-rdzv-peer.XXXXXX)
 results=$(mktemp /tmp/trun-rdzv-results.XXXXXX)
@@ -33,18 +39,26 @@ run_bench() {
   grep '^RESULT ' <<<"$out" >>"$results" || true
   return $rc
 }
+peer_nodes=${RDZV_PEER_NODES:-8 16 32 64 128 256}
 if /usr/bin/python3 -c "import torch.distributed.elastic" 2>/dev/null; then
-  echo "peer: PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') c10d rendezvous, N = ${RDZV_PEER_NODES:-8 16 32} ..." >&2
+  echo "peer: PyTorch $(/usr/bin/python3 -c 'import torch; print(torch.__version__)') c10d rendezvous, N = $peer_nodes until one takes over ${RDZV_PEER_BUDGET:-60} s ..." >&2
   # shellcheck disable=SC2086
-  /usr/bin/python3 bench/rdzv_torch_peer.py ${RDZV_PEER_NODES:-8 16 32} >"$peer_file" 2>/dev/null ||
-    echo "peer: failed (its numbers are left out)" >&2
+  /usr/bin/python3 bench/rdzv_torch_peer.py --budget "${RDZV_PEER_BUDGET:-60}" $peer_nodes \
+    >"$peer_file" 2> >(grep '^peer' >&2) || echo "peer: failed (its numbers are left out)" >&2
+  grep '^peer' "$peer_file" >&2 || true
 else
   echo "peer: /usr/bin/python3 has no torch; no peer figures" >&2
 fi
-echo "trun: N = ${RDZV_NODES:-8,16,32,64,512,2048}, agents in ${RDZV_PROCS:-4} processes" >&2
+echo "trun: N = ${RDZV_NODES:-64,256,1024,2048,4096,16384,32768,65536,100000} simulated agents" >&2
 status=0
-run_bench --nodes "${RDZV_NODES:-8,16,32,64,512,2048}" --procs "${RDZV_PROCS:-4}" \
-  --peer-file "$peer_file" || status=$?
+scale_out=$(mktemp /tmp/trun-rdzv-scale.XXXXXX)
+"$BUILD_DIR/bench/rdzv_scale" --nodes "${RDZV_NODES:-64,256,1024,2048,4096,16384,32768,65536,100000}" \
+  --leave "${RDZV_LEAVE:-10000}" --peer-file "$peer_file" >"$scale_out" &
+scale_pid=$!
+tail -f --pid="$scale_pid" "$scale_out" | grep --line-buffered -v '^RESULT ' || true
+wait "$scale_pid" || status=$?
+grep '^RESULT ' "$scale_out" >>"$results" || true
+rm -f "$scale_out"
 
 if [[ "${RDZV_ETCD:-1}" != 0 && -x /usr/bin/etcd ]]; then
   echo

@@ -152,6 +152,68 @@ TEST_CASE("trun store still runs the store alone", "[cli]") {
   CHECK(c.exit_code() == 0);
 }
 
+// The port a `trun store` child printed on its "... 127.0.0.1:<port>" line (0 while not yet).
+static std::string printed_port(const std::string& out, const std::string& marker) {
+  auto at = out.find(marker);
+  if (at == std::string::npos) return "";
+  auto colon = out.find(':', at + marker.size());
+  auto end = out.find_first_not_of("0123456789", colon + 1);
+  if (colon == std::string::npos || end == std::string::npos) return "";
+  return out.substr(colon + 1, end - colon - 1);
+}
+
+TEST_CASE("two agents rendezvous through trun store --relay-to", "[cli]") {
+  Child store({trun_binary(), "store", "--host", "127.0.0.1", "--port", "0"});
+  REQUIRE(wait_until([&] { return !printed_port(store.out(), "listening on").empty(); }));
+  const std::string store_port = printed_port(store.out(), "listening on");
+  Child relay({trun_binary(), "store", "--host", "127.0.0.1", "--port", "0", "--relay-to",
+               "127.0.0.1:" + store_port});
+  REQUIRE(wait_until([&] { return !printed_port(relay.out(), "relaying").empty(); }));
+  const std::string relay_port = printed_port(relay.out(), "relaying");
+  CHECK(relay.out().find("to 127.0.0.1:" + store_port) != std::string::npos);
+
+  TempDir da, db;  // each node's workers write env_<attempt>_<local rank>.json
+  const std::string w = test_worker();
+  auto agent = [&](const TempDir& d) {
+    return std::vector<std::string>{trun_binary(),
+                                    "--nnodes=2",
+                                    "--nproc-per-node=1",
+                                    "--rdzv-backend=c10d",
+                                    "--rdzv-endpoint=127.0.0.1:" + relay_port,
+                                    "--rdzv-id=relayed",
+                                    "--rdzv-conf",
+                                    "is_host=false",
+                                    "--no-python",
+                                    w,
+                                    "env",
+                                    d.path()};
+  };
+  Child a(agent(da)), b(agent(db));
+  REQUIRE(a.wait(std::chrono::seconds(60)));
+  REQUIRE(b.wait(std::chrono::seconds(60)));
+  CHECK(a.exit_code() == 0);
+  CHECK(b.exit_code() == 0);
+  INFO(a.err() << b.err());
+  const std::string ea = read_file(da / "env_0_0.json"), eb = read_file(db / "env_0_0.json");
+  CHECK(ea.find("\"WORLD_SIZE\":\"2\"") != std::string::npos);
+  CHECK(eb.find("\"WORLD_SIZE\":\"2\"") != std::string::npos);
+  const bool a_first = ea.find("\"RANK\":\"0\"") != std::string::npos;
+  CHECK(eb.find(a_first ? "\"RANK\":\"1\"" : "\"RANK\":\"0\"") != std::string::npos);
+
+  // A relay takes no token, and needs one HOST:PORT.
+  auto bad = run_trun({"store", "--relay-to", "a:1,b:2"});
+  CHECK(bad.exit_code == 2);
+  CHECK(bad.err.find("give one HOST:PORT") != std::string::npos);
+  auto token = run_trun({"store", "--relay-to", "127.0.0.1:1"}, {{"TRUN_STORE_TOKEN", "s"}});
+  CHECK(token.exit_code == 2);
+  CHECK(token.err.find("does not authenticate") != std::string::npos);
+  relay.signal(SIGTERM);
+  store.signal(SIGTERM);
+  REQUIRE(relay.wait(std::chrono::seconds(10)));
+  REQUIRE(store.wait(std::chrono::seconds(10)));
+  CHECK(relay.exit_code() == 0);
+}
+
 TEST_CASE("accepted-but-ignored options work and say so", "[cli]") {
   auto r = run_trun({"--start_method=fork", "--monitor-interval=0.1", test_worker()});
   CHECK(r.exit_code == 0);
