@@ -34,6 +34,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "bench/bench_process.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/store/server.h"
@@ -42,32 +43,9 @@ using namespace trun::rendezvous;
 
 namespace {
 
-int64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-bool read_all(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= size_t(r);
-  }
-  return true;
-}
-bool write_all(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::write(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= size_t(r);
-  }
-  return true;
-}
+using trun::bench::mono_ns;
+using trun::bench::read_all;
+using trun::bench::write_all;
 
 struct ChildResult {
   int64_t last_created_ns = 0;  // the last handler connected

@@ -25,6 +25,7 @@
 // Usage: rdzv_scale [--nodes 64,256,...] [--leave N] [--connects K] [--peer-file F]
 // F: lines "peer nodes=N seconds=S requests_per_agent=R ranks_ok=1" (bench/rdzv_torch_peer.py).
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -49,6 +50,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "bench/bench_process.h"
 #include "rendezvous/c10d/backend.h"
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/round_leader.h"
@@ -64,32 +66,9 @@ using wire::Op;
 
 namespace {
 
-int64_t mono_ns() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-bool read_all(int fd, void* buf, size_t n) {
-  auto* p = static_cast<char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::read(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= size_t(r);
-  }
-  return true;
-}
-bool write_all(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::write(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= size_t(r);
-  }
-  return true;
-}
+using trun::bench::mono_ns;
+using trun::bench::read_all;
+using trun::bench::write_all;
 
 // What the child reports after each phase (a round every agent is in).
 struct PhaseReport {
@@ -144,6 +123,13 @@ struct Parser {
     return true;
   }
 };
+
+// GET_TIMEOUT of `key` (10 minutes).
+std::string get_wait(const std::string& key) {
+  std::string req;
+  wire::Encoder(&req).query(Op::kGetWait).u64(1).bytes(key).i64(600000);
+  return req;
+}
 
 class Agent {
  public:
@@ -241,7 +227,10 @@ class Sim {
     finish_phase();
   }
   void failed(const std::string& why) {
-    if (error_.empty()) error_ = why;
+    if (error_.empty()) {
+      error_ = why;
+      std::fprintf(stderr, "rdzv_scale: %s\n", why.c_str());  // at once: the phase may not end
+    }
     ++failures_;
     if (ranked_ + failures_ >= expected_) finish_phase();
   }
@@ -452,9 +441,7 @@ bool Agent::parse() {
       uint8_t ok = 0;
       if (!p.u8(&ok)) return false;
       in_.erase(0, p.pos);
-      std::string req;
-      wire::Encoder(&req).query(Op::kGetWait).u64(1).bytes(sim_->keys().result(round_)).i64(600000);
-      send(Step::kResult, std::move(req));
+      send(Step::kResult, get_wait(sim_->keys().result(round_)));
       return true;
     }
     case Step::kResult: {
@@ -473,16 +460,12 @@ bool Agent::parse() {
       if (o.kind == JoinOutcome::Kind::kRanked) {
         rank_ = o.rank;
         step_ = Step::kIdle;
-        sim_->ranked();
+        // The wait for the round's end goes out before ranked(): the last agent's ranked() ends
+        // phase 1, and that agent must wait for the leave like the others.
         if (sim_->config().leave && sim_->phase() == 1) {
-          std::string req;
-          wire::Encoder(&req)
-              .query(Op::kGetWait)
-              .u64(1)
-              .bytes(sim_->keys().over(round_))
-              .i64(600000);
-          send(Step::kOver, std::move(req));
+          send(Step::kOver, get_wait(sim_->keys().over(round_)));
         }
+        sim_->ranked();
         return true;
       }
       if (o.kind == JoinOutcome::Kind::kClosed) {
@@ -743,9 +726,18 @@ Measurement measure(int n, bool leave, int max_connecting, int per_process) {
   auto read_phase = [&](int expected, int64_t* start, int64_t* end, std::string* error) {
     std::vector<int32_t> all;
     bool ok = true;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(300);
     for (auto& ch : children) {
       PhaseReport r;
       int32_t count = 0;
+      // Bounded: a phase that never ends is a failure, not a hang.
+      pollfd pfd{ch.from, POLLIN, 0};
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (::poll(&pfd, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) <= 0) {
+        *error = "the round did not complete within 300 s";
+        return false;
+      }
       if (!read_all(ch.from, &r, sizeof(r)) || !read_all(ch.from, &count, sizeof(count))) {
         *error = "an agent process ended early";
         return false;
@@ -841,7 +833,7 @@ std::map<int, Peer> read_peer(const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> nodes = {64, 256, 1024, 2048, 4096, 16384, 32768, 65536, 100000};
+  std::vector<int> nodes = {64, 128, 256, 1024, 2048, 4096, 16384, 32768, 65536, 100000};
   int leave_nodes = 10000;
   int connects = 1000;
   int per_process = 0;

@@ -12,7 +12,7 @@
 #    loopback (v2 API enabled for the peer), N = 8, 16, 32, 64, 256, with PyTorch 1.13's etcd-v2
 #    rendezvous (python3-etcd) as the peer at N = 8, 16, 32.
 # The RESULT lines of both come last.
-# Options (environment): RDZV_NODES (64,256,1024,2048,4096,16384,32768,65536,100000),
+# Options (environment): RDZV_NODES (64,128,256,1024,2048,4096,16384,32768,65536,100000),
 # RDZV_LEAVE (10000; 0: no leave scenario), RDZV_PEER_NODES (8 16 32 64 128 256),
 # RDZV_PEER_BUDGET (60 s), RDZV_ETCD_NODES (8,16,32,64,256), RDZV_ETCD_PEER_NODES (8 16 32),
 # RDZV_PROCS (etcd agent processes, 4); RDZV_ETCD=0 leaves the etcd part out.
@@ -49,10 +49,10 @@ if /usr/bin/python3 -c "import torch.distributed.elastic" 2>/dev/null; then
 else
   echo "peer: /usr/bin/python3 has no torch; no peer figures" >&2
 fi
-echo "trun: N = ${RDZV_NODES:-64,256,1024,2048,4096,16384,32768,65536,100000} simulated agents" >&2
+echo "trun: N = ${RDZV_NODES:-64,128,256,1024,2048,4096,16384,32768,65536,100000} simulated agents" >&2
 status=0
 scale_out=$(mktemp /tmp/trun-rdzv-scale.XXXXXX)
-"$BUILD_DIR/bench/rdzv_scale" --nodes "${RDZV_NODES:-64,256,1024,2048,4096,16384,32768,65536,100000}" \
+"$BUILD_DIR/bench/rdzv_scale" --nodes "${RDZV_NODES:-64,128,256,1024,2048,4096,16384,32768,65536,100000}" \
   --leave "${RDZV_LEAVE:-10000}" --peer-file "$peer_file" >"$scale_out" &
 scale_pid=$!
 tail -f --pid="$scale_pid" "$scale_out" | grep --line-buffered -v '^RESULT ' || true

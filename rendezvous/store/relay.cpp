@@ -28,6 +28,21 @@ constexpr int64_t kUpstreamWaitMs = 60 * 1000;
 
 class RelayImpl;
 
+// `op` (LEASE_ARM or LEASE_FIRE) with a client lease's notification keys, nothing to set, no ttl.
+std::string lease_request(Op op, const wire::Request& lease) {
+  std::string req;
+  wire::Encoder(&req)
+      .query(op)
+      .bytes("")
+      .bytes("")
+      .bytes(lease.keys[1])
+      .bytes(lease.values[1])
+      .bytes(lease.keys[2])
+      .bytes(lease.values[2])
+      .i64(0);
+  return req;
+}
+
 // Reads a wire value from the front of `in` at *pos; false while it is incomplete.
 bool skip_bytes(std::string_view in, size_t* pos) {
   if (in.size() < *pos + 8) return false;
@@ -250,30 +265,10 @@ class RelayImpl : public StoreRelay {
   void cover(const wire::Request& lease) {
     if (lease.keys[2] == covered_) return;
     covered_ = lease.keys[2];
-    std::string req;
-    wire::Encoder(&req)
-        .query(Op::kLeaseArm)
-        .bytes("")
-        .bytes("")
-        .bytes(lease.keys[1])
-        .bytes(lease.values[1])
-        .bytes(lease.keys[2])
-        .bytes(lease.values[2])
-        .i64(0);
-    pass(0, req, {Answer::Kind::kU8});
+    pass(0, lease_request(Op::kLeaseArm, lease), {Answer::Kind::kU8});
   }
   void fire(const wire::Request& lease) {
-    std::string req;
-    wire::Encoder(&req)
-        .query(Op::kLeaseFire)
-        .bytes("")
-        .bytes("")
-        .bytes(lease.keys[1])
-        .bytes(lease.values[1])
-        .bytes(lease.keys[2])
-        .bytes(lease.values[2])
-        .i64(0);
-    pass(0, req, {Answer::Kind::kU8});
+    pass(0, lease_request(Op::kLeaseFire, lease), {Answer::Kind::kU8});
   }
 
  private:
