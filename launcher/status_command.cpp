@@ -194,6 +194,10 @@ JobStatus read_dynamic(Reader& r, const std::string& run_id) {
     auto res = dyn::decode_result(*v);
     if (res.kind == dyn::RoundResult::Kind::kComplete) {
       js.round = i;
+      // A large round lists a few members in its result; the whole list has its own key.
+      if (res.partial()) {
+        if (auto whole = r.get(keys.members(i))) res = dyn::decode_result(*whole);
+      }
       formed = std::move(res);
       break;
     }
