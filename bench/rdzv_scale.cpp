@@ -110,6 +110,15 @@ struct Parser {
     pos += 8;
     return true;
   }
+  // A GET_TIMEOUT reply: the status, and the value when it is STOP_WAITING. False while
+  // incomplete (nothing consumed then).
+  bool wait_reply(uint8_t* status, std::string* v) {
+    const size_t start = pos;
+    if (!u8(status)) return false;
+    if (*status != wire::kWaitStop || bytes(v)) return true;
+    pos = start;
+    return false;
+  }
   bool bytes(std::string* v) {
     int64_t n = 0;
     size_t start = pos;
@@ -135,8 +144,8 @@ class Agent {
  public:
   Agent(Sim* sim, int index, asio::io_context& io) : sim_(sim), index_(index), socket_(io) {}
   void start();
-  void leave();  // phase 2's victim: its connection closes
-  void rejoin_after(const std::string& over_log);
+  void leave();   // phase 2's victim: its connection closes
+  void rejoin();  // the round it is in ended: join the next one
   int rank() const { return rank_; }
   int64_t round() const { return round_; }
 
@@ -447,14 +456,12 @@ bool Agent::parse() {
     case Step::kResult: {
       uint8_t status = 0;
       std::string v;
-      if (!p.u8(&status)) return false;
+      if (!p.wait_reply(&status, &v)) return false;
+      in_.erase(0, p.pos);
       if (status != wire::kWaitStop) {
-        in_.erase(0, p.pos);
         fail("no result for round " + std::to_string(round_));
         return false;
       }
-      if (!p.bytes(&v)) return false;
-      in_.erase(0, p.pos);
       RoundResult result = decode_result(v);
       JoinOutcome o = decide_after_result(result, me(), sim_->options().max_nodes);
       if (o.kind == JoinOutcome::Kind::kRanked) {
@@ -487,23 +494,20 @@ bool Agent::parse() {
     case Step::kOver: {
       uint8_t status = 0;
       std::string v;
-      if (!p.u8(&status)) return false;
+      if (!p.wait_reply(&status, &v)) return false;
+      in_.erase(0, p.pos);
       if (status != wire::kWaitStop) {
-        in_.erase(0, p.pos);
         fail("round " + std::to_string(round_) + " never ended");
         return false;
       }
-      if (!p.bytes(&v)) return false;
-      in_.erase(0, p.pos);
-      rejoin_after(v);
+      rejoin();
       return true;
     }
   }
   return false;
 }
 
-void Agent::rejoin_after(const std::string& over_log) {
-  (void)round_event(round_, over_log, me().id);  // what a real agent would log
+void Agent::rejoin() {
   last_round_ = round_;
   last_rank_ = rank_;
   rank_ = -1;

@@ -188,7 +188,7 @@ class RelayImpl : public StoreRelay {
 
   void stop() override {
     if (stopped_.exchange(true)) return;
-    asio::post(io_, [this] { shut_down("the relay stops"); });
+    asio::post(io_, [this] { shut_down(); });
     if (thread_.joinable()) thread_.join();
   }
 
@@ -470,10 +470,9 @@ class RelayImpl : public StoreRelay {
     if (up_failed_) return;
     up_failed_ = true;
     if (!stopped_.load()) spdlog::error("store relay: lost the store: {}", why);
-    shut_down(why);
+    shut_down();
   }
-  void shut_down(const std::string& why) {
-    (void)why;
+  void shut_down() {
     boost::system::error_code ec;
     acceptor_.close(ec);
     auto clients = clients_;
