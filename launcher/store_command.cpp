@@ -60,8 +60,9 @@ int run_store_command(int argc, char** argv) {
     std::vector<std::pair<std::string, uint16_t>> ups;
     try {
       ups = rendezvous::parse_c10d_endpoints(relay_to);
-    } catch (const std::exception& e) {
-      std::fprintf(stderr, "trun store: --relay-to: %s\n", e.what());
+    } catch (const std::exception&) {
+      std::fprintf(stderr, "trun store: --relay-to=%s: expected the store's HOST:PORT\n",
+                   relay_to.c_str());
       return 2;
     }
     if (ups.size() != 1) {
