@@ -265,22 +265,21 @@ void GlooComm::barrier(Deadline deadline) {
 
 void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what) {
   if (transfers.empty()) return;
-  // Per message, on slots 4*tag + 0..3: the sender's header (length, address of its data, and
+  // Per message, on slots 4*tag + 0..2: the sender's header (length, address of its data, and
   // 1 + the index of the sender's CopyChannel when it offers to help, else 0), the receiver's
   // answer (kRead: it read the data itself, straight from the sender's memory; kSend: send it;
-  // kShare: both copy, the sender through the ring of its CopyChannel),
-  // then on kSend the data, on kShare the receiver's "done" (every chunk is copied; the
-  // channel is free again). Gloo would otherwise treat a message longer than the posted
-  // receive as a fatal invariant violation; the answer (or "done") also keeps the sender's
-  // buffer untouched until a direct read is done.
+  // kShare: both copy, the sender through the ring of its CopyChannel), then on kSend the data.
+  // On kShare the end is the channel's "done" in shared memory (every chunk is copied; the
+  // channel is free again), not a message: see mark_done. Gloo would otherwise treat a message
+  // longer than the posted receive as a fatal invariant violation; the answer (or "done") also
+  // keeps the sender's buffer untouched until a direct read is done.
   enum : uint64_t { kSend = 0, kRead = 1, kShare = 2 };
   struct Posted {
     const Transfer* t = nullptr;
     uint64_t header[3] = {0, 0, 0};  // send: what we announce; recv: what the sender announced
     uint64_t answer = kSend;
-    uint64_t done = 0;
     CopyChannel* channel = nullptr;  // kShare: the sender's channel
-    std::unique_ptr<gloo::transport::UnboundBuffer> header_buf, answer_buf, body, done_buf;
+    std::unique_ptr<gloo::transport::UnboundBuffer> header_buf, answer_buf, body;
   };
   std::vector<Posted> posted(transfers.size());
   auto describe = [&](const Transfer& t) {
@@ -378,9 +377,7 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
                 throw CollectiveError(describe(t) + " failed: aborted: " + reason);
             });
         if (!why.empty()) throw CollectiveError(describe(t) + " failed: " + why);
-        p.done_buf = st.context->createUnboundBuffer(&p.done, sizeof p.done);
-        p.done = 1;
-        p.done_buf->send(t.peer, slot(t, 3));
+        mark_done(*p.channel);
       }
     }
     // Sends: the answer, then the data if asked for, or our share of the copy.
@@ -399,8 +396,16 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
         // the closed connection) then tells.
         (void)push_chunks(*t.channel, t.peer_pid, t.peer_name, static_cast<const char*>(t.data),
                           t.bytes, deadline);
-        p.done_buf = st.context->createUnboundBuffer(&p.done, sizeof p.done);
-        p.done_buf->recv(t.peer, slot(t, 3));
+        try {
+          wait_done(*t.channel, t.peer_pid, t.peer_name, deadline, [&] {
+            if (std::string reason = abort_reason(st); !reason.empty())
+              throw CollectiveError("aborted: " + reason);
+          });
+        } catch (const CollectiveTimeoutError& e) {
+          throw CollectiveTimeoutError(describe(t) + " timed out: " + e.what());
+        } catch (const CollectiveError& e) {
+          throw CollectiveError(describe(t) + " failed: " + e.what());
+        }
       }
     }
     for (Posted& p : posted) {
@@ -408,7 +413,6 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
       if (t.send) wait_one(t, *p.header_buf, true);
       if (!t.send) wait_one(t, *p.answer_buf, true);
       if (p.body) wait_one(t, *p.body, t.send);
-      if (p.done_buf) wait_one(t, *p.done_buf, !t.send);
     }
   } catch (const std::exception& e) {
     for (const Transfer& t : transfers) t.comm->abort(e.what());

@@ -60,6 +60,7 @@ std::string read_process_memory(int pid, const std::string& who, void* dst, uint
 
 void reset_channel(CopyChannel& c) {
   for (auto& slot : c.slots) slot.full.store(0, std::memory_order_relaxed);
+  c.done.store(0, std::memory_order_relaxed);
   c.next.store(0, std::memory_order_release);
 }
 
@@ -177,6 +178,22 @@ std::string push_chunks(CopyChannel& c, int pid, const std::string& who, const c
     return e.what();
   }
   return "";
+}
+
+void mark_done(CopyChannel& c) { c.done.store(1, std::memory_order_release); }
+
+void wait_done(CopyChannel& c, int pid, const std::string& who, Deadline deadline,
+               const std::function<void()>& check) {
+  bool closed = false;
+  wait_until(
+      [&] {
+        if (c.done.load(std::memory_order_acquire)) return true;
+        closed = c.next.load(std::memory_order_acquire) >= kClosed;
+        return closed;
+      },
+      pid, "waiting for " + who + " to finish copying", deadline, check);
+  if (closed && !c.done.load(std::memory_order_acquire))
+    throw CollectiveError(who + " stopped copying the message (its receive failed)");
 }
 
 }  // namespace trun::worker::detail

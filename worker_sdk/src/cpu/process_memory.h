@@ -39,6 +39,8 @@ constexpr int kRingSlots = 8;
 constexpr size_t kSharedCopyMinBytes = 4u << 20;  // smaller messages: the receiver alone
 struct alignas(64) CopyChannel {
   std::atomic<uint64_t> next{0};  // next chunk to claim; >= kClosed: closed by the receiver
+  // 1 once the receiver has every chunk (mark_done): the message is over and the channel free.
+  alignas(64) std::atomic<uint64_t> done{0};
   struct alignas(64) Slot {
     std::atomic<uint64_t> full{0};  // 0: empty; else 1 + the index of the chunk in it
   };
@@ -64,5 +66,13 @@ std::string receive_chunks(CopyChannel& c, int pid, const std::string& who, char
 // receiver's life (pid); "" or why it stopped early.
 std::string push_chunks(CopyChannel& c, int pid, const std::string& who, const char* src,
                         size_t bytes, Deadline deadline);
+// The end of a shared copy, through the channel instead of a message over TCP (whose wake-ups
+// cost this VM a few milliseconds now and then): the receiver marks it done once every chunk
+// is in its buffer, and the sender waits for that before its buffer is its caller's again.
+// wait_done throws CollectiveError when the receiver closed the channel instead (it failed),
+// or died, and CollectiveTimeoutError at the deadline; `check` as for receive_chunks.
+void mark_done(CopyChannel& c);
+void wait_done(CopyChannel& c, int pid, const std::string& who, Deadline deadline,
+               const std::function<void()>& check);
 
 }  // namespace trun::worker::detail
