@@ -58,6 +58,11 @@ struct Cluster {
   std::string run_id = unique_run_id();
   int min_nodes;
   int max_nodes;
+  // When set, every node's last call (NodeProcess's too). A test whose first round must hold a
+  // helper process sets a long one: a round of max nodes completes without waiting for it, and a
+  // helper that starts slowly (a sanitizer build on a loaded machine) is not left out of the round
+  // after the default 300 ms.
+  std::chrono::milliseconds last_call{0};
 
   Cluster(std::string backend_name, int min, int max, bool own_store = false)
       : backend(std::move(backend_name)), min_nodes(min), max_nodes(max) {
@@ -86,6 +91,7 @@ struct Cluster {
   RendezvousOptions options(const std::string& id) const {
     auto o = trun::testing::fast_rdzv_options(endpoint(), run_id, id, min_nodes, max_nodes);
     if (!etcd) o.is_host = false;  // etcd: nobody hosts anything
+    if (last_call.count() > 0) o.last_call_timeout = last_call;
     return o;
   }
   HandlerPtr create(const RendezvousOptions& o) const {
@@ -142,13 +148,14 @@ class NodeProcess {
     std::string exe = std::string(TRUN_BINARY_DIR) + "/tests/rendezvous/rdzv_test_node";
     std::string port = std::to_string(c.port());
     std::string min = std::to_string(c.min_nodes), max = std::to_string(c.max_nodes);
+    std::string last_call = std::to_string(c.options(id).last_call_timeout.count());
     pid_ = ::fork();
     REQUIRE(pid_ >= 0);
     if (pid_ == 0) {
       ::dup2(out[1], 1);
       ::dup2(in[0], 0);
       ::execl(exe.c_str(), exe.c_str(), port.c_str(), c.run_id.c_str(), min.c_str(), max.c_str(),
-              id.c_str(), "100", c.backend.c_str(), static_cast<char*>(nullptr));
+              id.c_str(), "100", c.backend.c_str(), last_call.c_str(), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(out[1]);
@@ -344,6 +351,7 @@ DYNAMIC_TEST(mid_round_restart, "calling next_rendezvous mid-round restarts the 
 // others see the same kNodeLeft either way.
 static void killed_node_detected(const std::string& backend) {
   Cluster c(backend, 2, 3);
+  c.last_call = 60s;  // the first round is all 3 (max): it never waits for this
   NodeProcess child(c, "victim");
   auto a = c.make("a"), b = c.make("b");
   auto infos = join_all({a.get(), b.get()});
@@ -397,6 +405,7 @@ DYNAMIC_TEST(stopped_node_declared_dead,
              "a silent node (SIGSTOP) is declared dead by missed keep-alives and rejoins",
              "[process]") {
   Cluster c(backend, 2, 3);
+  c.last_call = 60s;  // the first round is all 3 (max): it never waits for this
   NodeProcess child(c, "sleepy");
   auto a = c.make("a"), b = c.make("b");
   auto infos = join_all({a.get(), b.get()});

@@ -3,7 +3,7 @@
 // one line per completed round and per round event, and rejoins after each event until stdin
 // closes or the rendezvous closes.
 //
-//   rdzv_test_node PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS [BACKEND]]
+//   rdzv_test_node PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS [BACKEND [LAST_CALL_MS]]]
 //
 // Lines: "ranked <round> <rank> <world>", "event <kind-number> <node> <detail>", "closed",
 // "error <what>".
@@ -24,7 +24,8 @@ using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS [BACKEND]]\n",
+    std::fprintf(stderr,
+                 "usage: %s PORT RUN_ID MIN MAX NODE_ID [KEEP_ALIVE_MS [BACKEND [LAST_CALL_MS]]]\n",
                  argv[0]);
     return 2;
   }
@@ -33,6 +34,7 @@ int main(int argc, char** argv) {
                                             std::atoi(argv[3]), std::atoi(argv[4]));
   if (backend == "c10d") o.is_host = false;  // etcd: nobody hosts anything
   if (argc > 6) o.keep_alive_interval = std::chrono::milliseconds(std::atoi(argv[6]));
+  if (argc > 8) o.last_call_timeout = std::chrono::milliseconds(std::atoi(argv[8]));
   setvbuf(stdout, nullptr, _IOLBF, 0);
   spdlog::set_default_logger(spdlog::stderr_color_mt("node"));  // stdout carries results
   try {
