@@ -256,9 +256,10 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   bool host = !moved &&
               (options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr));
   std::unique_ptr<StoreServer> server;
+  std::string not_hosted;
   if (host) {
     server = host_store(ep, options.store_token, options.is_host.value_or(false), "c10d",
-                        options.store_seed);
+                        options.store_seed, &not_hosted);
   }
   StoreBackendOptions bo;
   bo.host = ep.host;
@@ -272,9 +273,15 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   try {
     backend = connect_store_backend(bo);
   } catch (const StoreError& e) {
+    // An agent that took the endpoint for its own and could not host it says why: otherwise
+    // "nothing listens there" hides that this node was to be the one listening.
+    std::string why;
+    if (!not_hosted.empty()) {
+      why = " (the endpoint is this node's, and hosting the store here failed: " + not_hosted + ")";
+    }
     throw RendezvousError("c10d rendezvous '" + options.run_id +
                           "': cannot reach the store at --rdzv-endpoint=" + options.endpoint +
-                          ": " + e.what());
+                          ": " + e.what() + why);
   }
   return create_dynamic_rendezvous(o, std::move(backend), std::move(server));
 }

@@ -12,6 +12,7 @@
 #include <cctype>
 #include <random>
 #include <set>
+#include <thread>
 
 namespace trun::rendezvous {
 namespace {
@@ -233,24 +234,65 @@ std::chrono::milliseconds start_first_round(RendezvousOptions* o, std::chrono::m
   return std::min(cap, o->join_timeout);
 }
 
+namespace {
+
+// Whether something accepts TCP connections on this machine at `bind_host`:`port` (the address
+// a store server was to bind; a wildcard is asked on loopback). A loopback connect answers at
+// once: accepted, or refused when nothing listens.
+bool someone_listens_here(const std::string& bind_host, uint16_t port) {
+  std::string host = bind_host;
+  if (host == "0.0.0.0") host = "127.0.0.1";
+  if (host == "::") host = "::1";
+  addrinfo hints{};
+  hints.ai_flags = AI_NUMERICHOST;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* res = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &res) != 0) return false;
+  bool accepted = false;
+  int fd = ::socket(res->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd >= 0) {
+    accepted = ::connect(fd, res->ai_addr, res->ai_addrlen) == 0;
+    ::close(fd);
+  }
+  ::freeaddrinfo(res);
+  return accepted;
+}
+
+}  // namespace
+
 std::unique_ptr<StoreServer> host_store(
     const Endpoint& endpoint, const std::string& token, bool forced, const char* backend,
-    const std::vector<std::pair<std::string, std::string>>& seed) {
+    const std::vector<std::pair<std::string, std::string>>& seed, std::string* not_hosted) {
   StoreServerOptions so;
   so.host = is_numeric_ip(endpoint.host) ? endpoint.host : "0.0.0.0";
   so.port = endpoint.port;
   so.token = token;
   so.seed = seed;
-  try {
-    return StoreServer::start(so);
-  } catch (const StoreError& e) {
-    if (forced) {
-      throw RendezvousError(std::string(backend) + " rendezvous: cannot host the store on " +
-                            so.host + ":" + std::to_string(endpoint.port) + ": " + e.what());
+  // Two agents on one machine that both take the endpoint for theirs (both "nodes" of a test
+  // cluster on one host) race for the port. With SO_REUSEADDR both binds can succeed and then
+  // both listen() calls fail, each seeing the other's socket (the kernel marks a socket as
+  // listening before it checks the port): nobody hosts, and both wait for a store that never
+  // comes (seen once under SLURM on one machine). So a failure while nothing listens on the port
+  // is tried again, after a random pause so the two part ways; 8 tries, under 0.4 s in all.
+  std::mt19937 rng(std::random_device{}());
+  std::uniform_int_distribution<int> pause_ms(5, 40);
+  for (int attempt = 1;; ++attempt) {
+    try {
+      return StoreServer::start(so);
+    } catch (const StoreError& e) {
+      if (attempt < 8 && !someone_listens_here(so.host, so.port)) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms(rng)));
+        continue;
+      }
+      if (forced) {
+        throw RendezvousError(std::string(backend) + " rendezvous: cannot host the store on " +
+                              so.host + ":" + std::to_string(endpoint.port) + ": " + e.what());
+      }
+      spdlog::info("{} rendezvous: not hosting the store ({}); connecting to {}:{} as a client",
+                   backend, e.what(), endpoint.host, endpoint.port);
+      if (not_hosted) *not_hosted = e.what();
+      return nullptr;
     }
-    spdlog::info("{} rendezvous: not hosting the store ({}); connecting to {}:{} as a client",
-                 backend, e.what(), endpoint.host, endpoint.port);
-    return nullptr;
   }
 }
 

@@ -40,10 +40,12 @@ std::chrono::milliseconds start_first_round(RendezvousOptions* o, std::chrono::m
 std::chrono::milliseconds time_left(std::chrono::steady_clock::time_point deadline,
                                     std::chrono::milliseconds cap);
 // Hosts a StoreServer for `endpoint` (binding its address when it is numeric, else every
-// interface). Returns null when the port is taken and hosting was not forced.
+// interface). Returns null when the port is taken and hosting was not forced, with the reason in
+// *not_hosted when given. A failure while nothing listens on the port is retried a few times.
 std::unique_ptr<StoreServer> host_store(
     const Endpoint& endpoint, const std::string& token, bool forced, const char* backend,
-    const std::vector<std::pair<std::string, std::string>>& seed = {});
+    const std::vector<std::pair<std::string, std::string>>& seed = {},
+    std::string* not_hosted = nullptr);
 
 class RoundRendezvous : public RendezvousHandler {
  public:

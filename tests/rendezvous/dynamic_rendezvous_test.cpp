@@ -6,9 +6,12 @@
 // keep-alives). Scenarios that inherently differ (how a kill is noticed, store traffic, who hosts
 // the store, losing the store) say so in their names. Timeouts here are generous bounds so nothing
 // hangs, never speed targets.
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -490,6 +493,60 @@ TEST_CASE("c10d: the node hosting the store gets group rank 0, even when it join
   a.reset();
   b.reset();
   host.reset();
+}
+
+// Two agents on one machine that both take the endpoint for theirs can leave the port bound by a
+// socket that does not listen: both binds succeed under SO_REUSEADDR, then both listen() calls
+// fail, each on the other's socket (once under SLURM, both "nodes" on one host: nobody hosted).
+// Here a socket bound without listening holds the port, as the other agent's would.
+TEST_CASE(
+    "c10d: an agent whose endpoint is local hosts the store once a non-listening holder "
+    "lets the port go, and says why when it never does",
+    "[c10d]") {
+  Cluster c("c10d", 1, 1);
+  uint16_t port = pick_free_port();
+  REQUIRE(port != 0);
+  int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  REQUIRE(holder >= 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(port);
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(holder, reinterpret_cast<sockaddr*>(&sa), sizeof(sa)) == 0);
+  auto o = c.options("a");
+  o.endpoint = "127.0.0.1:" + std::to_string(port);
+  o.is_host = std::nullopt;  // local: this agent is to host
+  o.join_timeout = 2s;
+  SECTION("held 50 ms: hosted after a retry, and a round completes on it") {
+    std::thread release([&] {
+      std::this_thread::sleep_for(50ms);
+      ::close(holder);
+    });
+    HandlerPtr h;
+    try {
+      h = create_rendezvous_handler("c10d", o);
+    } catch (...) {
+      release.join();
+      throw;
+    }
+    release.join();
+    auto info = h->next_rendezvous();
+    CHECK(info.group_world_size == 1);
+    h->set_closed();
+  }
+  SECTION("held throughout: the connect error names the failed hosting") {
+    std::string what;
+    try {
+      create_rendezvous_handler("c10d", o);
+    } catch (const RendezvousError& e) {
+      what = e.what();
+    }
+    ::close(holder);
+    INFO(what);
+    CHECK(what.find("nothing listens there") != std::string::npos);
+    CHECK(what.find("hosting the store here failed: store server: cannot listen on 127.0.0.1:" +
+                    std::to_string(port)) != std::string::npos);
+  }
 }
 
 // etcd has no store to host: is_host=true binds nothing (the etcd port is taken anyway) and gives
