@@ -263,14 +263,30 @@ std::string label(const char* op, DataType dt, size_t n, const char* extra = "")
   return std::string(op) + "(" + dtype_name(dt) + ", n=" + std::to_string(n) + extra + ")";
 }
 
+// n elements of dt whose element i is f(i % 29): every value in these tests repeats every 29
+// elements, so a 64 MiB buffer is 29 computed elements and doubling copies.
+template <typename F>
+std::vector<char> periodic(size_t n, DataType dt, F f) {
+  const size_t es = dtype_size(dt);
+  auto buf = make(n, dt);
+  const size_t period = std::min<size_t>(29, n);
+  for (size_t i = 0; i < period; ++i) store(buf.data(), i, dt, f(i));
+  for (size_t done = period; done < n;) {
+    const size_t c = std::min(done, n - done);
+    std::memcpy(buf.data() + done * es, buf.data(), c * es);
+    done += c;
+  }
+  return buf;
+}
+
 void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
   const int world = pg.size(), rank = pg.rank();
   for (DataType dt : kDtypes) {
     for (size_t n : sizes) {
       for (ReduceOp op : kOps) {
-        auto buf = make(n, dt), want = make(n, dt);
+        auto buf = make(n, dt);
         fill(buf, n, dt, rank);
-        for (size_t i = 0; i < n; ++i) store(want.data(), i, dt, reduce_ref(world, i, dt, op));
+        auto want = periodic(n, dt, [&](size_t i) { return reduce_ref(world, i, dt, op); });
         allreduce(pg, buf, n, dt, op);
         check(label("allreduce", dt, n, reduce_op_name(op)), buf, want, n, dt);
       }
@@ -292,10 +308,10 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
         check(label("allgather", dt, n), recv, want, n * world, dt);
       }
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax}) {
-        auto send = make(n * world, dt), recv = make(n, dt), want = make(n, dt);
+        auto send = make(n * world, dt), recv = make(n, dt);
         fill(send, n * world, dt, rank);
-        for (size_t i = 0; i < n; ++i)
-          store(want.data(), i, dt, reduce_ref(world, rank * n + i, dt, op));
+        auto want =
+            periodic(n, dt, [&](size_t i) { return reduce_ref(world, rank * n + i, dt, op); });
         reduce_scatter(pg, send, recv, n, dt, op);
         check(label("reduce_scatter", dt, n, reduce_op_name(op)), recv, want, n, dt);
       }
@@ -341,22 +357,6 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
     if (k < bufs.size()) check("allreduce_async", bufs[k], want, n, DataType::kFloat32);
   }
   check("allreduce after async work", blocking, want, n, DataType::kFloat32);
-}
-
-// n elements of dt whose element i is f(i % 29): every value in these tests repeats every 29
-// elements, so a 64 MiB buffer is 29 computed elements and doubling copies.
-template <typename F>
-std::vector<char> periodic(size_t n, DataType dt, F f) {
-  const size_t es = dtype_size(dt);
-  auto buf = make(n, dt);
-  const size_t period = std::min<size_t>(29, n);
-  for (size_t i = 0; i < period; ++i) store(buf.data(), i, dt, f(i));
-  for (size_t done = period; done < n;) {
-    const size_t c = std::min(done, n - done);
-    std::memcpy(buf.data() + done * es, buf.data(), c * es);
-    done += c;
-  }
-  return buf;
 }
 
 // Every operation x dtype on 64 MiB buffers (n = 64 MiB / element size), against the reference.
