@@ -22,7 +22,9 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
-TIMEOUT = timedelta(seconds=5)
+# The store timeout of most connections: two steps wait it out (a get() of a missing key), so it
+# is most of a run's time; every other request on loopback answers in milliseconds.
+TIMEOUT = timedelta(seconds=2)
 SHORT = timedelta(milliseconds=300)
 
 
