@@ -93,19 +93,25 @@ class TempDir {
   std::string path_;
 };
 
-// A child process whose stdout/stderr go to files in its own temporary directory.
+// A child process whose stdout/stderr go to files in its own temporary directory. Unless the
+// test gives TMPDIR, the child's TMPDIR is a folder in that directory too: a trun that a test
+// SIGKILLs cannot remove its own temporary log folder (/tmp/trun-XXXXXX), and this way it goes
+// with the Child (the failover tests left 13 such folders in /tmp per run).
 class Child {
  public:
   Child(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
         const std::vector<std::string>& unset_env = {}) {
     out_path_ = dir_ / "stdout";
     err_path_ = dir_ / "stderr";
+    const std::string tmp = dir_ / "tmp";
+    ::mkdir(tmp.c_str(), 0700);
     pid_ = fork();
     if (pid_ == 0) {
       int out = open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       int err = open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       dup2(out, 1);
       dup2(err, 2);
+      setenv("TMPDIR", tmp.c_str(), 1);
       for (const auto& k : unset_env) unsetenv(k.c_str());
       for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
       std::vector<char*> args;
