@@ -495,10 +495,10 @@ TEST_CASE("c10d: the node hosting the store gets group rank 0, even when it join
   host.reset();
 }
 
-// Two agents on one machine that both take the endpoint for theirs can leave the port bound by a
-// socket that does not listen: both binds succeed under SO_REUSEADDR, then both listen() calls
-// fail, each on the other's socket (once under SLURM, both "nodes" on one host: nobody hosted).
-// Here a socket bound without listening holds the port, as the other agent's would.
+// Two agents on one machine that both take the endpoint for theirs: once under SLURM (both
+// "nodes" on one host) neither hosted, for a cause not confirmed (perhaps each one's listen()
+// failing on the other's bound socket). Here a socket bound without listening holds the port,
+// the state that hosting now retries.
 TEST_CASE(
     "c10d: an agent whose endpoint is local hosts the store once a non-listening holder "
     "lets the port go, and says why when it never does",
