@@ -163,7 +163,7 @@ TEST_CASE("large point-to-point messages on a node, copied by both ranks, arrive
        {Case{"2 ranks", {"p2p_big", "9"}, nullptr}, Case{"3 ranks", {"p2p_big", "5"}, nullptr},
         Case{"2 ranks, the receiver may not read the sender (seccomp)",
              {"p2p_big", "9", "1", "process_vm_readv"},
-             "sending the data over Gloo from now on"}}) {
+             "the sender copies the data through shared memory from now on"}}) {
     DYNAMIC_SECTION(c.name) {
       const int world = c.args[1] == "5" ? 3 : 2;
       Job job;

@@ -28,10 +28,11 @@
 //                                rank 1 or rank 1), 16 (timeout), 4 otherwise (or no failure in
 //                                2000 calls)
 //   pg_worker p2p_big <MiB> [<rank> <call>]
-//                                messages of <MiB> MiB plus 12 KiB between ranks of a node, three
-//                                times each: send/recv 0 -> 1 and 1 -> 0, a ring of
-//                                batch_isend_irecv, two sends to rank 1 in one batch (tags 1 and
-//                                2, received in the other order); exit 0 when all match. With
+//                                a 4000-byte message 0 -> 1, then messages of <MiB> MiB plus
+//                                12 KiB between ranks of a node, three times each: send/recv
+//                                0 -> 1 and 1 -> 0, a ring of batch_isend_irecv, two sends to
+//                                rank 1 in one batch (tags 1 and 2, received in the other
+//                                order); exit 0 when all match. With
 //                                <rank> and <call> (process_vm_readv or process_vm_writev): that
 //                                rank first makes the call fail with EPERM (seccomp), as a
 //                                container's policy would (exit 18 when it cannot)
@@ -449,6 +450,15 @@ void run_p2p_big(ProcessGroup& pg, size_t mib) {
   const int rank = pg.rank(), world = pg.size();
   const size_t n = ((mib << 20) + (12 << 10)) / 4;  // a short last chunk
   std::vector<int32_t> a(n), b(n);
+  // A small message first: its receiver reads it straight from the sender's memory (or tries).
+  std::vector<int32_t> small(1000);
+  if (rank == 0) {
+    fill_big(small, rank, 99);
+    pg.send(small.data(), small.size(), DataType::kInt32, 1, 99);
+  } else if (rank == 1) {
+    pg.recv(small.data(), small.size(), DataType::kInt32, 0, 99);
+    check_big("small send/recv", small, 0, 99);
+  }
   for (int round = 0; round < 3; ++round) {
     if (rank < 2 && world >= 2) {
       for (int from = 0; from < 2; ++from) {

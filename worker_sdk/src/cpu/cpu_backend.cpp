@@ -303,34 +303,66 @@ class CpuBackend : public BackendImpl {
     std::sort(peers.begin(), peers.end());
     peers.erase(std::unique(peers.begin(), peers.end()), peers.end());
     for (int p : peers) pair(p, deadline);
+    const std::string full = std::string(what) + " on rank " + std::to_string(rank_);
+    // The ranks of this node: through shared memory (local_p2p); the others over TCP.
     std::vector<GlooComm::Transfer> transfers;
-    int sends = 0;  // to ranks of this node: each gets its own channel
+    std::vector<LocalTransfer> local;
+    std::vector<GlooComm*> local_comms;
     for (const P2POp& op : ops) {
+      const bool send = op.kind == P2POp::kSend;
+      const size_t bytes = op.count * dtype_size(op.dtype);
+      const uint32_t tag = static_cast<uint32_t>(tag_base >= 0 ? tag_base : op.tag);
+      const std::string peer_name = "rank " + std::to_string(op.peer);
+      if (shm_ && place_[op.peer].node == place_[rank_].node) {
+        const int peer = place_[op.peer].local;
+        LocalTransfer t;
+        t.send = send;
+        t.data = op.data;
+        t.bytes = bytes;
+        t.tag = tag;
+        t.peer = peer;
+        t.channels = shm_->copy_channel(send ? place_[rank_].local : peer, 0);
+        t.channel_count = ShmComm::kCopyChannels;
+        t.peer_pid = shm_->pid(peer);
+        t.may_read = !send && shm_->readable_pid(peer) > 0;
+        t.peer_name = peer_name;
+        t.name = full + ": " + (send ? "send to " : "recv from ") + peer_name;
+        local.push_back(std::move(t));
+        local_comms.push_back(pair(op.peer, deadline));
+        continue;
+      }
       GlooComm::Transfer t;
       t.comm = pair(op.peer, deadline);
-      t.send = op.kind == P2POp::kSend;
+      t.send = send;
       t.data = op.data;
-      t.bytes = op.count * dtype_size(op.dtype);
+      t.bytes = bytes;
       t.peer = rank_ < op.peer ? 1 : 0;
-      t.tag = static_cast<uint32_t>(tag_base >= 0 ? tag_base : op.tag);
-      t.peer_name = "rank " + std::to_string(op.peer);
-      // A rank of this node: the receiver reads straight from the sender's memory, and for
-      // large messages the sender also copies chunks into a ring in the segment (CopyChannel).
-      if (shm_ && place_[op.peer].node == place_[rank_].node) {
-        const int local = place_[op.peer].local;
-        t.peer_pid = shm_->readable_pid(local);
-        if (t.send && sends < ShmComm::kCopyChannels) {
-          t.channel_index = sends++;
-          t.channel = shm_->copy_channel(place_[rank_].local, t.channel_index);
-        } else if (!t.send) {
-          t.peer_channels = shm_->copy_channel(local, 0);
-          t.peer_channel_count = ShmComm::kCopyChannels;
-        }
-      }
+      t.tag = tag;
+      t.peer_name = peer_name;
       transfers.push_back(std::move(t));
     }
-    const std::string full = std::string(what) + " on rank " + std::to_string(rank_);
-    GlooComm::p2p(transfers, deadline, full.c_str());
+    auto run_local = [&] {
+      if (local.empty()) return;
+      try {
+        local_p2p(
+            local, place_[rank_].local, deadline,
+            [&] {
+              for (GlooComm* c : local_comms)
+                if (std::string reason = c->abort_reason(); !reason.empty())
+                  throw CollectiveError(full + " failed: aborted: " + reason);
+            },
+            direct_read_failed_);
+      } catch (const std::exception& e) {
+        // Later messages with these peers fail at once instead of finding stale channels.
+        for (GlooComm* c : local_comms) c->abort(e.what());
+        throw;
+      }
+    };
+    if (transfers.empty()) {
+      run_local();
+    } else {
+      GlooComm::p2p(transfers, deadline, full.c_str(), run_local);
+    }
   }
 
   // A leader whose Gloo step fails tells its node at once, so its local peers do not wait for
@@ -397,6 +429,7 @@ class CpuBackend : public BackendImpl {
   std::vector<int> node_sizes_;
   bool identity_ = false;
   std::unique_ptr<ShmComm> shm_;
+  bool direct_read_failed_ = false;  // a read of a local peer's memory was refused once
   std::unique_ptr<GlooComm> gloo_;
   std::shared_ptr<rendezvous::Store> store_;
   std::string host_ = "127.0.0.1";

@@ -26,7 +26,6 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
-#include "worker_sdk/src/cpu/process_memory.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace trun::worker::detail {
@@ -188,6 +187,8 @@ GlooComm::GlooComm(rendezvous::Store& store, int rank, int size, const std::stri
 
 GlooComm::~GlooComm() = default;
 
+std::string GlooComm::abort_reason() const { return detail::abort_reason(*state_); }
+
 void GlooComm::abort(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(state_->abort_mu);
@@ -263,22 +264,15 @@ void GlooComm::barrier(Deadline deadline) {
   });
 }
 
-void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what) {
-  if (transfers.empty()) return;
-  // Per message, on slots 4*tag + 0..2: the sender's header (length, address of its data, and
-  // 1 + the index of the sender's CopyChannel when it offers to help, else 0), the receiver's
-  // answer (kRead: it read the data itself, straight from the sender's memory; kSend: send it;
-  // kShare: both copy, the sender through the ring of its CopyChannel), then on kSend the data.
-  // On kShare the end is the channel's "done" in shared memory (every chunk is copied; the
-  // channel is free again), not a message: see mark_done. Gloo would otherwise treat a message
-  // longer than the posted receive as a fatal invariant violation; the answer (or "done") also
-  // keeps the sender's buffer untouched until a direct read is done.
-  enum : uint64_t { kSend = 0, kRead = 1, kShare = 2 };
+void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what,
+                   const std::function<void()>& between) {
+  // Per message, on slots 4*tag + 0..2: the sender's header (its length), the receiver's
+  // answer (send it), then the data. Gloo would otherwise treat a message longer than the
+  // posted receive as a fatal invariant violation.
   struct Posted {
     const Transfer* t = nullptr;
-    uint64_t header[3] = {0, 0, 0};  // send: what we announce; recv: what the sender announced
-    uint64_t answer = kSend;
-    CopyChannel* channel = nullptr;  // kShare: the sender's channel
+    uint64_t header = 0;  // send: what we announce; recv: what the sender announced
+    uint64_t answer = 1;
     std::unique_ptr<gloo::transport::UnboundBuffer> header_buf, answer_buf, body;
   };
   std::vector<Posted> posted(transfers.size());
@@ -290,7 +284,7 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
     try {
       ok = send ? buf.waitSend(remaining(deadline)) : buf.waitRecv(remaining(deadline));
     } catch (const std::exception& e) {
-      if (std::string reason = abort_reason(*t.comm->state_); !reason.empty())
+      if (std::string reason = t.comm->abort_reason(); !reason.empty())
         throw CollectiveError(describe(t) + " failed: aborted: " + reason);
       if (Clock::now() + std::chrono::milliseconds(50) >= deadline)
         throw CollectiveTimeoutError(describe(t) + " timed out: " + e.what());
@@ -307,19 +301,13 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
       p.t = &transfers[i];
       const Transfer& t = *p.t;
       State& st = *t.comm->state_;
-      if (std::string reason = abort_reason(st); !reason.empty())
+      if (std::string reason = t.comm->abort_reason(); !reason.empty())
         throw CollectiveError(describe(t) + " failed: aborted: " + reason);
       try {
-        p.header_buf = st.context->createUnboundBuffer(p.header, sizeof p.header);
+        p.header_buf = st.context->createUnboundBuffer(&p.header, sizeof p.header);
         p.answer_buf = st.context->createUnboundBuffer(&p.answer, sizeof p.answer);
         if (t.send) {
-          p.header[0] = t.bytes;
-          p.header[1] = reinterpret_cast<uintptr_t>(t.data);
-          if (t.channel && t.peer_pid > 0 && t.bytes >= kSharedCopyMinBytes) {
-            // Ours until the receiver's "done": reset before the header announces it.
-            reset_channel(*t.channel);
-            p.header[2] = 1 + static_cast<uint64_t>(t.channel_index);
-          }
+          p.header = t.bytes;
           p.header_buf->send(t.peer, slot(t, 0));
           p.answer_buf->recv(t.peer, slot(t, 1));
         } else {
@@ -329,83 +317,29 @@ void GlooComm::p2p(const std::vector<Transfer>& transfers, Deadline deadline, co
         throw CollectiveError(describe(t) + " failed: " + e.what());
       }
     }
-    // Receives: the header, then a direct read when the sender is a process on this machine
-    // whose pid we know (shared with the sender when it offers to help), else ask for the data.
+    // Receives: the header, then the answer and the receive of the data.
     for (Posted& p : posted) {
       const Transfer& t = *p.t;
       if (t.send) continue;
       wait_one(t, *p.header_buf, false);
-      if (p.header[0] != t.bytes)
-        throw CollectiveError(describe(t) + " failed: the sender sent " +
-                              std::to_string(p.header[0]) + " bytes, this receive expects " +
-                              std::to_string(t.bytes));
-      State& st = *t.comm->state_;
-      char* dst = static_cast<char*>(t.data);
-      p.answer = t.bytes == 0 ? kRead : kSend;
-      if (t.bytes && t.peer_pid > 0 && !t.comm->direct_read_failed_) {
-        const uint64_t k = p.header[2];
-        std::string why;
-        if (k > 0 && k <= static_cast<uint64_t>(t.peer_channel_count) && t.peer_channels) {
-          // Read chunk 0 (proving that direct reads work), then ask the sender to help.
-          p.channel = t.peer_channels + (k - 1);
-          p.channel->next.fetch_add(1);
-          why = read_process_memory(t.peer_pid, t.peer_name, dst, p.header[1],
-                                    std::min(t.bytes, kCopyChunkBytes));
-          if (why.empty()) {
-            p.answer = kShare;
-          } else {
-            p.channel = nullptr;
-          }
-        } else {
-          why = read_process_memory(t.peer_pid, t.peer_name, dst, p.header[1], t.bytes);
-          if (why.empty()) p.answer = kRead;
-        }
-        if (!why.empty()) {
-          t.comm->direct_read_failed_ = true;
-          std::fprintf(stderr, "[trun.worker] %s: %s; sending the data over Gloo from now on\n",
-                       describe(t).c_str(), why.c_str());
-        }
-      }
+      if (p.header != t.bytes)
+        throw CollectiveError(describe(t) + " failed: the sender sent " + std::to_string(p.header) +
+                              " bytes, this receive expects " + std::to_string(t.bytes));
       p.answer_buf->send(t.peer, slot(t, 1));
-      if (p.answer == kSend) {
-        p.body = st.context->createUnboundBuffer(t.data, t.bytes);
+      if (t.bytes) {
+        p.body = t.comm->state_->context->createUnboundBuffer(t.data, t.bytes);
         p.body->recv(t.peer, slot(t, 2));
-      } else if (p.answer == kShare) {
-        std::string why = receive_chunks(
-            *p.channel, t.peer_pid, t.peer_name, dst, p.header[1], t.bytes, deadline, [&] {
-              if (std::string reason = abort_reason(st); !reason.empty())
-                throw CollectiveError(describe(t) + " failed: aborted: " + reason);
-            });
-        if (!why.empty()) throw CollectiveError(describe(t) + " failed: " + why);
-        mark_done(*p.channel);
       }
     }
-    // Sends: the answer, then the data if asked for, or our share of the copy.
+    if (between) between();
+    // Sends: the answer, then the data.
     for (Posted& p : posted) {
       const Transfer& t = *p.t;
       if (!t.send) continue;
       wait_one(t, *p.answer_buf, false);
-      State& st = *t.comm->state_;
-      if (p.answer == kSend && t.bytes) {
-        p.body = st.context->createUnboundBuffer(t.data, t.bytes);
+      if (t.bytes) {
+        p.body = t.comm->state_->context->createUnboundBuffer(t.data, t.bytes);
         p.body->send(t.peer, slot(t, 2));
-      } else if (p.answer == kShare) {
-        if (p.header[2] == 0)
-          throw CollectiveError(describe(t) + " failed: the receiver asked for help not offered");
-        // Stops early only when the receiver is gone or the deadline passed: its "done" (or
-        // the closed connection) then tells.
-        (void)push_chunks(*t.channel, t.peer_pid, t.peer_name, static_cast<const char*>(t.data),
-                          t.bytes, deadline);
-        try {
-          wait_done(*t.channel, t.peer_pid, t.peer_name, deadline, [&] {
-            if (std::string reason = abort_reason(st); !reason.empty())
-              throw CollectiveError("aborted: " + reason);
-          });
-        } catch (const CollectiveTimeoutError& e) {
-          throw CollectiveTimeoutError(describe(t) + " timed out: " + e.what());
-        } catch (const CollectiveError& e) {
-          throw CollectiveError(describe(t) + " failed: " + e.what());
-        }
       }
     }
     for (Posted& p : posted) {

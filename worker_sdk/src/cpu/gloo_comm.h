@@ -24,7 +24,6 @@
 
 #include "rendezvous/store/store.h"
 #include "worker_sdk/src/backend.h"
-#include "worker_sdk/src/cpu/process_memory.h"
 
 namespace trun::worker::detail {
 
@@ -51,37 +50,29 @@ class GlooComm {
     int peer = 0;
     uint32_t tag = 0;
     std::string peer_name;  // for messages, e.g. "rank 3"
-    // The peer is a process on this machine: its pid (in this pid namespace), so that the data
-    // is read straight from its memory (process_vm_readv) instead of sent over TCP. 0: over
-    // TCP. A receive needs it for that; a send, to notice a receiver that died (below).
-    int peer_pid = 0;
-    // Both processes on one node sharing a segment (ShmComm): a send's own channel (distinct
-    // per pending send) and a receive's sender's kCopyChannels channels. With both, a message
-    // of at least kSharedCopyMinBytes is copied by the two processes at once (CopyChannel).
-    CopyChannel* channel = nullptr;
-    int channel_index = 0;  // of `channel` among the sender's
-    CopyChannel* peer_channels = nullptr;
-    int peer_channel_count = 0;
   };
   // Posts every transfer (on any number of GlooComms), then waits for all, bounded by
   // `deadline`: posting everything first lets a ring exchange over separate communicators
   // complete. Each message carries its length: a receive whose posted size differs fails with
-  // CollectiveError naming both sizes. A send completes once the receiver has the data (read
-  // directly, see Transfer::peer_pid, or received). A direct read that fails once (EPERM under
-  // a seccomp or ptrace policy) makes this GlooComm send data over TCP from then on. Messages
-  // between two participants with the same tag match in posting order. Any failure aborts every
-  // GlooComm involved (their pending transfers fail, and the peers see closed connections). `what`
-  // names the operation in errors.
-  static void p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what);
+  // CollectiveError naming both sizes (the sender waits for the receiver's answer before it
+  // sends the data). Messages between two participants with the same tag match in posting
+  // order. `between` (may be empty) runs once every header has arrived and been answered,
+  // before the sends wait for their answers: the transfers within this node (local_p2p) run
+  // there, so that neither kind waits for the other. Any failure, `between`'s too, aborts every
+  // GlooComm involved (their pending transfers fail, and the peers see closed connections).
+  // `what` names the operation in errors.
+  static void p2p(const std::vector<Transfer>& transfers, Deadline deadline, const char* what,
+                  const std::function<void()>& between = {});
   // Makes the running collective (if any) and every later one fail with CollectiveError naming
   // `reason`. Does not block (reads /proc/self/fd); idempotent (the first reason stays).
   void abort(const std::string& reason);
+  // Why abort() was called; "" when it was not.
+  std::string abort_reason() const;
 
   struct State;  // defined in gloo_comm.cpp
 
  private:
   std::unique_ptr<State> state_;
-  bool direct_read_failed_ = false;  // see p2p()
   int rank_;
   int size_;
 };

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "worker_sdk/src/backend.h"
 
@@ -22,24 +23,33 @@ namespace trun::worker::detail {
 std::string read_process_memory(int pid, const std::string& who, void* dst, uint64_t remote,
                                 size_t bytes);
 
-// One message copied by both processes of a point-to-point transfer on one node at once,
-// pipelined: the sender, which would otherwise wait, copies chunks of its buffer into a ring
-// of slots in shared memory that stay in the cache, and the receiver copies them out into its
-// buffer with non-temporal stores (two user-space copies on two cores; the kernel's copy of
-// process_vm_readv costs about three times the CPU per byte of one of them here). Whenever the
-// ring is empty the receiver claims a chunk itself and reads it straight from the sender's
-// memory (read_process_memory), so it never waits for a sender that is busy elsewhere (a ring
-// exchange, say): it waits only for chunks the sender has claimed. Each side claims the next
-// chunk from `next`. Lives in shared memory (ShmComm::copy_channel), owned by the sender: it
-// resets one before announcing a message and reuses it once the receiver has said it is done.
-// Chunk 0 is always the receiver's: its read proves that cross-memory reads work before it
-// asks for help.
+// Point-to-point messages between the ranks of one node, entirely through shared memory: no
+// message over TCP, whose wake-ups cost this kind of VM milliseconds now and then (a 64 MiB
+// message takes 4 ms to copy). The sender announces a message in one of its CopyChannels (size,
+// address, tag, receiver) and copies it in chunks into the channel's ring of slots, which stay
+// in the cache; the receiver finds the announcement and copies the chunks out into its buffer
+// with non-temporal stores: two user-space copies, pipelined on two cores. When the ring stays
+// empty (a sender busy elsewhere or not scheduled) and direct reads are allowed, the receiver
+// claims chunks itself and reads them straight from the sender's memory (read_process_memory;
+// the kernel's copy costs about three times the CPU per byte of one user-space copy here), and
+// it reads small messages that way at once. Each side claims the next chunk from `next`. Owned
+// by the sender, which resets one before announcing a message in it and reuses it once the
+// receiver has marked it done.
 constexpr size_t kCopyChunkBytes = 256u << 10;
 constexpr int kRingSlots = 8;
-constexpr size_t kSharedCopyMinBytes = 4u << 20;  // smaller messages: the receiver alone
+constexpr size_t kSharedCopyMinBytes = 4u << 20;  // smaller messages: the receiver reads them
 struct alignas(64) CopyChannel {
-  std::atomic<uint64_t> next{0};  // next chunk to claim; >= kClosed: closed by the receiver
-  // 1 once the receiver has every chunk (mark_done): the message is over and the channel free.
+  // The announcement, one word so that a receiver reads it whole: state (bits 0-1: free,
+  // posted by the sender, taken by the receiver, failed: the sender gave up), the receiver's
+  // local rank (bits 2-11), the sender's count of announcements (bits 12-31: the order of two
+  // with the same receiver and tag) and the tag (bits 32-63). bytes and addr are written
+  // before the release of "posted".
+  std::atomic<uint64_t> post{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> addr{0};              // of the data, in the sender's address space
+  std::atomic<uint64_t> refused{0};           // 1 + the receiver's size when the sizes differ
+  alignas(64) std::atomic<uint64_t> next{0};  // next chunk to claim; >= kClosed: closed
+  // 1 once the receiver has every chunk: the message is over and the channel free again.
   alignas(64) std::atomic<uint64_t> done{0};
   struct alignas(64) Slot {
     std::atomic<uint64_t> full{0};  // 0: empty; else 1 + the index of the chunk in it
@@ -47,32 +57,34 @@ struct alignas(64) CopyChannel {
   Slot slots[kRingSlots];
   alignas(64) char ring[kRingSlots][kCopyChunkBytes];
 };
-inline uint64_t copy_chunks(size_t bytes) {
-  return (bytes + kCopyChunkBytes - 1) / kCopyChunkBytes;
-}
-void reset_channel(CopyChannel& c);
 
-// The receiver's side, after it claimed and read chunk 0 and asked the sender for help: copies
-// out what the sender puts in the ring and reads the chunks it claims itself, until every
-// chunk is in dst. `check` runs every few milliseconds while it waits and throws to stop (an
-// abort); a sender that died and the deadline (CollectiveTimeoutError) stop it too. Returns ""
-// or why a read failed. On any failure it closes the channel (the sender stops); the sender
-// never writes into dst.
-std::string receive_chunks(CopyChannel& c, int pid, const std::string& who, char* dst,
-                           uint64_t remote, size_t bytes, Deadline deadline,
-                           const std::function<void()>& check);
-// The sender's share: claims chunks and copies them into the ring until none is left or the
-// receiver closed the channel. Waits for free slots, bounded by the deadline and the
-// receiver's life (pid); "" or why it stopped early.
-std::string push_chunks(CopyChannel& c, int pid, const std::string& who, const char* src,
-                        size_t bytes, Deadline deadline);
-// The end of a shared copy, through the channel instead of a message over TCP (whose wake-ups
-// cost this VM a few milliseconds now and then): the receiver marks it done once every chunk
-// is in its buffer, and the sender waits for that before its buffer is its caller's again.
-// wait_done throws CollectiveError when the receiver closed the channel instead (it failed),
-// or died, and CollectiveTimeoutError at the deadline; `check` as for receive_chunks.
-void mark_done(CopyChannel& c);
-void wait_done(CopyChannel& c, int pid, const std::string& who, Deadline deadline,
-               const std::function<void()>& check);
+// One message of local_p2p, with the local rank `peer`.
+struct LocalTransfer {
+  bool send = true;
+  void* data = nullptr;
+  size_t bytes = 0;
+  uint32_t tag = 0;
+  int peer = 0;
+  // The sender's channels: ours for a send, the peer's for a receive.
+  CopyChannel* channels = nullptr;
+  int channel_count = 0;
+  int peer_pid = 0;       // to notice a peer that died; 0: unknown (another pid namespace)
+  bool may_read = false;  // a receive may read the sender's memory (process_vm_readv)
+  std::string peer_name;  // e.g. "rank 3"
+  std::string name;       // for errors, e.g. "send on rank 2: send to rank 3"
+};
+
+// Runs every transfer to completion, all at once (a rank's sends and receives progress
+// together, so a ring or a pairwise exchange cannot wait in a cycle), bounded by `deadline`.
+// `me` is this rank's local rank. Messages between two ranks with the same tag match in
+// posting order; a receive whose size differs from the message fails on both sides with
+// CollectiveError naming both sizes. Every few milliseconds while it waits: `check` (throws to
+// stop, e.g. on abort), the deadline (CollectiveTimeoutError) and the peers' lives (a peer that
+// exited: CollectiveError). A direct read that is refused (EPERM under a seccomp or ptrace
+// policy) sets `direct_read_failed`, and the ring alone carries the data from then on. On
+// failure the receives close their channels and the sends mark theirs failed, so that the
+// peers fail at once too.
+void local_p2p(std::vector<LocalTransfer>& transfers, int me, Deadline deadline,
+               const std::function<void()>& check, bool& direct_read_failed);
 
 }  // namespace trun::worker::detail

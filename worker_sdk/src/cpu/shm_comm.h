@@ -59,9 +59,10 @@ class ShmComm {
   // Local rank r's pid when its memory may be read directly (same pid namespace, TRUN_SHM_CMA
   // not 0), else 0.
   int readable_pid(int r) const;
-  // Local rank r's k-th channel for messages it sends to a local peer (both copy them, see
-  // CopyChannel, 2 MiB: its pages are touched only when used), k < kCopyChannels; in the
-  // segment, zeroed at creation.
+  // Local rank r's pid, 0 for this rank or when it is in another pid namespace.
+  int pid(int r) const { return r != me_ && r >= 0 && r < n_ ? pids_[r] : 0; }
+  // Local rank r's k-th channel for messages it sends to a local peer (local_p2p, 2 MiB: its
+  // pages are touched only when used), k < kCopyChannels; in the segment, zeroed at creation.
   static constexpr int kCopyChannels = 4;
   CopyChannel* copy_channel(int r, int k) const {
     return channels_ + static_cast<size_t>(r) * kCopyChannels + k;
