@@ -185,6 +185,22 @@ TEST_CASE("large point-to-point messages on a node, copied by both ranks, arrive
   }
 }
 
+TEST_CASE("a send and a receive of different sizes fail on both ranks, naming both sizes",
+          "[worker_sdk][failures][p2p]") {
+  // 999 and 1001 elements against the sender's 1000: the receive is shorter or longer.
+  for (const char* expect : {"999", "1001"}) {
+    DYNAMIC_SECTION("ranks of one node, the receive posts " << expect) {
+      Job job;
+      JobSpec spec = spec_for({"", {2}}, {"p2p_mismatch", expect}, "p2p-mismatch");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";  // a failure within 45 s is not a timeout
+      job.start(spec);
+      auto results = job.wait(45s);
+      expect_codes(results, job, {15, 15});
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
 TEST_CASE("a rank that dies while both copy a large message makes its peer fail, without a hang",
           "[worker_sdk][failures][p2p]") {
   for (int victim : {0, 1}) {

@@ -36,6 +36,10 @@
 //                                <rank> and <call> (process_vm_readv or process_vm_writev): that
 //                                rank first makes the call fail with EPERM (seccomp), as a
 //                                container's policy would (exit 18 when it cannot)
+//   pg_worker p2p_mismatch <n>   rank 0 sends 1000 int32 to rank 1, which posts a receive of <n>
+//                                (not 1000): both must fail at once naming both sizes in bytes
+//                                (exit 15), and a later send must fail at once, the group
+//                                broken (exit 4 otherwise, 16 on a timeout)
 //   pg_worker p2p_big_dead <rank>
 //                                ranks 0 and 1 exchange 16 MiB messages in turns in a loop; <rank>
 //                                dies (SIGKILL, from a thread) 300 ms into it: the other must fail
@@ -1083,6 +1087,39 @@ int main(int argc, char** argv) {
       if (pg.size() < 2) return 2;
       run_p2p_big(pg, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8);
       std::printf("P2P_BIG done, %d mismatches\n", g_failures);
+    } else if (scenario == "p2p_mismatch") {
+      const size_t expect = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 999;
+      if (pg.size() < 2 || expect == 1000) return 2;
+      pg.barrier();
+      if (pg.rank() > 1) return 0;
+      const size_t count = pg.rank() == 0 ? 1000 : expect;
+      std::vector<int32_t> buf(count, 7);
+      const std::string other = std::to_string(expect * 4);
+      auto t0 = Clock::now();
+      try {
+        if (pg.rank() == 0)
+          pg.send(buf.data(), count, DataType::kInt32, 1, 5);
+        else
+          pg.recv(buf.data(), count, DataType::kInt32, 0, 5);
+        std::printf("NO FAILURE\n");
+        return 4;
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+        return 16;
+      } catch (const CollectiveError& e) {
+        std::printf("FAILED after %.3f s: %s\n", seconds_since(t0), e.what());
+        if (!std::strstr(e.what(), "4000 bytes") ||
+            !std::strstr(e.what(), ("expects " + other).c_str()))
+          return 4;
+      }
+      t0 = Clock::now();
+      try {
+        pg.send(buf.data(), 1, DataType::kInt32, 1 - pg.rank(), 6);
+        return 4;
+      } catch (const CollectiveError& e) {
+        std::printf("LATER after %.3f s: %s\n", seconds_since(t0), e.what());
+        return seconds_since(t0) < 5 ? 15 : 4;
+      }
     } else if (scenario == "p2p_big_dead") {
       const int victim = argc > 2 ? std::atoi(argv[2]) : 1;
       if (pg.size() < 2 || victim < 0 || victim > 1) return 2;
