@@ -30,6 +30,9 @@ struct Layout {
   // 16 KiB shared-memory slots and no cross-memory reads (TRUN_SHM_CMA=0): all_to_all goes
   // through the segment in many rounds.
   bool small_slots = false;
+  // TRUN_SHM_A2A_BYTES, where set: all_to_all's staging area per rank ("0": the slots instead;
+  // one too small for 256 KiB sub-slots: direct reads, unless small_slots).
+  const char* a2a_bytes = nullptr;
 };
 
 int world_of(const Layout& l) {
@@ -49,6 +52,7 @@ JobSpec spec_for(const Layout& layout, std::vector<std::string> args, const char
     spec.env["TRUN_SHM_SLOT_BYTES"] = "16384";
     spec.env["TRUN_SHM_CMA"] = "0";
   }
+  if (layout.a2a_bytes) spec.env["TRUN_SHM_A2A_BYTES"] = layout.a2a_bytes;
   spec.run_id = unique_run_id(id);
   return spec;
 }
@@ -69,9 +73,24 @@ TEST_CASE("reduce, gather, scatter, all_to_all and send/recv match a serial refe
   const Layout layouts[] = {
       {"1 rank", {1}},
       {"2 ranks, one node (shared memory)", {2}},
-      {"3 ranks, one node, 16 KiB slots, no cross-memory reads (rounds)", {3}, false, false, true},
-      {"4 ranks, one node, 16 KiB slots, no cross-memory reads (rounds)", {4}, false, false, true},
-      {"4 ranks, one node, local ranks in reverse order", {4}, true},
+      {"3 ranks, one node, no cross-memory reads (rounds through 16 KiB slots)",
+       {3},
+       false,
+       false,
+       true,
+       "0"},
+      {"4 ranks, one node, no cross-memory reads (rounds through a 20 KiB staging area)",
+       {4},
+       false,
+       false,
+       true,
+       "20480"},
+      {"4 ranks, one node, local ranks in reverse order, direct reads (64 KiB staging area)",
+       {4},
+       true,
+       false,
+       false,
+       "65536"},
       {"8 ranks, one node (shared memory)", {8}},
       {"3 ranks, no placement (gloo only)", {1, 1, 1}, false, true},
       {"5 ranks on uneven nodes 2+3 (shared memory + gloo)", {2, 3}},
@@ -129,11 +148,12 @@ TEST_CASE("a point-to-point peer that dies makes the receive fail naming it, wit
 
 TEST_CASE("a peer that dies in the middle of an all_to_all makes the others fail, without a hang",
           "[worker_sdk][failures][a2a]") {
-  // 2 ranks: the staged rounds (each rank has a core here); 3 ranks on this 2-core machine:
-  // direct reads from the peers' memory; 16 KiB slots and TRUN_SHM_CMA=0: many short rounds.
+  // 2 and 3 ranks: rounds through the staging area; with a 64 KiB one: direct reads from the
+  // peers' memory; 16 KiB slots and TRUN_SHM_CMA=0: many short rounds through the slots.
   for (const Layout& layout :
        {Layout{"2 ranks, one node", {2}}, Layout{"3 ranks, one node", {3}},
-        Layout{"3 ranks, 16 KiB slots, no cross-memory reads", {3}, false, false, true}}) {
+        Layout{"3 ranks, direct reads", {3}, false, false, false, "65536"},
+        Layout{"3 ranks, 16 KiB slots, no cross-memory reads", {3}, false, false, true, "0"}}) {
     DYNAMIC_SECTION(layout.name) {
       Job job;
       JobSpec spec = spec_for(layout, {"a2a_dead", "8"}, "a2a-dead");

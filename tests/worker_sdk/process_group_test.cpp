@@ -309,6 +309,38 @@ TEST_CASE("a group re-created after a restart works on the same store", "[worker
 // The default segment is an unnamed memfd handed over a Unix socket: while the group runs, every
 // local rank maps "memfd:trun-<run id>..." and /dev/shm holds nothing of the job, so a SIGKILL at
 // any moment cannot leave a segment behind.
+TEST_CASE("a malformed shared-memory size variable fails init on every rank, naming it",
+          "[worker_sdk][shm]") {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* says;
+  };
+  for (const Case& c : {Case{"TRUN_SHM_A2A_BYTES", "16MiB", "[0, 2^30], got '16MiB'"},
+                        Case{"TRUN_SHM_A2A_BYTES", "4294967296", "[0, 2^30]"},
+                        Case{"TRUN_SHM_SLOT_BYTES", "100", "[4096, 2^30], got '100'"}}) {
+    DYNAMIC_SECTION(c.name << "=" << c.value) {
+      Job job;
+      JobSpec spec;
+      spec.argv = {worker_binary(), "matrix", "1"};
+      spec.nodes = {2};
+      spec.run_id = unique_run_id("shm-env");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "20000";
+      spec.env[c.name] = c.value;
+      job.start(spec);
+      auto results = job.wait(45s);
+      INFO(job.describe(results));
+      for (auto& r : results) {
+        REQUIRE(r.exited);
+        CHECK(r.exit_code == 3);
+        CHECK(job.output(r.rank).find(std::string(c.name) + ": expected bytes in " + c.says) !=
+              std::string::npos);
+      }
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
 TEST_CASE("the shared-memory segment is a memfd that never appears in /dev/shm",
           "[worker_sdk][shm]") {
   Job job;

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -45,6 +46,9 @@ constexpr size_t kMaxSlotBytes = 2u << 20;
 constexpr size_t kSegmentDataBytes = 4u << 20;
 constexpr size_t kLine = 64;
 constexpr size_t kStagedMinSubBytes = 256u << 10;  // see all_to_all_v
+// all_to_all's staging area (default_a2a_bytes): at most this much per rank and in all.
+constexpr size_t kMaxA2aBytes = 16u << 20;
+constexpr size_t kA2aSegmentBytes = 64u << 20;
 }  // namespace
 
 struct alignas(64) ShmRankState {
@@ -57,6 +61,7 @@ struct ShmHeader {
   uint64_t magic;
   uint32_t local_size;
   uint64_t slot_bytes;
+  uint64_t a2a_bytes;
   alignas(64) std::atomic<uint32_t> mapped;
   alignas(64) std::atomic<uint32_t> wake;
   std::atomic<uint32_t> waiters;
@@ -262,16 +267,28 @@ uint64_t pid_namespace() {
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
-size_t slot_bytes_from_env(size_t requested, int local_size) {
-  if (requested) return requested;
-  if (const char* v = std::getenv("TRUN_SHM_SLOT_BYTES")) {
-    char* end = nullptr;
-    unsigned long long x = std::strtoull(v, &end, 10);
-    if (end && *end == '\0' && x >= 4096 && x <= (1ull << 30)) return x;
-    throw std::invalid_argument(
-        std::string("TRUN_SHM_SLOT_BYTES: expected bytes in [4096, 2^30], got '") + v + "'");
-  }
-  return default_slot_bytes(local_size);
+// Default staging area of all_to_all per rank: clamp(64 MiB / local ranks, 0, 16 MiB), 0 (the
+// slots instead) where its sub-slots would be under kStagedMinSubBytes anyway (more than 16
+// local ranks) or for a segment named in /dev/shm, which is often small in a container (a page
+// touched past its size is a SIGBUS). Measured with 64 MiB all_to_alls on 2 cores: 4 ranks, 1.5x
+// the rounds through 1 MiB slots (fewer rounds, so fewer barriers between 2 ranks per core);
+// 2 ranks, 1.1-1.2x. Its pages are touched only by all_to_alls large enough to reach them.
+size_t default_a2a_bytes(int local_size, bool named) {
+  const size_t per_rank =
+      std::min(kA2aSegmentBytes / static_cast<size_t>(local_size), kMaxA2aBytes);
+  if (named || per_rank / 2 / static_cast<size_t>(local_size) < kStagedMinSubBytes) return 0;
+  return per_rank;
+}
+
+// TRUN_SHM_SLOT_BYTES or TRUN_SHM_A2A_BYTES: bytes in [lowest, 2^30], else nullopt when unset.
+std::optional<size_t> bytes_from_env(const char* name, size_t lowest) {
+  const char* v = std::getenv(name);
+  if (!v) return std::nullopt;
+  char* end = nullptr;
+  unsigned long long x = std::strtoull(v, &end, 10);
+  if (*v && end && *end == '\0' && x >= lowest && x <= (1ull << 30)) return x;
+  throw std::invalid_argument(std::string(name) + ": expected bytes in [" + std::to_string(lowest) +
+                              ", 2^30], got '" + v + "'");
 }
 
 }  // namespace
@@ -280,14 +297,23 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   if (n_ < 1 || n_ > kMaxLocalSize || me_ < 0 || me_ >= n_)
     throw std::invalid_argument("ShmComm: local rank " + std::to_string(me_) + " of " +
                                 std::to_string(n_) + " out of range");
-  slot_bytes_ = slot_bytes_from_env(o.slot_bytes, n_);
-  // Each slot holds n_ cache-line aligned slices.
-  slot_bytes_ = std::max(slot_bytes_, static_cast<size_t>(n_) * kLine);
-  slot_bytes_ = (slot_bytes_ + kPage - 1) / kPage * kPage;
-  const size_t header_bytes = (sizeof(ShmHeader) + kPage - 1) / kPage * kPage;
+  auto page_up = [](size_t bytes) { return (bytes + kPage - 1) / kPage * kPage; };
+  slot_bytes_ = o.slot_bytes
+                    ? o.slot_bytes
+                    : bytes_from_env("TRUN_SHM_SLOT_BYTES", 4096).value_or(default_slot_bytes(n_));
+  // Each slot holds n_ cache-line aligned slices in each half (all_to_all_v).
+  slot_bytes_ = page_up(std::max(slot_bytes_, 2 * static_cast<size_t>(n_) * kLine));
+  const std::optional<size_t> a2a_env = bytes_from_env("TRUN_SHM_A2A_BYTES", 0);
+  const size_t header_bytes = page_up(sizeof(ShmHeader));
   const size_t channel_bytes =
-      (sizeof(CopyChannel) * kCopyChannels * static_cast<size_t>(n_) + kPage - 1) / kPage * kPage;
-  map_bytes_ = header_bytes + channel_bytes + slot_bytes_ * static_cast<size_t>(n_);
+      page_up(sizeof(CopyChannel) * kCopyChannels * static_cast<size_t>(n_));
+  // Known once the segment's kind is (named or not: local rank 0 decides).
+  auto size_segment = [&] {
+    a2a_bytes_ = a2a_env ? *a2a_env : default_a2a_bytes(n_, named_);
+    if (a2a_bytes_) a2a_bytes_ = page_up(std::max(a2a_bytes_, 2 * static_cast<size_t>(n_) * kLine));
+    map_bytes_ =
+        header_bytes + channel_bytes + (slot_bytes_ + a2a_bytes_) * static_cast<size_t>(n_);
+  };
 
   const std::string stem = rendezvous::shm_segment_stem(o.tag);
   int fd = -1;
@@ -306,6 +332,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
       fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
       if (fd < 0) throw CollectiveError(errno_text(("shm_open(" + name_ + ")").c_str()));
     }
+    size_segment();
     if (::ftruncate(fd, static_cast<off_t>(map_bytes_)) != 0) {
       std::string err = errno_text("ftruncate");
       ::close(fd);
@@ -327,12 +354,14 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
       name_ = "memfd:" + stem;
       fd = fetch_segment_fd(published.substr(1), me_, deadline);
     }
+    size_segment();
     struct stat st {};
     if (::fstat(fd, &st) != 0 || static_cast<size_t>(st.st_size) != map_bytes_) {
       ::close(fd);
       throw CollectiveError("shared memory segment " + name_ + " has size " +
                             std::to_string(st.st_size) + ", expected " +
-                            std::to_string(map_bytes_) + " (mismatched slot size?)");
+                            std::to_string(map_bytes_) +
+                            " (TRUN_SHM_SLOT_BYTES or TRUN_SHM_A2A_BYTES differ between ranks?)");
     }
   }
   map_ = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -347,6 +376,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   hdr_ = static_cast<ShmHeader*>(map_);
   channels_ = reinterpret_cast<CopyChannel*>(static_cast<char*>(map_) + header_bytes);
   data_ = static_cast<char*>(map_) + header_bytes + channel_bytes;
+  a2a_ = data_ + slot_bytes_ * static_cast<size_t>(n_);
 
   if (me_ == 0) {
     // ftruncate zero-filled the segment; placement-new the atomics for form's sake.
@@ -355,6 +385,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     for (int i = 0; i < n_ * kCopyChannels; ++i) new (channels_ + i) CopyChannel;
     hdr_->local_size = static_cast<uint32_t>(n_);
     hdr_->slot_bytes = slot_bytes_;
+    hdr_->a2a_bytes = a2a_bytes_;
     hdr_->abort_owner.store(-1);
     hdr_->magic = kMagic;
     std::atomic_thread_fence(std::memory_order_release);
@@ -378,12 +409,13 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   } else {
     std::atomic_thread_fence(std::memory_order_acquire);
     if (hdr_->magic != kMagic || hdr_->local_size != static_cast<uint32_t>(n_) ||
-        hdr_->slot_bytes != slot_bytes_) {
+        hdr_->slot_bytes != slot_bytes_ || hdr_->a2a_bytes != a2a_bytes_) {
       ::close(fd);
       ::munmap(map_, map_bytes_);
       map_ = nullptr;
-      throw CollectiveError("shared memory segment " + name_ +
-                            " does not match this group (local size or slot size differ)");
+      throw CollectiveError(
+          "shared memory segment " + name_ +
+          " does not match this group (local size, slot size or all_to_all area differ)");
     }
   }
   ::close(fd);
@@ -688,24 +720,25 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
     throw CollectiveError("all_to_all: sends " + std::to_string(send_bytes[0]) +
                           " bytes to itself but receives " + std::to_string(recv_bytes[0]));
   // Large receives are written with non-temporal stores: nothing reads them back soon, and
-  // the copies are limited by memory bandwidth.
-  size_t total_recv = 0;
-  for (int j = 0; j < n_; ++j) total_recv += recv_bytes[j];
-  const bool stream = total_recv >= kStreamMinBytes;
-  auto put = [stream](char* dst, const char* src, size_t bytes) {
+  // the copies are limited by memory bandwidth. So are large sends into the staging area (see
+  // the rounds below).
+  size_t total_recv = 0, total_send = 0;
+  for (int j = 0; j < n_; ++j) total_recv += recv_bytes[j], total_send += send_bytes[j];
+  auto copy = [](bool stream, char* dst, const char* src, size_t bytes) {
     if (stream)
       stream_bytes(dst, src, bytes);
     else
       copy_bytes(dst, src, bytes);
   };
+  const bool stream_out = total_recv >= kStreamMinBytes, stream_in = total_send >= kStreamMinBytes;
   auto copy_own_block = [&] {
-    if (send_bytes[me_]) put(out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+    if (send_bytes[me_])
+      copy(stream_out, out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
   };
   if (n_ > 1) {
     // Row i of the table: local rank i's send sizes, receive sizes, send offsets, the address
-    // of its send buffer, whether it can read its peers' memory (cross-memory attach), and
-    // whether it may use as many CPUs as there are local ranks.
-    const size_t w = 3 * static_cast<size_t>(n_) + 3;
+    // of its send buffer, and whether it can read its peers' memory (cross-memory attach).
+    const size_t w = 3 * static_cast<size_t>(n_) + 2;
     std::vector<uint64_t> mine(w), table(w * n_);
     for (int j = 0; j < n_; ++j) {
       mine[j] = send_bytes[j];
@@ -714,13 +747,11 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
     }
     mine[3 * n_] = reinterpret_cast<uintptr_t>(in);
     mine[3 * n_ + 1] = cma_usable() ? 1 : 0;
-    mine[3 * n_ + 2] = core_each_ ? 1 : 0;
     allgather(mine.data(), table.data(), w * sizeof(uint64_t), deadline);
     uint64_t longest = 0;
-    bool cma = true, core_each = true;
+    bool cma = true;
     for (int i = 0; i < n_; ++i) {
       cma = cma && table[i * w + 3 * n_ + 1] == 1;
-      core_each = core_each && table[i * w + 3 * n_ + 2] == 1;
       for (int j = 0; j < n_; ++j) {
         const uint64_t sent = table[i * w + j];           // i -> j, as i says
         const uint64_t expected = table[j * w + n_ + i];  // i -> j, as j says
@@ -732,18 +763,23 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
         if (i != j) longest = std::max(longest, sent);
       }
     }
-    // Staged or direct. A round moves one sub-slot per pair, copied in by the sender (into its
-    // slot, which stays in the cache) and out by the receiver with non-temporal stores, so each
-    // byte crosses memory once each way; a direct read (the kernel's copy, even through the
-    // bounce buffer) costs more memory traffic per byte, but no barriers. Measured here (2
-    // cores, 64 MiB): 2 ranks, rounds 1.2-2x faster; 4 ranks, faster on a quiet machine and
-    // slower on a loaded one (two ranks per core wait for each other at every barrier); 8
-    // ranks (64 KiB sub-slots), slower. So rounds when every rank has a core of its own and
-    // sub-slots of at least 256 KiB. Every rank must take the same path: decided from the
-    // table, which all ranks share.
-    const size_t sub_bytes = (slot_bytes_ / n_) / kLine * kLine;
-    const bool staged =
-        core_each && sub_bytes >= kStagedMinSubBytes && longest >= kStagedMinSubBytes;
+    // Staged or direct. A round moves one sub-slot per pair through the staging area (or the
+    // slots): the sender copies in, the receiver copies out, both with non-temporal stores when
+    // large, so each byte crosses memory once each way and every copy is in user space; a direct
+    // read is one copy, but the kernel's (process_vm_readv), which costs about three times the
+    // CPU time per byte here. Measured (2 cores, 64 MiB per rank, streamed copies in and out,
+    // 16 MiB staging per rank): 4 ranks, rounds 5.5-5.7 GB/s against direct reads' 2.3-2.7;
+    // 8 ranks, 1.9-2.6 against 1.3. So rounds wherever sub-slots are at least 256 KiB, and
+    // direct reads for smaller ones (many local ranks) or messages that short. Every rank must
+    // take the same path: decided from the table, which all share.
+    // The rounds go through the staging area when there is one, else through the slots; two
+    // rounds in flight (each in one half of every rank's part) when the halves are big enough.
+    const size_t stage_bytes = a2a_bytes_ ? a2a_bytes_ : slot_bytes_;
+    auto stage = [&](int r) { return a2a_bytes_ ? a2a_ + r * a2a_bytes_ : slot(r); };
+    const int depth = stage_bytes / 2 / n_ >= kStagedMinSubBytes ? 2 : 1;
+    const size_t part = stage_bytes / depth;
+    const size_t sub_bytes = (part / n_) / kLine * kLine;
+    const bool staged = sub_bytes >= kStagedMinSubBytes && longest >= kStagedMinSubBytes;
     if (cma && !staged && longest > 0) {
       // One copy per block, straight from each peer's send buffer (process_vm_readv); then an
       // allgather of the outcomes, which is also the barrier that keeps every send buffer
@@ -770,21 +806,34 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
                      "the shared-memory rounds from now on\n",
                      why.c_str());
     }
-    TRUN_CHECK_GT(sub_bytes, 0u, "slot of " << slot_bytes_ << " bytes, " << n_ << " local ranks");
-    for (uint64_t off = 0; off < longest; off += sub_bytes) {
+    TRUN_CHECK_GT(sub_bytes, 0u,
+                  "staging of " << stage_bytes << " bytes, " << n_ << " local ranks");
+    // With two rounds in flight, rounds alternate between the halves of each part and one
+    // barrier per round is enough: a rank writes half h in round r only after the barrier of
+    // round r - 1, which every rank reaches after it has copied out of half h in round r - 2.
+    // With one, a second barrier ends each round before the part is written again.
+    uint64_t round = 0;
+    for (uint64_t off = 0; off < longest; off += sub_bytes, ++round) {
+      const size_t h = (round % depth) * part;
       for (int d = 0; d < n_; ++d) {
         if (d == me_ || send_bytes[d] <= off) continue;
-        copy_bytes(slot(me_) + d * sub_bytes, in + send_offsets[d] + off,
-                   std::min<uint64_t>(sub_bytes, send_bytes[d] - off));
+        copy(stream_in, stage(me_) + h + d * sub_bytes, in + send_offsets[d] + off,
+             std::min<uint64_t>(sub_bytes, send_bytes[d] - off));
       }
       arrive_and_wait(deadline, "all_to_all");
       for (int s = 0; s < n_; ++s) {
         if (s == me_ || recv_bytes[s] <= off) continue;
-        put(out + recv_offsets[s] + off, slot(s) + me_ * sub_bytes,
-            std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
+        copy(stream_out, out + recv_offsets[s] + off, stage(s) + h + me_ * sub_bytes,
+             std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
       }
-      arrive_and_wait(deadline, "all_to_all");
+      if (depth == 1) arrive_and_wait(deadline, "all_to_all");
     }
+    copy_own_block();
+    // Nobody returns (and writes its slot for the next collective) while a peer still reads it.
+    // The staging area needs no such barrier: the next all_to_all writes it only after its
+    // allgather, which nobody passes before every rank has entered it.
+    if (depth == 2 && round > 0 && !a2a_bytes_) arrive_and_wait(deadline, "all_to_all");
+    return;
   }
   copy_own_block();
 }

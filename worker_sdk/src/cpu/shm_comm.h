@@ -8,11 +8,12 @@
 // "/trun-<tag>-<random>" in /dev/shm instead (rendezvous/shm_names.h), unlinked by whichever rank
 // maps it last; a trun agent removes the run's leftovers when the job ends.
 //
-// Each rank owns one slot of `slot_bytes` in it. Large buffers go through in rounds: each rank
-// copies what its peers need into its slot, reduces its own slice in one pass over every rank's
-// copy of it, and the peers copy the reduced slices back (reduce-scatter + allgather), with two
-// barriers per round. Slots are small (a few MiB for the whole segment) so that a round's data
-// stays in the last-level cache.
+// Each rank owns one slot of `slot_bytes` in it, and (unnamed segments; TRUN_SHM_A2A_BYTES)
+// an all_to_all staging area after the slots, whose pages only large all_to_alls touch. Large
+// buffers go through in rounds: each rank copies what its peers need into its slot, reduces its
+// own slice in one pass over every rank's copy of it, and the peers copy the reduced slices back
+// (reduce-scatter + allgather), with two barriers per round. Slots are small (a few MiB for the
+// whole segment) so that a round's data stays in the last-level cache.
 //
 // Barriers spin briefly, then yield the core (sched_yield) for up to 2 ms (with more ranks than
 // cores, the peers being waited for are often queued on this core), then sleep on a futex in the
@@ -81,12 +82,12 @@ class ShmComm {
   // its sizes, offsets and send buffer's address (one small allgather), so that a send size
   // that differs from its receive size fails on every rank with the same CollectiveError. Then
   // one of two paths, the same on every rank: rounds of one sub-slot per pair through the
-  // segment (two barriers each; the receiver copies out with non-temporal stores), when every
-  // rank has a CPU of its own and blocks and sub-slots are at least 256 KiB; else each rank
-  // reads its blocks straight out of its peers' send buffers (process_vm_readv, large blocks
-  // through a bounce buffer) and a second small allgather ends it. Where direct reads are not
-  // possible (a peer in another pid namespace, TRUN_SHM_CMA=0, or a read refused once), the
-  // rounds.
+  // staging area (else the slots; one barrier per round, two rounds in flight where the
+  // sub-slots allow; large copies in and out with non-temporal stores), when blocks and
+  // sub-slots are at least 256 KiB; else each rank reads its blocks straight out of its peers'
+  // send buffers (process_vm_readv, large blocks through a bounce buffer) and a second small
+  // allgather ends it. Where direct reads are not possible (a peer in another pid namespace,
+  // TRUN_SHM_CMA=0, or a read refused once), the rounds.
   void all_to_all_v(const void* send, const size_t* send_offsets, const size_t* send_bytes,
                     void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
                     Deadline deadline);
@@ -114,6 +115,9 @@ class ShmComm {
   void* map_ = nullptr;
   ShmHeader* hdr_ = nullptr;
   char* data_ = nullptr;
+  // all_to_all's staging area, a2a_bytes_ per rank after the slots (0: the slots serve).
+  size_t a2a_bytes_ = 0;
+  char* a2a_ = nullptr;
   CopyChannel* channels_ = nullptr;  // local_size() * kCopyChannels, after the header
   uint32_t seq_ = 0;
   int spin_limit_ = 0;
