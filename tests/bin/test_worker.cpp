@@ -12,7 +12,8 @@
 //   signal-parent N    send signal N to the parent (trun), as scancel signals a whole step
 //   ignore-term        ignore SIGTERM from now on
 //   trap DIR           on SIGTERM/SIGINT/SIGHUP/SIGQUIT/SIGUSR1/SIGUSR2 write the signal number
-//                      to DIR/sig_<local_rank> and exit 0
+//                      to DIR/sig_<local_rank> and exit 0; taken while a later `sleep` waits
+//                      (blocked until then, accepted with sigtimedwait)
 //   trap-time DIR      on SIGTERM/SIGINT write CLOCK_REALTIME in nanoseconds at the moment the
 //                      signal arrived to DIR/sigtime_<local_rank> and exit 0
 //   sleep SECONDS      sleep (fractions allowed)
@@ -44,7 +45,6 @@
 #include <ctime>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -79,10 +79,6 @@ std::string to_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-void sleep_seconds(double s) {
-  std::this_thread::sleep_for(std::chrono::microseconds(static_cast<long long>(s * 1e6)));
-}
-
 // The --trap handlers run in a signal handler: only async-signal-safe calls (open, write, rename,
 // clock_gettime, _exit), on paths made before the handler is installed (ThreadSanitizer reports
 // an allocation inside a handler, and one could deadlock on malloc's lock).
@@ -114,6 +110,33 @@ void on_trapped(int sig) {
   char text[21];
   write_all(g_trap_path.c_str(), text, decimal(sig, text));
   _exit(0);
+}
+
+// "trap": its signals are blocked and `sleep` accepts them (on_trapped) instead of a handler
+// running. Under ThreadSanitizer a handler now and then never ran: a SIGTERM sent as soon as the
+// pidfile was there (the signal tests do) left the worker asleep for its whole 60 s (about 1 in
+// 100 runs with the machine loaded; the flaky TSan signal tests), though a second SIGTERM a
+// second later was handled at once. A signal accepted synchronously leaves the sanitizer nothing
+// to defer.
+sigset_t g_trapped;
+bool g_trapping = false;
+
+void sleep_seconds(double s) {
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::microseconds(static_cast<long long>(s * 1e6));
+  for (int i = 0; i < 1000000; ++i) {  // bounded: each turn ends at `until` or on a signal
+    const auto left = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        until - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return;
+    timespec ts{static_cast<time_t>(left.count() / 1000000000),
+                static_cast<long>(left.count() % 1000000000)};
+    if (!g_trapping) {
+      nanosleep(&ts, nullptr);
+      continue;
+    }
+    const int sig = sigtimedwait(&g_trapped, nullptr, &ts);
+    if (sig > 0) on_trapped(sig);
+  }
 }
 
 void on_trapped_time(int) {
@@ -248,7 +271,10 @@ int main(int argc, char** argv) {
     } else if (act == "trap") {
       need(1);
       g_trap_path = a[i++] + "/sig_" + rank();
-      for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) signal(s, on_trapped);
+      sigemptyset(&g_trapped);
+      for (int s : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) sigaddset(&g_trapped, s);
+      sigprocmask(SIG_BLOCK, &g_trapped, nullptr);
+      g_trapping = true;
     } else if (act == "trap-time") {
       need(1);
       g_trap_time_path = a[i++] + "/sigtime_" + rank();
