@@ -37,6 +37,15 @@ void copy_bytes(void* dst, const void* src, size_t n);
 constexpr size_t kStreamMinBytes = 1u << 20;
 void stream_bytes(void* dst, const void* src, size_t n);
 
+// stream_bytes where `stream` (the whole copy it is a piece of moves kStreamMinBytes or more),
+// else copy_bytes.
+inline void copy_or_stream(bool stream, void* dst, const void* src, size_t n) {
+  if (stream)
+    stream_bytes(dst, src, n);
+  else
+    copy_bytes(dst, src, n);
+}
+
 // data[i] /= divisor (integers: truncated toward zero). For kAvg; kBool is refused.
 void divide(void* data, size_t n, DataType dtype, int divisor);
 

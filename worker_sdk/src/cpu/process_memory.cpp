@@ -159,10 +159,8 @@ bool step_send(Progress& p) {
     // on another core, and from memory that beats the line-by-line transfer out of this core's
     // cache here (64 MiB send/recv on 2 cores, alternating runs: 2 ranks 22-27 GB/s against 7-8
     // in 8 pairs; 4 ranks 9.4-11.4 against 4.2-10.2 in 6).
-    if (t.bytes >= kStreamMinBytes)
-      stream_bytes(c.ring[p.ring % kRingSlots], src + k * kCopyChunkBytes, chunk_len(k, t.bytes));
-    else
-      copy_bytes(c.ring[p.ring % kRingSlots], src + k * kCopyChunkBytes, chunk_len(k, t.bytes));
+    copy_or_stream(t.bytes >= kStreamMinBytes, c.ring[p.ring % kRingSlots],
+                   src + k * kCopyChunkBytes, chunk_len(k, t.bytes));
     slot.full.store(k + 1, std::memory_order_release);
     ++p.ring;
     moved = true;

@@ -724,16 +724,10 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
   // the rounds below).
   size_t total_recv = 0, total_send = 0;
   for (int j = 0; j < n_; ++j) total_recv += recv_bytes[j], total_send += send_bytes[j];
-  auto copy = [](bool stream, char* dst, const char* src, size_t bytes) {
-    if (stream)
-      stream_bytes(dst, src, bytes);
-    else
-      copy_bytes(dst, src, bytes);
-  };
   const bool stream_out = total_recv >= kStreamMinBytes, stream_in = total_send >= kStreamMinBytes;
   auto copy_own_block = [&] {
     if (send_bytes[me_])
-      copy(stream_out, out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
+      copy_or_stream(stream_out, out + recv_offsets[me_], in + send_offsets[me_], send_bytes[me_]);
   };
   if (n_ > 1) {
     // Row i of the table: local rank i's send sizes, receive sizes, send offsets, the address
@@ -817,14 +811,14 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
       const size_t h = (round % depth) * part;
       for (int d = 0; d < n_; ++d) {
         if (d == me_ || send_bytes[d] <= off) continue;
-        copy(stream_in, stage(me_) + h + d * sub_bytes, in + send_offsets[d] + off,
-             std::min<uint64_t>(sub_bytes, send_bytes[d] - off));
+        copy_or_stream(stream_in, stage(me_) + h + d * sub_bytes, in + send_offsets[d] + off,
+                       std::min<uint64_t>(sub_bytes, send_bytes[d] - off));
       }
       arrive_and_wait(deadline, "all_to_all");
       for (int s = 0; s < n_; ++s) {
         if (s == me_ || recv_bytes[s] <= off) continue;
-        copy(stream_out, out + recv_offsets[s] + off, stage(s) + h + me_ * sub_bytes,
-             std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
+        copy_or_stream(stream_out, out + recv_offsets[s] + off, stage(s) + h + me_ * sub_bytes,
+                       std::min<uint64_t>(sub_bytes, recv_bytes[s] - off));
       }
       if (depth == 1) arrive_and_wait(deadline, "all_to_all");
     }
