@@ -79,9 +79,10 @@ std::string to_json(const nlohmann::json& j) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
-// The --trap handlers run in a signal handler: only async-signal-safe calls (open, write, rename,
-// clock_gettime, _exit), on paths made before the handler is installed (ThreadSanitizer reports
-// an allocation inside a handler, and one could deadlock on malloc's lock).
+// on_trapped (called from `sleep`) and the trap-time signal handler: only async-signal-safe
+// calls (open, write, rename, clock_gettime, _exit), on paths made before the trap is set
+// (ThreadSanitizer reports an allocation inside a handler, and one could deadlock on malloc's
+// lock).
 std::string g_trap_path;       // <dir>/sig_<rank>
 std::string g_trap_time_path;  // <dir>/sigtime_<rank>
 std::string g_trap_time_tmp;   // the same + ".tmp"

@@ -306,9 +306,6 @@ TEST_CASE("a group re-created after a restart works on the same store", "[worker
   CHECK(shm_segments(run_id).empty());
 }
 
-// The default segment is an unnamed memfd handed over a Unix socket: while the group runs, every
-// local rank maps "memfd:trun-<run id>..." and /dev/shm holds nothing of the job, so a SIGKILL at
-// any moment cannot leave a segment behind.
 TEST_CASE("a malformed shared-memory size variable fails init on every rank, naming it",
           "[worker_sdk][shm]") {
   struct Case {
@@ -341,6 +338,9 @@ TEST_CASE("a malformed shared-memory size variable fails init on every rank, nam
   }
 }
 
+// The default segment is an unnamed memfd handed over a Unix socket: while the group runs, every
+// local rank maps "memfd:trun-<run id>..." and /dev/shm holds nothing of the job, so a SIGKILL at
+// any moment cannot leave a segment behind.
 TEST_CASE("the shared-memory segment is a memfd that never appears in /dev/shm",
           "[worker_sdk][shm]") {
   Job job;
