@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/launcher/process_util.h"
 #include "tests/sanitizer.h"
 #include "tests/skip.h"
 #include "tests/worker_sdk/job.h"
@@ -219,6 +220,18 @@ TEST_CASE("a send and a receive of different sizes fail on both ranks, naming bo
       CHECK(shm_segments(spec.run_id).empty());
     }
   }
+}
+
+TEST_CASE("a batch whose TCP part fails first fails its local peer at once, naming the failure",
+          "[worker_sdk][failures][p2p]") {
+  trun::testing::TempDir dir;
+  Job job;
+  JobSpec spec = spec_for({"", {2, 2}}, {"p2p_mixed_fail", dir.path()}, "p2p-mixed-fail");
+  spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";  // a failure within 20 s is not a timeout
+  job.start(spec);
+  auto results = job.wait(45s);
+  expect_codes(results, job, {15, 15, 15, 0});
+  CHECK(shm_segments(spec.run_id).empty());
 }
 
 TEST_CASE("a rank that dies while both copy a large message makes its peer fail, without a hang",

@@ -40,6 +40,14 @@
 //                                (not 1000): both must fail at once naming both sizes in bytes
 //                                (exit 15), and a later send must fail at once, the group
 //                                broken (exit 4 otherwise, 16 on a timeout)
+//   pg_worker p2p_mixed_fail <dir>
+//                                4 ranks on 2 nodes of 2: rank 0 posts one batch of a receive of
+//                                999 int32 from rank 2 (which sends 1000) and a send to rank 1,
+//                                on its node; the TCP part fails before the local one starts, and
+//                                rank 1 must fail at once naming rank 0's failure (not at its
+//                                deadline): ranks 0-2 exit 15, 16 on a timeout, 4 otherwise.
+//                                Rank 0 lives on until rank 1 has failed (<dir>/rank1_failed, at
+//                                most 30 s), so that rank 1 cannot learn of it by rank 0's exit
 //   pg_worker p2p_big_dead <rank>
 //                                ranks 0 and 1 exchange 16 MiB messages in turns in a loop; <rank>
 //                                dies (SIGKILL, from a thread) 300 ms into it: the other must fail
@@ -1087,6 +1095,47 @@ int main(int argc, char** argv) {
       if (pg.size() < 2) return 2;
       run_p2p_big(pg, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8);
       std::printf("P2P_BIG done, %d mismatches\n", g_failures);
+    } else if (scenario == "p2p_mixed_fail") {
+      if (pg.size() != 4 || argc < 3) return 2;
+      const std::string flag = std::string(argv[2]) + "/rank1_failed";
+      pg.barrier();
+      if (pg.rank() == 3) return 0;
+      // A training program lives on after a failed step (a checkpoint, a log line): so does rank 0.
+      auto linger = [&] {
+        if (pg.rank() == 1) {
+          std::fclose(std::fopen(flag.c_str(), "w"));
+          return;
+        }
+        for (int i = 0; pg.rank() == 0 && i < 300 && ::access(flag.c_str(), F_OK) != 0; ++i)
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      };
+      std::vector<int32_t> big(1000, 7), small(10, 1);
+      auto t0 = Clock::now();
+      try {
+        if (pg.rank() == 0)
+          pg.batch_isend_irecv({P2POp{P2POp::kRecv, big.data(), 999, DataType::kInt32, 2, 5},
+                                P2POp{P2POp::kSend, small.data(), 10, DataType::kInt32, 1, 5}})
+              .wait();
+        else if (pg.rank() == 1)
+          pg.recv(small.data(), 10, DataType::kInt32, 0, 5);
+        else
+          pg.send(big.data(), 1000, DataType::kInt32, 0, 5);
+        std::printf("NO FAILURE\n");
+        return 4;
+      } catch (const CollectiveTimeoutError& e) {
+        std::printf("TIMEOUT after %.3f s: %s\n", seconds_since(t0), e.what());
+        linger();
+        return 16;
+      } catch (const CollectiveError& e) {
+        const double took = seconds_since(t0);
+        std::printf("FAILED after %.3f s: %s\n", took, e.what());
+        linger();
+        // Rank 2 learns only that rank 0 refused; ranks 0 and 1 name both sizes.
+        if (pg.rank() != 2 &&
+            (!std::strstr(e.what(), "4000 bytes") || !std::strstr(e.what(), "expects 3996")))
+          return 4;
+        return took < 20 ? 15 : 4;
+      }
     } else if (scenario == "p2p_mismatch") {
       const size_t expect = argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 999;
       if (pg.size() < 2 || expect == 1000) return 2;

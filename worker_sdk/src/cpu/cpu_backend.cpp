@@ -347,6 +347,7 @@ class CpuBackend : public BackendImpl {
         local_p2p(
             local, place_[rank_].local, deadline,
             [&] {
+              shm_->check_aborted(full.c_str());
               for (GlooComm* c : local_comms)
                 if (std::string reason = c->abort_reason(); !reason.empty())
                   throw CollectiveError(full + " failed: aborted: " + reason);
@@ -358,11 +359,15 @@ class CpuBackend : public BackendImpl {
         throw;
       }
     };
-    if (transfers.empty()) {
-      run_local();
-    } else {
-      GlooComm::p2p(transfers, deadline, full.c_str(), run_local);
-    }
+    // A failure aborts the node's segment (guarded): a local peer of this batch then fails at
+    // once, even when the TCP part failed before the local copies began.
+    guarded([&] {
+      if (transfers.empty()) {
+        run_local();
+      } else {
+        GlooComm::p2p(transfers, deadline, full.c_str(), run_local);
+      }
+    });
   }
 
   // A leader whose Gloo step fails tells its node at once, so its local peers do not wait for

@@ -480,6 +480,10 @@ void ShmComm::abort(const std::string& reason) {
   if (hdr_) set_abort("local rank " + std::to_string(me_) + " aborted: " + reason);
 }
 
+void ShmComm::check_aborted(const char* what) {
+  if (hdr_ && hdr_->aborted.load(std::memory_order_acquire)) fail_aborted(what);
+}
+
 void ShmComm::fail_aborted(const char* what) {
   throw CollectiveError(std::string(what) + " failed on local rank " + std::to_string(me_) +
                         " (shared memory " + name_ + "): " + hdr_->abort_reason);

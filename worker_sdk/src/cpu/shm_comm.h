@@ -93,6 +93,9 @@ class ShmComm {
                     Deadline deadline);
   void barrier(Deadline deadline);
   void abort(const std::string& reason);
+  // Throws the CollectiveError of the segment's abort, if a rank of the node aborted it (for
+  // waits outside this class: the point-to-point copy channels).
+  void check_aborted(const char* what);
 
  private:
   char* slot(int r) const { return data_ + static_cast<size_t>(r) * slot_bytes_; }
