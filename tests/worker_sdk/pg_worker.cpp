@@ -82,6 +82,7 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
+#include <malloc.h>
 #include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -925,6 +926,11 @@ int main(int argc, char** argv) {
   }
   std::string scenario = argv[1];
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  // The reference buffers of the large scenarios (64 MiB each, a few per collective) from the
+  // heap, and kept there when freed: as separate mappings every one was page-faulted in anew,
+  // and that was most of the time of `big` (faults are slow in a VM).
+  mallopt(M_MMAP_THRESHOLD, 1 << 30);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (scenario == "throw") {
     install_error_handler();
     throw std::runtime_error("model diverged at step 42");
