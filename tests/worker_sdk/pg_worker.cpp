@@ -82,7 +82,6 @@
 #include <linux/audit.h>
 #include <linux/filter.h>
 #include <linux/seccomp.h>
-#include <malloc.h>
 #include <pthread.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
@@ -97,7 +96,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -159,9 +160,71 @@ void store(void* buf, size_t i, DataType dt, double v) {
   }
 }
 
-std::vector<char> make(size_t n, DataType dt) { return std::vector<char>(n * dtype_size(dt) + 1); }
+// The scenarios' buffers come from a pool that keeps freed blocks for reuse, by size. A fresh
+// block of more than about 128 KiB is a new mapping under every allocator here (glibc's past its
+// mmap threshold, ASan's and TSan's always), page-faulted in anew: that was most of the time of
+// the reference scenarios (the 64 MiB case: 103 s of 125, plain build; the matrix under ASan).
+class BlockPool {
+ public:
+  static BlockPool& get() {
+    static BlockPool* pool = new BlockPool;  // never destroyed: buffers outlive main's locals
+    return *pool;
+  }
+  void* take(size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = free_.find(bytes);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        kept_ -= bytes;
+        return p;
+      }
+    }
+    if (void* p = std::malloc(bytes ? bytes : 1)) return p;
+    throw std::bad_alloc();
+  }
+  void give(void* p, size_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (kept_ + bytes <= kKeepBytes) {
+        free_.emplace(bytes, p);
+        kept_ += bytes;
+        return;
+      }
+    }
+    std::free(p);
+  }
 
-void fill(std::vector<char>& buf, size_t n, DataType dt, int rank, size_t base = 0) {
+ private:
+  static constexpr size_t kKeepBytes = size_t{512} << 20;
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;
+  size_t kept_ = 0;
+};
+
+template <typename T>
+struct Pooled {
+  using value_type = T;
+  Pooled() = default;
+  template <typename U>
+  Pooled(const Pooled<U>&) {}
+  T* allocate(size_t n) { return static_cast<T*>(BlockPool::get().take(n * sizeof(T))); }
+  void deallocate(T* p, size_t n) { BlockPool::get().give(p, n * sizeof(T)); }
+  template <typename U>
+  bool operator==(const Pooled<U>&) const {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const Pooled<U>&) const {
+    return false;
+  }
+};
+using Bytes = std::vector<char, Pooled<char>>;
+
+Bytes make(size_t n, DataType dt) { return Bytes(n * dtype_size(dt) + 1); }
+
+void fill(Bytes& buf, size_t n, DataType dt, int rank, size_t base = 0) {
   for (size_t i = 0; i < n; ++i)
     store(buf.data(), i, dt, static_cast<double>(value(rank, base + i)));
 }
@@ -234,34 +297,32 @@ class OnDevice {
 };
 
 // The collectives on host vectors, through OnDevice.
-void allreduce(ProcessGroup& pg, std::vector<char>& buf, size_t n, DataType dt, ReduceOp op) {
+void allreduce(ProcessGroup& pg, Bytes& buf, size_t n, DataType dt, ReduceOp op) {
   OnDevice d(buf.data(), n * dtype_size(dt));
   pg.allreduce(d.ptr(), n, dt, op);
   d.back();
 }
 
-void broadcast(ProcessGroup& pg, std::vector<char>& buf, size_t n, DataType dt, int root) {
+void broadcast(ProcessGroup& pg, Bytes& buf, size_t n, DataType dt, int root) {
   OnDevice d(buf.data(), n * dtype_size(dt));
   pg.broadcast(d.ptr(), n, dt, root);
   d.back();
 }
 
-void allgather(ProcessGroup& pg, std::vector<char>& send, std::vector<char>& recv, size_t n,
-               DataType dt) {
+void allgather(ProcessGroup& pg, Bytes& send, Bytes& recv, size_t n, DataType dt) {
   OnDevice s(send.data(), n * dtype_size(dt)), r(recv.data(), n * pg.size() * dtype_size(dt));
   pg.allgather(s.ptr(), r.ptr(), n, dt);
   r.back();
 }
 
-void reduce_scatter(ProcessGroup& pg, std::vector<char>& send, std::vector<char>& recv, size_t n,
-                    DataType dt, ReduceOp op) {
+void reduce_scatter(ProcessGroup& pg, Bytes& send, Bytes& recv, size_t n, DataType dt,
+                    ReduceOp op) {
   OnDevice s(send.data(), n * pg.size() * dtype_size(dt)), r(recv.data(), n * dtype_size(dt));
   pg.reduce_scatter(s.ptr(), r.ptr(), n, dt, op);
   r.back();
 }
 
-void check(const std::string& what, const std::vector<char>& got, const std::vector<char>& want,
-           size_t n, DataType dt) {
+void check(const std::string& what, const Bytes& got, const Bytes& want, size_t n, DataType dt) {
   size_t es = dtype_size(dt);
   if (std::memcmp(got.data(), want.data(), n * es) == 0) return;
   for (size_t i = 0; i < n; ++i) {
@@ -280,7 +341,7 @@ std::string label(const char* op, DataType dt, size_t n, const char* extra = "")
 // n elements of dt whose element i is f(i % 29): every value in these tests repeats every 29
 // elements, so a 64 MiB buffer is 29 computed elements and doubling copies.
 template <typename F>
-std::vector<char> periodic(size_t n, DataType dt, F f) {
+Bytes periodic(size_t n, DataType dt, F f) {
   const size_t es = dtype_size(dt);
   auto buf = make(n, dt);
   const size_t period = std::min<size_t>(29, n);
@@ -334,7 +395,7 @@ void run_matrix(ProcessGroup& pg, const std::vector<size_t>& sizes) {
   pg.barrier();
   // Async: several collectives in flight, completed in order.
   const size_t n = 1001;
-  std::vector<std::vector<char>> bufs;
+  std::vector<Bytes> bufs;
   std::vector<std::unique_ptr<OnDevice>> staged;
   std::vector<Work> works;
   for (int k = 0; k < 4; ++k) {
@@ -589,7 +650,7 @@ double coll_ref(int world, size_t i, DataType dt, ReduceOp op) {
   }
 }
 
-std::vector<char> inputs(size_t n, DataType dt, ReduceOp op, int rank, size_t base = 0) {
+Bytes inputs(size_t n, DataType dt, ReduceOp op, int rank, size_t base = 0) {
   auto buf = make(n, dt);
   for (size_t i = 0; i < n; ++i)
     store(buf.data(), i, dt, static_cast<double>(input(dt, op, rank, base + i)));
@@ -810,16 +871,15 @@ int64_t dump_input(const std::string& kind, DataType dt, int rank, size_t i) {
   return dt == DataType::kUInt8 ? v + 11 : v;
 }
 
-std::vector<char> dump_tensor(const std::string& kind, DataType dt, int rank, size_t n,
-                              size_t base = 0) {
+Bytes dump_tensor(const std::string& kind, DataType dt, int rank, size_t n, size_t base = 0) {
   auto buf = make(n, dt);
   for (size_t i = 0; i < n; ++i)
     store(buf.data(), i, dt, static_cast<double>(dump_input(kind, dt, rank, base + i)));
   return buf;
 }
 
-void save(const std::string& dir, int rank, const std::string& name, const std::vector<char>& buf,
-          size_t n, DataType dt) {
+void save(const std::string& dir, int rank, const std::string& name, const Bytes& buf, size_t n,
+          DataType dt) {
   const std::string path = dir + "/" + std::to_string(rank) + "/" + name + ".bin";
   FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) throw std::runtime_error("cannot write " + path);
@@ -862,7 +922,7 @@ void run_dump(ProcessGroup& pg, const std::string& dir) {
     {
       auto split = [&](int s, int t) { return (n + 3 * s + 5 * t) % (2 * n + 1); };
       std::vector<size_t> sc(world), rc(world);
-      std::vector<char> send;
+      Bytes send;
       size_t rt = 0;
       for (int j = 0; j < world; ++j) {
         sc[j] = split(rank, j);
@@ -926,11 +986,6 @@ int main(int argc, char** argv) {
   }
   std::string scenario = argv[1];
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  // The reference buffers of the large scenarios (64 MiB each, a few per collective) from the
-  // heap, and kept there when freed: as separate mappings every one was page-faulted in anew,
-  // and that was most of the time of `big` (faults are slow in a VM).
-  mallopt(M_MMAP_THRESHOLD, 1 << 30);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   if (scenario == "throw") {
     install_error_handler();
     throw std::runtime_error("model diverged at step 42");
