@@ -520,7 +520,7 @@ void ShmComm::wait_for_all(uint32_t target, Deadline deadline, const char* what)
                                 target) >= 0)
       ++next;
     if (next == n_) return;
-    if (hdr_->aborted.load(std::memory_order_acquire)) fail_aborted(what);
+    check_aborted(what);
     if (spins < spin_limit_) {
       ++spins;
       TRUN_CPU_RELAX();
