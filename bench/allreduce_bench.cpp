@@ -14,6 +14,9 @@
 //   trun_sendrecv ranks=N size_mib=M algbw_gbps=A     ranks paired (0-1, 2-3, ...): the even one
 //                                                     sends M MiB, the odd one receives them; the
 //                                                     pairs run at the same time
+//   trun_all_to_all_shared ... and trun_sendrecv_shared ...: the same, with send buffers from
+//                                                     ProcessGroup::shared_buffer (one copy
+//                                                     per byte; shared=0 if not in the segment)
 // (no busbw: bytes moved per rank are the buffer size in both).
 // memcpy is timed by rank 0 just before and just after each size's allreduces (the other ranks
 // wait in a barrier), and its median taken over both: on a machine whose memory bandwidth
@@ -165,16 +168,32 @@ void run_p2p(ProcessGroup& pg, size_t mib) {
                 block * n * 4.0 / t / 1e9, pg.backend_description().c_str());
   std::vector<float> buf(count, 1.0f);
   const int peer = rank ^ 1;
-  t = timed(pg, iters, [&] {
-    if (peer >= n) return;
-    if (rank % 2 == 0)
-      pg.send(buf.data(), count, DataType::kFloat32, peer);
-    else
-      pg.recv(buf.data(), count, DataType::kFloat32, peer);
-  });
+  auto time_sendrecv = [&](float* send_buf) {
+    return timed(pg, iters, [&] {
+      if (peer >= n) return;
+      if (rank % 2 == 0)
+        pg.send(send_buf, count, DataType::kFloat32, peer);
+      else
+        pg.recv(buf.data(), count, DataType::kFloat32, peer);
+    });
+  };
+  t = time_sendrecv(buf.data());
   if (rank == 0)
     std::printf("trun_sendrecv ranks=%d size_mib=%zu algbw_gbps=%.3f backend=%s\n", n, mib,
                 bytes / t / 1e9, pg.backend_description().c_str());
+
+  // The same with send buffers in the node's shared memory (SharedBuffer).
+  SharedBuffer shared = pg.shared_buffer(count * 4);
+  std::fill_n(shared.as<float>(), count, 1.0f);
+  t = timed(pg, iters,
+            [&] { pg.all_to_all(shared.data(), recv.data(), block, DataType::kFloat32); });
+  if (rank == 0)
+    std::printf("trun_all_to_all_shared ranks=%d size_mib=%zu algbw_gbps=%.3f shared=%d\n", n, mib,
+                block * n * 4.0 / t / 1e9, shared.shared() ? 1 : 0);
+  t = time_sendrecv(shared.as<float>());
+  if (rank == 0)
+    std::printf("trun_sendrecv_shared ranks=%d size_mib=%zu algbw_gbps=%.3f shared=%d\n", n, mib,
+                bytes / t / 1e9, shared.shared() ? 1 : 0);
   std::fflush(stdout);
 }
 

@@ -9,6 +9,9 @@
 # Trial 1 is the whole sweep; trials 2..TRIALS repeat only 64 MiB, trun and gloo back to back.
 # memcpy is timed inside each trun run, just before and after its allreduces (see
 # bench/allreduce_bench.cpp).
+# all_to_all and send/recv run twice in each trun run: with ordinary send buffers and with send
+# buffers from ProcessGroup::shared_buffer (the *_shared rows and RESULT lines; gloo's peer
+# figure is then its one run of the trial).
 # A RESULT line reports the trial with the median ratio (its value, peer and ratio), so that
 # one slow minute of this machine neither makes nor breaks the figure; every trial is printed.
 set -euo pipefail
@@ -73,8 +76,11 @@ for line in open(sys.argv[1]):
     if len(words) >= 2 and "_" in words[1] and words[1].split("_", 1)[0] in ("trun", "torch"):
         who, op = words[1].split("_", 1)
         f = dict(kv.split("=", 1) for kv in words if "=" in kv)
-        key = (op, int(f["trial"]), int(f["ranks"]), int(f["size_mib"]))
-        p2p_lines.setdefault(key, {})[who] = float(f["algbw_gbps"])
+        # X_shared: trun with its send buffers in shared memory (ProcessGroup::shared_buffer);
+        # its peer is gloo's X of the same trial (PyTorch 1.13 has no such buffers).
+        for o in (op, op + "_shared") if who == "torch" else (op,):
+            key = (o, int(f["trial"]), int(f["ranks"]), int(f["size_mib"]))
+            p2p_lines.setdefault(key, {})[who] = float(f["algbw_gbps"])
         continue
     if len(words) < 2 or words[1] not in ("trun", "torch"):
         continue
@@ -150,10 +156,12 @@ for n in sorted({k[1] for k in runs}):
 if p2p_lines:
     print()
     print("all_to_all / send-recv, GB/s per rank (algbw):")
-    print(f"{'op':>10} {'trial':>5} {'ranks':>5} {'MiB':>5} | {'trun':>7} {'gloo':>7} {'ratio':>6}")
+    print("(_shared: trun's send buffers from ProcessGroup::shared_buffer, one copy per byte;")
+    print(" gloo's figure is its plain run of the same trial)")
+    print(f"{'op':>17} {'trial':>5} {'ranks':>5} {'MiB':>5} | {'trun':>7} {'gloo':>7} {'ratio':>6}")
     for (op, trial, n, mib), r in sorted(p2p_lines.items()):
         t, g = r.get("trun", nan), r.get("torch", nan)
-        print(f"{op:>10} {trial:>5} {n:>5} {mib:>5} | {t:>7.2f} {g:>7.2f} {div(t, g):>6.2f}")
+        print(f"{op:>17} {trial:>5} {n:>5} {mib:>5} | {t:>7.2f} {g:>7.2f} {div(t, g):>6.2f}")
     for op, n, mib in sorted({(k[0], k[2], k[3]) for k in p2p_lines}):
         trials = [r for k, r in p2p_lines.items() if (k[0], k[2], k[3]) == (op, n, mib)
                   and "trun" in r]

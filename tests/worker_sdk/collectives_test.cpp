@@ -219,6 +219,77 @@ TEST_CASE("a send and a receive of different sizes fail on both ranks, naming bo
       expect_codes(results, job, {15, 15});
       CHECK(shm_segments(spec.run_id).empty());
     }
+    DYNAMIC_SECTION("ranks of one node, a shared send buffer, the receive posts " << expect) {
+      Job job;
+      JobSpec spec = spec_for({"", {2}}, {"p2p_mismatch", expect}, "p2p-mismatch");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "60000";
+      spec.env["PG_WORKER_SHARED"] = "all";
+      job.start(spec);
+      auto results = job.wait(45s);
+      expect_codes(results, job, {15, 15});
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
+// ProcessGroup::shared_buffer: with every send buffer in the node's segment, all_to_all and
+// point-to-point take the one-copy paths (receivers copy out of the senders' areas); with some
+// ranks' only, all_to_all takes the usual rounds and each message its own path; with an area
+// too small, buffers are ordinary memory (noted on stderr). Results match the serial reference
+// in every case.
+TEST_CASE("collectives and point-to-point from shared buffers match a serial reference",
+          "[worker_sdk][collectives][coll][shared]") {
+  struct Case {
+    const char* name;
+    std::vector<int> nodes;
+    const char* mode;  // PG_WORKER_SHARED
+    const char* area;  // TRUN_SHM_BUFFER_BYTES, where set
+  };
+  for (const Case& c :
+       {Case{"4 ranks, one node, every rank's buffers shared", {4}, "all", nullptr},
+        Case{"3 ranks, one node, only the odd rank's buffers shared", {3}, "odd", nullptr},
+        Case{"5 ranks on nodes 2+3, every rank's buffers shared", {2, 3}, "all", nullptr},
+        Case{"2 ranks, an area of one page: most buffers ordinary memory", {2}, "all", "4096"}}) {
+    DYNAMIC_SECTION(c.name) {
+      Job job;
+      JobSpec spec = spec_for({"", c.nodes}, {"coll", "0", "1", "7", "1001", "70001"}, "shared");
+      spec.env["PG_WORKER_SHARED"] = c.mode;
+      if (c.area) spec.env["TRUN_SHM_BUFFER_BYTES"] = c.area;
+      job.start(spec);
+      auto results = job.wait(240s);
+      expect_codes(results, job, std::vector<int>(results.size(), 0));
+      for (const auto& r : results) {
+        if (std::string(c.mode) == "odd" && r.rank % 2 == 0) continue;
+        const std::string out = job.output(r.rank);
+        const size_t at = out.find("SHARED ");
+        REQUIRE(at != std::string::npos);
+        int in_segment = -1, blocks = -1;
+        REQUIRE(std::sscanf(out.c_str() + at, "SHARED %d of %d", &in_segment, &blocks) == 2);
+        CHECK(blocks > 100);
+        if (c.area) {
+          CHECK(in_segment < blocks);
+          CHECK(out.find("do not fit in what is left of local rank") != std::string::npos);
+        } else {
+          CHECK(in_segment == blocks);
+        }
+      }
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
+TEST_CASE("shared buffers: zero-filled, reused, outliving their group, one or several per node",
+          "[worker_sdk][collectives][shared]") {
+  for (const Layout& layout :
+       {Layout{"1 rank", {1}}, Layout{"3 ranks, one node", {3}}, Layout{"2 nodes of 2", {2, 2}}}) {
+    DYNAMIC_SECTION(layout.name) {
+      Job job;
+      JobSpec spec = spec_for(layout, {"shared_buf"}, "shared-buf");
+      job.start(spec);
+      auto results = job.wait(120s);
+      expect_codes(results, job, std::vector<int>(world_of(layout), 0));
+      CHECK(shm_segments(spec.run_id).empty());
+    }
   }
 }
 

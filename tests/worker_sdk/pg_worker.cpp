@@ -40,6 +40,14 @@
 //                                (not 1000): both must fail at once naming both sizes in bytes
 //                                (exit 15), and a later send must fail at once, the group
 //                                broken (exit 4 otherwise, 16 on a timeout)
+//   pg_worker shared_buf         ProcessGroup::shared_buffer: zero-filled, shared() on a node of
+//                                several ranks; a freed block's pages come back zeroed; a buffer
+//                                outlives its (sub)group; all_to_all and send/recv with a
+//                                buffer of a destroyed subgroup still match; exit 0 when all hold
+//   PG_WORKER_SHARED=all|odd     (any scenario that goes through OnDevice, e.g. coll) buffers
+//                                are copied into ProcessGroup::shared_buffer blocks, on every
+//                                rank or on the odd ranks only; prints "SHARED <k> of <m>"
+//                                (blocks in the segment) at the end
 //   pg_worker p2p_mixed_fail <dir>
 //                                4 ranks on 2 nodes of 2: rank 0 posts one batch of a receive of
 //                                999 int32 from rank 2 (which sends 1000) and a send to rank 1,
@@ -256,13 +264,22 @@ double reduce_ref(int world, size_t i, DataType dt, ReduceOp op) {
 }
 
 int g_failures = 0;
-bool g_cuda = false;  // PG_WORKER_CUDA=1
+bool g_cuda = false;                  // PG_WORKER_CUDA=1
+ProcessGroup* g_shared_pg = nullptr;  // PG_WORKER_SHARED: buffers from its shared_buffer
+int g_shared_blocks = 0, g_shared_in_segment = 0;
 
 // A host buffer as a collective sees it: the buffer itself or, with PG_WORKER_CUDA, a device
 // copy of it for as long as this object lives (copied in now, out by back()).
 class OnDevice {
  public:
   OnDevice(void* host, size_t bytes) : host_(host), bytes_(bytes) {
+    if (g_shared_pg) {
+      shared_ = g_shared_pg->shared_buffer(bytes);
+      ++g_shared_blocks;
+      g_shared_in_segment += shared_.shared() ? 1 : 0;
+      if (bytes) std::memcpy(shared_.data(), host, bytes);
+      return;
+    }
 #if TRUN_HAVE_NCCL
     if (!g_cuda) return;
     must(cudaMalloc(&dev_, bytes + 1), "cudaMalloc");
@@ -277,8 +294,9 @@ class OnDevice {
   OnDevice(const OnDevice&) = delete;
   OnDevice& operator=(const OnDevice&) = delete;
 
-  void* ptr() const { return dev_ ? dev_ : host_; }
+  void* ptr() const { return shared_.data() ? shared_.data() : dev_ ? dev_ : host_; }
   void back() {
+    if (shared_.data() && bytes_) std::memcpy(host_, shared_.data(), bytes_);
 #if TRUN_HAVE_NCCL
     if (dev_) must(cudaMemcpy(host_, dev_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy back");
 #endif
@@ -294,6 +312,7 @@ class OnDevice {
   void* host_;
   size_t bytes_;
   void* dev_ = nullptr;
+  SharedBuffer shared_;
 };
 
 // The collectives on host vectors, through OnDevice.
@@ -975,6 +994,81 @@ std::exception_ptr stream_allreduces(ProcessGroup& pg, int kill_at = -1) {
   return nullptr;
 }
 
+void expect(bool ok, const std::string& what) {
+  if (ok) return;
+  std::fprintf(stderr, "MISMATCH %s\n", what.c_str());
+  ++g_failures;
+}
+
+bool all_zero(const SharedBuffer& b) {
+  const char* p = b.as<char>();
+  return std::all_of(p, p + b.size(), [](char c) { return c == 0; });
+}
+
+// ProcessGroup::shared_buffer's contract (see the usage above).
+void run_shared_buf(Worker& w, ProcessGroup& pg) {
+  const int rank = pg.rank(), world = pg.size();
+  const bool several = w.env().local_world_size > 1;
+  constexpr size_t kBytes = (3u << 20) + 100;  // not a whole number of pages
+  SharedBuffer a = pg.shared_buffer(kBytes);
+  expect(a.size() == kBytes, "size");
+  expect(reinterpret_cast<uintptr_t>(a.data()) % 4096 == 0, "page-aligned");
+  expect(a.shared() == several, "shared() on a node of " + std::to_string(several ? 2 : 1) +
+                                    "+ ranks: " + std::to_string(a.shared()));
+  expect(all_zero(a), "a new buffer is zero-filled");
+  std::memset(a.data(), 0x5a, kBytes);
+  void* where = a.data();
+  SharedBuffer copy = a;  // copies share the memory
+  expect(copy.data() == where, "a copy shares the memory");
+  a = SharedBuffer();
+  expect(copy.as<unsigned char>()[kBytes - 1] == 0x5a, "the memory lives while a copy does");
+  copy = SharedBuffer();
+  SharedBuffer again = pg.shared_buffer(kBytes);
+  if (several) expect(again.data() == where, "a freed range is reused first");
+  expect(all_zero(again), "a reused range is zero-filled again");
+  SharedBuffer empty = pg.shared_buffer(0);
+  expect(empty.size() == 0 && empty.data() != nullptr, "a 0-byte buffer");
+
+  // A buffer of a subgroup of everyone, used after the subgroup is gone: still valid memory,
+  // and as an ordinary buffer of the world group, the results still match.
+  std::vector<int> everyone(world);
+  for (int r = 0; r < world; ++r) everyone[r] = r;
+  SharedBuffer orphan;
+  {
+    auto sub = w.new_group(everyone);
+    orphan = sub->shared_buffer(world * 1000 * sizeof(int32_t));
+    expect(orphan.shared() == several, "a subgroup's buffer is shared too");
+  }
+  auto* send = orphan.as<int32_t>();
+  for (int d = 0; d < world; ++d)
+    for (int i = 0; i < 1000; ++i) send[d * 1000 + i] = rank * 100000 + d * 1000 + i;
+  std::vector<int32_t> recv(world * 1000, -1);
+  pg.all_to_all(send, recv.data(), 1000, DataType::kInt32);
+  for (int s = 0; s < world; ++s)
+    for (int i = 0; i < 1000; ++i)
+      if (recv[s * 1000 + i] != s * 100000 + rank * 1000 + i) {
+        expect(false,
+               "all_to_all from a destroyed subgroup's buffer, from rank " + std::to_string(s));
+        break;
+      }
+  // And through the world group's own buffers: the one-copy path.
+  SharedBuffer mine = pg.shared_buffer(world * 1000 * sizeof(int32_t));
+  std::memcpy(mine.data(), send, mine.size());
+  std::fill(recv.begin(), recv.end(), -1);
+  pg.all_to_all(mine.data(), recv.data(), 1000, DataType::kInt32);
+  for (int s = 0; s < world; ++s)
+    if (recv[s * 1000 + 999] != s * 100000 + rank * 1000 + 999)
+      expect(false, "all_to_all from a shared buffer, from rank " + std::to_string(s));
+  if (world >= 2 && rank < 2) {  // send/recv both ways, one shared buffer each
+    if (rank == 0) pg.send(mine.data(), 1000, DataType::kInt32, 1, 7);
+    if (rank == 1) {
+      std::fill(recv.begin(), recv.end(), -1);
+      pg.recv(recv.data(), 1000, DataType::kInt32, 0, 7);
+      expect(recv[999] == 999, "send/recv from a shared buffer");
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -1009,6 +1103,11 @@ int main(int argc, char** argv) {
       io.timeout = std::chrono::milliseconds(std::atoi(t));
     Worker w = init(io);
     ProcessGroup& pg = w.process_group();
+    if (const char* m = std::getenv("PG_WORKER_SHARED")) {
+      const std::string mode = m;
+      if (mode != "all" && mode != "odd") throw std::runtime_error("PG_WORKER_SHARED: all or odd");
+      if (mode == "all" || pg.rank() % 2 == 1) g_shared_pg = &pg;
+    }
 #if TRUN_HAVE_NCCL
     int devices = 0;  // as a training program would: this rank's GPU for its own buffers
     if (g_cuda && cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0)
@@ -1156,6 +1255,8 @@ int main(int argc, char** argv) {
       if (pg.size() < 2) return 2;
       run_p2p_big(pg, argc > 2 ? std::strtoull(argv[2], nullptr, 10) : 8);
       std::printf("P2P_BIG done, %d mismatches\n", g_failures);
+    } else if (scenario == "shared_buf") {
+      run_shared_buf(w, pg);
     } else if (scenario == "p2p_mixed_fail") {
       if (pg.size() != 4 || argc < 3) return 2;
       const std::string flag = std::string(argv[2]) + "/rank1_failed";
@@ -1204,11 +1305,12 @@ int main(int argc, char** argv) {
       if (pg.rank() > 1) return 0;
       const size_t count = pg.rank() == 0 ? 1000 : expect;
       std::vector<int32_t> buf(count, 7);
+      OnDevice sent(buf.data(), count * 4);  // PG_WORKER_SHARED: the sender's is shared
       const std::string other = std::to_string(expect * 4);
       auto t0 = Clock::now();
       try {
         if (pg.rank() == 0)
-          pg.send(buf.data(), count, DataType::kInt32, 1, 5);
+          pg.send(sent.ptr(), count, DataType::kInt32, 1, 5);
         else
           pg.recv(buf.data(), count, DataType::kInt32, 0, 5);
         std::printf("NO FAILURE\n");
@@ -1409,6 +1511,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "pg_worker: unexpected exception: %s\n", e.what());
     return 3;
   }
+  if (g_shared_pg) std::printf("SHARED %d of %d\n", g_shared_in_segment, g_shared_blocks);
   if (g_failures) {
     std::fprintf(stderr, "pg_worker: %d mismatches\n", g_failures);
     return 1;

@@ -315,7 +315,9 @@ TEST_CASE("a malformed shared-memory size variable fails init on every rank, nam
   };
   for (const Case& c : {Case{"TRUN_SHM_A2A_BYTES", "16MiB", "[0, 2^30], got '16MiB'"},
                         Case{"TRUN_SHM_A2A_BYTES", "4294967296", "[0, 2^30]"},
-                        Case{"TRUN_SHM_SLOT_BYTES", "100", "[4096, 2^30], got '100'"}}) {
+                        Case{"TRUN_SHM_SLOT_BYTES", "100", "[4096, 2^30], got '100'"},
+                        Case{"TRUN_SHM_BUFFER_BYTES", "-1", "[0, 2^40], got '-1'"},
+                        Case{"TRUN_SHM_BUFFER_BYTES", "2199023255553", "[0, 2^40]"}}) {
     DYNAMIC_SECTION(c.name << "=" << c.value) {
       Job job;
       JobSpec spec;

@@ -9,6 +9,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -51,9 +52,35 @@ class BackendImpl {
   virtual void check_op(ReduceOp op, DataType dtype, const char* what) const {
     (void)op, (void)dtype, (void)what;
   }
+  // A block of this rank's shared buffer area (ProcessGroup::shared_buffer), or nullptr when
+  // the backend has none or it is full. Any thread.
+  virtual std::shared_ptr<SharedBuffer::Block> allocate_shared(size_t bytes) {
+    (void)bytes;
+    return nullptr;
+  }
   // Called from any thread, possibly while a collective runs: make it fail soon.
   virtual void abort(const std::string& reason) = 0;
 };
+
+// What a SharedBuffer holds: `release` gives the memory back when the last copy goes.
+}  // namespace trun::worker::detail
+
+namespace trun::worker {
+struct SharedBuffer::Block {
+  void* data = nullptr;
+  size_t size = 0;
+  bool shared = false;
+  std::function<void()> release;
+  Block() = default;
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() {
+    if (release) release();
+  }
+};
+}  // namespace trun::worker
+
+namespace trun::worker::detail {
 
 // Factories, chosen by ProcessGroup through Backend. Each validates what it needs from options.
 std::unique_ptr<BackendImpl> make_cpu_backend(const ProcessGroupOptions& options,

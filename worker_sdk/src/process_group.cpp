@@ -4,9 +4,12 @@
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
+#include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <mutex>
+#include <new>
 #include <thread>
 
 #include "rendezvous/store/store.h"
@@ -710,6 +713,29 @@ void ProcessGroup::abort(const std::string& reason) {
 
 int ProcessGroup::rank() const { return impl_->options.rank; }
 int ProcessGroup::size() const { return impl_->options.world_size; }
+void* SharedBuffer::data() const { return block_ ? block_->data : nullptr; }
+size_t SharedBuffer::size() const { return block_ ? block_->size : 0; }
+bool SharedBuffer::shared() const { return block_ && block_->shared; }
+
+SharedBuffer ProcessGroup::shared_buffer(size_t bytes) {
+  if (impl_->kind == Backend::kNccl)
+    throw std::invalid_argument(
+        "shared_buffer: an NCCL group's buffers are CUDA device memory; shared buffers are host "
+        "memory for the CPU backend");
+  if (auto block = impl_->backend->allocate_shared(bytes)) return SharedBuffer(std::move(block));
+  // Ordinary memory: page-aligned and zero-filled like the shared kind.
+  constexpr size_t kPage = 4096;
+  const size_t rounded = std::max<size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+  void* p = std::aligned_alloc(kPage, rounded);
+  if (!p) throw std::bad_alloc();
+  std::memset(p, 0, rounded);
+  auto block = std::make_shared<SharedBuffer::Block>();
+  block->data = p;
+  block->size = bytes;
+  block->release = [p] { std::free(p); };
+  return SharedBuffer(std::move(block));
+}
+
 Backend ProcessGroup::backend() const { return impl_->kind; }
 std::string ProcessGroup::backend_description() const { return impl_->description; }
 bool ProcessGroup::broken() const { return impl_->broken.load(); }

@@ -122,6 +122,34 @@ struct P2POp {
   int tag = 0;   // >= 0; a receive matches the sends from `peer` with the same tag, in order
 };
 
+// Host memory that the other ranks of this rank's node can read directly (the CPU backend's
+// shared-memory segment; in the spirit of PyTorch 2.x's symmetric memory). Any collective or
+// point-to-point call takes it like any other buffer. A send, all_to_all or all_to_all_v whose
+// send buffer lies in one of these moves each byte with one copy instead of two: the receiving
+// ranks of the node copy straight out of it. Zero-filled when allocated. Cheap to copy; the
+// copies share the memory, which is freed (and its pages returned to the system) with the last
+// one. It stays valid after its group is destroyed, but only its own group takes the one-copy
+// path. See ProcessGroup::shared_buffer.
+class SharedBuffer {
+ public:
+  SharedBuffer() = default;
+  void* data() const;
+  size_t size() const;  // bytes, as asked for
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data());
+  }
+  // False for ordinary memory (a group without a segment, or its area was full; see
+  // ProcessGroup::shared_buffer): it works the same, with the usual two copies.
+  bool shared() const;
+
+  struct Block;  // private
+  explicit SharedBuffer(std::shared_ptr<Block> block) : block_(std::move(block)) {}
+
+ private:
+  std::shared_ptr<Block> block_;
+};
+
 struct ProcessGroupOptions {
   // Namespaced for this group and round (a re-created group needs a fresh prefix). Required when
   // world_size > 1; not owned exclusively: the group keeps a reference.
@@ -257,6 +285,15 @@ class ProcessGroup {
   // (rank 0 may start late); if rank 0 never gives one, they throw CollectiveTimeoutError
   // naming rank 0.
   void monitored_barrier(Timeout timeout = kGroupTimeout, bool wait_all_ranks = false);
+
+  // `bytes` of zero-filled host memory, page-aligned, in this rank's part of the node's
+  // shared-memory segment (see SharedBuffer). Not collective: any rank, any time, any thread.
+  // Each local rank's part holds TRUN_SHM_BUFFER_BYTES (default: 1 GiB, at most 8 GiB for the
+  // node's ranks together; address space only until used). When the group has no segment (one
+  // rank on this node, or a segment named in /dev/shm) or the part is full, the buffer is
+  // ordinary memory and shared() is false (the latter noted once on stderr). An NCCL group
+  // throws std::invalid_argument (its buffers are CUDA device memory).
+  SharedBuffer shared_buffer(size_t bytes);
 
   // Breaks the group: the running collective fails at once (shared memory: the segment's abort
   // flag; Gloo: this process's connections are shut down; NCCL: the communicator is aborted),

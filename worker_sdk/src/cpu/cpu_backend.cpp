@@ -249,6 +249,10 @@ class CpuBackend : public BackendImpl {
         ops.size() == 1 ? (ops[0].kind == P2POp::kSend ? "send" : "recv") : "batch_isend_irecv");
   }
 
+  std::shared_ptr<SharedBuffer::Block> allocate_shared(size_t bytes) override {
+    return shm_ ? shm_->allocate_shared(bytes) : nullptr;
+  }
+
   void abort(const std::string& reason) override {
     if (shm_) shm_->abort(reason);
     if (gloo_) gloo_->abort(reason);
@@ -325,6 +329,12 @@ class CpuBackend : public BackendImpl {
         t.channel_count = ShmComm::kCopyChannels;
         t.peer_pid = shm_->pid(peer);
         t.may_read = !send && shm_->readable_pid(peer) > 0;
+        if (send) {
+          const uint64_t off = shm_->shared_offset(op.data, bytes);
+          t.shared = bytes && off != ShmComm::kNotShared ? off + 1 : 0;
+        } else {
+          t.peer_area = shm_->shared_area(peer);
+        }
         t.peer_name = peer_name;
         t.name = full + ": " + (send ? "send to " : "recv from ") + peer_name;
         local.push_back(std::move(t));

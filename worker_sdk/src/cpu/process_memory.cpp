@@ -132,6 +132,7 @@ bool step_send(Progress& p) {
       c.done.store(0, std::memory_order_relaxed);
       c.next.store(0, std::memory_order_relaxed);
       c.refused.store(0, std::memory_order_relaxed);
+      c.shared.store(t.shared, std::memory_order_relaxed);
       c.bytes.store(t.bytes, std::memory_order_relaxed);
       c.addr.store(reinterpret_cast<uintptr_t>(t.data), std::memory_order_relaxed);
       const uint64_t order = ++g_announcements & 0xfffff;
@@ -140,7 +141,7 @@ bool step_send(Progress& p) {
                    std::memory_order_release);
       p.c = &c;
       p.total = copy_chunks(t.bytes);
-      p.pushed_all = p.total == 0;
+      p.pushed_all = p.total == 0 || t.shared;  // shared: the receiver copies it all
       moved = true;
     }
     if (!p.c) return false;
@@ -218,6 +219,19 @@ bool step_recv(Progress& p, int me, bool& direct_read_failed) {
     }
     p.total = copy_chunks(t.bytes);
     p.last = Clock::now();
+    if (const uint64_t shared = c.shared.load(std::memory_order_relaxed)) {
+      // In the sender's shared buffer area: ours to copy, all of it (the sender copies none).
+      if (!t.peer_area) {
+        c.next.store(kClosed, std::memory_order_release);
+        p.c = nullptr;
+        throw CollectiveError(t.name + " failed: the message is in the sender's shared buffer " +
+                              "area, which this rank has not mapped");
+      }
+      copy_or_stream(t.bytes >= kStreamMinBytes, t.data, t.peer_area + (shared - 1), t.bytes);
+      c.done.store(1, std::memory_order_release);
+      p.done = true;
+      return true;
+    }
     if (t.bytes && t.may_read && !direct_read_failed) {
       // A read that is refused must not cost a claimed chunk (the sender would never copy it):
       // try a small one first, once per message, before the sender's copy leaves none to read.

@@ -32,9 +32,11 @@ std::string read_process_memory(int pid, const std::string& who, void* dst, uint
 // empty (a sender busy elsewhere or not scheduled) and direct reads are allowed, the receiver
 // claims chunks itself and reads them straight from the sender's memory (read_process_memory;
 // the kernel's copy costs about three times the CPU per byte of one user-space copy here), and
-// it reads small messages that way at once. Each side claims the next chunk from `next`. Owned
-// by the sender, which resets one before announcing a message in it and reuses it once the
-// receiver has marked it done.
+// it reads small messages that way at once. A message whose data lies in the sender's shared
+// buffer area (ProcessGroup::shared_buffer) is not copied by the sender at all: the receiver
+// copies it straight out of the area, one copy per byte. Each side claims the next chunk from
+// `next`. Owned by the sender, which resets one before announcing a message in it and reuses it
+// once the receiver has marked it done.
 constexpr size_t kCopyChunkBytes = 256u << 10;
 constexpr int kRingSlots = 8;
 constexpr size_t kSharedCopyMinBytes = 4u << 20;  // smaller messages: the receiver reads them
@@ -46,8 +48,9 @@ struct alignas(64) CopyChannel {
   // before the release of "posted".
   std::atomic<uint64_t> post{0};
   std::atomic<uint64_t> bytes{0};
-  std::atomic<uint64_t> addr{0};              // of the data, in the sender's address space
-  std::atomic<uint64_t> refused{0};           // 1 + the receiver's size when the sizes differ
+  std::atomic<uint64_t> addr{0};     // of the data, in the sender's address space
+  std::atomic<uint64_t> refused{0};  // 1 + the receiver's size when the sizes differ
+  std::atomic<uint64_t> shared{0};   // 1 + the data's offset in the sender's shared buffer area
   alignas(64) std::atomic<uint64_t> next{0};  // next chunk to claim; >= kClosed: closed
   // 1 once the receiver has every chunk: the message is over and the channel free again.
   alignas(64) std::atomic<uint64_t> done{0};
@@ -70,6 +73,10 @@ struct LocalTransfer {
   int channel_count = 0;
   int peer_pid = 0;       // to notice a peer that died; 0: unknown (another pid namespace)
   bool may_read = false;  // a receive may read the sender's memory (process_vm_readv)
+  // A send: 1 + the data's offset in this rank's shared buffer area, 0 when not there.
+  uint64_t shared = 0;
+  // A receive: the sender's shared buffer area as mapped here (nullptr: none).
+  const char* peer_area = nullptr;
   std::string peer_name;  // e.g. "rank 3"
   std::string name;       // for errors, e.g. "send on rank 2: send to rank 3"
 };

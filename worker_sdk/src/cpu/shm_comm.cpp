@@ -20,6 +20,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -49,6 +51,9 @@ constexpr size_t kStagedMinSubBytes = 256u << 10;  // see all_to_all_v
 // all_to_all's staging area (default_a2a_bytes): at most this much per rank and in all.
 constexpr size_t kMaxA2aBytes = 16u << 20;
 constexpr size_t kA2aSegmentBytes = 64u << 20;
+// The shared buffer areas (default_buffer_bytes): at most this much per rank and in all.
+constexpr size_t kMaxBufferBytes = size_t{1} << 30;
+constexpr size_t kBufferSegmentBytes = size_t{8} << 30;
 }  // namespace
 
 struct alignas(64) ShmRankState {
@@ -62,6 +67,7 @@ struct ShmHeader {
   uint32_t local_size;
   uint64_t slot_bytes;
   uint64_t a2a_bytes;
+  uint64_t buf_bytes;
   alignas(64) std::atomic<uint32_t> mapped;
   alignas(64) std::atomic<uint32_t> wake;
   std::atomic<uint32_t> waiters;
@@ -280,15 +286,25 @@ size_t default_a2a_bytes(int local_size, bool named) {
   return per_rank;
 }
 
-// TRUN_SHM_SLOT_BYTES or TRUN_SHM_A2A_BYTES: bytes in [lowest, 2^30], else nullopt when unset.
-std::optional<size_t> bytes_from_env(const char* name, size_t lowest) {
+// Default shared buffer area per rank: min(1 GiB, 8 GiB / local ranks), 0 for a segment named in
+// /dev/shm (often small in a container). Address space only, until buffers use it.
+size_t default_buffer_bytes(int local_size, bool named) {
+  if (named) return 0;
+  return std::min(kBufferSegmentBytes / static_cast<size_t>(local_size), kMaxBufferBytes) / kPage *
+         kPage;
+}
+
+// TRUN_SHM_SLOT_BYTES, TRUN_SHM_A2A_BYTES or TRUN_SHM_BUFFER_BYTES: bytes in
+// [lowest, 2^highest_log2], else nullopt when unset.
+std::optional<size_t> bytes_from_env(const char* name, size_t lowest, int highest_log2 = 30) {
   const char* v = std::getenv(name);
   if (!v) return std::nullopt;
   char* end = nullptr;
   unsigned long long x = std::strtoull(v, &end, 10);
-  if (*v && end && *end == '\0' && x >= lowest && x <= (1ull << 30)) return x;
+  if (*v && *v != '-' && end && *end == '\0' && x >= lowest && x <= (1ull << highest_log2))
+    return x;
   throw std::invalid_argument(std::string(name) + ": expected bytes in [" + std::to_string(lowest) +
-                              ", 2^30], got '" + v + "'");
+                              ", 2^" + std::to_string(highest_log2) + "], got '" + v + "'");
 }
 
 }  // namespace
@@ -304,6 +320,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   // Each slot holds n_ cache-line aligned slices in each half (all_to_all_v).
   slot_bytes_ = page_up(std::max(slot_bytes_, 2 * static_cast<size_t>(n_) * kLine));
   const std::optional<size_t> a2a_env = bytes_from_env("TRUN_SHM_A2A_BYTES", 0);
+  const std::optional<size_t> buf_env = bytes_from_env("TRUN_SHM_BUFFER_BYTES", 0, 40);
   const size_t header_bytes = page_up(sizeof(ShmHeader));
   const size_t channel_bytes =
       page_up(sizeof(CopyChannel) * kCopyChannels * static_cast<size_t>(n_));
@@ -311,8 +328,9 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   auto size_segment = [&] {
     a2a_bytes_ = a2a_env ? *a2a_env : default_a2a_bytes(n_, named_);
     if (a2a_bytes_) a2a_bytes_ = page_up(std::max(a2a_bytes_, 2 * static_cast<size_t>(n_) * kLine));
-    map_bytes_ =
-        header_bytes + channel_bytes + (slot_bytes_ + a2a_bytes_) * static_cast<size_t>(n_);
+    buf_bytes_ = page_up(buf_env ? *buf_env : default_buffer_bytes(n_, named_));
+    map_bytes_ = header_bytes + channel_bytes +
+                 (slot_bytes_ + a2a_bytes_ + buf_bytes_) * static_cast<size_t>(n_);
   };
 
   const std::string stem = rendezvous::shm_segment_stem(o.tag);
@@ -361,7 +379,8 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
       throw CollectiveError("shared memory segment " + name_ + " has size " +
                             std::to_string(st.st_size) + ", expected " +
                             std::to_string(map_bytes_) +
-                            " (TRUN_SHM_SLOT_BYTES or TRUN_SHM_A2A_BYTES differ between ranks?)");
+                            " (TRUN_SHM_SLOT_BYTES, TRUN_SHM_A2A_BYTES or TRUN_SHM_BUFFER_BYTES "
+                            "differ between ranks?)");
     }
   }
   map_ = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -373,10 +392,12 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     errno = map_errno;
     throw CollectiveError(errno_text(("mmap(" + name_ + ")").c_str()));
   }
+  mapping_ = std::shared_ptr<void>(map_, [bytes = map_bytes_](void* p) { ::munmap(p, bytes); });
   hdr_ = static_cast<ShmHeader*>(map_);
   channels_ = reinterpret_cast<CopyChannel*>(static_cast<char*>(map_) + header_bytes);
   data_ = static_cast<char*>(map_) + header_bytes + channel_bytes;
   a2a_ = data_ + slot_bytes_ * static_cast<size_t>(n_);
+  bufs_ = a2a_ + a2a_bytes_ * static_cast<size_t>(n_);
 
   if (me_ == 0) {
     // ftruncate zero-filled the segment; placement-new the atomics for form's sake.
@@ -386,6 +407,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     hdr_->local_size = static_cast<uint32_t>(n_);
     hdr_->slot_bytes = slot_bytes_;
     hdr_->a2a_bytes = a2a_bytes_;
+    hdr_->buf_bytes = buf_bytes_;
     hdr_->abort_owner.store(-1);
     hdr_->magic = kMagic;
     std::atomic_thread_fence(std::memory_order_release);
@@ -402,20 +424,21 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     } catch (...) {
       ::close(fd);
       if (named_) ::shm_unlink(name_.c_str());
-      ::munmap(map_, map_bytes_);
+      mapping_.reset();
       map_ = nullptr;
       throw;
     }
   } else {
     std::atomic_thread_fence(std::memory_order_acquire);
     if (hdr_->magic != kMagic || hdr_->local_size != static_cast<uint32_t>(n_) ||
-        hdr_->slot_bytes != slot_bytes_ || hdr_->a2a_bytes != a2a_bytes_) {
+        hdr_->slot_bytes != slot_bytes_ || hdr_->a2a_bytes != a2a_bytes_ ||
+        hdr_->buf_bytes != buf_bytes_) {
       ::close(fd);
-      ::munmap(map_, map_bytes_);
+      mapping_.reset();
       map_ = nullptr;
-      throw CollectiveError(
-          "shared memory segment " + name_ +
-          " does not match this group (local size, slot size or all_to_all area differ)");
+      throw CollectiveError("shared memory segment " + name_ +
+                            " does not match this group (local size, slot size, all_to_all area "
+                            "or shared buffer area differ)");
     }
   }
   ::close(fd);
@@ -458,12 +481,92 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     }
     pidfds_[r] = pidfd_open(pids_[r]);
   }
+  if (buf_bytes_)
+    area_ = std::make_shared<SharedArea>(mapping_, bufs_ + me_ * buf_bytes_, buf_bytes_);
+}
+
+// This rank's shared buffer area: first fit over the free ranges, in pages. A freed range's
+// pages go back to the system (MADV_REMOVE: the segment is shared memory), so the next block
+// there is zero-filled again, as a fresh one is.
+class SharedArea {
+ public:
+  SharedArea(std::shared_ptr<void> mapping, char* base, size_t bytes)
+      : mapping_(std::move(mapping)), base_(base) {
+    free_.emplace(0, bytes);
+  }
+
+  std::shared_ptr<SharedBuffer::Block> allocate(size_t bytes,
+                                                const std::shared_ptr<SharedArea>& self) {
+    const size_t len = std::max<size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+    size_t off = 0;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = std::find_if(free_.begin(), free_.end(),
+                             [&](const auto& range) { return range.second >= len; });
+      if (it == free_.end()) return nullptr;
+      off = it->first;
+      const size_t rest = it->second - len;
+      free_.erase(it);
+      if (rest) free_.emplace(off + len, rest);
+    }
+    auto block = std::make_shared<SharedBuffer::Block>();
+    block->data = base_ + off;
+    block->size = bytes;
+    block->shared = true;
+    block->release = [self, off, len] { self->release(off, len); };
+    return block;
+  }
+
+ private:
+  void release(size_t off, size_t len) {
+    ::madvise(base_ + off, len, MADV_REMOVE);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto next = free_.lower_bound(off);
+    if (next != free_.end() && next->first == off + len) {  // merge with the range after
+      len += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {  // and with the one before
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == off) {
+        prev->second += len;
+        return;
+      }
+    }
+    free_.emplace(off, len);
+  }
+
+  std::shared_ptr<void> mapping_;  // keeps the segment mapped while blocks live
+  char* base_;
+  std::mutex mu_;
+  std::map<size_t, size_t> free_;  // offset -> length
+};
+
+std::shared_ptr<SharedBuffer::Block> ShmComm::allocate_shared(size_t bytes) {
+  if (!area_) return nullptr;
+  auto block = area_->allocate(bytes, area_);
+  if (!block && !area_full_noted_.exchange(true))
+    std::fprintf(stderr,
+                 "[trun.worker] shared_buffer: %zu bytes do not fit in what is left of local rank "
+                 "%d's shared buffer area (TRUN_SHM_BUFFER_BYTES=%zu); this and later such "
+                 "buffers are ordinary memory\n",
+                 bytes, me_, buf_bytes_);
+  return block;
+}
+
+uint64_t ShmComm::shared_offset(const void* p, size_t bytes) const {
+  const char* mine = shared_area(me_);
+  const char* c = static_cast<const char*>(p);
+  if (!mine || c < mine || c > mine + buf_bytes_ ||
+      bytes > static_cast<size_t>(mine + buf_bytes_ - c))
+    return kNotShared;
+  return static_cast<uint64_t>(c - mine);
 }
 
 ShmComm::~ShmComm() {
   for (int fd : pidfds_)
     if (fd >= 0) ::close(fd);
-  if (map_) ::munmap(map_, map_bytes_);
+  // mapping_ unmaps the segment once no SharedBuffer of this group is left either.
 }
 
 void ShmComm::set_abort(const std::string& reason) {
@@ -735,8 +838,12 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
   };
   if (n_ > 1) {
     // Row i of the table: local rank i's send sizes, receive sizes, send offsets, the address
-    // of its send buffer, and whether it can read its peers' memory (cross-memory attach).
-    const size_t w = 3 * static_cast<size_t>(n_) + 2;
+    // of its send buffer, whether it can read its peers' memory (cross-memory attach), and
+    // where its send buffer lies in its shared buffer area (kNotShared: elsewhere).
+    const size_t w = 3 * static_cast<size_t>(n_) + 3;
+    size_t send_extent = 0;
+    for (int j = 0; j < n_; ++j)
+      send_extent = std::max(send_extent, send_offsets[j] + send_bytes[j]);
     std::vector<uint64_t> mine(w), table(w * n_);
     for (int j = 0; j < n_; ++j) {
       mine[j] = send_bytes[j];
@@ -745,11 +852,13 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
     }
     mine[3 * n_] = reinterpret_cast<uintptr_t>(in);
     mine[3 * n_ + 1] = cma_usable() ? 1 : 0;
+    mine[3 * n_ + 2] = shared_offset(in, send_extent);
     allgather(mine.data(), table.data(), w * sizeof(uint64_t), deadline);
     uint64_t longest = 0;
-    bool cma = true;
+    bool cma = true, shared = true;
     for (int i = 0; i < n_; ++i) {
       cma = cma && table[i * w + 3 * n_ + 1] == 1;
+      shared = shared && table[i * w + 3 * n_ + 2] != kNotShared;
       for (int j = 0; j < n_; ++j) {
         const uint64_t sent = table[i * w + j];           // i -> j, as i says
         const uint64_t expected = table[j * w + n_ + i];  // i -> j, as j says
@@ -760,6 +869,21 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
                                 ", which expects " + std::to_string(expected));
         if (i != j) longest = std::max(longest, sent);
       }
+    }
+    if (shared) {
+      // Every send buffer is a SharedBuffer: each rank copies its blocks straight out of its
+      // peers' (the allgather above was the barrier that has them all written), then a barrier
+      // keeps every send buffer untouched until its readers are done. One copy per byte.
+      for (int src = 0; src < n_; ++src) {
+        if (src == me_ || recv_bytes[src] == 0) continue;
+        copy_or_stream(
+            stream_out, out + recv_offsets[src],
+            shared_area(src) + table[src * w + 3 * n_ + 2] + table[src * w + 2 * n_ + me_],
+            recv_bytes[src]);
+      }
+      copy_own_block();
+      arrive_and_wait(deadline, "all_to_all");
+      return;
     }
     // Staged or direct. A round moves one sub-slot per pair through the staging area (or the
     // slots): the sender copies in, the receiver copies out, both with non-temporal stores when

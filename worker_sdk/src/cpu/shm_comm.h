@@ -15,6 +15,11 @@
 // (reduce-scatter + allgather), with two barriers per round. Slots are small (a few MiB for the
 // whole segment) so that a round's data stays in the last-level cache.
 //
+// After the staging areas, each rank owns a shared buffer area (TRUN_SHM_BUFFER_BYTES; unnamed
+// segments only) from which ProcessGroup::shared_buffer allocates: address space in every
+// rank, pages only where buffers were used. A send buffer there is read by its receivers
+// directly (all_to_all, point-to-point): one copy per byte.
+//
 // Barriers spin briefly, then yield the core (sched_yield) for up to 2 ms (with more ranks than
 // cores, the peers being waited for are often queued on this core), then sleep on a futex in the
 // segment that the rank completing the barrier wakes. While waiting, a rank checks the
@@ -36,6 +41,7 @@
 namespace trun::worker::detail {
 
 struct ShmHeader;
+class SharedArea;
 
 struct ShmOptions {
   rendezvous::Store* store = nullptr;  // namespaced for this node of this group
@@ -92,6 +98,16 @@ class ShmComm {
                     void* recv, const size_t* recv_offsets, const size_t* recv_bytes,
                     Deadline deadline);
   void barrier(Deadline deadline);
+  // A zero-filled block of this rank's shared buffer area, or nullptr when it has none or no
+  // free range is large enough. Any thread. The block keeps the segment mapped.
+  std::shared_ptr<SharedBuffer::Block> allocate_shared(size_t bytes);
+  static constexpr uint64_t kNotShared = ~uint64_t{0};
+  // Offset of [p, p + bytes) in this rank's shared buffer area, kNotShared when not all in it.
+  uint64_t shared_offset(const void* p, size_t bytes) const;
+  // Local rank r's shared buffer area, as mapped here (nullptr: none).
+  const char* shared_area(int r) const {
+    return buf_bytes_ ? bufs_ + static_cast<size_t>(r) * buf_bytes_ : nullptr;
+  }
   void abort(const std::string& reason);
   // Throws the CollectiveError of the segment's abort, if a rank of the node aborted it (for
   // waits outside this class: the point-to-point copy channels).
@@ -116,11 +132,18 @@ class ShmComm {
   size_t slot_bytes_ = 0;
   size_t map_bytes_ = 0;
   void* map_ = nullptr;
+  std::shared_ptr<void> mapping_;  // unmaps the segment with its last holder (SharedBuffers)
   ShmHeader* hdr_ = nullptr;
   char* data_ = nullptr;
   // all_to_all's staging area, a2a_bytes_ per rank after the slots (0: the slots serve).
   size_t a2a_bytes_ = 0;
   char* a2a_ = nullptr;
+  // The shared buffer areas, buf_bytes_ per rank after the staging areas (0: none), and the
+  // allocator of this rank's.
+  size_t buf_bytes_ = 0;
+  char* bufs_ = nullptr;
+  std::shared_ptr<SharedArea> area_;
+  std::atomic<bool> area_full_noted_{false};
   CopyChannel* channels_ = nullptr;  // local_size() * kCopyChannels, after the header
   uint32_t seq_ = 0;
   int spin_limit_ = 0;
