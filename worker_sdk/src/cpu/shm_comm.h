@@ -86,8 +86,10 @@ class ShmComm {
   // Block j of send (send_bytes[j] bytes at send_offsets[j]) goes to local rank j; block i of
   // recv (recv_bytes[i] at recv_offsets[i]) comes from local rank i. Every rank first publishes
   // its sizes, offsets and send buffer's address (one small allgather), so that a send size
-  // that differs from its receive size fails on every rank with the same CollectiveError. Then
-  // one of two paths, the same on every rank: rounds of one sub-slot per pair through the
+  // that differs from its receive size fails on every rank with the same CollectiveError. When
+  // every rank's send buffer lies in its shared buffer area, each rank copies its blocks
+  // straight out of its peers' areas and a barrier ends it. Else one of two paths, the same on
+  // every rank: rounds of one sub-slot per pair through the
   // staging area (else the slots; one barrier per round, two rounds in flight where the
   // sub-slots allow; large copies in and out with non-temporal stores), when blocks and
   // sub-slots are at least 256 KiB; else each rank reads its blocks straight out of its peers'
