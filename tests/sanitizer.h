@@ -10,4 +10,10 @@ inline constexpr bool kThreadSanitizer = true;
 inline constexpr bool kThreadSanitizer = false;
 #endif
 
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitizer = true;  // e.g. an address-space limit would break its shadow
+#else
+inline constexpr bool kSanitizer = false;
+#endif
+
 }  // namespace trun::testing

@@ -48,6 +48,8 @@
 //                                are copied into ProcessGroup::shared_buffer blocks, on every
 //                                rank or on the odd ranks only; prints "SHARED <k> of <m>"
 //                                (blocks in the segment) at the end
+//   PG_WORKER_LIMIT_AS_RANK=<r>  rank <r> limits its address space (RLIMIT_AS) to what it uses
+//                                plus 1 GiB before init, too little for the shared buffer areas
 //   pg_worker p2p_mixed_fail <dir>
 //                                4 ranks on 2 nodes of 2: rank 0 posts one batch of a receive of
 //                                999 int32 from rank 2 (which sends 1000) and a send to rank 1,
@@ -92,6 +94,7 @@
 #include <linux/seccomp.h>
 #include <pthread.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -994,6 +997,23 @@ std::exception_ptr stream_allreduces(ProcessGroup& pg, int kill_at = -1) {
   return nullptr;
 }
 
+// RLIMIT_AS = this process's current size (VmSize) + `headroom`.
+void limit_address_space(size_t headroom) {
+  size_t vm_kib = 0;
+  if (FILE* f = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof line, f))
+      if (std::sscanf(line, "VmSize: %zu kB", &vm_kib) == 1) break;
+    std::fclose(f);
+  }
+  rlimit lim{};
+  lim.rlim_cur = lim.rlim_max = (vm_kib << 10) + headroom;
+  if (vm_kib == 0 || ::setrlimit(RLIMIT_AS, &lim) != 0) {
+    std::fprintf(stderr, "pg_worker: cannot limit the address space\n");
+    std::exit(2);
+  }
+}
+
 void expect(bool ok, const std::string& what) {
   if (ok) return;
   std::fprintf(stderr, "MISMATCH %s\n", what.c_str());
@@ -1096,6 +1116,9 @@ int main(int argc, char** argv) {
   sigaddset(&usr1, SIGUSR1);
   // Blocked before init() starts any thread, so that only sigwait() below ever takes it.
   if (scenario == "abort_midstream") pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+  if (const char* r = std::getenv("PG_WORKER_LIMIT_AS_RANK");
+      r && std::getenv("RANK") && std::string(r) == std::getenv("RANK"))
+    limit_address_space(size_t{1} << 30);
   try {
     InitOptions io;
     if (const char* b = std::getenv("PG_WORKER_BACKEND")) io.backend = parse_backend(b);

@@ -331,7 +331,8 @@ class CpuBackend : public BackendImpl {
         t.may_read = !send && shm_->readable_pid(peer) > 0;
         if (send) {
           const uint64_t off = shm_->shared_offset(op.data, bytes);
-          t.shared = bytes && off != ShmComm::kNotShared ? off + 1 : 0;
+          t.shared =
+              bytes && off != ShmComm::kNotShared && shm_->maps_shared_areas(peer) ? off + 1 : 0;
         } else {
           t.peer_area = shm_->shared_area(peer);
         }

@@ -60,6 +60,7 @@ struct alignas(64) ShmRankState {
   std::atomic<uint32_t> arrived{0};
   std::atomic<int32_t> pid{0};
   std::atomic<uint64_t> pid_ns{0};  // inode of /proc/self/ns/pid: pids compare only within one
+  std::atomic<uint32_t> areas{0};   // 1: this rank mapped the shared buffer areas
 };
 
 struct ShmHeader {
@@ -383,7 +384,10 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
                             "differ between ranks?)");
     }
   }
-  map_ = ::mmap(nullptr, map_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // The shared buffer areas are mapped apart (below): they are large in address space, and a
+  // rank that cannot map them (RLIMIT_AS, say) still joins, without them.
+  const size_t areas_bytes = buf_bytes_ * static_cast<size_t>(n_);
+  map_ = ::mmap(nullptr, map_bytes_ - areas_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   int map_errno = errno;
   if (map_ == MAP_FAILED) {
     ::close(fd);
@@ -392,12 +396,27 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     errno = map_errno;
     throw CollectiveError(errno_text(("mmap(" + name_ + ")").c_str()));
   }
-  mapping_ = std::shared_ptr<void>(map_, [bytes = map_bytes_](void* p) { ::munmap(p, bytes); });
+  mapping_ = std::shared_ptr<void>(
+      map_, [bytes = map_bytes_ - areas_bytes](void* p) { ::munmap(p, bytes); });
   hdr_ = static_cast<ShmHeader*>(map_);
   channels_ = reinterpret_cast<CopyChannel*>(static_cast<char*>(map_) + header_bytes);
   data_ = static_cast<char*>(map_) + header_bytes + channel_bytes;
   a2a_ = data_ + slot_bytes_ * static_cast<size_t>(n_);
-  bufs_ = a2a_ + a2a_bytes_ * static_cast<size_t>(n_);
+  if (areas_bytes) {
+    void* areas = ::mmap(nullptr, areas_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
+                         static_cast<off_t>(map_bytes_ - areas_bytes));
+    if (areas == MAP_FAILED) {
+      std::fprintf(stderr,
+                   "[trun.worker] local rank %d cannot map the shared buffer areas (%zu bytes: "
+                   "%s); its shared_buffer gives ordinary memory (TRUN_SHM_BUFFER_BYTES sets "
+                   "their size per rank)\n",
+                   me_, areas_bytes, std::strerror(errno));
+    } else {
+      bufs_ = static_cast<char*>(areas);
+      areas_mapping_ =
+          std::shared_ptr<void>(areas, [areas_bytes](void* p) { ::munmap(p, areas_bytes); });
+    }
+  }
 
   if (me_ == 0) {
     // ftruncate zero-filled the segment; placement-new the atomics for form's sake.
@@ -444,6 +463,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
   ::close(fd);
   hdr_->ranks[me_].pid.store(static_cast<int32_t>(::getpid()));
   hdr_->ranks[me_].pid_ns.store(pid_namespace());
+  hdr_->ranks[me_].areas.store(bufs_ ? 1 : 0);
   // The last rank to map the segment removes its name: from here on nothing in /dev/shm
   // refers to it, and the memory goes away with the last process, however it exits.
   if (hdr_->mapped.fetch_add(1) + 1 == static_cast<uint32_t>(n_) && named_)
@@ -481,8 +501,14 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     }
     pidfds_[r] = pidfd_open(pids_[r]);
   }
-  if (buf_bytes_)
-    area_ = std::make_shared<SharedArea>(mapping_, bufs_ + me_ * buf_bytes_, buf_bytes_);
+  all_areas_ = bufs_ != nullptr;
+  for (int r = 0; r < n_; ++r) all_areas_ = all_areas_ && hdr_->ranks[r].areas.load() == 1;
+  if (bufs_)
+    area_ = std::make_shared<SharedArea>(areas_mapping_, bufs_ + me_ * buf_bytes_, buf_bytes_);
+}
+
+bool ShmComm::maps_shared_areas(int r) const {
+  return r >= 0 && r < n_ && hdr_->ranks[r].areas.load(std::memory_order_relaxed) == 1;
 }
 
 // This rank's shared buffer area: first fit over the free ranges, in pages. A freed range's
@@ -536,7 +562,7 @@ class SharedArea {
     free_.emplace(off, len);
   }
 
-  std::shared_ptr<void> mapping_;  // keeps the segment mapped while blocks live
+  std::shared_ptr<void> mapping_;  // keeps the areas mapped while blocks live
   char* base_;
   std::mutex mu_;
   std::map<size_t, size_t> free_;  // offset -> length
@@ -566,7 +592,8 @@ uint64_t ShmComm::shared_offset(const void* p, size_t bytes) const {
 ShmComm::~ShmComm() {
   for (int fd : pidfds_)
     if (fd >= 0) ::close(fd);
-  // mapping_ unmaps the segment once no SharedBuffer of this group is left either.
+  // mapping_ unmaps the segment; areas_mapping_ the shared buffer areas, once no SharedBuffer of
+  // this group is left either.
 }
 
 void ShmComm::set_abort(const std::string& reason) {
@@ -870,7 +897,7 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
         if (i != j) longest = std::max(longest, sent);
       }
     }
-    if (shared) {
+    if (shared && all_areas_) {
       // Every send buffer is a SharedBuffer: each rank copies its blocks straight out of its
       // peers' (the allgather above was the barrier that has them all written), then a barrier
       // keeps every send buffer untouched until its readers are done. One copy per byte.

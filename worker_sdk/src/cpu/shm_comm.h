@@ -101,15 +101,17 @@ class ShmComm {
                     Deadline deadline);
   void barrier(Deadline deadline);
   // A zero-filled block of this rank's shared buffer area, or nullptr when it has none or no
-  // free range is large enough. Any thread. The block keeps the segment mapped.
+  // free range is large enough. Any thread. The block keeps the areas mapped.
   std::shared_ptr<SharedBuffer::Block> allocate_shared(size_t bytes);
   static constexpr uint64_t kNotShared = ~uint64_t{0};
   // Offset of [p, p + bytes) in this rank's shared buffer area, kNotShared when not all in it.
   uint64_t shared_offset(const void* p, size_t bytes) const;
-  // Local rank r's shared buffer area, as mapped here (nullptr: none).
+  // Local rank r's shared buffer area, as mapped here (nullptr: none, or not mapped here).
   const char* shared_area(int r) const {
-    return buf_bytes_ ? bufs_ + static_cast<size_t>(r) * buf_bytes_ : nullptr;
+    return bufs_ ? bufs_ + static_cast<size_t>(r) * buf_bytes_ : nullptr;
   }
+  // Whether local rank r mapped the shared buffer areas (so it can read this rank's).
+  bool maps_shared_areas(int r) const;
   void abort(const std::string& reason);
   // Throws the CollectiveError of the segment's abort, if a rank of the node aborted it (for
   // waits outside this class: the point-to-point copy channels).
@@ -134,7 +136,7 @@ class ShmComm {
   size_t slot_bytes_ = 0;
   size_t map_bytes_ = 0;
   void* map_ = nullptr;
-  std::shared_ptr<void> mapping_;  // unmaps the segment with its last holder (SharedBuffers)
+  std::shared_ptr<void> mapping_;  // the segment but the shared buffer areas
   ShmHeader* hdr_ = nullptr;
   char* data_ = nullptr;
   // all_to_all's staging area, a2a_bytes_ per rank after the slots (0: the slots serve).
@@ -143,7 +145,9 @@ class ShmComm {
   // The shared buffer areas, buf_bytes_ per rank after the staging areas (0: none), and the
   // allocator of this rank's.
   size_t buf_bytes_ = 0;
-  char* bufs_ = nullptr;
+  char* bufs_ = nullptr;                 // nullptr also when they could not be mapped here
+  std::shared_ptr<void> areas_mapping_;  // unmaps them with its last holder (SharedBuffers)
+  bool all_areas_ = false;               // every local rank mapped them
   std::shared_ptr<SharedArea> area_;
   std::atomic<bool> area_full_noted_{false};
   CopyChannel* channels_ = nullptr;  // local_size() * kCopyChannels, after the header
