@@ -290,9 +290,10 @@ class ProcessGroup {
   // shared-memory segment (see SharedBuffer). Not collective: any rank, any time, any thread.
   // Each local rank's part holds TRUN_SHM_BUFFER_BYTES (default: 1 GiB, at most 8 GiB for the
   // node's ranks together; address space only until used). When the group has no segment (one
-  // rank on this node, or a segment named in /dev/shm) or the part is full, the buffer is
-  // ordinary memory and shared() is false (the latter noted once on stderr). An NCCL group
-  // throws std::invalid_argument (its buffers are CUDA device memory).
+  // rank on this node, or a segment named in /dev/shm), this rank could not map the areas (an
+  // address-space limit), or the part is full, the buffer is ordinary memory and shared() is
+  // false (the last two noted once on stderr). An NCCL group throws std::invalid_argument (its
+  // buffers are CUDA device memory).
   SharedBuffer shared_buffer(size_t bytes);
 
   // Breaks the group: the running collective fails at once (shared memory: the segment's abort
