@@ -1048,6 +1048,17 @@ void run_shared_buf(Worker& w, ProcessGroup& pg) {
   SharedBuffer again = pg.shared_buffer(kBytes);
   if (several) expect(again.data() == where, "a freed range is reused first");
   expect(all_zero(again), "a reused range is zero-filled again");
+  try {
+    pg.shared_buffer(SIZE_MAX);
+    expect(false, "shared_buffer(SIZE_MAX) did not throw");
+  } catch (const std::invalid_argument& e) {
+    expect(std::strstr(e.what(), "more than any buffer can hold") != nullptr, e.what());
+  }
+  // More than a rank's area (at most 1 GiB by default): ordinary memory, untouched until used.
+  SharedBuffer huge = pg.shared_buffer(size_t{2} << 30);
+  expect(!huge.shared() && huge.size() == size_t{2} << 30, "a buffer larger than the area");
+  expect(huge.as<char>()[(size_t{2} << 30) - 1] == 0, "a large ordinary buffer is zero-filled");
+  huge = SharedBuffer();
   SharedBuffer empty = pg.shared_buffer(0);
   expect(empty.size() == 0 && empty.data() != nullptr, "a 0-byte buffer");
 

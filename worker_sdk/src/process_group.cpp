@@ -1,11 +1,12 @@
 #include "trun/process_group.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <condition_variable>
-#include <cstdlib>
-#include <cstring>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -722,17 +723,20 @@ SharedBuffer ProcessGroup::shared_buffer(size_t bytes) {
     throw std::invalid_argument(
         "shared_buffer: an NCCL group's buffers are CUDA device memory; shared buffers are host "
         "memory for the CPU backend");
+  if (bytes > static_cast<size_t>(PTRDIFF_MAX))
+    throw std::invalid_argument("shared_buffer: " + std::to_string(bytes) +
+                                " bytes is more than any buffer can hold");
   if (auto block = impl_->backend->allocate_shared(bytes)) return SharedBuffer(std::move(block));
-  // Ordinary memory: page-aligned and zero-filled like the shared kind.
+  // Ordinary memory: page-aligned and zero-filled like the shared kind (fresh anonymous pages,
+  // allocated as they are touched).
   constexpr size_t kPage = 4096;
   const size_t rounded = std::max<size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
-  void* p = std::aligned_alloc(kPage, rounded);
-  if (!p) throw std::bad_alloc();
-  std::memset(p, 0, rounded);
+  void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw std::bad_alloc();
   auto block = std::make_shared<SharedBuffer::Block>();
   block->data = p;
   block->size = bytes;
-  block->release = [p] { std::free(p); };
+  block->release = [p, rounded] { ::munmap(p, rounded); };
   return SharedBuffer(std::move(block));
 }
 

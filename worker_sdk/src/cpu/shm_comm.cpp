@@ -517,12 +517,13 @@ bool ShmComm::maps_shared_areas(int r) const {
 class SharedArea {
  public:
   SharedArea(std::shared_ptr<void> mapping, char* base, size_t bytes)
-      : mapping_(std::move(mapping)), base_(base) {
+      : mapping_(std::move(mapping)), base_(base), total_(bytes) {
     free_.emplace(0, bytes);
   }
 
   std::shared_ptr<SharedBuffer::Block> allocate(size_t bytes,
                                                 const std::shared_ptr<SharedArea>& self) {
+    if (bytes > total_) return nullptr;  // (and the rounding below cannot overflow)
     const size_t len = std::max<size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
     size_t off = 0;
     {
@@ -564,6 +565,7 @@ class SharedArea {
 
   std::shared_ptr<void> mapping_;  // keeps the areas mapped while blocks live
   char* base_;
+  size_t total_;
   std::mutex mu_;
   std::map<size_t, size_t> free_;  // offset -> length
 };
