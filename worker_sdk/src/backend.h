@@ -89,6 +89,13 @@ std::unique_ptr<BackendImpl> make_cpu_backend(const ProcessGroupOptions& options
 std::unique_ptr<BackendImpl> make_nccl_backend(const ProcessGroupOptions& options,
                                                Deadline deadline);
 
+// A SharedBuffer's footprint: `bytes` rounded up to whole 4 KiB pages, at least one (bytes
+// must not be near SIZE_MAX).
+inline size_t whole_pages(size_t bytes) {
+  constexpr size_t kPage = 4096;
+  return bytes <= kPage ? kPage : (bytes + kPage - 1) / kPage * kPage;
+}
+
 // Milliseconds left until `deadline` (at least 1 so that callers passing it on never get 0).
 inline std::chrono::milliseconds remaining(Deadline deadline) {
   auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());

@@ -729,8 +729,7 @@ SharedBuffer ProcessGroup::shared_buffer(size_t bytes) {
   if (auto block = impl_->backend->allocate_shared(bytes)) return SharedBuffer(std::move(block));
   // Ordinary memory: page-aligned and zero-filled like the shared kind (fresh anonymous pages,
   // allocated as they are touched).
-  constexpr size_t kPage = 4096;
-  const size_t rounded = std::max<size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+  const size_t rounded = detail::whole_pages(bytes);
   void* p = ::mmap(nullptr, rounded, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) throw std::bad_alloc();
   auto block = std::make_shared<SharedBuffer::Block>();

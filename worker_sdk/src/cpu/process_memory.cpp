@@ -217,8 +217,6 @@ bool step_recv(Progress& p, int me, bool& direct_read_failed) {
       throw CollectiveError(t.name + " failed: the sender sent " + std::to_string(bytes) +
                             " bytes, this receive expects " + std::to_string(t.bytes));
     }
-    p.total = copy_chunks(t.bytes);
-    p.last = Clock::now();
     if (const uint64_t shared = c.shared.load(std::memory_order_relaxed)) {
       // In the sender's shared buffer area: ours to copy, all of it (the sender copies none).
       if (!t.peer_area) {
@@ -232,6 +230,8 @@ bool step_recv(Progress& p, int me, bool& direct_read_failed) {
       p.done = true;
       return true;
     }
+    p.total = copy_chunks(t.bytes);
+    p.last = Clock::now();
     if (t.bytes && t.may_read && !direct_read_failed) {
       // A read that is refused must not cost a claimed chunk (the sender would never copy it):
       // try a small one first, once per message, before the sender's copy leaves none to read.

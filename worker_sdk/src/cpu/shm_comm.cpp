@@ -501,8 +501,6 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
     }
     pidfds_[r] = pidfd_open(pids_[r]);
   }
-  all_areas_ = bufs_ != nullptr;
-  for (int r = 0; r < n_; ++r) all_areas_ = all_areas_ && hdr_->ranks[r].areas.load() == 1;
   if (bufs_)
     area_ = std::make_shared<SharedArea>(areas_mapping_, bufs_ + me_ * buf_bytes_, buf_bytes_);
 }
@@ -524,7 +522,7 @@ class SharedArea {
   std::shared_ptr<SharedBuffer::Block> allocate(size_t bytes,
                                                 const std::shared_ptr<SharedArea>& self) {
     if (bytes > total_) return nullptr;  // (and the rounding below cannot overflow)
-    const size_t len = std::max<size_t>((bytes + kPage - 1) / kPage * kPage, kPage);
+    const size_t len = whole_pages(bytes);
     size_t off = 0;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -899,10 +897,11 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
         if (i != j) longest = std::max(longest, sent);
       }
     }
-    if (shared && all_areas_) {
+    if (shared) {
       // Every send buffer is a SharedBuffer: each rank copies its blocks straight out of its
       // peers' (the allgather above was the barrier that has them all written), then a barrier
-      // keeps every send buffer untouched until its readers are done. One copy per byte.
+      // keeps every send buffer untouched until its readers are done. One copy per byte. (A
+      // rank that could not map the areas has none of its own, so its row says kNotShared.)
       for (int src = 0; src < n_; ++src) {
         if (src == me_ || recv_bytes[src] == 0) continue;
         copy_or_stream(

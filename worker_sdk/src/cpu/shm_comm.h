@@ -147,7 +147,6 @@ class ShmComm {
   size_t buf_bytes_ = 0;
   char* bufs_ = nullptr;                 // nullptr also when they could not be mapped here
   std::shared_ptr<void> areas_mapping_;  // unmaps them with its last holder (SharedBuffers)
-  bool all_areas_ = false;               // every local rank mapped them
   std::shared_ptr<SharedArea> area_;
   std::atomic<bool> area_full_noted_{false};
   CopyChannel* channels_ = nullptr;  // local_size() * kCopyChannels, after the header
