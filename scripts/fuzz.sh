@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
-# Builds the store decoder's libFuzzer target with clang and runs it for a bounded time.
-# Usage: scripts/fuzz.sh [SECONDS]   (default 20)
+# Builds the libFuzzer targets in tests/fuzz/ with clang and runs each for a bounded time.
+# Usage: scripts/fuzz.sh [SECONDS] [TARGET...]   (SECONDS per target, default 20; every target
+# by default; a TARGET is a file name without _fuzz.cpp, e.g. store_decoder)
 #
-# Everything it writes stays in build-fuzz/: the binary, the growing corpus (seeded from the
-# checked-in tests/fuzz/corpus/, which is only read), and any crash reproducer. Exits non-zero if
-# the fuzzer finds a crash, a sanitizer error or a broken decoder invariant.
+# A target is tests/fuzz/NAME_fuzz.cpp. Its header names what it links, in two comment lines:
+#   // fuzz-sources: rendezvous/store/wire.cpp rendezvous/store/kv_state.cpp
+#   // fuzz-libs: -lspdlog -lfmt            (optional)
+# Its checked-in seeds are tests/fuzz/corpus/NAME/ (only read). Everything the script writes stays
+# in build-fuzz/: the binaries, each target's growing corpus and any crash reproducer. Exits
+# non-zero if a fuzzer finds a crash, a sanitizer error, a hang or a broken invariant.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECONDS_TO_RUN=${1:-20}
@@ -12,6 +16,7 @@ if ! [[ $SECONDS_TO_RUN =~ ^[0-9]+$ ]] || ((SECONDS_TO_RUN < 1)); then
   echo "fuzz: SECONDS must be a positive whole number, got '$SECONDS_TO_RUN'" >&2
   exit 2
 fi
+shift || true
 
 CXX=${FUZZ_CXX:-clang++}
 if ! command -v "$CXX" >/dev/null; then
@@ -19,23 +24,47 @@ if ! command -v "$CXX" >/dev/null; then
   exit 1
 fi
 
-OUT=build-fuzz
-mkdir -p "$OUT/corpus" "$OUT/artifacts"
-BIN="$OUT/store_decoder_fuzz"
-SOURCES=(tests/fuzz/store_decoder_fuzz.cpp rendezvous/store/wire.cpp)
-
-# Rebuild only when a source or header changed.
-if [[ ! -x $BIN ]] || [[ -n $(find "${SOURCES[@]}" rendezvous/store/wire.h -newer "$BIN") ]]; then
-  echo "fuzz: building $BIN"
-  "$CXX" -std=c++17 -g -O1 -fno-omit-frame-pointer -Wall -Wextra \
-    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-    -I. "${SOURCES[@]}" -o "$BIN"
+targets=("$@")
+if ((${#targets[@]} == 0)); then
+  for f in tests/fuzz/*_fuzz.cpp; do
+    n=${f##*/}
+    targets+=("${n%_fuzz.cpp}")
+  done
 fi
 
-echo "fuzz: running the store decoder for ${SECONDS_TO_RUN}s"
-# New inputs go to the first corpus folder (ours); the checked-in seeds are only read.
-# -timeout: one input taking over 10 s counts as a hang (a failure).
-"$BIN" "$OUT/corpus" tests/fuzz/corpus \
-  -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
-  -artifact_prefix="$OUT/artifacts/" -print_final_stats=1
-echo "fuzz: no crash in ${SECONDS_TO_RUN}s; corpus $(ls "$OUT/corpus" | wc -l) inputs"
+OUT=build-fuzz
+# header_field FILE FIELD: the words after "// FIELD:" in FILE's leading comment (empty if none).
+header_field() { sed -n "s|^// $2: *||p" "$1" | head -n 1; }
+
+for name in "${targets[@]}"; do
+  src=tests/fuzz/${name}_fuzz.cpp
+  if [[ ! -f $src ]]; then
+    echo "fuzz: no target '$name' ($src does not exist)" >&2
+    exit 2
+  fi
+  read -r -a sources <<<"$(header_field "$src" fuzz-sources)"
+  read -r -a libs <<<"$(header_field "$src" fuzz-libs)"
+  bin=$OUT/${name}_fuzz
+  corpus=$OUT/corpus/$name
+  artifacts=$OUT/artifacts/$name
+  mkdir -p "$corpus" "$artifacts"
+  # Rebuild when the target, one of its sources or any header of the project is newer.
+  if [[ ! -x $bin ]] || [[ -n $({
+    find "$src" "${sources[@]}" -newer "$bin"
+    find rendezvous launcher agent worker_sdk -name '*.h' -newer "$bin"
+  } | head -n 1) ]]; then
+    echo "fuzz: building $bin"
+    "$CXX" -std=c++17 -g -O1 -fno-omit-frame-pointer -Wall -Wextra \
+      -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+      -I. -Iworker_sdk/include "$src" "${sources[@]}" "${libs[@]}" -o "$bin"
+  fi
+  seeds=()
+  [[ -d tests/fuzz/corpus/$name ]] && seeds=("tests/fuzz/corpus/$name")
+  echo "fuzz: running $name for ${SECONDS_TO_RUN}s"
+  # New inputs go to the first corpus folder (ours); the checked-in seeds are only read.
+  # -timeout: one input taking over 10 s counts as a hang (a failure).
+  "$bin" "$corpus" "${seeds[@]}" \
+    -max_total_time="$SECONDS_TO_RUN" -timeout=10 -rss_limit_mb=2048 -max_len=4096 \
+    -artifact_prefix="$artifacts/" -print_final_stats=1
+  echo "fuzz: $name: no crash in ${SECONDS_TO_RUN}s; corpus $(ls "$corpus" | wc -l) inputs"
+done

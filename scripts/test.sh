@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The README's test command: installs what is needed, builds (plain, ASan+UBSan and TSan), fuzzes
-# the store's decoder briefly, and runs the whole suite with CTest: every test that can under
+# The README's test command: installs what is needed, builds (plain, ASan+UBSan and TSan), runs
+# every fuzz target in tests/fuzz/ briefly, and runs the whole suite with CTest: every test that can under
 # ASan+UBSan, the rest (label no_sanitize: Python/torch, the network-namespace cluster) in the plain
 # build, and the `tsan` label (tests/CMakeLists.txt) again in the TSan build, where any
 # ThreadSanitizer report, in a test or in any process it started, fails the step.

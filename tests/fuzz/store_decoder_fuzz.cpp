@@ -1,3 +1,4 @@
+// fuzz-sources: rendezvous/store/wire.cpp
 // libFuzzer target for the store's request decoder (rendezvous/store/wire.h), built and run by
 // scripts/fuzz.sh. The input is treated as the byte stream of one connection: the dialect is
 // detected from its start (or forced by the first input byte, so both dialects are reached from
