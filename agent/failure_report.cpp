@@ -1,13 +1,18 @@
 #include "agent/failure_report.h"
 
+#include <limits.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
 
 namespace trun::agent {
 namespace {
@@ -56,6 +61,27 @@ std::string indent(const std::string& s) {
   return out;
 }
 
+// An error file is the worker's to write, and a worker is any program: what the agent reads of
+// one is bounded (a @record file is a few KiB; a traceback of 1 MiB is already unreadable).
+constexpr size_t kMaxErrorFileBytes = 1 << 20;
+
+std::string read_bounded(const std::string& path, size_t limit) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text(limit, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(limit));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text;
+}
+
+// What the summary shows as the traceback: the stack trace when it names the error already (a
+// Python traceback ends with "ValueError: ..."; libtrun_worker's starts with its exception),
+// otherwise the error first and then the trace (a C++ frame list says nothing by itself).
+std::string lead_with_message(const std::string& what, const std::string& trace) {
+  if (trace.empty()) return what;
+  if (what.empty() || trace.find(what) != std::string::npos) return trace;
+  return what + "\n" + trace;
+}
+
 }  // namespace
 
 std::string signal_name(int sig) {
@@ -86,12 +112,13 @@ WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
   struct stat st;
   if (!error_file_path.empty() && stat(error_file_path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) {
     f.error_file = error_file_path;
-    std::ifstream in(error_file_path);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    std::string text = ss.str();
+    std::string text = read_bounded(error_file_path, kMaxErrorFileBytes);
     json data = json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (data.is_discarded() || !data.is_object() || !data.contains("message")) {
+    if (static_cast<uint64_t>(st.st_size) > kMaxErrorFileBytes) {
+      f.message = "error file " + error_file_path + " is " + std::to_string(st.st_size) +
+                  " bytes, over the " + std::to_string(kMaxErrorFileBytes) +
+                  " that trun reads of one; it starts: " + text.substr(0, 500);
+    } else if (data.is_discarded() || !data.is_object() || !data.contains("message")) {
       f.message = "error file " + error_file_path +
                   " is not in @record's JSON format: " + text.substr(0, 500);
     } else {
@@ -103,14 +130,14 @@ WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
         if (data.contains("timestamp") && json_int(data["timestamp"], ts)) f.timestamp = ts;
       } else if (m.is_object()) {
         const json* extra = m.contains("extraInfo") ? &m["extraInfo"] : nullptr;
+        std::string what, trace;
+        if (m.contains("message") && m["message"].is_string()) what = m["message"];
         if (extra && extra->is_object() && extra->contains("py_callstack") &&
             (*extra)["py_callstack"].is_string()) {
-          f.message = (*extra)["py_callstack"].get<std::string>();
-        } else if (m.contains("message") && m["message"].is_string()) {
-          f.message = m["message"].get<std::string>();
-        } else {
-          f.message = kNotAvailable;
+          trace = (*extra)["py_callstack"];
         }
+        f.message = lead_with_message(what, trace);
+        if (f.message.empty()) f.message = kNotAvailable;
         if (extra && extra->is_object() && extra->contains("timestamp") &&
             json_int((*extra)["timestamp"], ts)) {
           f.timestamp = ts;
@@ -127,6 +154,50 @@ WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
     }
   }
   return f;
+}
+
+std::string python_start_hint(const std::string& interpreter, const std::string& path,
+                              double seconds_alive, int exitcode, const std::string& message) {
+  if (exitcode <= 0 || seconds_alive >= 1.0 || interpreter.empty()) return "";
+  std::string resolved = interpreter;
+  if (interpreter.find('/') == std::string::npos) {
+    resolved.clear();
+    size_t start = 0;
+    for (size_t i = 0; i < 4096 && start <= path.size(); ++i) {
+      size_t end = path.find(':', start);
+      if (end == std::string::npos) end = path.size();
+      std::string dir = path.substr(start, end - start);
+      std::string candidate = (dir.empty() ? "." : dir) + "/" + interpreter;
+      if (access(candidate.c_str(), X_OK) == 0) {
+        resolved = candidate;
+        break;
+      }
+      start = end + 1;
+    }
+  }
+  char real[PATH_MAX];
+  if (!resolved.empty() && realpath(resolved.c_str(), real) != nullptr && resolved != real) {
+    resolved += " -> " + std::string(real);
+  }
+  const bool import = message.find("ModuleNotFoundError") != std::string::npos ||
+                      message.find("ImportError") != std::string::npos;
+  char alive[32];
+  std::snprintf(alive, sizeof alive, "%.2f", seconds_alive);
+  std::string hint =
+      std::string(import ? "the worker failed to import a module"
+                         : "the worker exited with " + std::to_string(exitcode) + " " + alive +
+                               " s after it started, as a failed "
+                               "import does") +
+      "; it ran the Python interpreter '" + interpreter + "'";
+  if (interpreter.find('/') == std::string::npos) {
+    hint += resolved.empty() ? " (not found on PATH)" : " (" + resolved + " on PATH)";
+  } else if (resolved != interpreter) {
+    hint += " (" + resolved + ")";
+  }
+  hint +=
+      ". If that interpreter lacks your packages, set PYTHON_EXEC to one that has them "
+      "(e.g. PYTHON_EXEC=/usr/bin/python3).";
+  return hint;
 }
 
 size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
@@ -163,6 +234,7 @@ std::string format_summary(const std::string& name, const std::vector<WorkerFail
         " (local_rank: " + std::to_string(f.local_rank) + ")\n" + "  exitcode  : " + exit_desc +
         " (pid: " + std::to_string(f.pid) + ")\n" + "  error_file: " + f.error_file + "\n" +
         "  traceback : " + indent(f.message);
+    if (!f.hint.empty()) fmt += "\n  hint      : " + indent(f.hint);
     std::istringstream lines(fmt);
     for (std::string line; std::getline(lines, line);) width = std::max(width, line.size());
     if (order[idx] == root) {

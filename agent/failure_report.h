@@ -27,12 +27,20 @@ struct WorkerFailure {
   std::string message;     // the traceback (py_callstack) or message
   int64_t timestamp = 0;   // seconds since the epoch
   uint64_t sequence = 0;   // order in which trun observed the failure
+  std::string hint;        // trun's guess at the cause, shown after the traceback; may be empty
 };
 
 // Builds a failure, reading `error_file_path` if it exists (unreadable or malformed files are
 // reported in the message rather than thrown).
 WorkerFailure read_failure(int local_rank, int rank, pid_t pid, int exitcode,
                            const std::string& error_file_path, uint64_t sequence);
+
+// The hint for a Python worker that failed within its first second, which is how an import
+// fails (the interpreter lacks a package): it names the interpreter that ran (`interpreter` as
+// given, and the file it resolved to on `path`, the PATH value) and how to choose another
+// (PYTHON_EXEC). Empty when the worker ran longer or exited 0 or by a signal.
+std::string python_start_hint(const std::string& interpreter, const std::string& path,
+                              double seconds_alive, int exitcode, const std::string& message);
 
 // Index into `failures` of the root cause; failures must not be empty.
 size_t root_cause_index(const std::vector<WorkerFailure>& failures);

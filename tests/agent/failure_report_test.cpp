@@ -1,5 +1,6 @@
 // agent/failure_report.h: error files, the root cause, torchrun's summary.
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -124,4 +125,68 @@ TEST_CASE("the line for other nodes names the root cause's rank, host, code and 
   CHECK(line.rfind("rank 6 (local_rank 2) on h1 exited with SIGKILL: boom second line xx", 0) == 0);
   CHECK(line.find('\n') == std::string::npos);
   CHECK(line.size() < 260);  // the message is cut at 200 characters
+}
+
+TEST_CASE("a C++ worker's error leads its traceback, and a Python traceback stays as it is",
+          "[failures]") {
+  TempDir d;
+  std::string path = d / "error.json";
+  // libtrun_worker before this change: the message, and a frame list that does not name it.
+  write(path, R"({"message": {"message": "trun::worker::CheckpointError: cannot create /x",
+      "extraInfo": {"py_callstack": "#0 main at main.cpp:12\n", "timestamp": "1700000000"}}})");
+  auto f = read_failure(0, 0, 1, 1, path, 0);
+  CHECK(f.message == "trun::worker::CheckpointError: cannot create /x\n#0 main at main.cpp:12\n");
+  // A trace that names the error already (Python's ends with it) is shown unchanged.
+  write(path, R"({"message": {"message": "ValueError: boom", "extraInfo": {"py_callstack":
+      "Traceback (most recent call last):\nValueError: boom\n", "timestamp": "1"}}})");
+  CHECK(read_failure(0, 0, 1, 1, path, 0).message ==
+        "Traceback (most recent call last):\nValueError: boom\n");
+  // No trace at all: the message.
+  write(path, R"({"message": {"message": "only this", "extraInfo": {"timestamp": "1"}}})");
+  CHECK(read_failure(0, 0, 1, 1, path, 0).message == "only this");
+}
+
+TEST_CASE("an error file over 1 MiB is not read whole, and the summary says so", "[failures]") {
+  TempDir d;
+  std::string path = d / "error.json";
+  {
+    std::ofstream out(path);
+    out << R"({"message": "x)";
+    out << std::string(3 << 20, 'y');
+    out << R"("})";
+  }
+  auto f = read_failure(0, 0, 1, 1, path, 0);
+  CHECK(f.message.find("is " + std::to_string(std::filesystem::file_size(path)) +
+                       " bytes, over the 1048576 that trun reads of one") != std::string::npos);
+  CHECK(f.message.size() < 1000);
+}
+
+TEST_CASE("a Python worker failing in its first second gets a hint naming its interpreter",
+          "[failures]") {
+  TempDir d;
+  // A "python3" on a PATH of two folders, the first without one.
+  std::string bin = d / "bin";
+  std::filesystem::create_directories(bin);
+  write(bin + "/python3", "#!/bin/sh\nexit 1\n");
+  std::filesystem::permissions(bin + "/python3", std::filesystem::perms::owner_all);
+  const std::string path = std::string(d / "empty") + ":" + bin;
+
+  std::string h = python_start_hint("python3", path, 0.2, 1, "ModuleNotFoundError: torch");
+  CHECK(h.find("failed to import a module") != std::string::npos);
+  CHECK(h.find("'python3' (" + bin + "/python3 on PATH)") != std::string::npos);
+  CHECK(h.find("PYTHON_EXEC") != std::string::npos);
+  // Without the import error in the message: the timing is what it says.
+  h = python_start_hint("python3", path, 0.25, 1, "");
+  CHECK(h.find("exited with 1 0.25 s after it started") != std::string::npos);
+  CHECK(python_start_hint("python3", std::string(d / "empty"), 0.2, 1, "")
+            .find("(not found on PATH)") != std::string::npos);
+  // An interpreter given by path (PYTHON_EXEC) is named as given.
+  CHECK(python_start_hint(bin + "/python3", "", 0.2, 1, "").find("'" + bin + "/python3'.") !=
+        std::string::npos);
+  // No hint after the first second, for a clean exit or a signal, or for a program that is not
+  // Python.
+  CHECK(python_start_hint("python3", path, 1.5, 1, "").empty());
+  CHECK(python_start_hint("python3", path, 0.2, 0, "").empty());
+  CHECK(python_start_hint("python3", path, 0.2, -9, "").empty());
+  CHECK(python_start_hint("", path, 0.2, 1, "").empty());
 }

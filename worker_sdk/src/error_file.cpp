@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,9 @@
 #include <memory>
 #include <string>
 #include <typeinfo>
+#include <vector>
+
+#include "worker_sdk/src/symbolize.h"
 
 namespace trun::worker {
 namespace {
@@ -193,9 +197,19 @@ std::string describe_current_exception() {
   }
 }
 
+// The stack trace of an error file written for an exception: the exception first, as the last
+// line of a Python traceback names it, so that a summary showing only the trace (torchrun's)
+// still says what failed. Not inlined, so that the frames it skips are always itself and its
+// caller (the handler).
+__attribute__((noinline)) std::string exception_trace(const std::string& what) {
+  return what + "\n" + current_stack_trace(2);
+}
+
 void on_terminate() {
-  if (!g_written.exchange(true) && g_path[0])
-    write_error_file(g_path, describe_current_exception(), current_stack_trace(1));
+  if (!g_written.exchange(true) && g_path[0]) {
+    std::string what = describe_current_exception();
+    write_error_file(g_path, what, exception_trace(what));
+  }
   if (g_previous_terminate) g_previous_terminate();
   std::abort();
 }
@@ -223,21 +237,11 @@ bool write_error_file(const std::string& path, const std::string& message,
   return ok;
 }
 
-std::string current_stack_trace(int skip_frames) {
+__attribute__((noinline)) std::string current_stack_trace(int skip_frames) {
   void* frames[128];
   int n = backtrace(frames, 128);
-  std::unique_ptr<char*, void (*)(void*)> syms(backtrace_symbols(frames, n), std::free);
-  std::string out;
-  for (int i = 1 + skip_frames, k = 0; i < n; ++i, ++k) {
-    std::string line = syms ? syms.get()[i] : "?";
-    // "module(mangled+0x1f) [0x...]": demangle the symbol part when there is one.
-    auto open = line.find('('), plus = line.find('+', open == std::string::npos ? 0 : open);
-    if (open != std::string::npos && plus != std::string::npos && plus > open + 1)
-      line = line.substr(0, open + 1) + demangle(line.substr(open + 1, plus - open - 1).c_str()) +
-             line.substr(plus);
-    out += "#" + std::to_string(k) + " " + line + "\n";
-  }
-  return out;
+  int first = std::min(n, 1 + std::max(skip_frames, 0));  // this function's own frame too
+  return detail::symbolize(std::vector<void*>(frames + first, frames + n));
 }
 
 bool install_error_handler(const std::string& error_file_path) {
@@ -273,8 +277,10 @@ void record_current_exception() {
     if (v) path = v;
   }
   if (path.empty()) return;
-  if (!g_written.exchange(true))
-    write_error_file(path, describe_current_exception(), current_stack_trace(1));
+  if (!g_written.exchange(true)) {
+    std::string what = describe_current_exception();
+    write_error_file(path, what, exception_trace(what));
+  }
 }
 }  // namespace detail
 

@@ -16,12 +16,15 @@ namespace trun::worker {
 bool write_error_file(const std::string& path, const std::string& message,
                       const std::string& stack_trace);
 
-// The calling thread's stack, one frame a line (backtrace(3) and symbol names where known).
+// The calling thread's stack, one frame a line: "function at file:line" where addr2line (binutils)
+// finds the module's line tables, else backtrace(3)'s symbol text. Starts addr2line and waits for
+// it (2 s at most): not for a signal handler.
 std::string current_stack_trace(int skip_frames = 0);
 
 // Installs, for `error_file_path` (default: $TORCHELASTIC_ERROR_FILE; nothing when unset):
 // - a std::terminate handler: an uncaught exception's type and what() plus the stack is
-//   written, then the process aborts as it would have;
+//   written (the stack trace starts with the same "<type>: <what>" line, as a Python traceback
+//   ends with it), then the process aborts as it would have;
 // - handlers for SIGSEGV, SIGBUS, SIGFPE, SIGILL and SIGABRT that write the signal and the stack
 //   with async-signal-safe calls only, then re-raise the signal with its default action, so the
 //   exit status still says which signal killed the worker.
