@@ -66,8 +66,14 @@ struct Worker {
 
 class Agent {
  public:
-  Agent(const LaunchConfig& c, Clock& clock, ProcessSpawner& spawner)
-      : cfg_(c), clock_(clock), sup_(spawner), loop_(clock) {}
+  // `temp_dir`: the temporary log directory, already made (empty: made when needed).
+  Agent(const LaunchConfig& c, Clock& clock, ProcessSpawner& spawner, std::string temp_dir = {})
+      : cfg_(c),
+        clock_(clock),
+        sup_(spawner),
+        loop_(clock),
+        base_dir_(std::move(temp_dir)),
+        temp_base_(!base_dir_.empty()) {}
   ~Agent() { cleanup(); }
 
   int run();
@@ -172,6 +178,7 @@ void Agent::setup_signals() {
 
 // The log and error-file directory: DIR/<run id> under --log-dir, else a temporary one.
 bool Agent::make_base_dir() {
+  if (temp_base_) return true;  // made before the guardian was forked (ElasticAgent::run)
   try {
     base_dir_ = make_log_dir(cfg_.log_dir, run_id_, &temp_base_);
   } catch (const std::exception& e) {
@@ -870,17 +877,32 @@ int ElasticAgent::run() {
     Agent agent(config_, *clock_, *spawner_);
     return agent.run();
   }
+  // Without --log-dir the temporary directory exists before the guardian is forked, so that the
+  // guardian can remove it if trun dies without doing so (SIGKILL).
+  std::string temp_dir;
+  if (config_.log_dir.empty()) {
+    try {
+      temp_dir = make_temporary_dir();
+    } catch (const std::exception& e) {
+      spdlog::error("cannot create the log directory: {}", e.what());
+      return kExitAgentError;
+    }
+  }
   std::unique_ptr<ProcessSupervisor> supervisor;
   try {
     if (!ProcessSupervisor::become_subreaper()) {
       spdlog::warn("cannot become a child subreaper: {}", std::strerror(errno));
     }
-    supervisor = std::make_unique<ProcessSupervisor>();
+    supervisor = std::make_unique<ProcessSupervisor>(temp_dir);
   } catch (const std::exception& e) {
     spdlog::error("cannot set up process supervision: {}", e.what());
+    std::error_code ec;
+    if (!temp_dir.empty()) fs::remove_all(temp_dir, ec);
     return kExitAgentError;
   }
-  Agent agent(config_, steady_clock(), *supervisor);
+  // Destroyed before the supervisor: the agent removes the directory, then the supervisor tells
+  // the guardian to leave it alone.
+  Agent agent(config_, steady_clock(), *supervisor, temp_dir);
   return agent.run();
 }
 

@@ -61,6 +61,12 @@ std::string make_log_dir(const std::string& log_dir, const std::string& run_id, 
     fs::create_directories(dir);
     return dir;
   }
+  std::string dir = make_temporary_dir();
+  *temporary = true;
+  return dir;
+}
+
+std::string make_temporary_dir() {
   const char* tmp = std::getenv("TMPDIR");
   std::string tmpl = std::string(tmp && *tmp ? tmp : "/tmp") + "/trun-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
@@ -68,7 +74,6 @@ std::string make_log_dir(const std::string& log_dir, const std::string& run_id, 
   if (mkdtemp(buf.data()) == nullptr) {
     throw std::system_error(errno, std::generic_category(), "mkdtemp " + tmpl);
   }
-  *temporary = true;
   return buf.data();
 }
 

@@ -4,9 +4,16 @@
 //
 // Thread safety: no shared state. Errors as stated per function.
 
+#include <cstddef>
 #include <string>
 
 namespace trun::agent {
+
+// The longest run id (--rdzv-id) trun accepts: one file-name component (NAME_MAX), because
+// --log-dir puts a job's logs in DIR/<run id>. Every rendezvous store key holds the run id too,
+// and the store refuses keys over 64 KiB (rendezvous/store/wire.h, Limits::max_key_bytes), so
+// this leaves every key far inside that.
+inline constexpr size_t kMaxRunIdBytes = 255;
 
 // A new run id for --standalone, in UUID version 4 form (torchrun's uuid.uuid4()).
 std::string generate_run_id();
@@ -18,6 +25,11 @@ std::string host_name();
 // else a new temporary directory under $TMPDIR (or /tmp), which *temporary tells the caller to
 // remove at the end. Throws std::system_error or std::filesystem::filesystem_error.
 std::string make_log_dir(const std::string& log_dir, const std::string& run_id, bool* temporary);
+
+// A new temporary directory $TMPDIR/trun-XXXXXX (or /tmp/trun-XXXXXX), mode 0700. Throws
+// std::system_error. The agent makes it before it forks its guardian, which removes it if the
+// agent dies without doing so (agent/process_supervisor.h).
+std::string make_temporary_dir();
 
 // libtrun_worker shares its segments as unnamed memfds by default; with TRUN_SHM_NAMED=1 (or
 // where memfd_create is missing) it names them in /dev/shm (rendezvous/shm_names.h) and unlinks

@@ -7,6 +7,7 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -25,6 +26,7 @@
 #include <cerrno>
 #include <condition_variable>
 #include <cstring>
+#include <ctime>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -106,18 +108,114 @@ struct WorkerSetup : bp::extend::handler {
   }
 };
 
-// The guardian's whole life: collect groups from the pipe, kill them all at EOF.
-[[noreturn]] void guardian_main(int fd, int32_t* groups, size_t capacity) {
+// The guardian's pipe protocol, one int32 per record: a worker's process group (> 0, written by
+// the worker itself before it execs), the negated group when it is gone (< 0), and kRelease when
+// trun ends in order, having removed its temporary directory itself.
+constexpr int32_t kRelease = 0;
+
+// The agent's temporary directory as the guardian holds it, all prepared before the fork (the
+// guardian, a fork of a multi-threaded process, must not allocate): the directory it lives in,
+// open, the directory's name there, and its identity, so that the guardian removes that
+// directory and nothing else (not a link, not another directory renamed into its place).
+struct GuardedDir {
+  int parent_fd = -1;
+  const char* name = nullptr;
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+// Deeper directories than this (a worker's own nesting) are left in place, and so is their
+// parent chain.
+constexpr int kMaxRemoveDepth = 32;
+
+// Removes what is inside the directory open at `dir`, with raw system calls only (no malloc:
+// it runs in the guardian) and never following a symbolic link: a link is unlinked itself,
+// and a subdirectory is opened with O_NOFOLLOW relative to its parent. Returns whether the
+// directory was seen empty at the end.
+bool remove_contents(int dir, int depth) {
+  struct Dirent64 {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[1];
+  };
+  alignas(8) char buf[2048];
+  // Several passes: unlinking while reading may make getdents skip entries, and a worker that
+  // was still being killed may have added one.
+  for (int pass = 0; pass < 16; ++pass) {
+    if (lseek(dir, 0, SEEK_SET) < 0) return false;
+    bool any = false;
+    for (int batch = 0; batch < 1 << 20; ++batch) {
+      const long n = syscall(SYS_getdents64, dir, buf, sizeof buf);
+      if (n <= 0) break;
+      for (long off = 0; off < n;) {
+        const auto* d = reinterpret_cast<const Dirent64*>(buf + off);
+        off += d->d_reclen;
+        const char* name = d->d_name;
+        if (name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'))) continue;
+        any = true;
+        if (unlinkat(dir, name, 0) == 0 || errno != EISDIR) continue;  // files, links, gone
+        if (depth >= kMaxRemoveDepth) continue;
+        const int sub = openat(dir, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (sub < 0) continue;
+        remove_contents(sub, depth + 1);
+        close(sub);
+        unlinkat(dir, name, AT_REMOVEDIR);
+      }
+    }
+    if (!any) return true;
+  }
+  return false;
+}
+
+// Removes the guarded directory: its contents, then itself, if it still is the directory trun
+// made.
+void remove_guarded_dir(const GuardedDir& g) {
+  const int dir = openat(g.parent_fd, g.name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (dir < 0) return;  // gone already, or replaced by something that is not a directory
+  struct stat st;
+  if (fstat(dir, &st) == 0 && st.st_dev == g.dev && st.st_ino == g.ino) {
+    remove_contents(dir, 0);
+    struct stat now;
+    if (fstatat(g.parent_fd, g.name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_dev == g.dev &&
+        now.st_ino == g.ino) {
+      unlinkat(g.parent_fd, g.name, AT_REMOVEDIR);
+    }
+  }
+  close(dir);
+}
+
+// After the SIGKILLs: waits (at most ~5 s) until no process is left in the groups, so that no
+// worker still writes its logs into the directory being removed. A group counts as gone when
+// kill(-group, 0) finds no process; zombies still count, so with an init that reaps slowly this
+// waits out the bound and removes anyway (a zombie writes nothing).
+void wait_for_groups(const int32_t* groups, size_t n) {
+  for (int round = 0; round < 500; ++round) {
+    bool alive = false;
+    for (size_t i = 0; i < n && !alive; ++i) alive = kill(-groups[i], 0) == 0 || errno == EPERM;
+    if (!alive) return;
+    timespec ten_ms{0, 10 * 1000 * 1000};
+    nanosleep(&ten_ms, nullptr);
+  }
+}
+
+// The guardian's whole life: collect groups from the pipe; at EOF kill them all and, unless trun
+// released it, remove its temporary directory once they are dead.
+[[noreturn]] void guardian_main(int fd, int32_t* groups, size_t capacity, const GuardedDir& dir) {
   sigset_t all;
   sigfillset(&all);
   sigprocmask(SIG_SETMASK, &all, nullptr);
   prctl(PR_SET_NAME, "trun-guardian");
   size_t n = 0;
   int32_t rec;
+  bool released = false;
   for (;;) {
     ssize_t r = read(fd, &rec, sizeof rec);
     if (r == static_cast<ssize_t>(sizeof rec)) {
-      if (rec > 0 && n < capacity) {
+      if (rec == kRelease) {
+        released = true;
+      } else if (rec > 0 && n < capacity) {
         groups[n++] = rec;
       } else if (rec < 0) {
         for (size_t i = 0; i < n; ++i) {
@@ -133,6 +231,10 @@ struct WorkerSetup : bp::extend::handler {
     break;  // EOF (trun is gone or done) or an error
   }
   for (size_t i = 0; i < n; ++i) kill(-groups[i], SIGKILL);
+  if (!released && dir.parent_fd >= 0) {
+    wait_for_groups(groups, n);
+    remove_guarded_dir(dir);
+  }
   _exit(0);
 }
 
@@ -261,10 +363,34 @@ class ProcessSupervisor::SpawnThread {
   std::thread thread_;  // last: starts after the members it uses
 };
 
-ProcessSupervisor::ProcessSupervisor() {
+ProcessSupervisor::ProcessSupervisor(const std::string& temporary_dir) {
+  // Everything the guardian needs about the directory, prepared here: it must not allocate.
+  GuardedDir guarded;
+  if (!temporary_dir.empty()) {
+    const size_t slash = temporary_dir.find_last_of('/');
+    const std::string parent = slash == std::string::npos ? "."
+                               : slash == 0               ? "/"
+                                                          : temporary_dir.substr(0, slash);
+    guarded_name_ = slash == std::string::npos ? temporary_dir : temporary_dir.substr(slash + 1);
+    struct stat st;
+    guarded.parent_fd = open(parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (guarded.parent_fd < 0 ||
+        fstatat(guarded.parent_fd, guarded_name_.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISDIR(st.st_mode)) {
+      const int err = errno;
+      if (guarded.parent_fd >= 0) close(guarded.parent_fd);
+      throw std::system_error(err, std::generic_category(),
+                              "the temporary directory " + temporary_dir);
+    }
+    guarded.name = guarded_name_.c_str();
+    guarded.dev = st.st_dev;
+    guarded.ino = st.st_ino;
+  }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) {
-    throw std::system_error(errno, std::generic_category(), "pipe2 for the guardian");
+    const int err = errno;
+    if (guarded.parent_fd >= 0) close(guarded.parent_fd);
+    throw std::system_error(err, std::generic_category(), "pipe2 for the guardian");
   }
   // Allocated before fork: the guardian must not call malloc.
   constexpr size_t kCapacity = 1 << 16;
@@ -274,18 +400,26 @@ ProcessSupervisor::ProcessSupervisor() {
     int err = errno;
     close(fds[0]);
     close(fds[1]);
+    if (guarded.parent_fd >= 0) close(guarded.parent_fd);
     throw std::system_error(err, std::generic_category(), "fork for the guardian");
   }
   if (pid == 0) {
-    // Keep only the read end, on fd 3, so the guardian holds no other resource of trun's.
-    int fd = fds[0];
-    if (fd != 3) {
-      dup2(fd, 3);
-      fd = 3;
+    // Keep only the read end, on fd 3, and the temporary directory's parent, on fd 4, so the
+    // guardian holds no other resource of trun's. Both move above 4 first, so that neither
+    // lands on the other.
+    const int pipe_fd = fcntl(fds[0], F_DUPFD, 5);
+    const int parent_fd = guarded.parent_fd >= 0 ? fcntl(guarded.parent_fd, F_DUPFD, 5) : -1;
+    dup2(pipe_fd, 3);
+    if (parent_fd >= 0) {
+      dup2(parent_fd, 4);
+      guarded.parent_fd = 4;
+    } else {
+      guarded.parent_fd = -1;  // none, or it could not be kept: the directory stays
     }
-    close_range(4U, ~0U, 0);
-    guardian_main(fd, groups.get(), kCapacity);
+    close_range(guarded.parent_fd >= 0 ? 5U : 4U, ~0U, 0);
+    guardian_main(3, groups.get(), kCapacity, guarded);
   }
+  if (guarded.parent_fd >= 0) close(guarded.parent_fd);
   close(fds[0]);
   guardian_pid_ = pid;
   guardian_fd_ = fds[1];
@@ -294,7 +428,15 @@ ProcessSupervisor::ProcessSupervisor() {
 
 ProcessSupervisor::~ProcessSupervisor() {
   spawner_.reset();
-  if (guardian_fd_ >= 0) close(guardian_fd_);
+  if (guardian_fd_ >= 0) {
+    // An orderly end: the agent removed its temporary directory itself (it is destroyed before
+    // the supervisor), so the guardian must leave the name alone.
+    const int32_t rec = kRelease;
+    if (write(guardian_fd_, &rec, sizeof rec) != sizeof rec) {
+      spdlog::debug("guardian write failed: {}", std::strerror(errno));
+    }
+    close(guardian_fd_);
+  }
   if (guardian_pid_ > 0) {
     // The guardian exits as soon as it reads EOF.
     while (waitpid(guardian_pid_, nullptr, 0) < 0 && errno == EINTR) {

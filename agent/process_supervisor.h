@@ -10,7 +10,10 @@
 //
 // Guardian: the supervisor forks a tiny guardian process that holds the read end of a pipe and
 // the list of worker process groups. If trun dies in any way (even SIGKILL) the pipe reaches EOF
-// and the guardian SIGKILLs every listed group, so grandchildren die with the workers.
+// and the guardian SIGKILLs every listed group, so grandchildren die with the workers. Given the
+// agent's temporary directory, the guardian then also removes it (once the groups are gone, at
+// most ~5 s later), unless the supervisor was destroyed in order first: then trun removed it
+// itself. The removal never follows a symbolic link and removes nothing outside the directory.
 //
 // Reaping: reap() is the only code that waits for children. It peeks with
 // waitid(P_ALL, WNOWAIT), reaps workers by pid (returning their status) and reaps everything
@@ -25,6 +28,7 @@
 
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "agent/process_spawner.h"
@@ -33,10 +37,12 @@ namespace trun::agent {
 
 class ProcessSupervisor final : public ProcessSpawner {
  public:
-  // Starts the spawn thread and the guardian. Throws std::system_error when it cannot.
-  ProcessSupervisor();
-  // Stops the spawn thread and lets the guardian exit (without killing anything: call it after
-  // every worker was reaped).
+  // Starts the spawn thread and the guardian. `temporary_dir` (empty: none) is an existing
+  // directory the guardian removes if trun dies without destroying this supervisor. Throws
+  // std::system_error when it cannot.
+  explicit ProcessSupervisor(const std::string& temporary_dir = {});
+  // Stops the spawn thread and lets the guardian exit (without killing anything or removing the
+  // temporary directory: call it after every worker was reaped and the directory removed).
   ~ProcessSupervisor() override;
   ProcessSupervisor(const ProcessSupervisor&) = delete;
   ProcessSupervisor& operator=(const ProcessSupervisor&) = delete;
@@ -63,7 +69,8 @@ class ProcessSupervisor final : public ProcessSpawner {
   class SpawnThread;
   std::unique_ptr<SpawnThread> spawner_;
   pid_t guardian_pid_ = -1;
-  int guardian_fd_ = -1;  // write end
+  int guardian_fd_ = -1;      // write end
+  std::string guarded_name_;  // the temporary directory's name in its parent (the guardian's copy)
 };
 
 }  // namespace trun::agent
