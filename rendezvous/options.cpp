@@ -19,14 +19,29 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b + 1);
 }
 
-std::chrono::milliseconds parse_seconds(const std::string& key, const std::string& value) {
+// The longest duration any --rdzv-conf key accepts (about 115 days), and the resolution of all
+// of them: a value below it but above 0 would round to 0.
+constexpr double kMaxSeconds = 1e7;
+constexpr double kResolutionSeconds = 0.001;
+
+// A duration key's value: seconds, fractions allowed, in 0.001..1e7, or also exactly 0 where
+// `zero` says what 0 means. Checked when the command line is read (so --dry-run refuses it too),
+// with the accepted range in the message; nan, inf, negative values and values that would round
+// to 0 ms (1e-9) are refused.
+std::chrono::milliseconds parse_seconds(const std::string& key, const std::string& value,
+                                        const char* zero = nullptr) {
   char* end = nullptr;
   errno = 0;
-  double s = std::strtod(value.c_str(), &end);
-  if (value.empty() || end != value.c_str() + value.size() || errno != 0 || !std::isfinite(s) ||
-      s < 0 || s > 1e9) {
-    throw RendezvousOptionError("--rdzv-conf " + key + "=" + value +
-                                ": expected a number of seconds >= 0 (e.g. 30 or 0.5)");
+  const double s = std::strtod(value.c_str(), &end);
+  const bool number =
+      !value.empty() && end == value.c_str() + value.size() && errno == 0 && std::isfinite(s);
+  const bool in_range =
+      number && ((s == 0 && zero != nullptr) || (s >= kResolutionSeconds && s <= kMaxSeconds));
+  if (!in_range) {
+    throw RendezvousOptionError(
+        "--rdzv-conf " + key + "=" + value + ": expected a number of seconds from 0.001 to 1e7" +
+        (zero != nullptr ? std::string(", or 0 (") + zero + ")" : std::string()) +
+        (number && s > 0 && s < kResolutionSeconds ? " (trun counts in milliseconds)" : ""));
   }
   return std::chrono::milliseconds(static_cast<int64_t>(std::llround(s * 1000)));
 }
@@ -37,7 +52,7 @@ int parse_count(const std::string& key, const std::string& value) {
   long v = std::strtol(value.c_str(), &end, 10);
   if (value.empty() || end != value.c_str() + value.size() || errno != 0 || v < 1 || v > 1000000) {
     throw RendezvousOptionError("--rdzv-conf " + key + "=" + value +
-                                ": expected a whole number >= 1");
+                                ": expected a whole number >= 1 (at most 1000000)");
   }
   return static_cast<int>(v);
 }
@@ -106,7 +121,7 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
     if (key == "join_timeout" || key == "timeout") {
       o->join_timeout = parse_seconds(key, value);
     } else if (key == "last_call_timeout") {
-      o->last_call_timeout = parse_seconds(key, value);
+      o->last_call_timeout = parse_seconds(key, value, "no last call");
     } else if (key == "close_timeout") {
       o->close_timeout = parse_seconds(key, value);
     } else if (key == "keep_alive_interval") {
@@ -114,7 +129,7 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
     } else if (key == "read_timeout") {
       o->read_timeout = parse_seconds(key, value);
     } else if (key == "progress_interval") {
-      o->progress_interval = parse_seconds(key, value);
+      o->progress_interval = parse_seconds(key, value, "no progress lines");
     } else if (key == "keep_alive_max_attempt") {
       o->keep_alive_max_attempt = parse_count(key, value);
     } else if (key == "is_host") {
