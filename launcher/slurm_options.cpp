@@ -111,8 +111,15 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
       bad_variable(*count_var, "expected the step's node count (a positive number)");
     }
   }
+  // srun always sets SLURM_STEP_NODELIST in a step. Set but empty, it names no host: the job's
+  // list is not a stand-in (the step may run on some of the job's nodes only), and the endpoint
+  // cannot be derived from it (reported below, where it is needed).
+  const auto step_list = env("SLURM_STEP_NODELIST");
+  const bool empty_step_list = step_list && step_list->empty();
   const auto list_var =
-      first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
+      empty_step_list
+          ? std::nullopt
+          : first_set(env, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   std::vector<std::string> hosts;
   if (list_var) {
     try {
@@ -203,6 +210,13 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
     }
     const bool endpoint_applies =
         backend == "c10d" || (backend == "static" && !given.master_addr && !given.master_port);
+    if (!given.rdzv_endpoint && endpoint_applies && empty_step_list) {
+      throw SlurmOptionError(
+          "SLURM_STEP_NODELIST is set but empty, so the step's first host (where the " +
+          std::string(backend == "c10d" ? "c10d store" : "static backend's node 0") +
+          " runs) is unknown and --rdzv-endpoint cannot be derived: give --rdzv-endpoint=HOST:PORT "
+          "(the same on every node), or run trun under srun, which sets it");
+    }
     if (!given.rdzv_endpoint && endpoint_applies && !hosts.empty()) {
       const uint16_t port = slurm_port(job_id, step_id);
       out.derived.push_back(

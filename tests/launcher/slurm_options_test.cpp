@@ -255,3 +255,27 @@ TEST_CASE("several trun processes on one node are refused", "[slurm_options]") {
   env["SLURM_STEP_TASKS_PER_NODE"] = "2(x2)";
   CHECK_NOTHROW(derive(env));
 }
+
+TEST_CASE("an empty SLURM_STEP_NODELIST is reported where the endpoint would come from it",
+          "[slurm_options]") {
+  Env env = step_env();
+  env["SLURM_STEP_NODELIST"] = "";
+  env["SLURM_JOB_NODELIST"] = "other[1-4]";  // the job's list is not the step's: not used
+  CHECK(error_of(env).rfind("SLURM_STEP_NODELIST is set but empty, so the step's first host "
+                            "(where the c10d store runs) is unknown and --rdzv-endpoint cannot "
+                            "be derived: give --rdzv-endpoint=HOST:PORT",
+                            0) == 0);
+  GivenOptions static_backend;
+  static_backend.rdzv_backend = "static";
+  CHECK(error_of(env, static_backend).find("static backend's node 0") != std::string::npos);
+  // Nothing needs it when the endpoint is given, or when static has --master-addr.
+  GivenOptions endpoint;
+  endpoint.rdzv_endpoint = "n1:29400";
+  CHECK(options_of(derive(env, endpoint)).count("--rdzv-endpoint") == 0);
+  static_backend.master_addr = "n1";
+  CHECK(options_of(derive(env, static_backend))["--rdzv-backend"].empty());
+  // Unset (not empty), the job's list still serves.
+  env.erase("SLURM_STEP_NODELIST");
+  env["SLURM_JOB_NODELIST"] = "n[1-2]";
+  CHECK(options_of(derive(env))["--rdzv-endpoint"].rfind("n1:", 0) == 0);
+}
