@@ -17,6 +17,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "agent/job_local.h"
 #include "rendezvous/handler.h"
 
 extern char** environ;
@@ -71,6 +72,16 @@ bool parse_double(const std::string& s, double& out) {
   if (errno != 0 || end == s.c_str() || *end != '\0' || !std::isfinite(v)) return false;
   out = v;
   return true;
+}
+
+// An integer option's value, argparse's type=int with a range: "--flag=VALUE: expected ...".
+long long whole_number(const char* flag, const std::string& value, long long lo, long long hi,
+                       const char* expected) {
+  long long v;
+  if (!parse_int(value, v) || v < lo || v > hi) {
+    throw InvalidInput(std::string(flag) + "=" + value + ": expected " + expected);
+  }
+  return v;
 }
 
 void parse_nnodes(const std::string& value, int& min_nodes, int& max_nodes) {
@@ -141,6 +152,9 @@ int count_xpus() {
   }
   return static_cast<int>(roots.size());
 }
+
+// The highest local rank a per-rank setting may name (--nproc-per-node is at most 4096).
+constexpr long long kMaxLocalRank = 4095;
 
 int parse_nproc_per_node(const std::string& value) {
   long long n;
@@ -217,7 +231,7 @@ agent::StdSpec parse_std(const char* flag, const std::string& value) {
     auto parts = split(item, ':');
     long long rank, mode;
     if (parts.size() != 2 || !parse_int(parts[0], rank) || !parse_int(parts[1], mode) || rank < 0 ||
-        mode < 0 || mode > 3) {
+        rank > kMaxLocalRank || mode < 0 || mode > 3) {
       throw bad();
     }
     spec.per_rank[static_cast<int>(rank)] = static_cast<int>(mode);
@@ -229,7 +243,7 @@ std::set<int> parse_ranks_filter(const std::string& value) {
   std::set<int> out;
   for (const auto& item : split(value, ',')) {
     long long r;
-    if (!parse_int(trim(item), r) || r < 0) {
+    if (!parse_int(trim(item), r) || r < 0 || r > kMaxLocalRank) {
       throw InvalidInput("--local-ranks-filter=" + value +
                          ": expected a comma-separated list of local ranks like 0,1,2");
     }
@@ -314,13 +328,36 @@ constexpr const char* kFooter =
     "summary); 2 invalid command line; 3 trun itself failed (rendezvous, store, log dir);\n"
     "128+N trun received signal N and stopped the workers. Details: docs/exit-codes.md";
 
-// argparse's allow_abbrev, which torchrun keeps: a long option may be shortened to any prefix
-// that names one option (--nproc_per=2, --nnode=1). Rewrites such prefixes in `args` (argv
-// without the program name) to the full name, up to the training script: its own arguments are
-// never touched. An option given in full, or a prefix of no option, is left to CLI11. Returns
-// the error line for an ambiguous prefix, naming every candidate as argparse does.
-std::optional<std::string> expand_abbreviations(const CLI::App& app,
-                                                std::vector<std::string>& args) {
+// What argparse takes for an option's value rather than for another option: anything not
+// starting with '-', "-" alone, a negative number ("-1", "-.5"; trun has no option that looks
+// like one) and anything with a space in it. `--log-dir -x` is therefore a missing value, as in
+// torchrun, and `--log-dir=-x` the way to give it.
+bool argparse_value(const std::string& s) {
+  if (s.size() < 2 || s[0] != '-') return true;
+  if (s.find(' ') != std::string::npos) return true;
+  size_t i = 1, digits = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++digits;
+  if (i == s.size()) return digits > 0;  // -1
+  if (s[i] != '.') return false;
+  ++i;
+  size_t fraction = 0;
+  while (i < s.size() && std::isdigit(static_cast<unsigned char>(s[i]))) ++i, ++fraction;
+  return i == s.size() && fraction > 0;  // -.5, -1.5
+}
+
+// Rewrites `args` (argv without the program name), up to the training script, into the form
+// CLI11 2.1 reads the way argparse (torchrun) would:
+// - allow_abbrev: a long option may be shortened to any prefix that names one option
+//   (--nproc_per=2, --nnode=1); a prefix of several options is an error naming every candidate;
+// - an empty value (`--log-dir=`, `-r=`) is kept as the empty string: CLI11 would otherwise take
+//   the next argument (`--nproc-per-node=2`) as the value;
+// - `--opt VALUE` needs a VALUE that argparse would take (argparse_value): `--log-dir --tee 3`
+//   is a missing value, not a directory named --tee;
+// - a flag given a value must not give an empty one (`--standalone=`); argparse refuses any.
+// The script's own arguments are never touched. An unknown option is left to CLI11 (which names
+// it). Returns the error line, if any.
+std::optional<std::string> normalize_arguments(const CLI::App& app,
+                                               std::vector<std::string>& args) {
   std::vector<std::pair<std::string, const CLI::Option*>> longs;  // name without "--"
   std::vector<std::pair<char, const CLI::Option*>> shorts;
   for (const CLI::Option* o : app.get_options()) {
@@ -328,19 +365,45 @@ std::optional<std::string> expand_abbreviations(const CLI::App& app,
     for (const auto& n : o->get_snames()) shorts.emplace_back(n.empty() ? '\0' : n[0], o);
   }
   auto takes_value = [](const CLI::Option* o) { return o->get_expected_max() > 0; };
-  for (size_t i = 0; i < args.size(); ++i) {
+  std::vector<std::string> out;
+  // `option` (as written) takes the argument after it, args[i + 1], as its value.
+  auto value_after = [&](size_t& i, const std::string& option) -> std::optional<std::string> {
+    if (i + 1 >= args.size()) return option + ": expected a value";
+    if (!argparse_value(args[i + 1])) {
+      return option + ": expected a value, got the option '" + args[i + 1] + "' (write " + option +
+             "=" + args[i + 1] + " for a value that starts with '-')";
+    }
+    out.push_back(args[i]);
+    out.push_back(args[++i]);
+    return std::nullopt;
+  };
+  size_t i = 0;
+  for (; i < args.size(); ++i) {
     const std::string& arg = args[i];
     if (arg == "--" || arg.size() < 2 || arg[0] != '-') break;  // the training script
-    if (arg[1] != '-') {                                        // -m, -r 3, -t3
+    if (arg[1] != '-') {                                        // -m, -r 3, -t3, -r=3
       auto it = std::find_if(shorts.begin(), shorts.end(),
                              [&](const auto& s) { return s.first == arg[1]; });
-      if (it != shorts.end() && arg.size() == 2 && takes_value(it->second)) ++i;
+      if (it == shorts.end()) break;  // unknown: CLI11 leaves it with the script, which names it
+      const std::string name = arg.substr(0, 2);
+      if (!takes_value(it->second)) {
+        if (arg.size() > 2) break;  // -mx: not an option trun knows
+        out.push_back(arg);
+      } else if (arg.size() == 2) {
+        if (auto error = value_after(i, name)) return error;
+      } else {
+        // argparse reads -r=3 as 3 and -r= as empty; CLI11 would read "=3".
+        const size_t from = arg[2] == '=' ? 3 : 2;
+        out.push_back(name);
+        out.push_back(arg.substr(from));
+      }
       continue;
     }
     const size_t eq = arg.find('=');
     const std::string name = arg.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     if (name.empty()) break;
     const CLI::Option* match = nullptr;
+    std::string full = "--" + name;
     for (const auto& [n, o] : longs) {
       if (n == name) match = o;
     }
@@ -359,20 +422,34 @@ std::optional<std::string> expand_abbreviations(const CLI::App& app,
         for (const auto& c : candidates) list += (list.empty() ? "" : ", ") + c;
         return "ambiguous option: --" + name + " could match " + list;
       }
-      if (match == nullptr) continue;  // unknown: CLI11 names it
+      if (match == nullptr) break;  // unknown: CLI11 leaves it with the script, which names it
       // Both spellings of one option may match (--nproc matches --nproc-per-node and
       // --nproc_per_node): the one whose separators agree with the prefix's.
-      std::string full;
+      full.clear();
       for (const auto& c : candidates) {
         if (full.empty() ||
             (name.find('_') != std::string::npos) == (c.find('_') != std::string::npos)) {
           full = c;
         }
       }
-      args[i] = full + (eq == std::string::npos ? "" : arg.substr(eq));
     }
-    if (eq == std::string::npos && takes_value(match)) ++i;
+    if (!takes_value(match)) {
+      if (eq != std::string::npos && eq + 1 == arg.size()) {
+        return full + "=: an empty value; " + full + " is a flag (give it alone)";
+      }
+      out.push_back(full + (eq == std::string::npos ? "" : arg.substr(eq)));
+    } else if (eq == std::string::npos) {
+      args[i] = full;
+      if (auto error = value_after(i, full)) return error;
+    } else {
+      // Two arguments: CLI11 takes the one after an option as its value whatever it is, ""
+      // included.
+      out.push_back(full);
+      out.push_back(arg.substr(eq + 1));
+    }
   }
+  out.insert(out.end(), args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+  args = std::move(out);
   return std::nullopt;
 }
 
@@ -402,11 +479,11 @@ CliResult parse_command_line(int argc, char** argv) {
               redirects = "0", tee = "0", ranks_filter, master_addr = "127.0.0.1", local_addr,
               shutdown = "30", signals = "SIGTERM,SIGINT,SIGHUP,SIGQUIT", barrier = "300",
               prefix_template, event_log_handler = "null", logs_specs, numa_binding, dup_stdout,
-              dup_stderr, event_log, metrics_port;
+              dup_stderr, event_log, metrics_port, max_restarts = "0", node_rank = "0",
+              master_port = "29500";
   bool standalone = false, module = false, no_python = false, run_path = false,
        virtual_local_rank = false, dry_run = false, use_env = false;
   std::string legacy_launch;  // empty, underscore or dash
-  int max_restarts = 0, node_rank = 0, master_port = 29500;
 
   // Both spellings of an option's name (--a-b and --a_b) and its PET_A_B variable.
   auto spellings = [](const std::string& dash_name, const std::string& short_name) {
@@ -421,7 +498,12 @@ CliResult parse_command_line(int argc, char** argv) {
   auto opt = [&](const std::string& dash_name, auto& var, const std::string& help,
                  const std::string& group, const std::string& short_name = "") {
     auto [names, env] = spellings(dash_name, short_name);
-    return app.add_option(names, var, help)->envname(env)->group(group)->capture_default_str();
+    // As argparse: the last of a repeated option wins (CLI11 would refuse the second).
+    return app.add_option(names, var, help)
+        ->envname(env)
+        ->group(group)
+        ->capture_default_str()
+        ->take_last();
   };
   auto flag = [&](const std::string& dash_name, bool& var, const std::string& help,
                   const std::string& group, const std::string& short_name = "") {
@@ -527,9 +609,11 @@ CliResult parse_command_line(int argc, char** argv) {
       "Only null (the default): torchrun's event handlers are Python plug-ins; trun logs its "
       "own events",
       kSup);
-  opt("numa-binding", numa_binding,
-      "Only none: trun does not bind workers to NUMA nodes (node, socket, exclusive and "
-      "core-complex are refused)",
+  auto* numa_opt = opt(
+      "numa-binding", numa_binding,
+      "Bind each worker's CPUs and preferred memory node near its device: none (the default), "
+      "node, socket, exclusive or core-complex (docs/launcher.md, NUMA binding; --dry-run shows "
+      "the plan)",
       kSup);
   auto* shutdown_opt = opt("shutdown-timeout", shutdown,
                            "Seconds between SIGTERM and SIGKILL when stopping workers (default: "
@@ -556,9 +640,9 @@ CliResult parse_command_line(int argc, char** argv) {
   opt("local-addr", local_addr, "This node's address as other nodes should reach it", kLegacy);
 
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (auto ambiguous = expand_abbreviations(app, args)) {
+  if (auto error = normalize_arguments(app, args)) {
     result.exit_code = 2;
-    result.error = *ambiguous + " (see trun --help)";
+    result.error = *error + " (see trun --help)";
     return result;
   }
   std::vector<char*> expanded{argv[0]};
@@ -588,9 +672,9 @@ CliResult parse_command_line(int argc, char** argv) {
     given.rdzv_backend = value_if(backend_opt, backend);
     given.rdzv_endpoint = value_if(endpoint_opt, endpoint);
     given.rdzv_id = value_if(rdzv_id_opt, rdzv_id);
-    given.node_rank = value_if(node_rank_opt, std::to_string(node_rank));
+    given.node_rank = value_if(node_rank_opt, node_rank);
     given.master_addr = value_if(master_addr_opt, master_addr);
-    given.master_port = value_if(master_port_opt, std::to_string(master_port));
+    given.master_port = value_if(master_port_opt, master_port);
     given.signals_to_handle = value_if(signals_opt, signals);
     result.slurm = derive_slurm_options(
         [](const std::string& name) -> std::optional<std::string> {
@@ -607,7 +691,7 @@ CliResult parse_command_line(int argc, char** argv) {
     if (d.option == "--rdzv-backend") backend = d.value;
     if (d.option == "--rdzv-id") rdzv_id = d.value;
     if (d.option == "--nnodes") nnodes = d.value;
-    if (d.option == "--node-rank") node_rank = std::stoi(d.value);
+    if (d.option == "--node-rank") node_rank = d.value;
     if (d.option == "--rdzv-endpoint") endpoint = d.value;
     if (d.option == "--signals-to-handle") signals = d.value;
   }
@@ -648,12 +732,9 @@ CliResult parse_command_line(int argc, char** argv) {
                            " device(s), one per worker is needed");
       }
     }
-    if (max_restarts < 0) {
-      throw InvalidInput("--max-restarts=" + std::to_string(max_restarts) +
-                         ": expected a number >= 0");
-    }
-    c.max_restarts = max_restarts;
-    if (role.empty()) throw InvalidInput("--role: expected a non-empty name");
+    c.max_restarts = static_cast<int>(
+        whole_number("--max-restarts", max_restarts, 0, 1000000, "a number >= 0 (up to 1000000)"));
+    if (role.empty()) throw InvalidInput("--role=: expected a non-empty name");
     c.role = role;
 
     static const char* kKnownBackends[] = {"static", "c10d", "etcd", "etcd-v2"};
@@ -694,15 +775,13 @@ CliResult parse_command_line(int argc, char** argv) {
     } catch (const rendezvous::RendezvousOptionError& e) {
       throw InvalidInput(e.what());
     }
-    if (master_port < 0 || master_port > 65535) {
-      throw InvalidInput("--master-port=" + std::to_string(master_port) +
-                         ": expected a port number 0..65535");
-    }
-    if (master_addr.empty()) throw InvalidInput("--master-addr: expected a host name or address");
+    c.master_port = static_cast<int>(
+        whole_number("--master-port", master_port, 0, 65535, "a port number 0..65535"));
+    if (master_addr.empty()) throw InvalidInput("--master-addr=: expected a host name or address");
     c.master_addr = master_addr;
-    c.master_port = master_port;
     c.local_addr = local_addr;
-    c.node_rank = node_rank;
+    c.node_rank =
+        static_cast<int>(whole_number("--node-rank", node_rank, 0, 1000000, "a node rank >= 0"));
     c.standalone = standalone;
     if (standalone) {
       // As torchrun: --standalone overrides the rendezvous settings.
@@ -739,8 +818,8 @@ CliResult parse_command_line(int argc, char** argv) {
         throw InvalidInput("--nnodes=" + nnodes +
                            ": the static backend needs a fixed node count, not a range");
       }
-      if (node_rank < 0 || node_rank >= c.max_nodes) {
-        throw InvalidInput("--node-rank=" + std::to_string(node_rank) + ": expected 0.." +
+      if (c.node_rank >= c.max_nodes) {
+        throw InvalidInput("--node-rank=" + node_rank + ": expected 0.." +
                            std::to_string(c.max_nodes - 1) + " for --nnodes=" + nnodes);
       }
       if (!endpoint.empty() && backend == "static") {
@@ -762,7 +841,19 @@ CliResult parse_command_line(int argc, char** argv) {
       }
     }
     if (!standalone) {
-      bool ok = !c.run_id.empty();
+      if (c.run_id.empty()) {
+        throw InvalidInput(
+            "--rdzv-id=: an empty job id (torchrun would make up a random one, which other nodes "
+            "cannot know); give every node the same id of letters, digits, '.', '_' and '-'");
+      }
+      if (c.run_id.size() > agent::kMaxRunIdBytes) {
+        // Not echoed: it may be 100 KiB.
+        throw InvalidInput("--rdzv-id: " + std::to_string(c.run_id.size()) +
+                           " bytes; a job id has at most " + std::to_string(agent::kMaxRunIdBytes) +
+                           " (it names the log directory DIR/<run id> and is part of every "
+                           "rendezvous store key)");
+      }
+      bool ok = true;
       for (char ch : c.run_id) {
         ok = ok &&
              (std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-');
@@ -774,9 +865,9 @@ CliResult parse_command_line(int argc, char** argv) {
     }
 
     double mi;
-    if (!parse_double(monitor, mi) || mi <= 0) {
+    if (!parse_double(monitor, mi) || mi <= 0 || mi > 1e7) {
       throw InvalidInput("--monitor-interval=" + monitor +
-                         ": expected a positive number of seconds");
+                         ": expected a positive number of seconds (at most 1e7)");
     }
     c.monitor_interval = std::chrono::milliseconds(static_cast<long long>(mi * 1000));
     if (start_method != "spawn" && start_method != "fork" && start_method != "forkserver") {
@@ -797,6 +888,9 @@ CliResult parse_command_line(int argc, char** argv) {
                          ": torchrun's logs specs are Python entry points, which trun cannot "
                          "load; leave it out and use --log-dir, --redirects, --tee and "
                          "--local-ranks-filter (torchrun's default layout)");
+    }
+    if (numa_opt->count() > 0 && numa_binding.empty()) {
+      throw InvalidInput("--numa-binding=: expected none, node, socket, exclusive or core-complex");
     }
     try {
       c.numa_binding = agent::parse_numa_mode(numa_binding);

@@ -20,6 +20,50 @@
 
 namespace {
 
+// `text` with what a terminal would act on escaped as \xNN: control characters (a newline
+// too, so that an error stays one line), DEL, C1 controls (U+0080..U+009F) and bytes that are
+// not UTF-8. Command-line values reach error messages as given, binary garbage included.
+std::string printable(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  auto escape = [&](unsigned char c) {
+    static const char kHex[] = "0123456789abcdef";
+    out += "\\x";
+    out += kHex[c >> 4];
+    out += kHex[c & 15];
+  };
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c < 0x80) {
+      if (c < 0x20 || c == 0x7f) {
+        escape(c);
+      } else {
+        out += static_cast<char>(c);
+      }
+      ++i;
+      continue;
+    }
+    // The length of a well-formed UTF-8 sequence starting here, 0 if there is none.
+    size_t n = c >= 0xc2 && c <= 0xdf   ? 2
+               : c >= 0xe0 && c <= 0xef ? 3
+               : c >= 0xf0 && c <= 0xf4 ? 4
+                                        : 0;
+    if (n > text.size() - i) n = 0;
+    for (size_t k = 1; k < n; ++k) {
+      if ((static_cast<unsigned char>(text[i + k]) & 0xc0) != 0x80) n = 0;
+    }
+    if (n == 2 && c == 0xc2 && static_cast<unsigned char>(text[i + 1]) < 0xa0) n = 0;  // C1
+    if (n == 0) {
+      escape(c);
+      ++i;
+    } else {
+      out.append(text, i, n);
+      i += n;
+    }
+  }
+  return out;
+}
+
 // At exit, how long trun waits at most for a slow console to take what is still buffered for it
 // (it stops sooner when the console takes nothing for 100 ms).
 constexpr std::chrono::milliseconds kConsoleFlushBound(2000);
@@ -54,12 +98,12 @@ void setup_logging() {
 int run_launcher(int argc, char** argv) {
   setup_logging();
   trun::launcher::CliResult cli = trun::launcher::parse_command_line(argc, argv);
-  if (!cli.slurm.log_line.empty()) spdlog::warn("{}", cli.slurm.log_line);
+  if (!cli.slurm.log_line.empty()) spdlog::warn("{}", printable(cli.slurm.log_line));
   if (!cli.config) {
-    if (!cli.error.empty()) std::fprintf(stderr, "trun: error: %s\n", cli.error.c_str());
+    if (!cli.error.empty()) std::fprintf(stderr, "trun: error: %s\n", printable(cli.error).c_str());
     return cli.exit_code;
   }
-  for (const auto& note : cli.notes) spdlog::warn("{}", note);
+  for (const auto& note : cli.notes) spdlog::warn("{}", printable(note));
   if (cli.dry_run) {
     const std::string json = trun::launcher::dry_run_json(cli);
     // Nothing else runs: a plain blocking write is right here.
