@@ -13,7 +13,6 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -66,6 +65,7 @@ std::string default_job_id() {
 
 struct Checkpointer::State {
   std::string dir;
+  Fd dirfd;  // DIR, on the writer: every file it writes is opened relative to it
   CheckpointerOptions options;
   std::string job_id;
   std::set<std::string> own_jobs;  // job_id, "" (checkpoints older than job ids), an adopted one
@@ -114,8 +114,9 @@ Checkpointer::Checkpointer(std::string dir, CheckpointerOptions options)
     fs::create_directories(s.dir, ec);
     if (ec)
       throw CheckpointError("checkpoint: cannot create " + s.dir + ": " + ec.message(), ec.value());
+    s.dirfd.fd = open_directory(s.dir);
     s.lock = detail::DirLock::acquire(s.dir, s.job_id, s.options.lock_wait);
-    detail::remove_stale_temporaries(s.dir, false);
+    detail::remove_stale_temporaries(s.dirfd.fd, s.dir, false);
   }
 }
 
@@ -136,6 +137,33 @@ Checkpointer::~Checkpointer() {
   }
 }
 
+size_t LoadedTensor::numel() const {
+  size_t n = 1;
+  for (int64_t d : shape) n *= static_cast<size_t>(d);
+  return n;
+}
+
+const LoadedTensor* Checkpoint::find(const std::string& section, const std::string& name) const {
+  const auto* list = section == "model" ? &model : section == "optimizer" ? &optimizer : nullptr;
+  if (!list) return nullptr;
+  for (const auto& t : *list)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void Checkpoint::copy_to(const std::string& section, const std::string& name, void* dst,
+                         size_t numel, DataType dtype) const {
+  const LoadedTensor* t = find(section, name);
+  if (!t)
+    throw CheckpointError("checkpoint " + path + " has no " + section + " tensor '" + name + "'");
+  if (t->dtype != dtype || t->numel() != numel)
+    throw CheckpointError("checkpoint " + path + ": " + section + " tensor '" + name + "' is " +
+                          dtype_key(t->dtype) + " x " + std::to_string(t->numel()) +
+                          ", the caller expects " + dtype_key(dtype) + " x " +
+                          std::to_string(numel));
+  if (!t->bytes.empty()) detail::copy_bytes(dst, t->bytes.data(), t->bytes.size());
+}
+
 const std::string& Checkpointer::dir() const { return state_->dir; }
 const std::string& Checkpointer::job_id() const { return state_->job_id; }
 std::chrono::nanoseconds Checkpointer::last_blocked() const { return state_->last_blocked; }
@@ -145,13 +173,25 @@ void Checkpointer::save(const SaveRequest& req) {
   State& s = *state_;
   const auto t0 = Clock::now();
   // Validate on every rank, so that a bad request fails everywhere alike.
+  // Within the bounds the reader enforces (format.h), so that every checkpoint saved loads.
   json metadata;
+  if (req.metadata.size() > kMaxMetadataBytes)
+    throw std::invalid_argument("Checkpointer::save: metadata is " +
+                                std::to_string(req.metadata.size()) + " bytes, more than " +
+                                std::to_string(kMaxMetadataBytes));
+  if (json_depth(req.metadata.data(), req.metadata.size(), kMaxMetadataDepth) > kMaxMetadataDepth)
+    throw std::invalid_argument("Checkpointer::save: metadata nests deeper than " +
+                                std::to_string(kMaxMetadataDepth) + " levels");
   try {
     metadata = json::parse(req.metadata.empty() ? "{}" : req.metadata);
   } catch (const json::exception& e) {
     throw std::invalid_argument(std::string("Checkpointer::save: metadata is not JSON: ") +
                                 e.what());
   }
+  if (req.model.size() + req.optimizer.size() > kMaxTensors)
+    throw std::invalid_argument(
+        "Checkpointer::save: " + std::to_string(req.model.size() + req.optimizer.size()) +
+        " tensors, more than " + std::to_string(kMaxTensors));
   std::set<std::string> seen;
   size_t total = 0;
   auto check = [&](const std::vector<TensorRef>& list, const char* section) {
@@ -159,10 +199,14 @@ void Checkpointer::save(const SaveRequest& req) {
       if (t.name.empty())
         throw std::invalid_argument(std::string("Checkpointer::save: a ") + section +
                                     " tensor has an empty name");
+      if (t.name.size() > kMaxNameBytes)
+        throw std::invalid_argument(std::string("Checkpointer::save: a ") + section +
+                                    " tensor's name is " + std::to_string(t.name.size()) +
+                                    " bytes, more than " + std::to_string(kMaxNameBytes));
       if (!seen.insert(std::string(section) + "/" + t.name).second)
         throw std::invalid_argument(std::string("Checkpointer::save: duplicate ") + section +
                                     " tensor '" + t.name + "'");
-      const size_t bytes = numel_of(t.shape, t.name) * dtype_size(t.dtype);
+      const uint64_t bytes = nbytes_of(t.shape, t.dtype, t.name);
       if (bytes > 0 && !t.data)
         throw std::invalid_argument("Checkpointer::save: tensor '" + t.name + "' has no data");
       total = (total + kAlign - 1) / kAlign * kAlign + bytes;
@@ -196,7 +240,7 @@ void Checkpointer::save(const SaveRequest& req) {
   auto add = [&](const std::vector<TensorRef>& list, const char* section) {
     for (const auto& t : list) {
       offset = (offset + kAlign - 1) / kAlign * kAlign;
-      const size_t bytes = numel_of(t.shape, t.name) * dtype_size(t.dtype);
+      const size_t bytes = nbytes_of(t.shape, t.dtype, t.name);
       const auto* src = static_cast<const unsigned char*>(t.data);
       if (s.options.async && bytes > 0) {
         detail::copy_bytes(snap->staging.get() + offset, src, bytes);
@@ -273,30 +317,32 @@ void Checkpointer::State::wait() {
 
 std::string Checkpointer::State::latest_name() const {
   std::string latest;
-  if (FILE* f = std::fopen((dir + "/latest").c_str(), "r")) {
-    char buf[64] = {};
-    if (std::fgets(buf, sizeof buf, f)) latest = buf;
-    std::fclose(f);
+  try {
+    latest = read_small_file(dir, "latest", kMaxSmallFileBytes).value_or("");
+  } catch (const CheckpointError& e) {
+    std::fprintf(stderr, "[trun.checkpoint] ignoring %s/latest: %s\n", dir.c_str(), e.what());
   }
   while (!latest.empty() && (latest.back() == '\n' || latest.back() == ' ')) latest.pop_back();
   return parse_step_name(latest) ? latest : "";
 }
 
-// Writes DIR/<name> atomically (temporary file, fsync, rename, fsync DIR).
+// Writes DIR/<name> atomically (a new temporary file, fsync, rename, fsync DIR). The rename
+// replaces whatever is at DIR/<name>, a symbolic link included, without following it.
 void Checkpointer::State::write_small_file(const std::string& name, const std::string& text) {
-  const std::string tmp = dir + "/." + name + ".tmp" + detail::temp_suffix();
+  const std::string tmp_name = "." + name + ".tmp" + detail::temp_suffix();
+  const std::string tmp = dir + "/" + tmp_name;
   try {
     {
-      Fd f(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (f.fd < 0) io_fail("create", tmp, errno);
+      // A leftover of this process's name (pid reuse, or planted) is unlinked, never followed.
+      Fd f(create_exclusive_at(dirfd.fd, tmp_name, tmp, true));
       write_all(f.fd, text.data(), text.size(), 0, tmp);
-      if (options.fsync && ::fsync(f.fd) != 0) io_fail("fsync", tmp, errno);
+      if (options.fsync) fsync_fd(f.fd, tmp);
     }
-    const std::string path = dir + "/" + name;
-    if (::rename(tmp.c_str(), path.c_str()) != 0) io_fail("rename", path, errno);
-    if (options.fsync) fsync_path(dir, true);
+    if (::renameat(dirfd.fd, tmp_name.c_str(), dirfd.fd, name.c_str()) != 0)
+      io_fail("rename", dir + "/" + name, errno);
+    if (options.fsync) fsync_fd(dirfd.fd, dir);
   } catch (...) {
-    ::unlink(tmp.c_str());
+    ::unlinkat(dirfd.fd, tmp_name.c_str(), 0);
     throw;
   }
 }
@@ -307,8 +353,8 @@ void Checkpointer::State::write(const Snapshot& snap) {
   };
   const std::string final_name = step_name(snap.step);
   const std::string final_dir = dir + "/" + final_name;
-  const std::string tmp_dir = dir + "/.tmp-" + final_name + detail::temp_suffix();
-  std::error_code ec;
+  const std::string tmp_name = ".tmp-" + final_name + detail::temp_suffix();
+  const std::string tmp_dir = dir + "/" + tmp_name;
   {
     // Another job's step of the same number is never replaced.
     const auto owner = job_of(final_dir);
@@ -318,15 +364,18 @@ void Checkpointer::State::write(const Snapshot& snap) {
   }
   // Make room first where keep_last allows (a full disk then still takes the new checkpoint).
   if (options.keep_last >= 2) retain(snap.step, options.keep_last - 1, false);
-  fs::remove_all(tmp_dir, ec);
-  if (::mkdir(tmp_dir.c_str(), 0755) != 0) io_fail("mkdir", tmp_dir, errno);
+  // Every file of the new checkpoint is created new (O_EXCL, O_NOFOLLOW) in a directory this
+  // save creates and opens without following a link.
+  remove_tree_at(dirfd.fd, tmp_name);
+  if (::mkdirat(dirfd.fd, tmp_name.c_str(), 0755) != 0) io_fail("mkdir", tmp_dir, errno);
   try {
+    Fd tmpfd(::openat(dirfd.fd, tmp_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+    if (tmpfd.fd < 0) io_fail("open", tmp_dir, errno);
     // Data file, checksumming each tensor as it goes out.
     json tensors = json::array();
     {
       const std::string path = tmp_dir + "/data";
-      Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (f.fd < 0) io_fail("create", path, errno);
+      Fd f(create_exclusive_at(tmpfd.fd, "data", path, false));
       for (const auto& p : snap.pieces) {
         const uint32_t crc = crc32c(p.data, p.nbytes);
         if (p.nbytes > 0) write_all(f.fd, p.data, p.nbytes, p.offset, path);
@@ -340,7 +389,7 @@ void Checkpointer::State::write(const Snapshot& snap) {
       }
       if (::ftruncate(f.fd, static_cast<off_t>(snap.data_size)) != 0)
         io_fail("truncate", path, errno);
-      if (options.fsync && ::fsync(f.fd) != 0) io_fail("fsync", path, errno);
+      if (options.fsync) fsync_fd(f.fd, path);
     }
     phase("data_written");
 
@@ -362,37 +411,50 @@ void Checkpointer::State::write(const Snapshot& snap) {
     {
       const std::string text = json_text(manifest, 1) + "\n";
       const std::string path = tmp_dir + "/manifest.json";
-      Fd f(::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-      if (f.fd < 0) io_fail("create", path, errno);
+      if (text.size() > kMaxManifestBytes)
+        throw CheckpointError("checkpoint: the manifest of " + final_name + " would be " +
+                              std::to_string(text.size()) + " bytes, more than the " +
+                              std::to_string(kMaxManifestBytes) +
+                              " a reader accepts (fewer tensors or less metadata)");
+      Fd f(create_exclusive_at(tmpfd.fd, "manifest.json", path, false));
       write_all(f.fd, text.data(), text.size(), 0, path);
-      if (options.fsync && ::fsync(f.fd) != 0) io_fail("fsync", path, errno);
+      if (options.fsync) fsync_fd(f.fd, path);
     }
     phase("manifest_written");
-    if (options.fsync) fsync_path(tmp_dir, true);
+    if (options.fsync) fsync_fd(tmpfd.fd, tmp_dir);
     phase("synced");
 
     // Into place. An existing step_<n> (the same step saved again after a restart) is swapped
-    // out atomically, so some version of the step is always visible.
-    if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) {
+    // out atomically, so some version of the step is always visible. Something else under that
+    // name (a symbolic link, a file) is not replaced: it is named instead.
+    struct stat fst {};
+    if (::fstatat(dirfd.fd, final_name.c_str(), &fst, AT_SYMLINK_NOFOLLOW) == 0 &&
+        !S_ISDIR(fst.st_mode))
+      throw CheckpointError("checkpoint: " + final_dir + " is " +
+                            (S_ISLNK(fst.st_mode) ? "a symbolic link" : "not a directory") +
+                            ", where this save puts its step directory; trun does not replace "
+                            "it. Remove it");
+    if (::renameat(dirfd.fd, tmp_name.c_str(), dirfd.fd, final_name.c_str()) != 0) {
       if (errno != ENOTEMPTY && errno != EEXIST) io_fail("rename into place", final_dir, errno);
-      if (::renameat2(AT_FDCWD, tmp_dir.c_str(), AT_FDCWD, final_dir.c_str(), RENAME_EXCHANGE) != 0)
+      if (::renameat2(dirfd.fd, tmp_name.c_str(), dirfd.fd, final_name.c_str(), RENAME_EXCHANGE) !=
+          0)
         io_fail("exchange with the existing", final_dir, errno);
     }
-    fs::remove_all(tmp_dir, ec);  // the old version, after an exchange
-    if (options.fsync) fsync_path(dir, true);
+    remove_tree_at(dirfd.fd, tmp_name);  // the old version, after an exchange
+    if (options.fsync) fsync_fd(dirfd.fd, dir);
     phase("renamed");
 
     write_small_file("latest", final_name + "\n");
     phase("latest_written");
   } catch (...) {
     // A failed save leaves nothing behind (ENOSPC: the partial files would keep the disk full).
-    fs::remove_all(tmp_dir, ec);
+    remove_tree_at(dirfd.fd, tmp_name);
     throw;
   }
 
   // Retention: steps after this one are an abandoned history; keep the newest keep_last.
   retain(snap.step, options.keep_last - 1, true);
-  detail::remove_stale_temporaries(dir, true);
+  detail::remove_stale_temporaries(dirfd.fd, dir, true);
   phase("done");
 }
 
@@ -417,7 +479,7 @@ void Checkpointer::State::retain(uint64_t step, int limit, bool drop_future) {
     const auto owner = job_of(entry.path().string());
     if (!owner || !own_jobs.count(*owner)) continue;
     if (*s > step)
-      fs::remove_all(entry.path(), ec);
+      remove_tree_at(dirfd.fd, name);
     else
       older.push_back(*s);
   }
@@ -430,7 +492,7 @@ void Checkpointer::State::retain(uint64_t step, int limit, bool drop_future) {
       ++kept;
       continue;
     }
-    fs::remove_all(dir + "/" + step_name(s), ec);
+    remove_tree_at(dirfd.fd, step_name(s));
   }
 }
 
@@ -530,12 +592,13 @@ std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
   if (writer) {
     bool latest_gone = false;
     for (const auto& [name, why] : damaged)
-      if (!detail::quarantine(dir, name, why).empty() && name == latest) latest_gone = true;
+      if (!detail::quarantine(dirfd.fd, dir, name, why).empty() && name == latest)
+        latest_gone = true;
     if (latest_gone) {
       if (chosen)
         write_small_file("latest", step_name(chosen->step) + "\n");
       else
-        ::unlink((dir + "/latest").c_str());
+        ::unlinkat(dirfd.fd, "latest", 0);
     }
   }
   return chosen;
@@ -544,26 +607,36 @@ std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
 std::optional<Checkpoint> Checkpointer::load_latest() {
   State& s = *state_;
   const bool collective = s.options.group && s.options.group->size() > 1;
-  const std::string resume = s.dir + "/.resume";
   if (!s.is_writer()) {
     // Rank 0 decided and wrote its decision before the barrier.
     s.options.group->barrier();
-    std::ifstream in(resume);
     json d;
     try {
-      if (in) d = json::parse(in);
+      const auto text = read_small_file(s.dir, ".resume", kMaxSmallFileBytes);
+      if (text && json_depth(text->data(), text->size(), kMaxJsonDepth) <= kMaxJsonDepth)
+        d = json::parse(*text);
+    } catch (const CheckpointError& e) {
+      std::fprintf(stderr, "[trun.checkpoint] ignoring %s/.resume: %s\n", s.dir.c_str(), e.what());
     } catch (const json::exception&) {
       d = json();
     }
     if (!d.is_object()) return s.choose(false);  // rank 0 could not write it (full disk)
     if (d.contains("refused")) {
-      const std::string why = "checkpoint: rank 0 refused to resume from " + s.dir + ": " +
-                              d.value("refused", std::string());
-      if (d.value("owner", false)) throw CheckpointOwnerError(why);
+      const json& refused = d.at("refused");
+      const std::string why =
+          "checkpoint: rank 0 refused to resume from " + s.dir + ": " +
+          (refused.is_string() ? refused.get<std::string>() : json_text(refused));
+      const auto owner = d.find("owner");
+      if (owner != d.end() && owner->is_boolean() && owner->get<bool>())
+        throw CheckpointOwnerError(why);
       throw CheckpointError(why);
     }
     if (!d.contains("load")) return std::nullopt;
-    const std::string path = s.dir + "/" + d.value("load", std::string());
+    const json& load = d.at("load");
+    if (!load.is_string() || !parse_step_name(load.get<std::string>()))
+      throw CheckpointError("checkpoint: " + s.dir + "/.resume names " +
+                            json_text(load).substr(0, 80) + ", which is not a step");
+    const std::string path = s.dir + "/" + load.get<std::string>();
     Checkpoint ck = load_with_retry(path);
     s.own_jobs.insert(ck.job_id);
     return ck;
@@ -592,7 +665,7 @@ std::optional<Checkpoint> Checkpointer::load_latest() {
     } catch (const CheckpointError& e) {
       // The other ranks then decide alone (read-only): the same choice unless a read differs.
       std::fprintf(stderr, "[trun.checkpoint] cannot record the resume decision: %s\n", e.what());
-      ::unlink(resume.c_str());
+      ::unlinkat(s.dirfd.fd, ".resume", 0);
     }
     s.options.group->barrier();
   }

@@ -1,5 +1,6 @@
 #include "worker_sdk/src/checkpoint/directory.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -11,26 +12,20 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "trun/checkpoint.h"
+#include "worker_sdk/src/checkpoint/format.h"
 
 namespace trun::worker::detail {
 
-namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 struct Owner {
   std::string job, host;
@@ -90,22 +85,41 @@ std::string temp_suffix() { return "-" + std::to_string(::getpid()) + "@" + host
 
 std::shared_ptr<DirLock> DirLock::acquire(const std::string& dir, const std::string& job_id,
                                           std::chrono::milliseconds wait) {
+  ckpt::Fd dfd;
+  try {
+    dfd.fd = ckpt::open_directory(dir);
+  } catch (const CheckpointError& e) {
+    throw CheckpointError("checkpoint: cannot use " + dir + ": " + std::strerror(e.error_number()),
+                          e.error_number());
+  }
   struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0)
+  if (::fstat(dfd.fd, &st) != 0)
     throw CheckpointError("checkpoint: cannot use " + dir + ": " + std::strerror(errno), errno);
   std::lock_guard<std::mutex> guard(g_mu);
   const auto key = std::make_pair(st.st_dev, st.st_ino);
   if (auto held = g_locks[key].lock()) return held;
 
   const std::string path = dir + "/.lock";
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    throw CheckpointError("checkpoint: " + dir + " is not writable (" + std::strerror(err) +
-                              "): the writer (rank 0) needs to create files there",
-                          err);
+  int fd = -1;
+  try {
+    fd = ckpt::open_regular_at(dfd.fd, ".lock", path, O_RDWR | O_CREAT);
+  } catch (const CheckpointError& e) {
+    const int err = e.error_number();
+    if (err == EACCES || err == EROFS || err == EPERM)
+      throw CheckpointError("checkpoint: " + dir + " is not writable (" + std::strerror(err) +
+                                "): the writer (rank 0) needs to create files there",
+                            err);
+    throw;  // a symbolic link or another non-regular file: named by the message
   }
   std::shared_ptr<DirLock> lock(new DirLock(fd));  // closes fd on every path out
+  // A second hard link would let the truncation below overwrite another file.
+  struct stat lst {};
+  if (::fstat(fd, &lst) != 0)
+    throw CheckpointError("checkpoint: cannot stat " + path + ": " + std::strerror(errno), errno);
+  if (lst.st_nlink > 1)
+    throw CheckpointError("checkpoint: " + path + " has " + std::to_string(lst.st_nlink) +
+                          " hard links, so it is also another file; trun does not write into "
+                          "it. Remove it (the lock file is a regular file of its own)");
   const auto deadline = std::chrono::steady_clock::now() + wait;
   for (int attempt = 0;; ++attempt) {
     if (::flock(fd, LOCK_EX | LOCK_NB) == 0) break;
@@ -135,7 +149,7 @@ std::shared_ptr<DirLock> DirLock::acquire(const std::string& dir, const std::str
   const std::string text = json{{"job", job_id},
                                 {"host", host_name()},
                                 {"pid", static_cast<long>(::getpid())},
-                                {"since_unix_ms", unix_ms()}}
+                                {"since_unix_ms", ckpt::unix_ms()}}
                                .dump(-1, ' ', false, json::error_handler_t::replace) +
                            "\n";
   if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, text.data(), text.size(), 0) < 0) {
@@ -144,14 +158,14 @@ std::shared_ptr<DirLock> DirLock::acquire(const std::string& dir, const std::str
       throw CheckpointError("checkpoint: " + dir + " is not writable (" + std::strerror(err) + ")",
                             err);
   }
-  const std::string probe = dir + "/.probe" + temp_suffix();
-  if (::mkdir(probe.c_str(), 0755) != 0 && errno != EEXIST && errno != ENOSPC) {
+  const std::string probe = ".probe" + temp_suffix();
+  if (::mkdirat(dfd.fd, probe.c_str(), 0755) != 0 && errno != EEXIST && errno != ENOSPC) {
     const int err = errno;
     throw CheckpointError("checkpoint: " + dir + " is not writable (" + std::strerror(err) +
                               "): the writer (rank 0) needs to create files there",
                           err);
   }
-  ::rmdir(probe.c_str());
+  ckpt::remove_tree_at(dfd.fd, probe);
   g_locks[key] = lock;
   return lock;
 }
@@ -160,15 +174,26 @@ DirLock::~DirLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
-void remove_stale_temporaries(const std::string& dir, bool include_own) {
+void remove_stale_temporaries(int dirfd, const std::string& dir, bool include_own) {
   const std::string me_host = host_name();
   const long me_pid = static_cast<long>(::getpid());
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(dir, ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.rfind(".tmp-", 0) != 0 && name.rfind(".latest.tmp-", 0) != 0 &&
-        name.rfind(".resume.tmp-", 0) != 0 && name.rfind(".probe-", 0) != 0)
-      continue;
+  std::vector<std::string> names;
+  {
+    const int d2 = ::openat(dirfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    DIR* d = d2 >= 0 ? ::fdopendir(d2) : nullptr;
+    if (!d) {
+      if (d2 >= 0) ::close(d2);
+      return;
+    }
+    while (const dirent* e = ::readdir(d)) {
+      const std::string name = e->d_name;
+      if (name.rfind(".tmp-", 0) == 0 || name.rfind(".latest.tmp-", 0) == 0 ||
+          name.rfind(".resume.tmp-", 0) == 0 || name.rfind(".probe-", 0) == 0)
+        names.push_back(name);
+    }
+    ::closedir(d);
+  }
+  for (const auto& name : names) {
     // "<...>-<pid>@<host>"; names of trun before the host was added end in "-<pid>".
     std::string host = me_host;
     std::string rest = name;
@@ -189,25 +214,39 @@ void remove_stale_temporaries(const std::string& dir, bool include_own) {
                      dir.c_str(), name.c_str(), pid);
       continue;
     }
-    fs::remove_all(entry.path(), ec);
+    ckpt::remove_tree_at(dirfd, name);
   }
 }
 
-std::string quarantine(const std::string& dir, const std::string& name, const std::string& reason) {
-  const std::string to = name + ".damaged-" + std::to_string(unix_ms());
-  if (::rename((dir + "/" + name).c_str(), (dir + "/" + to).c_str()) != 0) {
+std::string quarantine(int dirfd, const std::string& dir, const std::string& name,
+                       const std::string& reason) {
+  const std::string to = name + ".damaged-" + std::to_string(ckpt::unix_ms());
+  if (::renameat(dirfd, name.c_str(), dirfd, to.c_str()) != 0) {
     std::fprintf(stderr, "[trun.checkpoint] cannot quarantine %s/%s: %s\n", dir.c_str(),
                  name.c_str(), std::strerror(errno));
     return "";
   }
-  if (std::FILE* f = std::fopen((dir + "/" + to + "/REASON").c_str(), "w")) {
-    std::fprintf(f, "%s\n", reason.c_str());
-    std::fclose(f);
+  // REASON: a new regular file in the quarantined directory itself (a step that is a symbolic
+  // link gets none), after removing whatever had that name.
+  std::string note;
+  ckpt::Fd q(::openat(dirfd, to.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
+  if (q.fd < 0) {
+    note = std::string(" (no REASON file: ") + std::strerror(errno) + ")";
+  } else {
+    try {
+      ::unlinkat(q.fd, "REASON", 0);
+      const std::string shown = dir + "/" + to + "/REASON";
+      ckpt::Fd f(ckpt::create_exclusive_at(q.fd, "REASON", shown, false));
+      const std::string text = reason + "\n";
+      ckpt::write_all(f.fd, text.data(), text.size(), 0, shown);
+    } catch (const CheckpointError& e) {
+      note = std::string(" (no REASON file: ") + e.what() + ")";
+    }
   }
   std::fprintf(stderr,
                "[trun.checkpoint] quarantined %s/%s as %s (kept, never removed by retention): "
-               "%s\n",
-               dir.c_str(), name.c_str(), to.c_str(), reason.c_str());
+               "%s%s\n",
+               dir.c_str(), name.c_str(), to.c_str(), reason.c_str(), note.c_str());
   return to;
 }
 
