@@ -3,6 +3,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "agent/node_status.h"
+#include "launcher/timeline.h"  // printable()
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/etcd/backend.h"
@@ -289,11 +291,42 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// A record's time (unix seconds) that can be one: after 1970 and at most a day ahead of this
+// clock (another node's clock may be a little ahead). A record holds whatever was written to the
+// store: -2^63, NaN or 1e300 is shown as invalid, never as a nonsense age.
+constexpr double kMaxClockAheadS = 86400;
+bool valid_time(double at) {
+  return std::isfinite(at) && at > 0 && at <= unix_now() + kMaxClockAheadS;
+}
+
 std::string ago(double at) {
+  if (!valid_time(at)) return "invalid time";
   const double s = std::max(0.0, unix_now() - at);
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.0f s ago", s);
   return buf;
+}
+
+// Text from the store, for the terminal: no control character reaches it (an OSC or CSI
+// sequence in a record would retitle the window or rewrite the screen).
+std::string safe(const std::string& text) { return printable(text); }
+
+// A JSON text whose bytes are all printable ASCII but for its own newlines: \u escapes for the
+// control and non-ASCII characters of every string (nlohmann escapes C0 itself; ensure_ascii
+// the rest) and for DEL, which JSON leaves raw (it only occurs inside strings).
+std::string ascii_json(const nlohmann::json& j) {
+  std::string text =
+      j.dump(2, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\x7f') {
+      out += "\\u007f";
+    } else {
+      out += c;
+    }
+  }
+  return out;
 }
 
 // The most restarts any node counted (every node restarts together), and the newest failure.
@@ -308,8 +341,12 @@ Summary summarize(const JobStatus& js) {
     if (!n.record) continue;
     s.restarts = std::max(s.restarts, n.record->restarts);
     s.max_restarts = std::max(s.max_restarts, n.record->max_restarts);
+    // A failure with an invalid time is still shown, but never wins over one with a valid time.
+    const auto at = [](const agent::NodeStatus* r) {
+      return valid_time(r->last_failure_at) ? r->last_failure_at : -1.0;
+    };
     if (!n.record->last_failure.empty() &&
-        (!s.last_failure || n.record->last_failure_at > s.last_failure->last_failure_at)) {
+        (!s.last_failure || at(&*n.record) > at(s.last_failure))) {
       s.last_failure = &*n.record;
     }
   }
@@ -335,7 +372,8 @@ std::string to_json(const JobStatus& js) {
       j["record_round"] = n.record->round;
       j["last_failure"] =
           n.record->last_failure.empty() ? json(nullptr) : json(n.record->last_failure);
-      j["updated_at"] = n.record->updated_at;
+      j["updated_at"] =
+          valid_time(n.record->updated_at) ? json(n.record->updated_at) : json(nullptr);
     } else {
       j["local_world_size"] = nullptr;
       j["agent_state"] = nullptr;
@@ -357,23 +395,26 @@ std::string to_json(const JobStatus& js) {
   if (sum.last_failure) {
     out["last_failure"] = {{"node_id", sum.last_failure->node_id},
                            {"message", sum.last_failure->last_failure},
-                           {"at", sum.last_failure->last_failure_at}};
+                           {"at", valid_time(sum.last_failure->last_failure_at)
+                                      ? json(sum.last_failure->last_failure_at)
+                                      : json(nullptr)}};
   } else {
     out["last_failure"] = nullptr;
   }
-  return out.dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+  return ascii_json(out) + "\n";
 }
 
 std::string to_table(const JobStatus& js) {
   const Summary sum = summarize(js);
-  std::string out = "job '" + js.run_id + "' (" + js.backend + " at " + js.endpoint + ")\n";
+  std::string out =
+      "job '" + safe(js.run_id) + "' (" + js.backend + " at " + safe(js.endpoint) + ")\n";
   out += "round:        ";
   if (js.round < 0) {
     out += "none formed yet";
   } else {
     out += std::to_string(js.round) + " (" + js.round_state + ")";
   }
-  if (!js.over_cause.empty()) out += ": " + js.over_cause;
+  if (!js.over_cause.empty()) out += ": " + safe(js.over_cause);
   if (js.next_round >= 0 && (js.round_state != "running" || js.waiting > 0)) {
     out += "; nodes join round " + std::to_string(js.next_round);
   }
@@ -386,8 +427,8 @@ std::string to_table(const JobStatus& js) {
   }
   out += "\nlast failure: ";
   if (sum.last_failure) {
-    out += sum.last_failure->last_failure + " (node " + sum.last_failure->node_id + ", " +
-           ago(sum.last_failure->last_failure_at) + ")";
+    out += safe(sum.last_failure->last_failure) + " (node " + safe(sum.last_failure->node_id) +
+           ", " + ago(sum.last_failure->last_failure_at) + ")";
   } else {
     out += "none";
   }
@@ -395,12 +436,12 @@ std::string to_table(const JobStatus& js) {
   std::vector<std::vector<std::string>> rows = {
       {"NODE", "ADDRESS", "RANK", "WORKERS", "STATE", "AGENT", "RESTARTS", "UPDATED"}};
   for (const auto& n : js.nodes) {
-    std::vector<std::string> row = {n.node_id, n.addr.empty() ? "-" : n.addr,
+    std::vector<std::string> row = {safe(n.node_id), n.addr.empty() ? "-" : safe(n.addr),
                                     n.group_rank >= 0 ? std::to_string(n.group_rank) : "-"};
     if (n.record) {
       row.push_back(std::to_string(n.record->local_world_size));
       row.push_back(n.state);
-      row.push_back(n.record->state);
+      row.push_back(safe(n.record->state));
       row.push_back(std::to_string(n.record->restarts) + "/" +
                     std::to_string(n.record->max_restarts));
       row.push_back(ago(n.record->updated_at));
@@ -487,11 +528,11 @@ int run_status_command(int argc, char** argv) {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "trun status: error: %s\n", e.what());
+    std::fprintf(stderr, "trun status: error: %s\n", safe(e.what()).c_str());
     return kExitUsage;
   }
   auto usage = [](const std::string& what) {
-    std::fprintf(stderr, "trun status: error: %s\n", what.c_str());
+    std::fprintf(stderr, "trun status: error: %s\n", safe(what).c_str());
     return kExitUsage;
   };
   if (backend == "etcd-v2") backend = "etcd";
@@ -578,7 +619,7 @@ int run_status_command(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trun status: error: cannot reach the %s at %s: %s\n",
                  backend == "etcd" ? "etcd cluster" : "job's store",
-                 endpoint.empty() ? js.endpoint.c_str() : endpoint.c_str(), e.what());
+                 safe(endpoint.empty() ? js.endpoint : endpoint).c_str(), safe(e.what()).c_str());
     return kExitUnreachable;
   }
   try {
@@ -597,11 +638,11 @@ int run_status_command(int argc, char** argv) {
     return kExitNoSuchJob;
   } catch (const rendezvous::RendezvousError& e) {
     std::fprintf(stderr, "trun status: error: the job's rendezvous state is malformed: %s\n",
-                 e.what());
+                 safe(e.what()).c_str());
     return kExitUnreachable;
   } catch (const StoreError& e) {
-    std::fprintf(stderr, "trun status: error: reading the job at %s: %s\n", js.endpoint.c_str(),
-                 e.what());
+    std::fprintf(stderr, "trun status: error: reading the job at %s: %s\n",
+                 safe(js.endpoint).c_str(), safe(e.what()).c_str());
     return kExitUnreachable;
   }
   const std::string text = json ? to_json(js) : to_table(js);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <map>
 #include <sstream>
@@ -29,15 +30,28 @@ constexpr int kNodeGap = 8;
 constexpr const char* kAgentBar = "#b8c4d6";  // the agent runs its group
 constexpr const char* kRdzvBar = "#e4e9f2";   // the agent waits in a rendezvous
 
-std::optional<std::string> get_str(const nlohmann::json& md, const char* key) {
+// `s` cut to at most `n` bytes (then ending in "..."), not inside a UTF-8 sequence.
+std::string clip(const std::string& s, size_t n) {
+  if (s.size() <= n) return s;
+  size_t cut = n - 3;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return s.substr(0, cut) + "...";
+}
+
+// A string of the metadata, cut to `limit` bytes: what the page shows of an event is bounded
+// whatever the log holds (a label is repeated in every bar of its node).
+std::optional<std::string> get_str(const nlohmann::json& md, const char* key,
+                                   size_t limit = kMaxTextBytes) {
   auto it = md.find(key);
   if (it == md.end() || !it->is_string()) return std::nullopt;
-  return it->get<std::string>();
+  return clip(it->get_ref<const std::string&>(), limit);
 }
 
 std::optional<int64_t> get_int(const nlohmann::json& md, const char* key) {
   auto it = md.find(key);
   if (it == md.end() || !it->is_number_integer()) return std::nullopt;
+  // An unsigned number above INT64_MAX would wrap: not a value trun writes.
+  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}) return std::nullopt;
   return it->get<int64_t>();
 }
 
@@ -47,7 +61,10 @@ std::optional<bool> get_bool(const nlohmann::json& md, const char* key) {
   return it->get<bool>();
 }
 
-std::string esc(const std::string& s) {
+// Printable (no control character reaches the page: they are not even allowed in XML) and
+// HTML-escaped.
+std::string esc(const std::string& text) {
+  const std::string s = printable(text, /*keep_newlines=*/true);
   std::string out;
   out.reserve(s.size());
   for (char c : s) {
@@ -202,10 +219,15 @@ std::string describe_outcome(const WorkerBar& b) {
 
 class Builder {
  public:
+  explicit Builder(uint64_t max_page_bytes) : max_page_bytes_(max_page_bytes) {}
+
   void add(const TimelineEvent& e) {
     const auto& md = e.metadata;
-    const std::string run_id = get_str(md, "run_id").value_or("");
-    const std::string host = get_str(md, "hostname").value_or("?");
+    // parse_timeline_event refuses other timestamps; an event made otherwise is clamped, so no
+    // difference of two can overflow.
+    const int64_t ts = std::clamp<int64_t>(e.timestamp_ms, 0, kMaxTimestampMs);
+    const std::string run_id = get_str(md, "run_id", kMaxLabelBytes).value_or("");
+    const std::string host = get_str(md, "hostname", kMaxLabelBytes).value_or("?");
     const int64_t pid = get_int(md, "pid").value_or(0);
     auto key = std::make_tuple(run_id, host, pid);
     auto [it, inserted] = index_.emplace(key, nodes_.size());
@@ -215,10 +237,9 @@ class Builder {
       n.run_id = run_id;
       n.hostname = host;
       n.pid = pid;
-      n.first = n.last = e.timestamp_ms;
+      n.first = n.last = ts;
     }
     Node& n = nodes_[it->second];
-    const int64_t ts = e.timestamp_ms;
     n.first = std::min(n.first, ts);
     n.last = std::max(n.last, ts);
     const std::string& name = e.name;
@@ -230,14 +251,16 @@ class Builder {
     } else if (name == "trun.agent.stop") {
       n.stop = ts;
       n.exit_code = get_int(md, "exit_code");
-      n.stop_state = get_str(md, "state").value_or("");
+      n.stop_state = get_str(md, "state", kMaxLabelBytes).value_or("");
     } else if (name == "trun.rdzv.join") {
-      if (auto id = get_str(md, "node_id")) n.node_id = *id;
+      if (auto id = get_str(md, "node_id", kMaxLabelBytes)) n.node_id = *id;
       Wait w;
       w.start = w.end = ts;
       n.waits.push_back(w);
     } else if (name == "trun.rdzv.round_formed" || name == "trun.rdzv.failed") {
-      if (auto id = get_str(md, "node_id"); id && n.node_id.empty()) n.node_id = *id;
+      if (auto id = get_str(md, "node_id", kMaxLabelBytes); id && n.node_id.empty()) {
+        n.node_id = *id;
+      }
       if (n.waits.empty() || !n.waits.back().open) {
         Wait w;
         w.start = ts;
@@ -267,12 +290,14 @@ class Builder {
         r.members.push_back({n.label(), n.group_rank});
       }
     } else if (name.rfind("trun.rdzv.", 0) == 0) {
-      const std::string reason = name.substr(10);
+      const std::string reason = clip(name.substr(10), kMaxLabelBytes);
       std::string text =
           "round " +
           (get_int(md, "round") ? std::to_string(*get_int(md, "round")) : std::string("?")) +
           " ended: " + reason;
-      if (auto who = get_str(md, "node_id"); who && !who->empty()) text += " (node " + *who + ")";
+      if (auto who = get_str(md, "node_id", kMaxLabelBytes); who && !who->empty()) {
+        text += " (node " + *who + ")";
+      }
       if (auto msg = get_str(md, "message"); msg && !msg->empty()) text += ": " + *msg;
       n.round_ends.push_back({ts, text});
     } else if (name == "trun.agent.restart") {
@@ -322,7 +347,7 @@ class Builder {
       b->end = ts;
       b->ended = true;
       b->exitcode = get_int(md, "exitcode");
-      b->signal = get_str(md, "signal").value_or("");
+      b->signal = get_str(md, "signal", kMaxLabelBytes).value_or("");
       b->raw_error = get_str(md, "raw_error").value_or("");
       const std::string state = get_str(md, "state").value_or("");
       if (state == "SUCCEEDED") {
@@ -376,7 +401,7 @@ class Builder {
     const int lanes_bottom = height - kNodeGap;
     height += 16;
 
-    std::ostringstream svg;
+    std::ostringstream& svg = svg_;
     svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline\" width=\"" << kWidth
         << "\" height=\"" << height << "\" viewBox=\"0 0 " << kWidth << ' ' << height
         << "\" shape-rendering=\"crispEdges\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n";
@@ -385,7 +410,7 @@ class Builder {
     legend(svg);
 
     // Lane backgrounds first, then round lines, then bars, then restart lines on top.
-    std::ostringstream lanes, bars, restarts;
+    std::ostringstream &lanes = lanes_, &bars = bars_, &restarts = marks_;
     int y = kLanesTop;
     size_t index = 0;
     for (const Node& n : nodes_) {
@@ -410,11 +435,13 @@ class Builder {
                  << (r.counted ? col::kRestart : col::kReform) << "\"/><rect x=\"" << x - 4
                  << "\" y=\"" << group_top << "\" width=\"8\" height=\"" << group_height
                  << "\" fill=\"transparent\"/></g>\n";
+        check_size();
       }
       y += kNodeGap;
       ++index;
     }
     svg << lanes.str();
+    lanes.str(std::string());
     axis(svg, lanes_bottom);  // its grid lines over the lane backgrounds, under the bars
     for (const Round& r : rounds_) {
       const int x = xpos(r.ts);
@@ -436,8 +463,13 @@ class Builder {
           << kRoundLabelY << "\" font-size=\"10\" fill=\"" << col::kRound << "\">r" << r.number;
       if (r.group_world_size) svg << " \xC2\xB7 " << *r.group_world_size << "n";
       svg << "</text></g>\n";
+      check_size();
     }
-    svg << bars.str() << restarts.str() << "</svg>\n";
+    svg << bars.str();
+    bars.str(std::string());
+    svg << restarts.str() << "</svg>\n";
+    restarts.str(std::string());
+    const std::string table = summary();
 
     std::ostringstream html;
     html << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>"
@@ -453,7 +485,9 @@ class Builder {
          << nodes_.size() << " node(s), " << rounds_.size() << " round(s); time 0 is "
          << esc(utc(t0_)) << ", spanning " << esc(secs(span_))
          << ". Each node's events carry its own clock. Hover for details.</p>\n"
-         << svg.str() << summary() << "</body>\n</html>\n";
+         << svg.str();
+    svg.str(std::string());
+    html << table << "</body>\n</html>\n";
     return html.str();
   }
 
@@ -572,12 +606,14 @@ class Builder {
            << esc(rel(w.end)) << " (" << esc(secs(w.end - w.start)) << ")</title><rect x=\"" << wx0
            << "\" y=\"" << y + 8 << "\" width=\"" << wx1 - wx0 << "\" height=\"" << h - 16
            << "\" fill=\"" << kRdzvBar << "\" stroke=\"#8899b3\" stroke-width=\"0.5\"/></g>\n";
+      check_size();
     }
     for (const Mark& m : n.round_ends) {
       const int x = xpos(m.ts);
       bars << "<g class=\"round-end\"><title>" << esc(rel(m.ts)) << ": " << esc(m.text)
            << "</title><path d=\"M" << x - 5 << ' ' << y + 2 << " L" << x + 5 << ' ' << y + 2
            << " L" << x << ' ' << y + 9 << " Z\" fill=\"#333333\"/></g>\n";
+      check_size();
     }
   }
 
@@ -625,18 +661,12 @@ class Builder {
              << "\" font-size=\"10\" fill=\"#ffffff\">" << esc(text) << "</text>";
       }
       bars << "</g>\n";
+      check_size();
     }
   }
 
-  static std::string clip(const std::string& s, size_t n) {
-    if (s.size() <= n) return s;
-    size_t cut = n - 3;  // not inside a UTF-8 sequence (the labels hold arrows and dots)
-    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-    return s.substr(0, cut) + "...";
-  }
-
-  std::string summary() const {
-    std::ostringstream t;
+  std::string summary() {
+    std::ostringstream& t = table_;
     t << "<table class=\"nodes\">\n<tr><th>node</th><th>host</th><th>agent pid</th><th>run</th>"
          "<th>workers</th><th>restarts (failure / re-form)</th><th>end</th></tr>\n";
     for (const Node& n : nodes_) {
@@ -653,11 +683,30 @@ class Builder {
         t << "no stop event";
       }
       t << "</td></tr>\n";
+      check_size();
     }
     t << "</table>\n";
     return t.str();
   }
 
+  // Throws when what the page holds so far is over its bound: checked after every element, so
+  // the page never grows past the bound by more than one element (itself bounded: every text
+  // in it is cut).
+  void check_size() const {
+    uint64_t total = 0;
+    for (std::ostringstream* s : {&svg_, &lanes_, &bars_, &marks_, &table_}) {
+      const std::streamoff n = s->tellp();
+      if (n > 0) total += static_cast<uint64_t>(n);
+    }
+    if (total > max_page_bytes_) {
+      throw TimelinePageTooLarge("the page would be over " + std::to_string(max_page_bytes_ >> 20) +
+                                 " MiB (too many elements or labels)");
+    }
+  }
+
+  uint64_t max_page_bytes_;
+  // The parts of the page (mutable: check_size() reads their sizes from const members).
+  mutable std::ostringstream svg_, lanes_, bars_, marks_, table_;
   std::vector<Node> nodes_;
   std::map<std::tuple<std::string, std::string, int64_t>, size_t> index_;
   std::vector<Round> rounds_;
@@ -668,7 +717,45 @@ class Builder {
 
 }  // namespace
 
+namespace {
+
+// Whether arrays and objects nest deeper than `limit` in `line` (brackets inside strings do not
+// count). Checked before parsing: a line of a million "[" is refused in one pass, without
+// building a million nested values.
+bool nested_deeper_than(const std::string& line, int limit) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (char c : line) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 std::optional<TimelineEvent> parse_timeline_event(const std::string& line, std::string* error) {
+  if (line.size() > kMaxEventLineBytes) {
+    *error = "longer than " + std::to_string(kMaxEventLineBytes >> 20) + " MiB";
+    return std::nullopt;
+  }
+  if (nested_deeper_than(line, kMaxEventNesting)) {
+    *error = "nested deeper than " + std::to_string(kMaxEventNesting) + " levels";
+    return std::nullopt;
+  }
   nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     *error = "not a JSON value";
@@ -690,6 +777,17 @@ std::optional<TimelineEvent> parse_timeline_event(const std::string& line, std::
     *error = "no integer \"timestamp\"";
     return std::nullopt;
   }
+  // Milliseconds since the epoch, up to the year 9999: anything else (negative, -2^63, a
+  // number that does not fit int64_t) is not a time trun wrote, and would make the spans
+  // computed from it overflow.
+  const bool in_range = ts->is_number_unsigned()
+                            ? ts->get<uint64_t>() <= static_cast<uint64_t>(kMaxTimestampMs)
+                            : ts->get<int64_t>() >= 0 && ts->get<int64_t>() <= kMaxTimestampMs;
+  if (!in_range) {
+    *error = "\"timestamp\" " + ts->dump() + " out of range (0.." +
+             std::to_string(kMaxTimestampMs) + " ms since the epoch)";
+    return std::nullopt;
+  }
   e.timestamp_ms = ts->get<int64_t>();
   auto md = j.find("metadata");
   if (md == j.end() || !md->is_object()) {
@@ -700,14 +798,128 @@ std::optional<TimelineEvent> parse_timeline_event(const std::string& line, std::
   return e;
 }
 
-std::string render_timeline_html(const std::vector<TimelineEvent>& events,
-                                 const std::string& title) {
+EventLogParser::EventLogParser(uint32_t file, std::vector<TimelineEvent>* events, OnSkip on_skip)
+    : file_(file), events_(events), on_skip_(std::move(on_skip)) {}
+
+void EventLogParser::feed(const char* data, size_t size) {
+  const char* end = data + size;
+  while (data < end) {
+    const char* nl = static_cast<const char*>(std::memchr(data, '\n', end - data));
+    const char* stop = nl != nullptr ? nl : end;
+    const size_t n = static_cast<size_t>(stop - data);
+    if (!overlong_) {
+      if (line_.size() + n > kMaxEventLineBytes) {
+        overlong_ = true;  // the rest of this line is dropped as it comes
+        line_.clear();
+        line_.shrink_to_fit();
+      } else {
+        line_.append(data, n);
+      }
+    }
+    data = stop;
+    if (nl != nullptr) {
+      ++data;
+      end_line();
+    }
+  }
+}
+
+void EventLogParser::finish() {
+  if (overlong_ || !line_.empty()) end_line();
+}
+
+void EventLogParser::end_line() {
+  ++line_no_;
+  const bool overlong = overlong_;
+  overlong_ = false;
+  std::string line;
+  line.swap(line_);
+  if (!line.empty() && line.back() == '\r') line.pop_back();
+  std::string error;
+  std::optional<TimelineEvent> e;
+  if (overlong) {
+    error = "longer than " + std::to_string(kMaxEventLineBytes >> 20) + " MiB";
+  } else if (line.find_first_not_of(" \t") == std::string::npos) {
+    return;
+  } else {
+    e = parse_timeline_event(line, &error);
+  }
+  if (!e) {
+    if (on_skip_) on_skip_(line_no_, error);
+    return;
+  }
+  e->file = file_;
+  e->line = line_no_;
+  events_->push_back(std::move(*e));
+  ++found_;
+}
+
+std::string printable(std::string_view text, bool keep_newlines) {
+  std::string out;
+  out.reserve(text.size());
+  auto hex = [&](const char* prefix, unsigned v, int digits) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%s%0*X", prefix, digits, v);
+    out += buf;
+  };
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const size_t n = text.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    if (c < 0x80) {
+      if ((c >= 0x20 && c != 0x7F) || (keep_newlines && (c == '\n' || c == '\t'))) {
+        out += static_cast<char>(c);
+      } else {
+        hex("\\x", c, 2);
+      }
+      ++i;
+      continue;
+    }
+    // A UTF-8 sequence: its length, the smallest code point of that length (shorter encodings
+    // are invalid), and its continuation bytes.
+    size_t len = 0;
+    uint32_t cp = 0, min = 0;
+    if ((c & 0xE0) == 0xC0) {
+      len = 2, cp = c & 0x1F, min = 0x80;
+    } else if ((c & 0xF0) == 0xE0) {
+      len = 3, cp = c & 0x0F, min = 0x800;
+    } else if ((c & 0xF8) == 0xF0) {
+      len = 4, cp = c & 0x07, min = 0x10000;
+    }
+    bool ok = len != 0 && i + len <= n;
+    for (size_t k = 1; ok && k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) {
+        ok = false;
+      } else {
+        cp = (cp << 6) | (p[i + k] & 0x3F);
+      }
+    }
+    ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    if (!ok) {
+      hex("\\x", c, 2);  // this byte only; the next one starts afresh
+      ++i;
+      continue;
+    }
+    const bool c1 = cp >= 0x80 && cp <= 0x9F;
+    const bool bidi = (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
+    if (c1 || bidi) {
+      hex("\\u", cp, 4);
+    } else {
+      out.append(text.data() + i, len);
+    }
+    i += len;
+  }
+  return out;
+}
+
+std::string render_timeline_html(const std::vector<TimelineEvent>& events, const std::string& title,
+                                 uint64_t max_page_bytes) {
   std::vector<const TimelineEvent*> sorted;
   sorted.reserve(events.size());
   for (const auto& e : events) sorted.push_back(&e);
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const auto* a, const auto* b) { return a->timestamp_ms < b->timestamp_ms; });
-  Builder b;
+  Builder b(max_page_bytes);
   for (const auto* e : sorted) b.add(*e);
   return b.render(title);
 }

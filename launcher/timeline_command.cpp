@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -18,66 +20,128 @@ namespace trun::launcher {
 namespace {
 
 constexpr const char* kUsage =
-    "usage: trun timeline EVENTLOG... -o OUTPUT.html [--title TEXT]\n"
+    "usage: trun timeline EVENTLOG... -o OUTPUT.html [--title TEXT] [--max-input-size SIZE]\n"
     "\n"
     "Draws one self-contained HTML page (inline SVG) for a run from the --event-log files of\n"
     "its nodes: a lane per node and per worker, worker lifetimes coloured by outcome, rounds\n"
     "and restarts as vertical lines. Hover an element for its details.\n"
     "\n"
-    "  -o, --output FILE  the page to write (required)\n"
-    "  --title TEXT       the page's title (default: \"trun timeline\" and the run ids)\n"
-    "  -h, --help         this text\n"
+    "  -o, --output FILE      the page to write (required; a new or a regular file, not an\n"
+    "                         input)\n"
+    "  --title TEXT           the page's title (default: \"trun timeline\" and the run ids)\n"
+    "  --max-input-size SIZE  the most bytes read from all the event logs together (default\n"
+    "                         64M; suffixes K, M, G: powers of 1024)\n"
+    "  -h, --help             this text\n"
     "\n"
-    "Lines that are not events are skipped with a warning; an unreadable file is an error.\n"
+    "Only regular files are read. Lines that are not events are skipped with a warning; an\n"
+    "unreadable file or too much input is an error.\n"
     "Exit status: 0 written, 1 an input or output error, 2 a command-line error.\n";
 
 // At most this many warnings about skipped lines per file; then one line with the count.
 constexpr int kMaxLineWarnings = 5;
-// A line longer than this is not an event trun wrote (they are a few hundred bytes).
-constexpr size_t kMaxLineBytes = 1 << 20;
+// At most this many run ids are named in the default title (then "...").
+constexpr size_t kMaxTitleRunIds = 4;
 
 int usage_error(const std::string& what) {
-  std::fprintf(stderr, "trun timeline: error: %s\n(see trun timeline --help)\n", what.c_str());
+  std::fprintf(stderr, "trun timeline: error: %s\n(see trun timeline --help)\n",
+               printable(what).c_str());
   return 2;
 }
 
-// Reads the whole file; false and *error on failure.
-bool read_file(const std::string& path, std::string* out, std::string* error) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    *error = std::strerror(errno);
+// A command line that asks for something refused (exit 2), said in one line.
+int refuse(const std::string& what) {
+  std::fprintf(stderr, "trun timeline: error: %s\n", printable(what).c_str());
+  return 2;
+}
+
+int input_error(const std::string& what) {
+  std::fprintf(stderr, "trun timeline: error: %s\n", printable(what).c_str());
+  return 1;
+}
+
+// "12.3 MiB (12897484 bytes)".
+std::string size_text(uint64_t bytes) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f MiB (%llu bytes)", static_cast<double>(bytes) / 1048576.0,
+                static_cast<unsigned long long>(bytes));
+  return buf;
+}
+
+// "a directory", "a FIFO (named pipe)", ...: what a file that is not a regular file is.
+std::string kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO (named pipe)";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISLNK(mode)) return "a symbolic link";
+  return "not a regular file";
+}
+
+// SIZE: a positive number of bytes with an optional K, M or G (powers of 1024). False when it is
+// not one or does not fit.
+bool parse_size(const std::string& text, uint64_t* out) {
+  if (text.empty() || text.find_first_not_of("0123456789") == 0) return false;
+  size_t digits = text.find_first_not_of("0123456789");
+  if (digits == std::string::npos) digits = text.size();
+  if (digits > 15) return false;  // with a G suffix still below 2^64
+  uint64_t v = std::strtoull(text.substr(0, digits).c_str(), nullptr, 10);
+  const std::string suffix = text.substr(digits);
+  if (suffix == "K" || suffix == "k") {
+    v <<= 10;
+  } else if (suffix == "M" || suffix == "m") {
+    v <<= 20;
+  } else if (suffix == "G" || suffix == "g") {
+    v <<= 30;
+  } else if (!suffix.empty()) {
     return false;
   }
-  struct stat st {};
-  if (fstat(fd, &st) == 0 && S_ISDIR(st.st_mode)) {
-    ::close(fd);
-    *error = "is a directory";
-    return false;
-  }
-  char buf[1 << 16];
-  for (;;) {
-    ssize_t n = ::read(fd, buf, sizeof buf);
-    if (n > 0) {
-      out->append(buf, static_cast<size_t>(n));
-    } else if (n == 0) {
-      break;
-    } else if (errno != EINTR) {
-      *error = std::strerror(errno);
-      ::close(fd);
-      return false;
-    }
-  }
-  ::close(fd);
+  if (v == 0) return false;
+  *out = v;
   return true;
 }
 
+struct Input {
+  std::string path;
+  struct stat st {};
+};
+
+// Opens a regular file without blocking and checks that it is the one stat() saw: a FIFO or a
+// device put in its place meanwhile is refused, never read (a FIFO with no writer would block
+// open() and read() forever, /dev/zero never ends). -1 and *error on failure.
+int open_regular(const Input& in, std::string* error) {
+  int fd = ::open(in.path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+  if (fd < 0) {
+    *error = std::strerror(errno);
+    return -1;
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    *error = std::strerror(errno);
+    ::close(fd);
+    return -1;
+  }
+  if (!S_ISREG(st.st_mode) || st.st_dev != in.st.st_dev || st.st_ino != in.st.st_ino) {
+    *error = S_ISREG(st.st_mode) ? "replaced while being opened" : "is " + kind_of(st.st_mode);
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// The page goes to a new temporary file next to the output (created exclusively, so no link
+// planted there is followed), then renamed over it: a reader never sees half a page and an
+// output that exists is replaced, never written through.
 bool write_file(const std::string& path, const std::string& data, std::string* error) {
-  const std::string tmp = path + ".tmp." + std::to_string(getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  std::string tmp = path + ".tmp.XXXXXX";
+  int fd = ::mkostemp(tmp.data(), O_CLOEXEC);
   if (fd < 0) {
     *error = std::strerror(errno);
     return false;
   }
+  const mode_t mask = ::umask(0);
+  ::umask(mask);
+  (void)::fchmod(fd, 0644 & ~mask);  // mkostemp creates 0600; a page is for sharing
   size_t done = 0;
   while (done < data.size()) {
     ssize_t n = ::write(fd, data.data() + done, data.size() - done);
@@ -100,17 +164,16 @@ bool write_file(const std::string& path, const std::string& data, std::string* e
   return true;
 }
 
-}  // namespace
-
-int run_timeline_command(int argc, char** argv) {
-  std::vector<std::string> inputs;
+int run(int argc, char** argv, uint64_t* bytes_read, size_t* events_read) {
+  std::vector<Input> inputs;
   std::string output, title;
+  uint64_t max_input = kDefaultMaxInputBytes;
   bool only_files = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     if (only_files) {
-      inputs.push_back(a);
+      inputs.push_back({a});
     } else if (a == "--") {
       only_files = true;
     } else if (a == "-h" || a == "--help") {
@@ -128,82 +191,164 @@ int run_timeline_command(int argc, char** argv) {
       title = v;
     } else if (a.rfind("--title=", 0) == 0) {
       title = a.substr(8);
+    } else if (a == "--max-input-size" || a.rfind("--max-input-size=", 0) == 0) {
+      const char* v = a.size() > 16 ? a.c_str() + 17 : value();
+      if (v == nullptr) return usage_error("--max-input-size needs a size");
+      if (!parse_size(v, &max_input)) {
+        return usage_error("--max-input-size=" + std::string(v) +
+                           ": expected a positive number of bytes, with K, M or G");
+      }
     } else if (a.size() > 1 && a[0] == '-') {
       return usage_error("unknown option " + a);
     } else {
-      inputs.push_back(a);
+      inputs.push_back({a});
     }
   }
   if (inputs.empty()) return usage_error("no event log given (trun timeline EVENTLOG... -o FILE)");
   if (output.empty()) return usage_error("no output file given (-o FILE)");
 
-  std::vector<TimelineEvent> events;
-  std::vector<std::string> run_ids;
-  for (const std::string& path : inputs) {
-    std::string text, error;
-    if (!read_file(path, &text, &error)) {
-      std::fprintf(stderr, "trun timeline: error: cannot read the event log %s: %s\n", path.c_str(),
-                   error.c_str());
-      return 1;
+  // The output: new, or a regular file that is none of the inputs (`-o run.jsonl` by mistake
+  // must not replace the log with HTML). A symbolic link, a device, a FIFO are refused: the
+  // rename would replace the link or the device node itself.
+  struct stat out_st {};
+  const bool out_exists = ::lstat(output.c_str(), &out_st) == 0;
+  if (out_exists && !S_ISREG(out_st.st_mode)) {
+    return refuse("-o " + output + " is " + kind_of(out_st.st_mode) +
+                  ": the page is written only to a new or a regular file");
+  }
+
+  // Every input is looked at before any is read: only regular files, their sizes together
+  // within --max-input-size, none of them the output.
+  uint64_t total = 0;
+  for (Input& in : inputs) {
+    if (::stat(in.path.c_str(), &in.st) != 0) {
+      return input_error("cannot read the event log " + in.path + ": " + std::strerror(errno));
     }
-    size_t pos = 0, line_no = 0, found = 0;
+    if (!S_ISREG(in.st.st_mode)) {
+      return input_error("cannot read the event log " + in.path + ": is " + kind_of(in.st.st_mode) +
+                         ", not a regular file");
+    }
+    if (out_exists && in.st.st_dev == out_st.st_dev && in.st.st_ino == out_st.st_ino) {
+      return refuse("-o " + output + " is the event log " + in.path +
+                    " (the same file): refusing to overwrite an input");
+    }
+    const uint64_t size = static_cast<uint64_t>(in.st.st_size);
+    total += size;
+    if (total > max_input) {
+      return input_error(
+          "the event log " + in.path + " is " + size_text(size) +
+          (inputs.size() > 1 ? ", " + size_text(total) + " with the files before it" : "") +
+          ": over --max-input-size " + size_text(max_input) + " (raise it to draw larger logs)");
+    }
+  }
+
+  std::vector<TimelineEvent> events;
+  std::vector<std::string> run_ids;  // the first few, for the default title
+  bool more_run_ids = false;
+  std::vector<char> buf(1 << 16);
+  for (size_t f = 0; f < inputs.size(); ++f) {
+    const Input& in = inputs[f];
+    std::string error;
+    const int fd = open_regular(in, &error);
+    if (fd < 0) return input_error("cannot read the event log " + in.path + ": " + error);
     int skipped = 0;
-    while (pos < text.size()) {
-      size_t nl = text.find('\n', pos);
-      if (nl == std::string::npos) nl = text.size();
-      std::string line = text.substr(pos, nl - pos);
-      pos = nl + 1;
-      ++line_no;
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (line.find_first_not_of(" \t") == std::string::npos) continue;
-      std::optional<TimelineEvent> e;
-      if (line.size() > kMaxLineBytes) {
-        error = "longer than 1 MiB";
-      } else {
-        e = parse_timeline_event(line, &error);
-      }
-      if (!e) {
-        if (++skipped <= kMaxLineWarnings) {
-          std::fprintf(stderr, "trun timeline: warning: %s:%zu: not an event (%s); skipped\n",
-                       path.c_str(), line_no, error.c_str());
+    const size_t first_event = events.size();
+    EventLogParser parser(
+        static_cast<uint32_t>(f), &events, [&](uint64_t line, const std::string& reason) {
+          if (++skipped <= kMaxLineWarnings) {
+            std::fprintf(stderr,
+                         "trun timeline: warning: %s:%llu: not an event (%s); "
+                         "skipped\n",
+                         printable(in.path).c_str(), static_cast<unsigned long long>(line),
+                         printable(reason).c_str());
+          }
+        });
+    for (;;) {
+      const ssize_t n = ::read(fd, buf.data(), buf.size());
+      if (n > 0) {
+        *bytes_read += static_cast<uint64_t>(n);
+        if (*bytes_read > max_input) {  // it grows while read (a running agent's log)
+          ::close(fd);
+          return input_error("the event log " + in.path + " grew while read: over " +
+                             "--max-input-size " + size_text(max_input) + " in all");
         }
-        continue;
+        parser.feed(buf.data(), static_cast<size_t>(n));
+        *events_read = events.size();
+      } else if (n == 0) {
+        break;
+      } else if (errno != EINTR) {
+        error = std::strerror(errno);
+        ::close(fd);
+        return input_error("cannot read the event log " + in.path + ": " + error);
       }
-      e->where = path + ":" + std::to_string(line_no);
-      if (auto it = e->metadata.find("run_id"); it != e->metadata.end() && it->is_string()) {
-        const std::string id = it->get<std::string>();
-        if (std::find(run_ids.begin(), run_ids.end(), id) == run_ids.end()) run_ids.push_back(id);
+    }
+    ::close(fd);
+    parser.finish();
+    *events_read = events.size();
+    for (size_t i = first_event; i < events.size(); ++i) {
+      auto it = events[i].metadata.find("run_id");
+      if (it == events[i].metadata.end() || !it->is_string()) continue;
+      const std::string& id = it->get_ref<const std::string&>();
+      if (std::find(run_ids.begin(), run_ids.end(), id) != run_ids.end()) continue;
+      if (run_ids.size() < kMaxTitleRunIds) {
+        run_ids.push_back(id);
+      } else {
+        more_run_ids = true;
       }
-      events.push_back(std::move(*e));
-      ++found;
     }
     if (skipped > kMaxLineWarnings) {
-      std::fprintf(stderr, "trun timeline: warning: %s: %d more line(s) skipped\n", path.c_str(),
-                   skipped - kMaxLineWarnings);
+      std::fprintf(stderr, "trun timeline: warning: %s: %d more line(s) skipped\n",
+                   printable(in.path).c_str(), skipped - kMaxLineWarnings);
     }
-    if (found == 0 && inputs.size() > 1) {
-      std::fprintf(stderr, "trun timeline: warning: %s holds no event\n", path.c_str());
+    if (parser.events_found() == 0 && inputs.size() > 1) {
+      std::fprintf(stderr, "trun timeline: warning: %s holds no event\n",
+                   printable(in.path).c_str());
     }
   }
   if (events.empty()) {
-    std::fprintf(stderr, "trun timeline: error: no event in %s\n",
-                 inputs.size() == 1 ? inputs[0].c_str() : "any of the files given");
-    return 1;
+    return input_error("no event in " +
+                       (inputs.size() == 1 ? inputs[0].path : "any of the files given"));
   }
   if (title.empty()) {
     title = "trun timeline";
-    for (size_t i = 0; i < run_ids.size() && i < 4; ++i)
-      title += (i == 0 ? ": " : ", ") + run_ids[i];
-    if (run_ids.size() > 4) title += ", ...";
+    for (size_t i = 0; i < run_ids.size(); ++i) title += (i == 0 ? ": " : ", ") + run_ids[i];
+    if (more_run_ids) title += ", ...";
   }
-  const std::string html = render_timeline_html(events, title);
+  std::string html;
+  try {
+    html = render_timeline_html(events, title, std::max(kMinMaxPageBytes, 2 * max_input));
+  } catch (const TimelinePageTooLarge& e) {
+    return input_error(std::string("cannot draw ") + std::to_string(events.size()) +
+                       " events: " + e.what() + "; nothing written");
+  }
+  events.clear();
+  events.shrink_to_fit();
   std::string error;
   if (!write_file(output, html, &error)) {
-    std::fprintf(stderr, "trun timeline: error: cannot write %s: %s\n", output.c_str(),
-                 error.c_str());
-    return 1;
+    return input_error("cannot write " + output + ": " + error);
   }
   return 0;
+}
+
+}  // namespace
+
+int run_timeline_command(int argc, char** argv) {
+  uint64_t bytes_read = 0;
+  size_t events_read = 0;
+  try {
+    return run(argc, argv, &bytes_read, &events_read);
+  } catch (const std::bad_alloc&) {
+    // Under a memory limit (ulimit -v, a cgroup): one line, not an abort.
+    std::fprintf(stderr,
+                 "trun timeline: error: out of memory after reading %llu bytes (%zu events) of "
+                 "event logs; nothing written (a smaller --max-input-size refuses such input "
+                 "up front)\n",
+                 static_cast<unsigned long long>(bytes_read), events_read);
+    return 1;
+  } catch (const std::length_error& e) {
+    std::fprintf(stderr, "trun timeline: error: out of memory: %s; nothing written\n", e.what());
+    return 1;
+  }
 }
 
 }  // namespace trun::launcher
