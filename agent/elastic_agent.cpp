@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 #include <optional>
 #include <unordered_map>
 
@@ -62,6 +63,7 @@ struct Worker {
   bool group_live = false;  // its process group may still have members
   int exitcode = 0;
   std::string error_file;
+  Clock::TimePoint started{};  // when it was spawned (the agent's clock)
 };
 
 class Agent {
@@ -88,6 +90,14 @@ class Agent {
   // Publishes snap_ to the endpoint (no-op without one), as alive now.
   void publish();
   void set_phase(const char* phase);
+  // While this thread waits in a blocking rendezvous call the loop does not run, and /metrics
+  // would stand still exactly when an operator looks: the session's sampler thread publishes
+  // then (publish_while_waiting), from a copy of the snapshot taken under waiting_mu_. The
+  // snapshot is written only outside such a window, or after end_waiting().
+  class WaitingWindow;
+  void begin_waiting();
+  void end_waiting();
+  void publish_while_waiting();
   // A stop signal ended a wait in the rendezvous (which this node has left): takes the signal
   // from the signalfd and returns 128+N.
   int after_interrupted_rendezvous();
@@ -133,6 +143,8 @@ class Agent {
   std::unique_ptr<RendezvousSession> session_;
   std::unique_ptr<MetricsServer> metrics_;
   AgentSnapshot snap_;
+  std::mutex waiting_mu_;
+  bool waiting_ = false;   // guarded by waiting_mu_
   int heartbeat_fd_ = -1;  // a timerfd while the endpoint runs
   std::string run_id_;
   std::string base_dir_;  // DIR/<run id>, or a temporary directory
@@ -288,6 +300,44 @@ void Agent::publish() {
   metrics_->publish(snap_);
 }
 
+class Agent::WaitingWindow {
+ public:
+  explicit WaitingWindow(Agent& agent) : agent_(agent) { agent_.begin_waiting(); }
+  ~WaitingWindow() { agent_.end_waiting(); }
+  WaitingWindow(const WaitingWindow&) = delete;
+  WaitingWindow& operator=(const WaitingWindow&) = delete;
+
+ private:
+  Agent& agent_;
+};
+
+void Agent::begin_waiting() {
+  std::lock_guard<std::mutex> lock(waiting_mu_);
+  waiting_ = true;
+}
+
+void Agent::end_waiting() {
+  std::lock_guard<std::mutex> lock(waiting_mu_);
+  waiting_ = false;
+}
+
+// The sampler thread, after each sample.
+void Agent::publish_while_waiting() {
+  AgentSnapshot copy;
+  {
+    std::lock_guard<std::mutex> lock(waiting_mu_);
+    if (!waiting_ || !metrics_) return;
+    copy = snap_;
+  }
+  copy.heartbeat = std::chrono::steady_clock::now();
+  copy.nodes_waiting = session_->nodes_waiting();
+  const auto stats = session_->store_stats();
+  copy.store_requests = stats.requests_sent;
+  copy.store_errors = stats.errors;
+  copy.store_requests_served = stats.requests_served;
+  metrics_->publish(copy);
+}
+
 void Agent::set_phase(const char* phase) {
   if (!metrics_ || snap_.phase == phase) return;
   snap_.phase = phase;
@@ -338,8 +388,10 @@ int Agent::run_job() {
       cfg_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
   session_->set_event_log(events_.get());
-  if (metrics_) session_->start_sampling(kWaitingSampleInterval);
+  if (metrics_)
+    session_->start_sampling(kWaitingSampleInterval, [this] { publish_while_waiting(); });
   session_->set_on_round_formed([this](std::chrono::duration<double> took) {
+    end_waiting();  // the snapshot is this thread's alone again
     publish_status("running");
     if (metrics_) {
       const auto& info = session_->info();
@@ -358,6 +410,7 @@ int Agent::run_job() {
     }
   });
   try {
+    WaitingWindow waiting(*this);
     session_->start();
   } catch (const RendezvousInterrupted&) {
     throw;
@@ -413,11 +466,13 @@ Agent::Next Agent::after_round_over() {
   const RoundAction action =
       decide_after_round(e.kind, session_->dynamic(), restart_count_, cfg_.max_restarts);
   switch (action) {
-    case RoundAction::kRejoin:
+    case RoundAction::kRejoin: {
       // The rejoin forms the next round itself.
       set_phase("rendezvous");
+      WaitingWindow waiting(*this);
       return session_->rejoin(e.detail, e.store_stopped) ? Next{Next::kAgainNow}
                                                          : Next{kExitAgentError};
+    }
     case RoundAction::kStoreLost:
       spdlog::error("lost the rendezvous store at {} ({}): {}; giving up",
                     session_->store_endpoint(), session_->backend(), e.describe());
@@ -495,6 +550,7 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
   publish_status(same_round ? "running" : "rendezvous");
   if (same_round) return true;
   set_phase("rendezvous");
+  WaitingWindow waiting(*this);
   try {
     session_->next_round();
     return true;
@@ -624,6 +680,7 @@ void Agent::start_workers() {
     Worker& w = workers_[i];
     if (results[i].pid > 0) {
       w.pid = results[i].pid;
+      w.started = clock_.now();
       w.running = true;
       w.group_live = true;
       by_pid_[w.pid] = i;
@@ -764,8 +821,13 @@ void Agent::on_children() {
                                           : "exit_code=\"" + std::to_string(w.exitcode) + "\""];
     }
     if (is_failure) {
-      failures_.push_back(
-          read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++));
+      WorkerFailure f =
+          read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++);
+      const char* path = std::getenv("PATH");
+      f.hint = python_start_hint(cfg_.python_interpreter, path ? path : "",
+                                 std::chrono::duration<double>(clock_.now() - w.started).count(),
+                                 w.exitcode, f.message);
+      failures_.push_back(std::move(f));
       failed = true;
     }
   }

@@ -68,6 +68,9 @@ struct LaunchConfig {
   // The worker's argv: program first. For Python scripts this is {python, "-u", script, ...}.
   std::vector<std::string> entrypoint;
   std::string entrypoint_name;  // short name for the failure summary (script or module name)
+  // The interpreter of a Python entrypoint (entrypoint[0]: PYTHON_EXEC, or "python3" found on
+  // PATH); empty for any other program. The failure summary names it when a worker fails at once.
+  std::string python_interpreter;
 
   // --- logs ---------------------------------------------------------------------------------
   std::string log_dir;  // empty: error files go to a temporary directory removed at exit

@@ -574,9 +574,10 @@ void RendezvousSession::publish_status(const std::string& record) {
 
 std::string RendezvousSession::node_id() const { return rdzv_ ? rdzv_->node_id() : ""; }
 
-void RendezvousSession::start_sampling(std::chrono::milliseconds interval) {
+void RendezvousSession::start_sampling(std::chrono::milliseconds interval,
+                                       std::function<void()> on_sample) {
   if (sampler_.joinable()) return;
-  sampler_ = std::thread([this, interval] {
+  sampler_ = std::thread([this, interval, on_sample = std::move(on_sample)] {
     std::unique_lock<std::mutex> lock(sampler_mu_);
     // Runs until shutdown() (the session's lifetime).
     while (!sampler_cv_.wait_for(lock, interval, [this] { return sampler_stop_; })) {
@@ -595,6 +596,7 @@ void RendezvousSession::start_sampling(std::chrono::milliseconds interval) {
         }
       }
       nodes_waiting_ = n;
+      if (on_sample) on_sample();
       lock.lock();
     }
   });

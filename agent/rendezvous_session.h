@@ -97,8 +97,11 @@ class RendezvousSession {
 
   // For the metrics (--metrics-port): samples the handler's num_nodes_waiting() every `interval`
   // on a thread of its own (a few store requests each), so the agent's loop never waits on the
-  // store for it. Call once, after construction.
-  void start_sampling(std::chrono::milliseconds interval);
+  // store for it. Call once, after construction. `on_sample`, when given, runs on that thread
+  // after each sample (the agent publishes its metrics from there while its own thread waits in
+  // a rendezvous).
+  void start_sampling(std::chrono::milliseconds interval,
+                      std::function<void()> on_sample = nullptr);
   // The last sample: nodes waiting for the next round; -1 before the first sample or after a
   // failed one. Any thread.
   int nodes_waiting() const { return nodes_waiting_.load(); }

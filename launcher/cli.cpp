@@ -992,6 +992,7 @@ CliResult parse_command_line(int argc, char** argv) {
     if (use_python) {
       const char* py = std::getenv("PYTHON_EXEC");
       c.entrypoint.push_back(py && *py ? py : "python3");
+      c.python_interpreter = c.entrypoint.back();
       c.entrypoint.push_back("-u");
       if (module) c.entrypoint.push_back("-m");
     }

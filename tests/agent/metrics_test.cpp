@@ -335,3 +335,29 @@ TEST_CASE("/metrics counts the store errors when the store host dies, and no cou
   c.signal(SIGTERM);
   REQUIRE(c.wait(30s));
 }
+
+TEST_CASE("/metrics moves during the first rendezvous: the nodes joined so far and store requests",
+          "[agent][metrics]") {
+  // One node of two, hosting the store: its thread waits in the rendezvous the whole time.
+  TempDir d;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  Child a(c10d_node(ep, "metrics-first-" + std::to_string(getpid()), "2",
+                    "join_timeout=60,progress_interval=0", d.path(), true),
+          {}, {"TORCHELASTIC_HEALTH_CHECK_PORT"});
+  const int port = printed_port(a);
+  // The sampler runs every 2 s; the first samples come while the round still gathers.
+  REQUIRE(wait_until([&] { return metric(port, "trun_rendezvous_nodes_waiting") == 1; }, 20s));
+  const double requests = metric(port, "trun_store_requests_total");
+  const double served = metric(port, "trun_store_requests_served_total");
+  CHECK(requests > 0);
+  CHECK(served > 0);
+  // And it keeps moving: the next samples are published too.
+  CHECK(wait_until([&] { return metric(port, "trun_store_requests_total") > requests; }, 20s));
+  const std::string body = body_of(get(port, "/metrics"));
+  check_exposition(body);
+  CHECK_THAT(body, Catch::Contains("trun_agent_phase{phase=\"rendezvous\"} 1\n"));
+  CHECK_FALSE(file_exists(d / "pid_0_0"));
+  a.signal(SIGTERM);
+  REQUIRE(a.wait(30s));
+  CHECK(a.exit_code() == 128 + SIGTERM);
+}
