@@ -855,6 +855,10 @@ void EventLogParser::end_line() {
 }
 
 std::string printable(std::string_view text, bool keep_newlines) {
+  // Most text is plain ASCII: kept as it is.
+  if (std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7F; })) {
+    return std::string(text);
+  }
   std::string out;
   out.reserve(text.size());
   auto hex = [&](const char* prefix, unsigned v, int digits) {

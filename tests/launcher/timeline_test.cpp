@@ -2,7 +2,10 @@
 // run rendered by Chromium is tests/observability/timeline.sh.
 #include "launcher/timeline.h"
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <climits>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -157,4 +160,131 @@ TEST_CASE("a timeline shortens long labels without cutting a UTF-8 character") {
   const size_t end = html.find('<', at);
   const std::string shown = html.substr(at + 1, end - at - 1);
   CHECK(shown == "node " + std::string(29, 'x') + "...");
+}
+
+TEST_CASE("a timeline line is refused when too long, too deep or with a timestamp out of range") {
+  std::string error;
+  const std::string tail = R"(,"metadata":{}})";
+  auto line = [&](const std::string& ts) { return R"({"name":"x","timestamp":)" + ts + tail; };
+  struct Bad {
+    std::string line;
+    std::string error;
+  };
+  const std::string range = " out of range (0..253402300799999 ms since the epoch)";
+  for (const Bad& b : {
+           Bad{line("-9223372036854775808"), "\"timestamp\" -9223372036854775808" + range},
+           Bad{line("-1"), "\"timestamp\" -1" + range},
+           Bad{line("9223372036854775807"), "\"timestamp\" 9223372036854775807" + range},
+           Bad{line("18446744073709551615"), "\"timestamp\" 18446744073709551615" + range},
+           Bad{line("253402300800000"), "\"timestamp\" 253402300800000" + range},
+           Bad{line("1e999"), "not a JSON value"},
+           Bad{std::string(17, '[') + std::string(17, ']'), "nested deeper than 16 levels"},
+           Bad{R"({"name":"x","timestamp":1,"metadata":{"a":)" + std::string(15, '[') +
+                   std::string(15, ']') + "}}",
+               "nested deeper than 16 levels"},
+           Bad{R"({"name":"x","timestamp":1,"metadata":{"a":")" + std::string(1 << 20, 'a') +
+                   "\"}}",
+               "longer than 1 MiB"},
+       }) {
+    INFO(b.line.substr(0, 80));
+    error.clear();
+    CHECK_FALSE(parse_timeline_event(b.line, &error));
+    CHECK(error == b.error);
+  }
+  // The bounds themselves are events; brackets inside strings do not count as nesting.
+  CHECK(parse_timeline_event(line("0"), &error));
+  CHECK(parse_timeline_event(line("253402300799999"), &error));
+  auto deep =
+      parse_timeline_event(R"({"name":"[[[[[[[[[[[[[[[[[[[[","timestamp":1,"metadata":{"a":)" +
+                               std::string(14, '[') + std::string(14, ']') + "}}",
+                           &error);
+  CHECK(deep);
+}
+
+TEST_CASE("the event-log parser gives the same lines whatever the chunks and skips long ones") {
+  const std::string good = R"({"name":"a","timestamp":5,"metadata":{}})";
+  const std::string text = good + "\r\n\n   \ngarbage\n" + std::string(3 << 20, 'x') + "\n" + good +
+                           "\n" + good.substr(0, 20);
+  for (size_t chunk : {size_t{1}, size_t{7}, size_t{4096}, text.size()}) {
+    INFO(chunk);
+    std::vector<TimelineEvent> events;
+    std::vector<std::pair<uint64_t, std::string>> skipped;
+    trun::launcher::EventLogParser parser(3, &events, [&](uint64_t line, const std::string& why) {
+      skipped.emplace_back(line, why);
+    });
+    for (size_t at = 0; at < text.size(); at += chunk) {
+      parser.feed(text.data() + at, std::min(chunk, text.size() - at));
+    }
+    parser.finish();
+    REQUIRE(events.size() == 2);
+    CHECK(parser.events_found() == 2);
+    CHECK(events[0].line == 1);
+    CHECK(events[1].line == 6);
+    CHECK(events[1].file == 3);
+    CHECK(events[1].timestamp_ms == 5);
+    REQUIRE(skipped.size() == 3);
+    CHECK(skipped[0] == std::make_pair(uint64_t{4}, std::string("not a JSON value")));
+    CHECK(skipped[1] == std::make_pair(uint64_t{5}, std::string("longer than 1 MiB")));
+    CHECK(skipped[2] == std::make_pair(uint64_t{7}, std::string("not a JSON value")));
+  }
+}
+
+TEST_CASE("printable escapes control characters, bidi overrides and invalid UTF-8 only") {
+  using trun::launcher::printable;
+  CHECK(printable("plain ascii \\ text") == "plain ascii \\ text");
+  CHECK(printable("\x1b]0;title\x07") == "\\x1B]0;title\\x07");
+  CHECK(printable("a\nb\tc\r") == "a\\x0Ab\\x09c\\x0D");
+  CHECK(printable("a\nb\tc\r", /*keep_newlines=*/true) == "a\nb\tc\\x0D");
+  CHECK(printable(std::string("nul\0del\x7f", 8)) == "nul\\x00del\\x7F");
+  CHECK(printable("\xc2\x9b"
+                  "31m") == "\\u009B31m");  // C1 CSI as UTF-8
+  CHECK(printable("\x9b"
+                  "31m") == "\\x9B31m");  // and as a lone byte
+  CHECK(printable("\xe2\x80\xae"
+                  "cod") == "\\u202Ecod");  // RIGHT-TO-LEFT OVERRIDE
+  CHECK(printable("\xc3\xa9t\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80") ==
+        "\xc3\xa9t\xc3\xa9 \xe2\x86\x92 \xf0\x9f\x98\x80");  // valid UTF-8 stays
+  CHECK(printable("\xc0\xaf") == "\\xC0\\xAF");              // overlong
+  CHECK(printable("\xed\xa0\x80") == "\\xED\\xA0\\x80");     // a surrogate
+  CHECK(printable("\xe2\x86") == "\\xE2\\x86");              // cut
+  CHECK(printable("\xff") == "\\xFF");
+}
+
+TEST_CASE("a timeline keeps control characters out of the page and cuts long labels") {
+  std::vector<TimelineEvent> events;
+  events.push_back(ev("trun.rdzv.join", 5, 1,
+                      {{"node_id", "\x1b]0;x\x07" + std::string(10000, 'n')},
+                       {"hostname", std::string(10000, 'h')}}));
+  events.push_back(ev("trun.agent.worker_started", 6, 1, {{"local_rank", 0}, {"worker_pid", 9}}));
+  events.push_back(ev("trun.agent.worker_exited", 7, 1,
+                      {{"local_rank", 0},
+                       {"worker_pid", 9},
+                       {"exitcode", 1},
+                       {"raw_error", "\xc2\x9b" + std::string(100000, 'e')}}));
+  const std::string html = render_timeline_html(events, "t\x1b");
+  CHECK(count(html, "\x1b") == 0);
+  CHECK(count(html, "\xc2\x9b") == 0);
+  CHECK(count(html, "\\x1B]0;x\\x07nnn") >= 1);
+  CHECK(count(html, "<title>t\\x1B</title>") == 1);
+  CHECK(count(html, std::string(300, 'n')) == 0);  // the node id: 256 bytes at most
+  CHECK(count(html, std::string(300, 'h')) == 0);
+  CHECK(count(html, "\\u009B" + std::string(4000, 'e')) == 1);  // the error: 4096 at most
+  CHECK(count(html, std::string(4100, 'e')) == 0);
+  CHECK(html.size() < 64 * 1024);
+}
+
+TEST_CASE("a timeline refuses a page over its bound, and clamps timestamps it is given") {
+  std::vector<TimelineEvent> events;
+  for (int i = 0; i < 2000; ++i) {
+    events.push_back(
+        ev("trun.agent.worker_started", 10 + i, 1, {{"local_rank", i}, {"worker_pid", i}}));
+  }
+  CHECK_THROWS_AS(render_timeline_html(events, "t", 100000), trun::launcher::TimelinePageTooLarge);
+  CHECK(render_timeline_html(events, "t", 100 << 20).size() > 100000);
+  // Events made without the parser (it refuses such timestamps): no overflow, a sane span.
+  std::vector<TimelineEvent> odd;
+  odd.push_back(ev("trun.agent.start", INT64_MIN, 1, {}));
+  odd.push_back(ev("trun.agent.stop", INT64_MAX, 1, {}));
+  const std::string html = render_timeline_html(odd, "t");
+  CHECK(count(html, "time 0 is 1970-01-01 00:00:00.000 UTC, spanning 253402300799.999 s") == 1);
 }
