@@ -817,8 +817,11 @@ void Agent::on_children() {
                                                         : w.exitcode == 0 ? "succeeded"
                                                                           : "stopped");
     if (metrics_ && w.exitcode != 0) {
-      ++snap_.worker_exits[w.exitcode < 0 ? "signal=\"" + signal_name(-w.exitcode) + "\""
-                                          : "exit_code=\"" + std::to_string(w.exitcode) + "\""];
+      // A worker that trun itself stopped (the group stopped after another's failure, a restart,
+      // a signal to trun) is no failure of its own: counted under stopped_by="trun".
+      ++snap_.worker_exits[(w.exitcode < 0 ? "signal=\"" + signal_name(-w.exitcode) + "\""
+                                           : "exit_code=\"" + std::to_string(w.exitcode) + "\"") +
+                           (is_failure ? "" : ",stopped_by=\"trun\"")];
     }
     if (is_failure) {
       WorkerFailure f =

@@ -149,6 +149,10 @@ TEST_CASE("the metrics endpoint serves the job's state and survives bad clients"
   CHECK_THAT(metrics, Catch::Contains("trun_restarts_total 1\n"));
   CHECK_THAT(metrics, Catch::Contains("trun_restarts_left 0\n"));
   CHECK_THAT(metrics, Catch::Contains("trun_worker_exits_total{exit_code=\"3\"} 1\n"));
+  // Local rank 1 of attempt 0 did not fail: trun stopped it (SIGTERM) after rank 0's exit.
+  CHECK_THAT(metrics, Catch::Contains(
+                          "trun_worker_exits_total{signal=\"SIGTERM\",stopped_by=\"trun\"} 1\n"));
+  CHECK_THAT(metrics, !Catch::Contains("trun_worker_exits_total{signal=\"SIGTERM\"}"));
   CHECK_THAT(metrics, Catch::Contains("trun_worker_state{local_rank=\"0\",state=\"running\"} 1\n"));
   CHECK_THAT(metrics, Catch::Contains("trun_worker_state{local_rank=\"1\",state=\"running\"} 1\n"));
   CHECK_THAT(metrics, Catch::Contains("trun_rendezvous_rounds_total 1\n"));
