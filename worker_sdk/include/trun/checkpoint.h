@@ -52,6 +52,14 @@
 // Loading does not depend on the world size that saved: tensors are the replicated state, and
 // the sampler state is a global offset (trun/sampler.h).
 //
+// Hostile directories: every file the checkpoint code creates or overwrites is opened relative
+// to the directory with O_NOFOLLOW (new ones with O_EXCL), so a symbolic link, a hard link (.lock)
+// or a FIFO planted in DIR is never written through: the Checkpointer or save fails naming it, or
+// (a step's files when loading) the step counts as damaged. A manifest's sizes and offsets are
+// checked against the data file's real size and this process's memory, and every count, name,
+// dimension and nesting level is bounded, before anything is allocated; a manifest that disagrees
+// is damage (quarantined, the previous step used). Details and bounds: docs/checkpoints.md.
+//
 // Tensors are host memory only: copy device tensors to the host before saving.
 //
 // Thread safety: a Checkpointer is used by one thread (the training loop); its background writer

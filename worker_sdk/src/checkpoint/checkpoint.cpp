@@ -108,6 +108,9 @@ Checkpointer::Checkpointer(std::string dir, CheckpointerOptions options)
                                 std::to_string(s.options.keep_last));
   while (s.dir.size() > 1 && s.dir.back() == '/') s.dir.pop_back();
   s.job_id = s.options.job_id.empty() ? default_job_id() : s.options.job_id;
+  if (s.job_id.size() > kMaxNameBytes)
+    throw std::invalid_argument("Checkpointer: the job id is " + std::to_string(s.job_id.size()) +
+                                " bytes, more than " + std::to_string(kMaxNameBytes));
   s.own_jobs = {s.job_id, ""};
   if (s.is_writer()) {
     std::error_code ec;
