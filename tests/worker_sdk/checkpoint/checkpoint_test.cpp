@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -72,9 +73,48 @@ TEST_CASE("checkpoint: bad save requests are rejected with a clear message", "[c
   r.metadata = "{}";
   r.model.push_back({"b", DataType::kFloat32, {4}, nullptr});
   REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("'b' has no data"));
+  r.model.pop_back();
+  // The bounds the reader enforces hold at save time too, so that every checkpoint saved loads.
+  r.metadata = std::string(70, '[') + std::string(70, ']');
+  REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("metadata nests deeper than 60 levels"));
+  r.metadata = "{}";
+  r.model.push_back({std::string(65 * 1024, 'n'), DataType::kFloat32, {1}, &x});
+  REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("name is 66560 bytes, more than 65536"));
+  r.model.back() = {"c", DataType::kFloat32, {int64_t{1} << 40, int64_t{1} << 40}, &x};
+  REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("tensor 'c' has an element count over 2^64"));
+  r.model.back() = {"c", DataType::kFloat32, std::vector<int64_t>(65, 1), &x};
+  REQUIRE_THROWS_WITH(ck.save(r), Catch::Contains("tensor 'c' has 65 dimensions, more than 64"));
   CheckpointerOptions zero;
   zero.keep_last = 0;
   REQUIRE_THROWS_WITH(Checkpointer(d.path, zero), Catch::Contains("keep_last"));
+  CheckpointerOptions long_job;
+  long_job.job_id = std::string(65 * 1024, 'j');
+  REQUIRE_THROWS_WITH(Checkpointer(d.path + "/other", long_job),
+                      Catch::Contains("the job id is 66560 bytes"));
+}
+
+TEST_CASE("checkpoint: every dtype round-trips", "[checkpoint]") {
+  TempDir d;
+  Checkpointer ck(d.path);
+  const DataType all[] = {DataType::kFloat32,  DataType::kFloat64, DataType::kFloat16,
+                          DataType::kBFloat16, DataType::kInt32,   DataType::kInt64,
+                          DataType::kInt8,     DataType::kUInt8,   DataType::kBool};
+  std::vector<unsigned char> bytes(3 * 8);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 37 + 1);
+  SaveRequest r;
+  r.step = 1;
+  for (DataType t : all) r.model.push_back({dtype_name(t), t, {3}, bytes.data()});
+  ck.save(r);
+  auto c = ck.load_latest();
+  REQUIRE(c.has_value());
+  for (DataType t : all) {
+    INFO(dtype_name(t));
+    const LoadedTensor* lt = c->find("model", dtype_name(t));
+    REQUIRE(lt != nullptr);
+    REQUIRE(lt->dtype == t);
+    REQUIRE(lt->bytes.size() == 3 * dtype_size(t));
+    REQUIRE(std::equal(lt->bytes.begin(), lt->bytes.end(), bytes.begin()));
+  }
 }
 
 TEST_CASE("checkpoint: a flipped byte is detected and load_latest falls back", "[checkpoint]") {
