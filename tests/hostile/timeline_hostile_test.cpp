@@ -128,37 +128,6 @@ void write(const std::string& path, const std::string& text) {
   std::ofstream(path, std::ios::binary) << text;
 }
 
-// A valid log of about `bytes`: workers starting and exiting, lines of about 380 bytes.
-void write_large_log(const std::string& path, size_t bytes) {
-  std::ofstream out(path, std::ios::binary);
-  size_t written = 0;
-  for (int64_t i = 0; written < bytes; ++i) {
-    nlohmann::json md = {{"run_id", "job"},
-                         {"hostname", "host-" + std::to_string(i % 4)},
-                         {"pid", 1000 + i % 4},
-                         {"node_id", "node-" + std::to_string(i % 4)},
-                         {"round", i / 1000},
-                         {"local_rank", i % 8},
-                         {"global_rank", i % 8},
-                         {"worker_pid", 100000 + i / 2},
-                         {"agent_restarts", i / 1000},
-                         {"entrypoint", "/usr/bin/python3"}};
-    if (i % 2 == 1) {
-      md["exitcode"] = 0;
-      md["state"] = "SUCCEEDED";
-    }
-    const std::string line = nlohmann::json({{"name", i % 2 == 0 ? "trun.agent.worker_started"
-                                                                 : "trun.agent.worker_exited"},
-                                             {"source", "AGENT"},
-                                             {"timestamp", 1700000000000 + i},
-                                             {"metadata", md}})
-                                 .dump() +
-                             "\n";
-    out << line;
-    written += line.size();
-  }
-}
-
 // A sparse file of `bytes` (no disk used).
 void write_sparse(const std::string& path, off_t bytes) {
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
@@ -239,9 +208,44 @@ TEST_CASE("trun timeline refuses input over --max-input-size before reading it, 
 
 // An address-space limit is only possible without a sanitizer: ASan reserves terabytes of
 // shadow memory at start, so under RLIMIT_AS the ASan build of trun cannot even start. The cases
-// above and below run in every build; these two run in the plain build only (not registered
+// above and below run in every build; this one only in builds without a sanitizer (not registered
 // elsewhere).
 #if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+namespace {
+
+// A valid log of about `bytes`: workers starting and exiting, lines of about 380 bytes.
+void write_large_log(const std::string& path, size_t bytes) {
+  std::ofstream out(path, std::ios::binary);
+  size_t written = 0;
+  for (int64_t i = 0; written < bytes; ++i) {
+    nlohmann::json md = {{"run_id", "job"},
+                         {"hostname", "host-" + std::to_string(i % 4)},
+                         {"pid", 1000 + i % 4},
+                         {"node_id", "node-" + std::to_string(i % 4)},
+                         {"round", i / 1000},
+                         {"local_rank", i % 8},
+                         {"global_rank", i % 8},
+                         {"worker_pid", 100000 + i / 2},
+                         {"agent_restarts", i / 1000},
+                         {"entrypoint", "/usr/bin/python3"}};
+    if (i % 2 == 1) {
+      md["exitcode"] = 0;
+      md["state"] = "SUCCEEDED";
+    }
+    const std::string line = nlohmann::json({{"name", i % 2 == 0 ? "trun.agent.worker_started"
+                                                                 : "trun.agent.worker_exited"},
+                                             {"source", "AGENT"},
+                                             {"timestamp", 1700000000000 + i},
+                                             {"metadata", md}})
+                                 .dump() +
+                             "\n";
+    out << line;
+    written += line.size();
+  }
+}
+
+}  // namespace
+
 TEST_CASE("trun timeline under an address-space limit: one line, never an abort",
           "[hostile][timeline][rlimit]") {
   TempDir d;
