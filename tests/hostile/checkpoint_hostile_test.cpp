@@ -118,7 +118,7 @@ uint64_t align64(uint64_t v) { return (v + 63) / 64 * 64; }
 // ---- Case 2: links and other files where the checkpoint code writes ----
 
 TEST_CASE(
-    "hostile checkpoint: a symbolic link at .lock fails the job naming it; its target is "
+    "hostile checkpoint: a symbolic link at .lock fails the job naming it and its target is "
     "unchanged",
     "[hostile][checkpoint][lock]") {
   TempDir d;
@@ -137,7 +137,7 @@ TEST_CASE(
   CHECK(entries(ck, "step_").empty());
 }
 
-TEST_CASE("hostile checkpoint: a hard link at .lock fails the job; the other file is unchanged",
+TEST_CASE("hostile checkpoint: a hard link at .lock fails the job and the other file is unchanged",
           "[hostile][checkpoint][lock]") {
   TempDir d;
   const std::string ck = d / "ck", victim = d / "victim";
