@@ -615,7 +615,7 @@ std::optional<Checkpoint> Checkpointer::load_latest() {
     s.options.group->barrier();
     json d;
     try {
-      const auto text = read_small_file(s.dir, ".resume", kMaxSmallFileBytes);
+      const auto text = read_small_file(s.dir, ".resume", kMaxResumeBytes);
       if (text && json_depth(text->data(), text->size(), kMaxJsonDepth) <= kMaxJsonDepth)
         d = json::parse(*text);
     } catch (const CheckpointError& e) {

@@ -40,7 +40,8 @@ constexpr int kMaxMetadataDepth = kMaxJsonDepth - 4;     // nesting of the user'
 constexpr size_t kMaxTensors = size_t{1} << 20;          // tensors per checkpoint
 constexpr size_t kMaxNameBytes = size_t{64} << 10;       // a tensor's name
 constexpr size_t kMaxDims = 64;                          // a tensor's dimensions
-constexpr size_t kMaxSmallFileBytes = size_t{64} << 10;  // latest, .resume, .lock
+constexpr size_t kMaxSmallFileBytes = size_t{64} << 10;  // latest
+constexpr size_t kMaxResumeBytes = size_t{16} << 20;     // .resume (may list every damaged step)
 
 inline std::string errno_text(int err) { return std::strerror(err); }
 
