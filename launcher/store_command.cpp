@@ -5,6 +5,8 @@
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 
@@ -33,9 +35,27 @@ int run_store_command(int argc, char** argv) {
   app.add_option("--store-token", token,
                  "Shared secret clients must prove they know (default: $TRUN_STORE_TOKEN). Stock "
                  "PyTorch clients cannot authenticate");
-  app.add_option("--max-key-bytes", opts.limits.max_key_bytes, "Largest key accepted")
+  // Sizes are read as text and checked here: read into an unsigned number, -1 would wrap around
+  // to "no limit".
+  struct SizeOption {
+    const char* name;
+    uint64_t* target;
+    std::string text;
+  };
+  SizeOption sizes[] = {
+      {"--max-key-bytes", &opts.limits.max_key_bytes, ""},
+      {"--max-value-bytes", &opts.limits.max_value_bytes, ""},
+      {"--max-pending-output", &opts.max_pending_output, ""},
+  };
+  for (auto& size : sizes) size.text = std::to_string(*size.target);
+  app.add_option(sizes[0].name, sizes[0].text, "Largest key accepted, in bytes")
       ->capture_default_str();
-  app.add_option("--max-value-bytes", opts.limits.max_value_bytes, "Largest value accepted")
+  app.add_option(sizes[1].name, sizes[1].text,
+                 "Largest value accepted, in bytes (also bounds one MULTI_GET's values together)")
+      ->capture_default_str();
+  app.add_option(sizes[2].name, sizes[2].text,
+                 "Unsent reply bytes per client over which the store stops serving that client "
+                 "until it reads (memory per client: this plus one reply)")
       ->capture_default_str();
   std::string relay_to;
   app.add_option("--relay-to", relay_to,
@@ -49,6 +69,19 @@ int run_store_command(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "trun store: %s\n", e.what());
     return 2;
+  }
+  for (auto& size : sizes) {
+    const std::string& t = size.text;
+    uint64_t value = 0;
+    auto [end, err] = std::from_chars(t.data(), t.data() + t.size(), value);
+    if (t.empty() || err != std::errc() || end != t.data() + t.size() || value < 1 ||
+        value > static_cast<uint64_t>(INT64_MAX)) {
+      std::fprintf(stderr,
+                   "trun store: %s=%s: expected a positive whole number of bytes (at most %lld)\n",
+                   size.name, t.c_str(), static_cast<long long>(INT64_MAX));
+      return 2;
+    }
+    *size.target = value;
   }
   opts.port = static_cast<uint16_t>(port);
   // Logs go to stderr: stdout carries only the "listening on" line that scripts read.

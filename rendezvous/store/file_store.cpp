@@ -11,6 +11,8 @@
 #include <cstring>
 #include <thread>
 
+#include "rendezvous/store/socket_conn.h"
+
 namespace trun::rendezvous {
 namespace {
 
@@ -164,7 +166,7 @@ void FileStore::set(const std::string& key, std::string_view value) {
 }
 
 std::string FileStore::get(const std::string& key, Duration timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = net::deadline_after(timeout);
   const std::string raw = kUserPrefix + key;
   for (;;) {
     {
@@ -235,7 +237,7 @@ bool FileStore::check(const std::vector<std::string>& keys) {
 }
 
 void FileStore::wait(const std::vector<std::string>& keys, Duration timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = net::deadline_after(timeout);
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -270,7 +272,7 @@ bool FileStore::delete_key(const std::string& key) {
 
 std::vector<std::string> FileStore::multi_get(const std::vector<std::string>& keys,
                                               Duration timeout) {
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = net::deadline_after(timeout);
   for (;;) {
     wait(keys, std::chrono::duration_cast<Duration>(
                    std::max(Clock::duration::zero(), deadline - Clock::now())));

@@ -118,6 +118,7 @@ KvState::Outcome KvState::wait_or_get(Waiter waiter, wire::Request& r, std::stri
   }
   if (!missing.empty()) {
     int64_t timeout_ms = (r.op == Op::kWaitKeys || r.op == Op::kGetWait) ? r.number : -1;
+    if (timeout_ms > wire::kMaxWaitTimeoutMs) timeout_ms = -1;  // "forever", not an overflow
     if (timeout_ms == 0) {
       enc.u8(wire::kWaitTimedOut);
       return {};
@@ -136,8 +137,19 @@ KvState::Outcome KvState::wait_or_get(Waiter waiter, wire::Request& r, std::stri
     case Op::kGet:
       enc.bytes(*find(r.keys[0]));
       break;
-    default:  // kMultiGet
+    default: {  // kMultiGet
+      uint64_t total = 0;
+      for (auto& k : r.keys) total += find(k)->size();
+      if (total > limits_.max_value_bytes) {
+        Outcome o;
+        o.kind = Outcome::Kind::kClose;
+        o.why = "MULTI_GET of " + std::to_string(r.keys.size()) + " keys would answer " +
+                std::to_string(total) + " bytes of values, more than the limit of " +
+                std::to_string(limits_.max_value_bytes) + " (the value size limit)";
+        return o;
+      }
       for (auto& k : r.keys) enc.bytes(*find(k));
+    }
   }
   return {};
 }

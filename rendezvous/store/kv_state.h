@@ -55,6 +55,8 @@ class KvState {
   // Runs one key-value request from `waiter`, appending its reply to *out; values are moved out
   // of `r`. Handles the ops that touch keys or queues; any other (VALIDATE, PING, leases, ...) is
   // the connection's, and here answers kClose.
+  // A MULTI_GET whose values total more than limits.max_value_bytes answers kClose (one reply is
+  // bounded like one value). A wait timeout over wire::kMaxWaitTimeoutMs means no deadline.
   Outcome execute(Waiter waiter, wire::Request& r, std::string* out);
   // Runs the waiter's parked request again after Wake (its keys exist now, or one was deleted
   // meanwhile and it parks anew). A waiter with no parked request gets kReply and no bytes.

@@ -687,7 +687,8 @@ bool Client::start_wait(const wire::Request& r) {
     close("the store does not take another wait connection");
     return false;
   }
-  if (r.op != Op::kWait && r.number > 0) {
+  // A timeout over kMaxWaitTimeoutMs means none (a deadline that far out would overflow).
+  if (r.op != Op::kWait && r.number > 0 && r.number <= wire::kMaxWaitTimeoutMs) {
     wait_timer_.expires_after(std::chrono::milliseconds(r.number));
     wait_timer_.async_wait(
         [self = shared_from_this(), id = wait_id_](const boost::system::error_code& ec) {

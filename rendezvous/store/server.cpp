@@ -7,12 +7,15 @@
 #include <boost/asio.hpp>
 #include <thread>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 #include "rendezvous/check.h"
 #include "rendezvous/store/auth.h"
 #include "rendezvous/store/kv_state.h"
 #include "rendezvous/store/lease.h"
 #include "rendezvous/store/log_limiter.h"
+#include "rendezvous/store/request_loop.h"
 #include "rendezvous/store/store.h"
 
 namespace trun::rendezvous {
@@ -32,7 +35,7 @@ constexpr size_t kMaxBufferedWhileBlocked = 1 << 20;
 
 class ServerImpl;
 
-class Connection : public std::enable_shared_from_this<Connection> {
+class Connection : public std::enable_shared_from_this<Connection>, private RequestLoop::Host {
  public:
   Connection(ServerImpl* server, tcp::socket socket, uint64_t id);
   void start();
@@ -50,13 +53,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
   friend class ServerImpl;
   void read();
   void on_read(boost::system::error_code ec);
-  // Decodes and executes buffered requests until one blocks or the buffer runs dry.
+  // Executes buffered requests (RequestLoop) until one blocks, the input runs dry or the unsent
+  // output is over the limit, then starts writing what they answered.
   void process();
-  // Executes one request. Returns false when it blocked (the connection now waits for keys) or
-  // closed the connection.
-  bool execute(wire::Request& request);
-  // Acts on what the key-value state made of a request: false unless it was answered.
-  bool follow(const KvState::Outcome& outcome);
+  // RequestLoop::Host.
+  size_t in_flight() const override { return unsent_; }
+  void parked(const KvState::Outcome& outcome) override;
+  void wait_cancelled() override;
+  bool lease(wire::Request& r, std::string* out, std::string* why) override;
+  // Acts on what the key-value state made of a resumed request.
+  void follow(const KvState::Outcome& outcome);
   bool blocked() const;
   void flush();
   void clear_wait();
@@ -68,16 +74,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
   tcp::socket socket_;
   uint64_t id_;
   std::string peer_;
-  std::string in_;
-  std::string out_;
-  std::string writing_;
+  RequestLoop loop_;  // the input buffer, the replies not yet written (out()), authentication
+  // Replies leave in chunks, one per process() turn: queued_ waits for the write in progress
+  // (writing_) to finish. Chunks, not one growing string: appending a 1 MiB reply to a 63 MiB
+  // buffer would copy all of it again on the event loop every time the buffer doubles.
+  std::vector<std::string> writing_;
+  std::vector<std::string> queued_;
+  size_t unsent_ = 0;  // bytes in writing_ and queued_
   bool reading_ = false;
   bool writing_now_ = false;
   bool closed_ = false;
   bool processing_ = false;
-  wire::Dialect dialect_ = wire::Dialect::kUnknown;
-  bool authenticated_ = false;
-  std::string challenge_;
+  bool resume_posted_ = false;  // process() yielded and posted its next turn
   // A parked request (kv_.parked(id_)) times out on this timer, when it has a deadline.
   asio::steady_timer wait_timer_;
   Lease lease_;
@@ -128,7 +136,9 @@ class ServerImpl : public StoreServer {
   std::string host() const override { return options_.host; }
   size_t num_connections() const override { return num_connections_.load(); }
   uint64_t num_requests() const override { return num_requests_.load(); }
-  void count_request() { num_requests_.fetch_add(1, std::memory_order_relaxed); }
+  void count_requests(uint64_t n) {
+    if (n) num_requests_.fetch_add(n, std::memory_order_relaxed);
+  }
   bool stopping() const { return stopped_.load(); }
 
   void stop() override {
@@ -164,6 +174,14 @@ class ServerImpl : public StoreServer {
     } else {
       spdlog::warn("store server: {} ({} similar line(s) left out before this one)", text, held);
     }
+  }
+
+  RequestLoopOptions loop_options() const {
+    RequestLoopOptions o;
+    o.limits = options_.limits;
+    o.token = options_.token;
+    o.max_pending_output = options_.max_pending_output;
+    return o;
   }
 
   // Where every connection reads into (one read at a time: the event loop is one thread). A
@@ -272,6 +290,7 @@ Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
     : server_(server),
       socket_(std::move(socket)),
       id_(id),
+      loop_(server->loop_options(), &server->kv(), id),
       wait_timer_(server->io()),
       lease_timer_(server->io()) {
   boost::system::error_code ec;
@@ -281,7 +300,6 @@ Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
   auto ep = socket_.remote_endpoint(ec);
   peer_ =
       ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
-  authenticated_ = server_->options().token.empty();
 }
 
 void Connection::start() { read(); }
@@ -290,8 +308,9 @@ void Connection::read() {
   if (closed_ || reading_) return;
   // Back-pressure: stop reading from a client that does not read its responses, or that piles up
   // requests behind a blocked wait.
-  if (out_.size() + writing_.size() > server_->options().max_pending_output) return;
-  if (in_.size() > kMaxBufferedWhileBlocked && blocked()) return;
+  if (loop_.output_full(*this)) return;
+  if (resume_posted_) return;  // the posted turn reads when it is done
+  if (loop_.buffered_input() > kMaxBufferedWhileBlocked && blocked()) return;
   reading_ = true;
   socket_.async_wait(
       tcp::socket::wait_read,
@@ -309,7 +328,7 @@ void Connection::on_read(boost::system::error_code ec) {
       read();  // a spurious wake-up
       return;
     }
-    if (!ec) in_.append(buffer.data(), n);
+    if (!ec) loop_.append(buffer.data(), n);
   }
   if (ec) {
     if (ec == asio::error::eof || ec == asio::error::connection_reset) {
@@ -324,94 +343,61 @@ void Connection::on_read(boost::system::error_code ec) {
 }
 
 void Connection::process() {
-  if (processing_) return;  // re-entered from on_keys_ready inside execute
+  if (processing_ || closed_) return;  // re-entered from on_keys_ready inside the loop
   processing_ = true;
-  size_t offset = 0;
-  while (!closed_) {
-    std::string_view pending(in_.data() + offset, in_.size() - offset);
-    if (pending.empty()) break;
-    if (dialect_ == wire::Dialect::kUnknown) {
-      dialect_ = wire::detect_dialect(pending);
-      if (dialect_ == wire::Dialect::kUnknown) break;
-    }
-    wire::Request request;
-    auto result = wire::decode(pending, dialect_, server_->options().limits, &request);
-    if (result.status == wire::Status::kNeedMore) break;
-    if (result.status == wire::Status::kMalformed) {
-      close("malformed request: " + result.error);
-      break;
-    }
-    // A blocked request holds back the ones behind it until it is answered or cancelled, except
-    // a 1.13 WAIT: the 1.13 client gives up on a wait silently (a socket timeout, no CANCEL_WAIT)
-    // and goes on using the connection, and PyTorch's 1.13 server keeps serving it, sending the
-    // STOP_WAITING whenever the keys appear. Do the same.
-    const wire::Request* parked = server_->kv().parked(id_);
-    bool background_wait = dialect_ == wire::Dialect::kV1 && parked && parked->op == Op::kWait;
-    if (parked && request.op != Op::kCancelWait && !background_wait) break;
-    offset += result.consumed;
-    // Counted once here: a blocked request runs execute() again when its keys arrive.
-    if (request.op != Op::kValidate && request.op != Op::kAuthHello &&
-        request.op != Op::kAuthProof) {
-      server_->count_request();
-    }
-    if (!execute(request)) break;
-  }
-  in_.erase(0, offset);
+  const uint64_t before = loop_.executed();
+  RequestLoop::Stop stop = loop_.process(*this);
+  server_->count_requests(loop_.executed() - before);
   processing_ = false;
+  if (stop == RequestLoop::Stop::kClose && !closed_) {
+    flush();  // e.g. the 0 byte that answers a wrong token
+    if (loop_.rejected()) {
+      server_->warn_client("rejected " + peer_ + ": " + loop_.why());
+      close("");
+    } else {
+      close(loop_.why());
+    }
+    return;
+  }
   flush();
+  if (stop == RequestLoop::Stop::kYield && !resume_posted_) {
+    // Let the event loop serve the other connections before this one's next turn.
+    resume_posted_ = true;
+    asio::post(server_->io(), [self = shared_from_this()] {
+      self->resume_posted_ = false;
+      if (self->closed_) return;
+      self->process();
+      self->read();
+    });
+  }
 }
 
-bool Connection::execute(wire::Request& r) {
-  // process() holds requests back behind a parked one, with the two exceptions it names; the
-  // state machine clears the wait before the parked request runs again.
-  const wire::Request* parked = server_->kv().parked(id_);
-  TRUN_CHECK(parked == nullptr || r.op == Op::kCancelWait ||
-                 (dialect_ == wire::Dialect::kV1 && parked->op == Op::kWait),
-             "connection from " << peer_ << " executes " << wire::op_name(r.op)
-                                << " while parked in " << wire::op_name(parked->op));
-  wire::Encoder enc(&out_);
+void Connection::parked(const KvState::Outcome& outcome) {
+  // A new wait replaces a pending 1.13 one (see RequestLoop::process), and its timer.
+  boost::system::error_code ec;
+  wait_timer_.cancel(ec);
+  if (outcome.timeout_ms <= 0) return;
+  wait_timer_.expires_after(std::chrono::milliseconds(outcome.timeout_ms));
+  wait_timer_.async_wait(
+      [self = shared_from_this(), id = outcome.wait_id](const boost::system::error_code& ec) {
+        if (ec || self->closed_) return;
+        if (!self->server_->kv().time_out(self->id_, id, &self->loop_.out())) return;  // stale
+        self->process();  // serve what queued up behind the wait (as far as the output allows)
+        self->read();
+      });
+}
 
-  if (!authenticated_ && r.op != Op::kValidate && r.op != Op::kAuthHello &&
-      r.op != Op::kAuthProof) {
-    server_->warn_client("rejected " + peer_ + ": " + wire::op_name(r.op) +
-                         " before authenticating (a token is required)");
-    close("");
-    return false;
-  }
+void Connection::wait_cancelled() {
+  boost::system::error_code ec;
+  wait_timer_.cancel(ec);
+}
 
+bool Connection::lease(wire::Request& r, std::string* out, std::string* why) {
+  wire::Encoder enc(out);
   switch (r.op) {
-    case Op::kValidate:
-      if (static_cast<uint32_t>(r.number) != wire::kValidationMagic) {
-        close("bad validation magic");
-        return false;
-      }
-      return true;
-    case Op::kAuthHello:
-      challenge_ = auth::make_challenge();
-      enc.bytes(challenge_);
-      return true;
-    case Op::kAuthProof: {
-      bool ok = !challenge_.empty() &&
-                auth::constant_time_equal(r.values[0],
-                                          auth::hmac_sha256(server_->options().token, challenge_));
-      challenge_.clear();
-      if (!ok) {
-        server_->warn_client("rejected " + peer_ + ": wrong token");
-        enc.u8(0);
-        flush();
-        close("");
-        return false;
-      }
-      authenticated_ = true;
-      enc.u8(1);
-      return true;
-    }
-    case Op::kPing:
-      enc.u32(static_cast<uint32_t>(r.number));
-      return true;
     case Op::kLeaseArm:
       if (r.number < 0) {
-        close("LEASE_ARM with a negative ttl");
+        *why = "LEASE_ARM with a negative ttl";
         return false;
       }
       lease_.arm(std::move(r), server_->kv());
@@ -427,7 +413,7 @@ bool Connection::execute(wire::Request& r) {
     }
     case Op::kLeaseRenew:
       if (r.number < 0) {
-        close("LEASE_RENEW with a negative ttl");
+        *why = "LEASE_RENEW with a negative ttl";
         return false;
       }
       if (lease_.renew(r.number)) arm_lease_timer();
@@ -440,47 +426,23 @@ bool Connection::execute(wire::Request& r) {
       enc.u8(was ? 1 : 0);
       return true;
     }
-    case Op::kCancelWait:
-      if (blocked()) clear_wait();
-      enc.u8(wire::kWaitCanceled);
-      return true;
-    case Op::kWatchKey:
-      // 1.13's callback socket; PyTorch itself never uses watches in its launcher. Confirmed with
-      // KEY_CALLBACK_REGISTERED (the 1.13 C++ client's watchKey() blocks until it arrives) and
-      // never notified.
-      spdlog::debug("store server: {} asked to watch '{}' (unsupported, never notified)", peer_,
-                    r.keys[0]);
-      enc.u8(3);  // WatchResponseType::KEY_CALLBACK_REGISTERED
-      return true;
     default:
-      return follow(server_->kv().execute(id_, r, &out_));
+      *why = std::string("not a lease request: ") + wire::op_name(r.op);
+      return false;
   }
 }
 
-bool Connection::follow(const KvState::Outcome& outcome) {
+void Connection::follow(const KvState::Outcome& outcome) {
   switch (outcome.kind) {
     case KvState::Outcome::Kind::kReply:
-      return true;
+      return;
     case KvState::Outcome::Kind::kClose:
       close(outcome.why);
-      return false;
+      return;
     case KvState::Outcome::Kind::kPark:
-      break;
+      parked(outcome);
+      return;
   }
-  // A new wait replaces a pending 1.13 one (see process()), and its timer.
-  boost::system::error_code ec;
-  wait_timer_.cancel(ec);
-  if (outcome.timeout_ms > 0) {
-    wait_timer_.expires_after(std::chrono::milliseconds(outcome.timeout_ms));
-    wait_timer_.async_wait(
-        [self = shared_from_this(), id = outcome.wait_id](const boost::system::error_code& ec) {
-          if (ec || self->closed_) return;
-          if (!self->server_->kv().time_out(self->id_, id, &self->out_)) return;  // stale
-          self->process();  // serve what queued up behind the wait
-          self->read();
-        });
-  }
-  return false;
 }
 
 bool Connection::blocked() const { return server_->kv().parked(id_) != nullptr; }
@@ -490,8 +452,8 @@ void Connection::on_keys_ready() {
   boost::system::error_code ec;
   wait_timer_.cancel(ec);
   // Every key exists now (or one was deleted again, in which case this blocks anew).
-  follow(server_->kv().resume(id_, &out_));
-  process();  // serve what queued up behind the wait
+  follow(server_->kv().resume(id_, &loop_.out()));
+  process();  // serve what queued up behind the wait (as far as the output allows)
   read();
 }
 
@@ -528,21 +490,34 @@ void Connection::fire_lease(const char* why) {
 }
 
 void Connection::flush() {
-  if (closed_ || writing_now_ || out_.empty()) return;
+  if (closed_) return;
+  std::string& out = loop_.out();
+  if (!out.empty()) {
+    unsent_ += out.size();
+    queued_.push_back(std::exchange(out, std::string()));
+  }
+  if (writing_now_ || queued_.empty()) return;
   writing_now_ = true;
-  writing_.swap(out_);
-  out_.clear();
-  asio::async_write(socket_, asio::buffer(writing_),
+  writing_.swap(queued_);
+  std::vector<asio::const_buffer> buffers;
+  buffers.reserve(writing_.size());
+  for (const auto& chunk : writing_) buffers.push_back(asio::buffer(chunk));
+  asio::async_write(socket_, buffers,
                     [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
                       self->writing_now_ = false;
+                      for (const auto& chunk : self->writing_) self->unsent_ -= chunk.size();
                       self->writing_.clear();
                       if (self->closed_) return;
                       if (ec) {
                         self->close("write failed: " + ec.message());
                         return;
                       }
+                      // The output drained: run the requests that back-pressure held back (they
+                      // may be all the client sent, so reading alone would stall), then write
+                      // their replies and read again.
+                      self->process();
                       self->flush();
-                      self->read();  // may have paused for back-pressure
+                      self->read();
                     });
 }
 
@@ -551,7 +526,7 @@ void Connection::going_away() {
   const wire::Request* parked = server_->kv().parked(id_);
   // Only when nothing else is on its way to the client: the byte must be the answer to the wait.
   if (parked && (parked->op == Op::kWaitKeys || parked->op == Op::kGetWait) && !writing_now_ &&
-      out_.empty()) {
+      loop_.out().empty() && queued_.empty()) {
     clear_wait();
     const uint8_t bye = wire::kWaitGoingAway;
     boost::system::error_code ec;

@@ -53,6 +53,11 @@ bool permanent_gai_error(int rc) {
 
 }  // namespace
 
+Clock::time_point deadline_after(std::chrono::milliseconds timeout) {
+  constexpr std::chrono::milliseconds kMax{1'000'000'000'000};
+  return Clock::now() + std::min(timeout, kMax);
+}
+
 std::string endpoint_name(const std::string& host, uint16_t port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" +
          std::to_string(port);

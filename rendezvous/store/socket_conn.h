@@ -42,6 +42,11 @@ struct OpenError {
   bool permanent = false;
 };
 
+// now + `timeout`, saturating: a timeout over about 31.7 years (1e12 ms, wire::kMaxWaitTimeoutMs)
+// counts as that much, so a huge one (milliseconds::max(), 1e13 ms) cannot overflow the clock's
+// nanoseconds into a deadline in the past.
+Clock::time_point deadline_after(std::chrono::milliseconds timeout);
+
 // "host:port", with an IPv6 literal in brackets: "[::1]:29500".
 std::string endpoint_name(const std::string& host, uint16_t port);
 

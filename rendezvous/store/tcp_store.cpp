@@ -56,7 +56,10 @@ wire::Encoder begin_request(std::string* req, const TcpStore& store, StoreOp op,
 std::string quoted(const std::string& key) { return "('" + key + "')"; }
 
 // Server-side waits answer at `timeout`; the socket deadline leaves room for that answer.
-Store::Duration with_grace(Store::Duration t) { return t + std::chrono::seconds(10); }
+Store::Duration with_grace(Store::Duration t) {
+  constexpr Store::Duration kGrace = std::chrono::seconds(10);
+  return t > Store::Duration::max() - kGrace ? Store::Duration::max() : t + kGrace;
+}
 
 // What a trun wait's reply reader throws when the server answers kWaitGoingAway (call() turns it
 // into StoreGoneError and remembers it).
@@ -69,7 +72,7 @@ IoError going_away() {
 bool probe_store_key(TcpStoreOptions options, const std::string& key,
                      std::chrono::milliseconds timeout) {
   net::OpenError error;
-  int fd = net::open_socket(options.host, options.port, Clock::now() + timeout, &error);
+  int fd = net::open_socket(options.host, options.port, net::deadline_after(timeout), &error);
   if (fd < 0) return false;  // nothing listens (or it is unreachable): no retries
   ::close(fd);
   options.connect_timeout = timeout;
@@ -157,7 +160,7 @@ void TcpStore::connect_locked(const char* op, Duration cap) {
   const Duration budget =
       std::min(cap, reconnect ? std::min(options_.connect_timeout, options_.reconnect_timeout)
                               : options_.connect_timeout);
-  auto deadline = Clock::now() + budget;
+  auto deadline = net::deadline_after(budget);
   net::RetryResult result = net::connect_retrying(deadline, [&](net::OpenError* error) {
     return open_locked(op, deadline, &error->what, &error->permanent);
   });
@@ -204,7 +207,7 @@ auto TcpStore::call(const char* op, const std::string& request, Duration budget,
                          "not retried");
   }
   // The call's bound covers the reconnect too.
-  const auto deadline = Clock::now() + budget;
+  const auto deadline = net::deadline_after(budget);
   if (fd_ < 0) connect_locked(op, budget);
   try {
     write_all(fd_, request, deadline);
@@ -285,7 +288,7 @@ bool TcpStore::plain_wait(const std::string& op, const std::vector<std::string>&
   // after a STOP_WAITING that crossed it (then the keys did appear).
   return call(op.c_str(), req, with_grace(timeout), [&](Reader& r) {
     auto outer = r.deadline();
-    r.set_deadline(std::min(outer, Clock::now() + timeout));
+    r.set_deadline(std::min(outer, net::deadline_after(timeout)));
     uint8_t status;
     try {
       status = r.u8();
@@ -459,7 +462,7 @@ std::optional<std::string> TcpStore::queue_pop(const std::string& key, bool bloc
   };
   // A blocking pop waits for the queue (a WAIT counts a non-empty queue) and pops; another
   // client may pop first, so it waits again while time is left.
-  const auto deadline = Clock::now() + timeout;
+  const auto deadline = net::deadline_after(timeout);
   for (;;) {
     if (block) {
       auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());

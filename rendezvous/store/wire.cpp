@@ -239,9 +239,7 @@ DecodeResult decode(std::string_view data, Dialect dialect, const Limits& limits
   if (data.empty()) return result;
   uint8_t byte = static_cast<uint8_t>(data[0]);
   Op op;
-  bool known =
-      dialect == Dialect::kV1 ? Lookup(kV1Queries, byte, &op) : Lookup(kV2Queries, byte, &op);
-  if (!known) {
+  if (!lookup_op(byte, dialect, &op)) {
     result.status = Status::kMalformed;
     result.error = "unknown query type " + std::to_string(byte);
     return result;
@@ -329,6 +327,10 @@ int query_byte(Op op, Dialect dialect) {
     return -1;
   };
   return dialect == Dialect::kV1 ? find(kV1Queries) : find(kV2Queries);
+}
+
+bool lookup_op(uint8_t byte, Dialect dialect, Op* op) {
+  return dialect == Dialect::kV1 ? Lookup(kV1Queries, byte, op) : Lookup(kV2Queries, byte, op);
 }
 
 Encoder& Encoder::query(Op op, Dialect dialect) {

@@ -72,10 +72,17 @@ inline constexpr uint8_t kWaitTimedOut = 2;  // trun extension (kWaitKeys only)
 // connection right after this byte; the wait did not complete.
 inline constexpr uint8_t kWaitGoingAway = 3;
 
+// A server-side wait timeout (WAIT_TIMEOUT, GET_TIMEOUT) above this, about 31.7 years, means no
+// deadline: a steady clock counts nanoseconds in 64 bits, so a deadline much further out (from
+// about 9.2e12 ms) would overflow and expire at once.
+inline constexpr int64_t kMaxWaitTimeoutMs = 1'000'000'000'000;
+
 struct Limits {
-  uint64_t max_key_bytes = 64 * 1024;              // one key
-  uint64_t max_value_bytes = 64ull * 1024 * 1024;  // one value, also the result of an append
-  uint64_t max_keys_per_request = 64 * 1024;       // check / wait / multi_get / multi_set
+  uint64_t max_key_bytes = 64 * 1024;  // one key
+  // One value, also the result of an append, and the values of one MULTI_GET's reply together
+  // (a reply is bounded like a value: many keys naming one large value must not multiply it).
+  uint64_t max_value_bytes = 64ull * 1024 * 1024;
+  uint64_t max_keys_per_request = 64 * 1024;  // check / wait / multi_get / multi_set
 };
 
 struct Request {
@@ -106,6 +113,8 @@ const char* op_name(Op op);
 
 // The query byte that `op` has in `dialect` (for encoders); -1 if the dialect lacks it.
 int query_byte(Op op, Dialect dialect);
+// The op that query byte `byte` starts in `dialect` (kV1 or kV2); false for an unknown byte.
+bool lookup_op(uint8_t byte, Dialect dialect, Op* op);
 
 // Appends values in the wire encoding (native little-endian, uint64 length prefixes).
 class Encoder {
