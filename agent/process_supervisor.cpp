@@ -189,12 +189,17 @@ void remove_guarded_dir(const GuardedDir& g) {
 // After the SIGKILLs: waits (at most ~5 s) until no process is left in the groups, so that no
 // worker still writes its logs into the directory being removed. A group counts as gone when
 // kill(-group, 0) finds no process; zombies still count, so with an init that reaps slowly this
-// waits out the bound and removes anyway (a zombie writes nothing).
+// waits out the bound and removes anyway (a zombie writes nothing). It waits 250 ms at least:
+// whoever started trun may clean up after it at once (a batch system's epilogue removing the
+// job's $TMPDIR, a test harness), and two removers at the same moment make a recursive removal
+// that gives up on the first entry vanishing under it (std::filesystem::remove_all) stop
+// halfway; a moment later the directory is simply gone, and the guardian finds nothing to do.
 void wait_for_groups(const int32_t* groups, size_t n) {
-  for (int round = 0; round < 500; ++round) {
+  constexpr int kMinRounds = 25, kMaxRounds = 500;  // of 10 ms
+  for (int round = 0; round < kMaxRounds; ++round) {
     bool alive = false;
     for (size_t i = 0; i < n && !alive; ++i) alive = kill(-groups[i], 0) == 0 || errno == EPERM;
-    if (!alive) return;
+    if (!alive && round >= kMinRounds) return;
     timespec ten_ms{0, 10 * 1000 * 1000};
     nanosleep(&ten_ms, nullptr);
   }
