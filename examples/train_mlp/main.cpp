@@ -50,13 +50,12 @@ struct Args {
   float lr = 0.01f;
   float momentum = 0.9f;
   uint64_t seed = 0;
-  std::string ckpt_dir;  // default: $TMPDIR/train_mlp-<run id>
+  std::string ckpt_dir;  // default: $TMPDIR/train_mlp-ckpt (see default_ckpt_dir)
   uint64_t ckpt_every = 20;
   int keep = 3;
   bool async_ckpt = false;
   bool no_ckpt = false;
-  bool fresh_start = false;  // checkpoints exist but none is readable: quarantine, start over
-  bool adopt = false;        // resume from another job's checkpoints
+  bool fresh_start = false;  // set other jobs' checkpoints aside, quarantine damaged ones
   double bucket_cap_mb = 25.0;
   std::string backend = "cpu";
   uint64_t stop_after_steps = 0;  // 0: never
@@ -78,15 +77,17 @@ void usage() {
       "  --epochs E             (default 10)\n"
       "  --lr X --momentum M    SGD (default 0.01, 0.9)\n"
       "  --seed S               init and shuffle seed (default 0)\n"
-      "  --ckpt-dir DIR         checkpoints (default $TMPDIR/train_mlp-<run id>; without\n"
-      "                         a run id, a directory of this run's own: no resume)\n"
+      "  --ckpt-dir DIR         checkpoints (default $TMPDIR/train_mlp-ckpt under a launcher;\n"
+      "                         without a run id, a directory of this run's own: no resume)\n"
       "  --ckpt-every K         save every K steps (default 20)\n"
       "  --keep K               checkpoints to keep (default 3)\n"
       "  --async-ckpt           write checkpoints on a background thread\n"
       "  --no-ckpt              neither save nor resume\n"
-      "  --fresh-start          when every checkpoint is damaged, quarantine them and\n"
-      "                         start over (default: refuse to start)\n"
-      "  --adopt-checkpoints    resume from another job's checkpoints in --ckpt-dir\n"
+      "  --fresh-start          start over: set aside another job's checkpoints (kept, renamed\n"
+      "                         step_<n>.set-aside-<ms>) and quarantine damaged ones (default:\n"
+      "                         continue the newest checkpoint; refuse if all are damaged)\n"
+      "  --adopt-checkpoints    accepted for compatibility: continuing another (finished)\n"
+      "                         job's checkpoints is the default\n"
       "  --bucket-cap-mb X      DDP bucket cap (default 25)\n"
       "  --backend cpu|nccl|auto  (default cpu; the model runs on the CPU)\n"
       "  --step-sleep-ms T      sleep per step (to watch restarts)\n"
@@ -158,9 +159,9 @@ Args parse(int argc, char** argv) {
       a.no_ckpt = true;
     else if (k == "--fresh-start")
       a.fresh_start = true;
-    else if (k == "--adopt-checkpoints")
-      a.adopt = true;
-    else if (k == "--bucket-cap-mb")
+    else if (k == "--adopt-checkpoints") {
+      // The default now (CheckpointerOptions::adopt); kept so that old command lines work.
+    } else if (k == "--bucket-cap-mb")
       a.bucket_cap_mb = num(val());
     else if (k == "--backend")
       a.backend = val();
@@ -197,15 +198,17 @@ Args parse(int argc, char** argv) {
   return a;
 }
 
-// The checkpoint directory when --ckpt-dir is not given: $TMPDIR/train_mlp-<run id> when a
-// launcher gave a run id (a restart of the same run resumes from it), else a directory of this
-// run's own (rank 0's host and pid, told to the other ranks through the store), so that unrelated
-// runs without a run id never share (and resume from) one directory. *own is set in that case.
+// The checkpoint directory when --ckpt-dir is not given: $TMPDIR/train_mlp-ckpt under a launcher
+// (any run id), so that running the job again resumes it (a new trun --standalone has a new run
+// id; the Checkpointer continues the earlier job's checkpoints once that job is gone, and refuses
+// while it runs); else (run by hand, no run id) a directory of this run's own (rank 0's host and
+// pid, told to the other ranks through the store), removed when training completes. *own is set
+// in that case.
 std::string default_ckpt_dir(Worker& worker, ProcessGroup& pg, bool* own) {
   const char* tmp = std::getenv("TMPDIR");
   const std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/train_mlp-";
   *own = worker.env().run_id == "none";
-  if (!*own) return base + worker.env().run_id;
+  if (!*own) return base + "ckpt";
   char host[256] = {};
   if (::gethostname(host, sizeof host - 1) != 0) std::strcpy(host, "localhost");
   std::string dir = base + host + "-" + std::to_string(::getpid());
@@ -307,7 +310,7 @@ int run(int argc, char** argv) {
     co.keep_last = args.keep;
     co.async = args.async_ckpt;
     co.start_fresh_if_damaged = args.fresh_start;
-    co.adopt = args.adopt;
+    co.set_aside_other_jobs = args.fresh_start;
     ckpt = std::make_unique<Checkpointer>(dir, co);
     if (auto c = ckpt->load_latest()) {
       for (size_t i = 0; i < model.num_params(); ++i) {

@@ -236,8 +236,8 @@ TEST_CASE("train_mlp: the default checkpoint directories of two unrelated standa
   }
   CHECK(dirs[0] != dirs[1]);
 
-  // Two ranks without a run id agree on rank 0's directory (through the store); with a run id
-  // the directory is $TMPDIR/train_mlp-<run id>, as before.
+  // Two ranks without a run id agree on rank 0's directory (through the store); under a launcher
+  // (any run id) the directory is $TMPDIR/train_mlp-ckpt, so that running the job again resumes.
   for (const std::string& run_id :
        {std::string("none"), trun::worker::test::unique_run_id("mlp-dir")}) {
     trun::worker::test::Job job;
@@ -253,9 +253,53 @@ TEST_CASE("train_mlp: the default checkpoint directories of two unrelated standa
     if (run_id == "none") {
       CHECK_THAT(results[0].output, Catch::Contains("checkpoints in " + d / "train_mlp-"));
     } else {
-      CHECK_THAT(results[0].output,
-                 Catch::Contains("no checkpoint in " + d / ("train_mlp-" + run_id)));
-      CHECK(fs::exists(d / ("train_mlp-" + run_id) + "/latest"));
+      CHECK_THAT(results[0].output, Catch::Contains("no checkpoint in " + d / "train_mlp-ckpt"));
+      CHECK(fs::exists(d / "train_mlp-ckpt/latest"));
     }
   }
+}
+
+TEST_CASE(
+    "train_mlp: a standalone job run again resumes from the default directory; a live owner "
+    "is refused",
+    "[train_mlp][stop]") {
+  TempDir d;
+  // Each trun --standalone has a run id of its own (the job id then): nothing ties the second
+  // run to the first but the directory.
+  auto run = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> argv = {trun::testing::trun_binary(),
+                                     "--standalone",
+                                     "--nproc-per-node=2",
+                                     train_mlp(),
+                                     "--ckpt-every",
+                                     "5"};
+    argv.insert(argv.end(), kTraining.begin(), kTraining.end());
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return std::make_unique<Child>(
+        argv, std::map<std::string, std::string>{{"TMPDIR", d.path()}},
+        std::vector<std::string>{"TRUN_JOB_ID", "SLURM_JOB_ID", "TORCHELASTIC_ERROR_FILE"});
+  };
+  const std::string dir = d / "train_mlp-ckpt";
+  auto first = run({"--stop-after-steps", "10"});
+  REQUIRE(first->wait(120s));
+  INFO(first->out() << first->err());
+  REQUIRE(first->exit_code() == 0);
+  REQUIRE(fs::exists(dir + "/step_10"));
+
+  // Run again: it continues the first job (whose processes are gone) at step 10, in one line.
+  auto again = run({"--stop-after-steps", "5", "--step-sleep-ms", "100"});
+  // Meanwhile a third run on the same directory is refused at once, naming the live owner.
+  REQUIRE(wait_until([&] { return again->out().find("resumed from") != std::string::npos; }, 60s));
+  auto third = run({});
+  REQUIRE(third->wait(120s));
+  INFO(third->out() << third->err());
+  CHECK(third->exit_code() != 0);
+  CHECK_THAT(third->out() + third->err(), Catch::Contains("belongs to another job"));
+  REQUIRE(again->wait(120s));
+  INFO(again->out() << again->err());
+  CHECK(again->exit_code() == 0);
+  CHECK_THAT(again->out(), Catch::Contains("resumed from " + dir + "/step_10 (step 10"));
+  CHECK_THAT(again->err(), Catch::Contains("continuing job '"));
+  CHECK_THAT(again->err(), Catch::Contains("from " + dir + "/step_10 (its owner is gone)"));
+  CHECK(fs::exists(dir + "/step_15"));
 }

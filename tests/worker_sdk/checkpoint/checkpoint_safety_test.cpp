@@ -49,6 +49,7 @@ std::vector<std::string> entries(const std::string& dir, const std::string& pref
 uint64_t check_latest(const std::string& dir, const std::string& job) {
   CheckpointerOptions o;
   o.job_id = job;
+  o.adopt = false;  // this job's own newest
   Checkpointer reader(dir, o);
   auto c = reader.load_latest();
   REQUIRE(c.has_value());
@@ -139,9 +140,10 @@ TEST_CASE("checkpoint: a second job on a directory is refused with the owner nam
   // The owner's temporary directory was not touched by anyone.
   REQUIRE(entries(dir, ".tmp-").size() == 1);
 
-  // The owner dies: the kernel drops its lock. Job B still may not resume job A's state.
+  // The owner dies: the kernel drops its lock. A job B that must not continue another job's
+  // state (adopt off) is refused, naming job A.
   REQUIRE(WIFSIGNALED(a.wait(std::chrono::microseconds(0))));
-  out = run_writer(dir, 1, "", kLong, &st, {{"TRUN_JOB_ID", "job-b"}});
+  out = run_writer(dir, 1, "", kLong, &st, {{"TRUN_JOB_ID", "job-b"}, {"CKPT_ADOPT", "0"}});
   INFO(out);
   REQUIRE(exited_with(st, 3));
   REQUIRE_THAT(out, Catch::Contains("holds checkpoints of another job ('job-a'"));
@@ -218,15 +220,18 @@ TEST_CASE("checkpoint: damage is never silent and never destructive", "[checkpoi
   }
 }
 
-TEST_CASE("checkpoint: adopting another job's checkpoints is explicit", "[checkpoint][ownership]") {
+TEST_CASE("checkpoint: with adopt off another job's checkpoints are refused, never replaced",
+          "[checkpoint][ownership]") {
   TempDir d;
   const std::string dir = d.path + "/ck";
   ContentBuffers buf;
   CheckpointerOptions a;
   a.job_id = "a";
+  a.adopt = false;
   { Checkpointer(dir, a).save(make_request(7, buf)); }
   CheckpointerOptions b;
   b.job_id = "b";
+  b.adopt = false;
   {
     Checkpointer ck(dir, b);
     REQUIRE_THROWS_AS(ck.load_latest(), CheckpointOwnerError);
@@ -245,6 +250,40 @@ TEST_CASE("checkpoint: adopting another job's checkpoints is explicit", "[checkp
   auto c = ck.load_latest();
   REQUIRE(c.has_value());
   REQUIRE((c->step == 7 || c->step == 9));
+}
+
+TEST_CASE("checkpoint: a job run again continues a finished job's checkpoints, saying so",
+          "[checkpoint][ownership]") {
+  TempDir d;
+  const std::string dir = d.path + "/ck";
+  int st = 0;
+  // Job a (a first SLURM job, say) saves steps 1..3 and ends.
+  std::string out = run_writer(dir, 3, "", kLong, &st, {{"TRUN_JOB_ID", "a"}});
+  REQUIRE(exited_with(st, 0));
+  // Job b (the same training submitted again: a new job id) continues at step 3, in one line.
+  out = run_writer(dir, 2, "", kLong, &st, {{"TRUN_JOB_ID", "b"}});
+  INFO(out);
+  REQUIRE(exited_with(st, 0));
+  REQUIRE_THAT(out, Catch::Contains("resumed 3"));
+  REQUIRE_THAT(out, Catch::Contains("continuing job 'a' from " + dir +
+                                    "/step_3 (its owner is "
+                                    "gone); this is job 'b'"));
+  REQUIRE(check_latest(dir, "b") == 5);
+  // A fresh start (job c) sets b's and a's checkpoints aside, kept and named, and starts over.
+  out = run_writer(dir, 1, "", kLong, &st, {{"TRUN_JOB_ID", "c"}, {"CKPT_SET_ASIDE", "1"}});
+  INFO(out);
+  REQUIRE(exited_with(st, 0));
+  REQUIRE_THAT(out, Catch::Contains("fresh"));
+  REQUIRE_THAT(out, Catch::Contains("set aside " + dir + "/step_5 as step_5.set-aside-"));
+  REQUIRE(entries(dir, "step_5.set-aside-").size() == 1);
+  REQUIRE(entries(dir, "step_4.set-aside-").size() == 1);
+  REQUIRE(check_latest(dir, "c") == 1);
+  // A restart of the fresh job keeps its own progress: set aside is only another job's.
+  out = run_writer(dir, 1, "", kLong, &st, {{"TRUN_JOB_ID", "c"}, {"CKPT_SET_ASIDE", "1"}});
+  INFO(out);
+  REQUIRE(exited_with(st, 0));
+  REQUIRE_THAT(out, Catch::Contains("resumed 1"));
+  REQUIRE(check_latest(dir, "c") == 2);
 }
 
 TEST_CASE("checkpoint: a read-only directory is refused when the Checkpointer is created",
@@ -333,7 +372,7 @@ TEST_CASE("checkpoint: crash matrix: SIGKILL at every phase x normal, full, read
         REQUIRE(entries(dir, "step_") == steps);
         t.set_read_only(false);
       } else if (std::string(condition) == "second job") {
-        out = run_writer(dir, 1, "", kLong, &st, {{"TRUN_JOB_ID", "b"}});
+        out = run_writer(dir, 1, "", kLong, &st, {{"TRUN_JOB_ID", "b"}, {"CKPT_ADOPT", "0"}});
         INFO(out);
         REQUIRE(exited_with(st, 3));
         REQUIRE_THAT(out, Catch::Contains("holds checkpoints of another job ('a'"));

@@ -10,7 +10,9 @@
 //
 // Environment: TRUN_JOB_ID (the job; the Checkpointer reads it), CKPT_KEEP (keep_last, default
 // 2), CKPT_LOCK_WAIT_MS (lock_wait), CKPT_HOLD_PHASE (at that phase of the first save, print
-// "holding" and sleep until killed), CKPT_FRESH_START=1 (start_fresh_if_damaged).
+// "holding" and sleep until killed), CKPT_FRESH_START=1 (start_fresh_if_damaged), CKPT_ADOPT=0
+// (adopt off: another job's checkpoints are refused instead of continued), CKPT_SET_ASIDE=1
+// (set_aside_other_jobs: a fresh start).
 
 #include <signal.h>
 #include <unistd.h>
@@ -41,6 +43,8 @@ int main(int argc, char** argv) {
     if (!env("CKPT_LOCK_WAIT_MS").empty())
       o.lock_wait = std::chrono::milliseconds(std::atoi(env("CKPT_LOCK_WAIT_MS").c_str()));
     o.start_fresh_if_damaged = env("CKPT_FRESH_START") == "1";
+    o.adopt = env("CKPT_ADOPT") != "0";
+    o.set_aside_other_jobs = env("CKPT_SET_ASIDE") == "1";
     const std::string hold = env("CKPT_HOLD_PHASE");
     if (!crash.empty() || !hold.empty())
       o.on_phase = [crash, hold](const char* phase) {

@@ -14,10 +14,11 @@
 // when the process dies) and records its owner there (job id, host, pid, start time). A second
 // job on the same directory is refused at once with CheckpointOwnerError naming the owner; a
 // process of the same job (an earlier incarnation that is being stopped) is waited for up to
-// `lock_wait`. Every checkpoint records the job id that saved it, and load_latest() resumes only
-// from this job's checkpoints: when DIR holds only another job's, it refuses (CheckpointOwnerError)
-// unless `adopt` is set. Limits: the lock is as good as the filesystem's flock (local filesystems;
-// NFSv4 maps it to a byte-range lock; some network filesystems ignore it): see docs/checkpoints.md.
+// `lock_wait`. Every checkpoint records the job id that saved it. When DIR holds another job's
+// checkpoints, that job is gone (its lock was free): load_latest() continues it and says so
+// (`adopt`, the default), or sets them aside (`set_aside_other_jobs`: a fresh start). Limits: the
+// lock is as good as the filesystem's flock (local filesystems; NFSv4 maps it to a byte-range lock;
+// some network filesystems ignore it): see docs/checkpoints.md.
 //
 // Writing (rank 0 only; other ranks' save() returns at once: the state is replicated). A
 // checkpoint is written into DIR/.tmp-step_<n>-<pid>@<host>, its files and the directory are
@@ -155,9 +156,18 @@ struct CheckpointerOptions {
   // $SLURM_JOB_ID (kept across a requeue), else $TORCHELASTIC_RUN_ID (trun's --rdzv-id), else
   // "none". Every rank must use the same value.
   std::string job_id;
-  // load_latest() when DIR holds only another job's checkpoints: false refuses with
-  // CheckpointOwnerError; true resumes from the newest valid one and takes them over.
-  bool adopt = false;
+  // load_latest() when DIR holds another job's checkpoints. That job is gone (the writer holds
+  // DIR's lock, so none of its processes does): true (the default) continues from the newest
+  // valid checkpoint, whichever job saved it, and says so in one line on stderr ("continuing job
+  // 'A' from DIR/step_40 ..."), so that running a training again resumes it even under a new job
+  // id (a new SLURM job, a new --standalone run id); false refuses with CheckpointOwnerError
+  // naming that job and its steps.
+  bool adopt = true;
+  // load_latest() sets aside every checkpoint of another job (renamed step_<n>.set-aside-<ms>,
+  // kept, with a REASON file) before choosing, so this job starts over in a directory that holds
+  // an earlier training (train_mlp --fresh-start). This job's own checkpoints are still resumed:
+  // a restart of the same job does not lose its progress.
+  bool set_aside_other_jobs = false;
   // load_latest() when checkpoints exist and none is readable: false throws CheckpointError
   // listing each one and why; true quarantines them and returns std::nullopt (a fresh start).
   bool start_fresh_if_damaged = false;

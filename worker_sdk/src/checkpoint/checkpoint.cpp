@@ -540,6 +540,7 @@ std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
 
   std::vector<std::pair<std::string, std::string>> damaged, foreign;  // name, why / job
   std::optional<Checkpoint> chosen;
+  bool latest_gone = false;
   for (const auto& name : candidates) {
     const std::string path = dir + "/" + name;
     if (!fs::is_directory(path, ec)) {
@@ -549,6 +550,17 @@ std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
     }
     const auto owner = job_of(path);
     if (owner && !own_jobs.count(*owner)) {
+      if (options.set_aside_other_jobs) {
+        if (writer &&
+            !detail::quarantine(dirfd.fd, dir, name,
+                                "set aside by a fresh start of job '" + job_id +
+                                    "' (this checkpoint is job '" + *owner + "''s)",
+                                "set-aside")
+                 .empty() &&
+            name == latest)
+          latest_gone = true;
+        continue;
+      }
       foreign.emplace_back(name, *owner);
       if (!options.adopt) continue;
     }
@@ -558,9 +570,12 @@ std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
         throw CheckpointError("checkpoint " + path + ": its manifest says step " +
                               std::to_string(ck.step));
       if (!own_jobs.count(ck.job_id)) {
+        // The lock was free (this writer holds it now), so that job's processes are gone.
         std::fprintf(stderr,
-                     "[trun.checkpoint] adopting %s of job '%s' as job '%s' (adopt is set)\n",
-                     path.c_str(), ck.job_id.c_str(), job_id.c_str());
+                     "[trun.checkpoint] continuing job '%s' from %s (its owner is gone); this "
+                     "is job '%s'. To start over instead: another directory, or a fresh start "
+                     "(train_mlp --fresh-start)\n",
+                     ck.job_id.c_str(), path.c_str(), job_id.c_str());
         own_jobs.insert(ck.job_id);
       }
       chosen = std::move(ck);
@@ -578,8 +593,8 @@ std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
         "': " + list + ") and none of this job ('" + job_id +
         "'). To continue that training, run with its job id (TRUN_JOB_ID=" +
         foreign.front().second +
-        ", or the same --rdzv-id); to start a new one, use another directory; to take them "
-        "over, set adopt (train_mlp: --adopt-checkpoints)");
+        ", or the same --rdzv-id); to start a new one, use another directory; adopt is off "
+        "(CheckpointerOptions::adopt), so another job's checkpoints are not continued");
   }
   if (!chosen && !damaged.empty() && !options.start_fresh_if_damaged) {
     std::string list;
@@ -593,7 +608,6 @@ std::optional<Checkpoint> Checkpointer::State::choose(bool writer) {
                           "quarantines them");
   }
   if (writer) {
-    bool latest_gone = false;
     for (const auto& [name, why] : damaged)
       if (!detail::quarantine(dirfd.fd, dir, name, why).empty() && name == latest)
         latest_gone = true;

@@ -219,8 +219,8 @@ void remove_stale_temporaries(int dirfd, const std::string& dir, bool include_ow
 }
 
 std::string quarantine(int dirfd, const std::string& dir, const std::string& name,
-                       const std::string& reason) {
-  const std::string to = name + ".damaged-" + std::to_string(ckpt::unix_ms());
+                       const std::string& reason, const std::string& suffix) {
+  const std::string to = name + "." + suffix + "-" + std::to_string(ckpt::unix_ms());
   if (::renameat(dirfd, name.c_str(), dirfd, to.c_str()) != 0) {
     std::fprintf(stderr, "[trun.checkpoint] cannot quarantine %s/%s: %s\n", dir.c_str(),
                  name.c_str(), std::strerror(errno));
@@ -244,9 +244,9 @@ std::string quarantine(int dirfd, const std::string& dir, const std::string& nam
     }
   }
   std::fprintf(stderr,
-               "[trun.checkpoint] quarantined %s/%s as %s (kept, never removed by retention): "
-               "%s%s\n",
-               dir.c_str(), name.c_str(), to.c_str(), reason.c_str(), note.c_str());
+               "[trun.checkpoint] %s %s/%s as %s (kept, never removed by retention): %s%s\n",
+               suffix == "damaged" ? "quarantined" : "set aside", dir.c_str(), name.c_str(),
+               to.c_str(), reason.c_str(), note.c_str());
   return to;
 }
 

@@ -42,10 +42,11 @@ class DirLock {
 // link is removed itself.
 void remove_stale_temporaries(int dirfd, const std::string& dir, bool include_own);
 
-// Renames DIR/<name> to DIR/<name>.damaged-<unix ms> and writes `reason` into its REASON file
-// (best effort; a new file, never written through a link, nor into a step that is a link).
-// Returns the new name, or "" when the rename failed (said on stderr).
+// Renames DIR/<name> to DIR/<name>.<suffix>-<unix ms> ("damaged": a checkpoint that did not
+// verify; "set-aside": another job's, put away by a fresh start) and writes `reason` into its
+// REASON file (best effort; a new file, never written through a link, nor into a step that is a
+// link). Returns the new name, or "" when the rename failed (said on stderr).
 std::string quarantine(int dirfd, const std::string& dir, const std::string& name,
-                       const std::string& reason);
+                       const std::string& reason, const std::string& suffix = "damaged");
 
 }  // namespace trun::worker::detail
