@@ -109,6 +109,12 @@ KvState::Outcome KvState::execute(Waiter waiter, wire::Request& r, std::string* 
 
 KvState::Outcome KvState::wait_or_get(Waiter waiter, wire::Request& r, std::string* out) {
   wire::Encoder enc(out);
+  if (r.op == Op::kGetWait && r.keys.size() != 1) {  // the decoder refuses it already
+    Outcome o;
+    o.kind = Outcome::Kind::kClose;
+    o.why = "GET_TIMEOUT takes one key, not " + std::to_string(r.keys.size());
+    return o;
+  }
   std::vector<std::string> missing;
   std::unordered_set<std::string_view> seen;
   // A WAIT is also satisfied by a non-empty queue (queue_pop(block=True) is WAIT + QUEUE_POP).

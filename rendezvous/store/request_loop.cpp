@@ -91,7 +91,10 @@ RequestLoop::Stop RequestLoop::process(Host& host) {
     }
     offset += result.consumed;
     // Counted once here: a blocked request runs again through KvState::resume, not here.
-    if (!is_handshake(request.op)) ++executed_;
+    if (!is_handshake(request.op)) {
+      ++executed_;
+      host.counted();
+    }
     if (!execute(request, host, &stop)) break;
   }
   in_.erase(0, offset);

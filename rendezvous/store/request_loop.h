@@ -67,6 +67,9 @@ class RequestLoop {
     // LEASE_ARM / LEASE_RENEW / LEASE_RELEASE / LEASE_FIRE, its reply appended to *out. False
     // (with *why) closes the connection.
     virtual bool lease(wire::Request& r, std::string* out, std::string* why) = 0;
+    // A request other than the handshake is about to run (counted before it runs: its wake-ups
+    // may answer other clients before it returns).
+    virtual void counted() {}
   };
 
   enum class Stop : uint8_t {

@@ -61,6 +61,7 @@ class Connection : public std::enable_shared_from_this<Connection>, private Requ
   void parked(const KvState::Outcome& outcome) override;
   void wait_cancelled() override;
   bool lease(wire::Request& r, std::string* out, std::string* why) override;
+  void counted() override;
   // Acts on what the key-value state made of a resumed request.
   void follow(const KvState::Outcome& outcome);
   bool blocked() const;
@@ -136,9 +137,7 @@ class ServerImpl : public StoreServer {
   std::string host() const override { return options_.host; }
   size_t num_connections() const override { return num_connections_.load(); }
   uint64_t num_requests() const override { return num_requests_.load(); }
-  void count_requests(uint64_t n) {
-    if (n) num_requests_.fetch_add(n, std::memory_order_relaxed);
-  }
+  void count_request() { num_requests_.fetch_add(1, std::memory_order_relaxed); }
   bool stopping() const { return stopped_.load(); }
 
   void stop() override {
@@ -345,9 +344,7 @@ void Connection::on_read(boost::system::error_code ec) {
 void Connection::process() {
   if (processing_ || closed_) return;  // re-entered from on_keys_ready inside the loop
   processing_ = true;
-  const uint64_t before = loop_.executed();
   RequestLoop::Stop stop = loop_.process(*this);
-  server_->count_requests(loop_.executed() - before);
   processing_ = false;
   if (stop == RequestLoop::Stop::kClose && !closed_) {
     flush();  // e.g. the 0 byte that answers a wrong token
@@ -386,6 +383,8 @@ void Connection::parked(const KvState::Outcome& outcome) {
         self->read();
       });
 }
+
+void Connection::counted() { server_->count_request(); }
 
 void Connection::wait_cancelled() {
   boost::system::error_code ec;

@@ -172,7 +172,15 @@ void DecodeBody(Op op, Cursor& c, Request* r) {
     case Op::kWaitKeys:
     case Op::kGetWait: {
       int64_t ms = 0;
-      if (c.Keys(&r->keys) && c.Fixed(&ms)) r->number = ms;
+      if (!c.Keys(&r->keys)) return;
+      if (op == Op::kGetWait && r->keys.size() != 1) {
+        // Its answer is one value: a count of 0 left the server nothing to answer (found by
+        // tests/fuzz/kv_sequence_fuzz.cpp: it read keys[0] of an empty list).
+        c.Fail(Status::kMalformed,
+               "GET_TIMEOUT takes one key, not " + std::to_string(r->keys.size()));
+        return;
+      }
+      if (c.Fixed(&ms)) r->number = ms;
       return;
     }
     case Op::kMultiSet: {

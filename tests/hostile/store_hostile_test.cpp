@@ -519,6 +519,15 @@ TEST_CASE(
       ping();
     }
   }
+  SECTION("a GET_TIMEOUT naming no key closes that connection (it crashed the store)") {
+    Raw raw(store.port());
+    std::string msg = hello();
+    Encoder(&msg).query(Op::kGetWait).u64(0).i64(0);
+    raw.send_all(msg);
+    CHECK(raw.closed_by_peer(5s));
+    ping();
+    CHECK(store.running());
+  }
   SECTION("a truncated message waits for the rest; the connection closing ends it") {
     for (int i = 0; i < 20; ++i) {
       Raw raw(store.port());

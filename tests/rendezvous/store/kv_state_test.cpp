@@ -346,3 +346,44 @@ TEST_CASE("requests that are not key-value operations are refused", "[kv_state]"
   CHECK(o.kind == Kind::kClose);
   CHECK(f.out.empty());
 }
+
+TEST_CASE("a server-side timeout over kMaxWaitTimeoutMs parks with no deadline, not an overflow",
+          "[kv_state]") {
+  Fixture f;
+  for (int64_t ms : {wire::kMaxWaitTimeoutMs + 1, int64_t(10'000'000'000'000), INT64_MAX}) {
+    auto o = f.run(1, req(Op::kWaitKeys, {"late"}, {}, ms));
+    CHECK(o.kind == Kind::kPark);
+    CHECK(o.timeout_ms == -1);
+  }
+  auto o = f.run(2, req(Op::kGetWait, {"late"}, {}, wire::kMaxWaitTimeoutMs));
+  CHECK(o.kind == Kind::kPark);
+  CHECK(o.timeout_ms == wire::kMaxWaitTimeoutMs);  // the largest deadline kept as given
+}
+
+TEST_CASE("a MULTI_GET whose values together pass the value limit closes instead of answering",
+          "[kv_state]") {
+  wire::Limits limits;
+  limits.max_value_bytes = 100;
+  KvState kv(limits);
+  kv.set("a", std::string(60, 'a'));
+  kv.set("b", std::string(40, 'b'));
+  std::string out;
+  wire::Request fits = req(Op::kMultiGet, {"a", "b"});
+  CHECK(kv.execute(1, fits, &out).kind == Kind::kReply);
+  CHECK(out == bytes(std::string(60, 'a')) + bytes(std::string(40, 'b')));
+  out.clear();
+  // One key named many times would multiply one value: refused by the total, not per value.
+  wire::Request many = req(Op::kMultiGet, {"a", "a"});
+  auto o = kv.execute(1, many, &out);
+  CHECK(o.kind == Kind::kClose);
+  CHECK_THAT(o.why, Catch::Contains("MULTI_GET") && Catch::Contains("120 bytes"));
+  CHECK(out.empty());
+}
+
+TEST_CASE("a GET_TIMEOUT naming no key closes instead of reading a key that is not there",
+          "[kv_state]") {
+  Fixture f;
+  auto o = f.run(1, req(Op::kGetWait, {}, {}, 0));
+  CHECK(o.kind == Kind::kClose);
+  CHECK(f.out.empty());
+}

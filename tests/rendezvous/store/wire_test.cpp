@@ -103,3 +103,36 @@ TEST_CASE("unknown query bytes are malformed in each dialect", "[wire]") {
   CHECK(decode("\x7f", Dialect::kV2, limits, &r).status == Status::kMalformed);
   CHECK(decode(v2(Op::kNumKeys), Dialect::kV2, limits, &r).status == Status::kOk);
 }
+
+TEST_CASE("GET_TIMEOUT takes exactly one key; another count is malformed", "[wire]") {
+  Limits limits;
+  for (uint64_t n : {0, 2}) {
+    std::string msg = v2(Op::kGetWait);
+    Encoder enc(&msg);
+    enc.u64(n);
+    for (uint64_t i = 0; i < n; ++i) enc.bytes("k");
+    enc.i64(100);
+    Request r;
+    auto result = decode(msg, Dialect::kV2, limits, &r);
+    CHECK(result.status == Status::kMalformed);
+    CHECK_THAT(result.error, Catch::Contains("GET_TIMEOUT takes one key"));
+  }
+  std::string one = v2(Op::kGetWait);
+  Encoder(&one).u64(1).bytes("k").i64(100);
+  Request r;
+  CHECK(decode(one, Dialect::kV2, limits, &r).status == Status::kOk);
+  CHECK(r.keys == std::vector<std::string>{"k"});
+}
+
+TEST_CASE("lookup_op is query_byte's inverse in each dialect", "[wire]") {
+  for (Dialect d : {Dialect::kV1, Dialect::kV2}) {
+    for (int b = 0; b < 256; ++b) {
+      Op op;
+      if (lookup_op(static_cast<uint8_t>(b), d, &op)) CHECK(query_byte(op, d) == b);
+    }
+  }
+  Op op;
+  CHECK_FALSE(lookup_op(0xff, Dialect::kV2, &op));
+  CHECK(lookup_op(0, Dialect::kV2, &op));
+  CHECK(op == Op::kValidate);
+}
