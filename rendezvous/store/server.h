@@ -5,7 +5,9 @@
 // trun's extensions (authentication, server-side wait timeouts). One event-loop thread serves
 // every connection; nothing a client does (stalling mid-message, never reading its responses,
 // sending garbage) delays the others: a malformed or oversized message closes that connection
-// with a log line.
+// with a log line. The per-connection request loop (decoding, the authentication gate, output
+// back-pressure) is RequestLoop (request_loop.h); the limits are listed in
+// docs/tcpstore-protocol.md, section 3.
 //
 // Lifetime: start() binds and listens before it returns (StoreError if it cannot), then serves on
 // its own thread until stop() or destruction. port() is valid right after start().
@@ -25,10 +27,17 @@ struct StoreServerOptions {
   std::string host = "0.0.0.0";  // address to bind: IPv4, IPv6, or a name that resolves
   uint16_t port = 0;             // 0 picks a free port
   // When non-empty, a client must authenticate (HMAC-SHA256 challenge-response) before any other
-  // request is served. Stock PyTorch clients cannot, so they are disconnected.
+  // request is served. Stock PyTorch clients cannot, so they are disconnected. Before that only
+  // the handshake is accepted: another query closes the connection at its first byte, and so
+  // does more than kMaxPreAuthInput (4 KiB) of buffered input. The token authenticates the
+  // client; it does not encrypt the traffic.
   std::string token;
   wire::Limits limits;
-  // A client that leaves this many response bytes unread stops being read from until it catches up.
+  // Back-pressure per connection: before each request the server checks the connection's unsent
+  // replies, and over this many bytes it executes none of that connection's requests (and reads
+  // none) until its writes drain. So a client that never reads costs the server this much plus
+  // one reply (at most wire::Limits::max_value_bytes of values and framing), however many
+  // requests it pipelines. Other connections are served meanwhile.
   uint64_t max_pending_output = 64ull * 1024 * 1024;
   int backlog = 4096;
   // Keys the store holds before it accepts its first connection (a store taking over from one
