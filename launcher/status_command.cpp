@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/job_local.h"
 #include "agent/node_status.h"
 #include "launcher/timeline.h"  // printable()
 #include "rendezvous/dynamic_decisions.h"
@@ -538,6 +539,10 @@ int run_status_command(int argc, char** argv) {
   if (backend == "etcd-v2") backend = "etcd";
   if (backend != "static" && backend != "c10d" && backend != "etcd") {
     return usage("--rdzv-backend=" + backend + ": unknown backend; expected static, c10d or etcd");
+  }
+  if (run_id.size() > agent::kMaxRunIdBytes) {
+    return usage("--rdzv-id: " + std::to_string(run_id.size()) + " bytes; a job id has at most " +
+                 std::to_string(agent::kMaxRunIdBytes));
   }
   if (run_id.empty() || run_id.find_first_not_of(
                             "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._-") !=

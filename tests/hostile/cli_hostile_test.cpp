@@ -263,6 +263,12 @@ TEST_CASE("a run id over 255 bytes exits 2 at once without echoing it, 65 KiB in
   }
   auto j = dry_run({"--rdzv-id=" + std::string(255, 'a'), w});
   CHECK(j["rendezvous"]["run_id"] == std::string(255, 'a'));
+  // trun status too: one line, exit 2, before it connects to anything.
+  auto r = run_trun({"status", "--rdzv-id=" + std::string(65 * 1024, 'a')}, {},
+                    std::chrono::seconds(60));
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 2);
+  CHECK(r.err == "trun status: error: --rdzv-id: 66560 bytes; a job id has at most 255\n");
 }
 
 TEST_CASE("an empty SLURM_STEP_NODELIST is reported as what it is", "[hostile][cli]") {

@@ -82,9 +82,16 @@ class TempDir {
     char tmpl[] = "/tmp/trun-test-XXXXXX";
     path_ = mkdtemp(tmpl);
   }
+  // A trun that a test SIGKILLed has a guardian that removes its temporary folder (in here) at
+  // the same moment, and remove_all gives up at the first entry that vanishes under it: retry,
+  // bounded (20 tries, 50 ms apart).
   ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
+    for (int i = 0; i < 20; ++i) {
+      std::error_code ec;
+      std::filesystem::remove_all(path_, ec);
+      if (!ec || !std::filesystem::exists(path_, ec)) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
   }
   const std::string& path() const { return path_; }
   std::string operator/(const std::string& name) const { return path_ + "/" + name; }
