@@ -113,6 +113,7 @@ int run_store_command(int argc, char** argv) {
     relay_opts.upstream_host = ups[0].first;
     relay_opts.upstream_port = ups[0].second;
     relay_opts.limits = opts.limits;
+    relay_opts.max_pending_output = opts.max_pending_output;
   }
 
   // Block the signals before the server's thread starts so only sigwait sees them.

@@ -22,6 +22,9 @@ using wire::Op;
 
 constexpr size_t kReadChunk = 64 * 1024;
 constexpr int kAcceptBurst = 256;
+// A client with a request passed to the store (or a wait) stops being read once this much
+// unprocessed input has piled up behind it.
+constexpr size_t kMaxBufferedBehindRequest = 1 << 20;
 // An upstream wait is renewed at this interval while clients still wait (each client's own
 // timeout is kept by the relay).
 constexpr int64_t kUpstreamWaitMs = 60 * 1000;
@@ -121,6 +124,7 @@ class Client : public std::enable_shared_from_this<Client> {
   std::string in_, out_, writing_;
   bool reading_ = false, writing_now_ = false, closed_ = false;
   bool busy_ = false;  // a passed-through request is unanswered
+  bool output_full() const;
   // The client sent writes (answered by nothing) since its last answer that came in order: a wait
   // (on another upstream connection) could overtake them, so it waits for a fence first.
   bool unfenced_writes_ = false;
@@ -522,8 +526,16 @@ Client::Client(RelayImpl* relay, tcp::socket socket, uint64_t id)
   socket_.non_blocking(true, ec);
 }
 
+bool Client::output_full() const {
+  return out_.size() + writing_.size() > relay_->options().max_pending_output;
+}
+
 void Client::read() {
   if (closed_ || reading_) return;
+  // Back-pressure, as the store's: a client that does not read its replies, or that pipelines
+  // requests faster than they come back from the store, stops being read from.
+  if (output_full()) return;
+  if (in_.size() > kMaxBufferedBehindRequest && (busy_ || wait_id_ != 0)) return;
   reading_ = true;
   socket_.async_wait(
       tcp::socket::wait_read,
@@ -556,6 +568,9 @@ void Client::process() {
   while (!closed_ && !busy_) {
     std::string_view pending(in_.data() + offset, in_.size() - offset);
     if (pending.empty()) break;
+    // Per request: nothing more is passed on while the client's unsent replies are over the
+    // limit; the write completion goes on from here.
+    if (output_full()) break;
     if (dialect_ == wire::Dialect::kUnknown) {
       dialect_ = wire::detect_dialect(pending);
       if (dialect_ == wire::Dialect::kUnknown) break;
@@ -776,7 +791,9 @@ void Client::flush() {
                         self->close("write: " + ec.message());
                         return;
                       }
+                      self->process();  // what back-pressure held back (flushes)
                       self->flush();
+                      self->read();
                     });
 }
 

@@ -39,6 +39,9 @@ struct StoreRelayOptions {
   std::string upstream_host = "127.0.0.1";
   uint16_t upstream_port = 0;
   wire::Limits limits;
+  // As StoreServerOptions::max_pending_output: a client whose unsent replies pass this many bytes
+  // has no more requests passed on, and is not read from, until its writes drain.
+  uint64_t max_pending_output = 64ull * 1024 * 1024;
   int backlog = 4096;
 };
 

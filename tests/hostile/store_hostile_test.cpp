@@ -127,9 +127,14 @@ class StoreProcess {
           return out.find('\n') != std::string::npos || !child_->running();
         },
         30s));
-    auto colon = out.rfind(':', out.find('\n'));
+    // "trun store listening on HOST:PORT[ (token required)]", or for a relay "trun store
+    // relaying HOST:PORT to UPSTREAM".
     INFO("trun store said: " << out << child_->err());
-    REQUIRE(out.find("listening on") != std::string::npos);
+    const bool relay = out.find("relaying ") != std::string::npos;
+    REQUIRE((relay || out.find("listening on") != std::string::npos));
+    size_t end =
+        relay ? out.find(" to ") : out.find_first_of(" \n", out.find("listening on ") + 13);
+    auto colon = out.rfind(':', end);
     port_ = static_cast<uint16_t>(std::stoi(out.substr(colon + 1)));
   }
   ~StoreProcess() {
@@ -227,6 +232,12 @@ std::string hello() {
   std::string s;
   Encoder(&s).query(Op::kValidate).u32(wire::kValidationMagic);
   return s;
+}
+
+uint64_t read_len(const std::string& reply) {
+  uint64_t len = 0;
+  if (reply.size() >= 8) std::memcpy(&len, reply.data(), 8);
+  return len;
 }
 
 // A well-behaved client that PINGs and times the answer.
@@ -341,6 +352,46 @@ TEST_CASE(
   flooder.close();
   CHECK(wait_until([&] { return fds_of(store.pid()) == fds_before; }, 10s));
   CHECK(pinger.ping() < 100ms);
+}
+
+TEST_CASE("a store relay bounds a GET flood that reads nothing the same way",
+          "[hostile][store][flood][relay]") {
+  constexpr uint64_t kLimit = 1 * kMiB;
+  constexpr uint64_t kValue = 1 * kMiB;
+  constexpr uint64_t kSlack = 48 * kMiB;
+  StoreProcess store({});
+  StoreProcess relay({"--relay-to", "127.0.0.1:" + std::to_string(store.port()),
+                      "--max-pending-output", std::to_string(kLimit)});
+  {
+    TcpStore setter(client_options(store.port()));
+    setter.set("big", std::string(kValue, 'x'));
+  }
+  Pinger pinger(relay.port());
+  REQUIRE(pinger.ping() < 10s);
+  std::this_thread::sleep_for(100ms);
+  const uint64_t baseline = rss_of(relay.pid());
+  std::string gets = hello();
+  for (int i = 0; i < 1000; ++i) Encoder(&gets).query(Op::kGet).bytes("big");
+  Raw flooder(relay.port());
+  flooder.send_all(gets);
+  Watch watch;
+  auto end = Clock::now() + 2s;
+  while (Clock::now() < end && watch.samples < 200) {
+    watch.sample(relay.pid(), pinger);
+    std::this_thread::sleep_for(10ms);
+  }
+  INFO("relay baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB
+                             << " MiB; worst PING " << watch.worst_ping.count() << " ms");
+  CHECK(watch.peak_rss < baseline + kLimit + kValue + kSlack);
+  CHECK(watch.worst_ping < 100ms);
+  // Resumes when the flooder reads.
+  std::string reply;
+  int intact = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (!flooder.recv_exact(&reply, 8 + kValue, 20s) || read_len(reply) != kValue) break;
+    ++intact;
+  }
+  CHECK(intact == 1000);
 }
 
 TEST_CASE("the store that trun --standalone embeds bounds a GET flood the same way",
