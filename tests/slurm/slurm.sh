@@ -179,7 +179,9 @@ case $CASE in
     ;;
   preempt | preempt_batch)
     # The reference: the same training, never interrupted.
-    ref=$(submit "$EXAMPLES/preempt.sbatch" "${TRAIN[@]}" --final-params "$TMP/ref.params") || fail "sbatch"
+    # Its own directory (the last --ckpt-dir wins): in the script's, the job below would continue it.
+    ref=$(submit "$EXAMPLES/preempt.sbatch" "${TRAIN[@]}" --final-params "$TMP/ref.params" \
+      --ckpt-dir "$TMP/ref-ckpt") || fail "sbatch"
     wait_job "$ref" 120
     exited "$ref" 0:0
     job=$(submit "$EXAMPLES/preempt.sbatch" "${TRAIN[@]}" --final-params "$TMP/stopped.params") || fail "sbatch"
@@ -211,8 +213,25 @@ case $CASE in
     scancel "$job" || fail "scancel"
     wait_job "$job" 60
     step=$(stop_step "$out" SIGTERM)
-    [[ -d $CKPT_ROOT/mlp-$job/step_$step ]] || fail "no checkpoint step_$step in $CKPT_ROOT/mlp-$job: $(ls "$CKPT_ROOT/mlp-$job")"
+    [[ -d $CKPT_ROOT/mlp-c10d/step_$step ]] || fail "no checkpoint step_$step in $CKPT_ROOT/mlp-c10d: $(ls "$CKPT_ROOT/mlp-c10d")"
     echo "stopped at step $step with its checkpoint saved"
+    ;;
+  again)
+    # docs/slurm.md's "run it again to resume": the same script submitted twice in a row. The
+    # second job (a new job id) continues the first's newest checkpoint and says so.
+    first=$(submit "$EXAMPLES/c10d.sbatch" --epochs 2 --ckpt-every 4 --stop-after-steps 8) || fail "sbatch"
+    wait_job "$first" 120
+    exited "$first" 0:0
+    [[ -d $CKPT_ROOT/mlp-c10d/step_8 ]] || fail "the first job saved no step_8: $(ls "$CKPT_ROOT/mlp-c10d")"
+    second=$(submit "$EXAMPLES/c10d.sbatch" --epochs 2 --ckpt-every 4) || fail "sbatch"
+    wait_job "$second" 120
+    exited "$second" 0:0
+    out=$TMP/c10d-$second.out
+    grep -qF "continuing job '$first' from $CKPT_ROOT/mlp-c10d/step_8 (its owner is gone); this is job '$second'" "$out" ||
+      fail "the second job does not say it continues job $first at step_8: $(cat "$out")"
+    grep -qF "resumed from $CKPT_ROOT/mlp-c10d/step_8 (step 8," "$out" || fail "the second job did not resume at step 8: $(cat "$out")"
+    trained 4 "$out"
+    echo "job $second continued job $first from step 8"
     ;;
   docs)
     # Every example docs/slurm.md shows is one of the files the cases above run, verbatim: each
