@@ -260,7 +260,7 @@ TEST_CASE("train_mlp: the default checkpoint directories of two unrelated standa
 }
 
 TEST_CASE(
-    "train_mlp: a standalone job run again resumes from the default directory; a live owner "
+    "train_mlp: a standalone job run again resumes from the default directory, and a live owner "
     "is refused",
     "[train_mlp][stop]") {
   TempDir d;

@@ -104,7 +104,7 @@ TEST_CASE("unknown query bytes are malformed in each dialect", "[wire]") {
   CHECK(decode(v2(Op::kNumKeys), Dialect::kV2, limits, &r).status == Status::kOk);
 }
 
-TEST_CASE("GET_TIMEOUT takes exactly one key; another count is malformed", "[wire]") {
+TEST_CASE("GET_TIMEOUT takes exactly one key, and another count is malformed", "[wire]") {
   Limits limits;
   for (uint64_t n : {0, 2}) {
     std::string msg = v2(Op::kGetWait);
