@@ -32,6 +32,7 @@
 #include "rendezvous/store/tcp_store.h"
 #include "rendezvous/store/wire.h"
 #include "tests/launcher/process_util.h"
+#include "tests/rendezvous/store/raw_socket.h"
 
 using namespace std::chrono_literals;
 using trun::rendezvous::StoreError;
@@ -155,78 +156,7 @@ class StoreProcess {
 };
 
 // A raw TCP client, for sending exactly the bytes a test wants.
-class Raw {
- public:
-  explicit Raw(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    REQUIRE(fd_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  }
-  ~Raw() { close(); }
-  Raw(const Raw&) = delete;
-  Raw& operator=(const Raw&) = delete;
-  void close() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-  int fd() const { return fd_; }
-  void send_all(const std::string& bytes) {
-    size_t off = 0;
-    auto deadline = Clock::now() + 10s;
-    while (off < bytes.size() && Clock::now() < deadline) {
-      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
-      if (n > 0) off += size_t(n);
-      if (n < 0 && errno != EINTR && errno != EAGAIN) break;
-    }
-    REQUIRE(off == bytes.size());
-  }
-  // Sends what the socket takes now without blocking; -1 when the peer is gone.
-  ssize_t send_some(std::string_view bytes) {
-    ssize_t n = ::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
-    return n;
-  }
-  // Reads exactly n bytes within `timeout`; false if they did not come.
-  bool recv_exact(std::string* out, size_t n, std::chrono::milliseconds timeout) {
-    out->resize(n);
-    size_t got = 0;
-    auto deadline = Clock::now() + timeout;
-    while (got < n) {
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0) return false;
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, int(left.count())) <= 0) continue;
-      ssize_t r = ::recv(fd_, out->data() + got, n - got, 0);
-      if (r <= 0) return false;
-      got += size_t(r);
-    }
-    return true;
-  }
-  // True when the server closed the connection within `timeout` (bytes before are dropped).
-  bool closed_by_peer(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    char buf[65536];
-    while (Clock::now() < deadline) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
-    }
-    return false;
-  }
-  // Nothing arrives within `timeout` (and the connection stays open).
-  bool silent_for(std::chrono::milliseconds timeout) {
-    pollfd p{fd_, POLLIN, 0};
-    return ::poll(&p, 1, int(timeout.count())) == 0;
-  }
-
- private:
-  int fd_ = -1;
-};
+using Raw = trun::testing::RawSocket;
 
 std::string hello() {
   std::string s;
@@ -243,13 +173,13 @@ uint64_t read_len(const std::string& reply) {
 // A well-behaved client that PINGs and times the answer.
 class Pinger {
  public:
-  explicit Pinger(uint16_t port) : raw_(port) { raw_.send_all(hello()); }
+  explicit Pinger(uint16_t port) : raw_(port) { raw_.send(hello()); }
   // The round trip of one PING, or 10 s when it was not answered (correctly) within that.
   std::chrono::milliseconds ping() {
     std::string msg;
     Encoder(&msg).query(Op::kPing).u32(++nonce_);
     auto t0 = Clock::now();
-    raw_.send_all(msg);
+    raw_.send(msg);
     std::string reply;
     if (!raw_.recv_exact(&reply, 4, 10s)) return 10s;
     uint32_t echo = 0;
@@ -315,7 +245,7 @@ TEST_CASE(
   std::string gets = hello();
   for (int i = 0; i < kGets; ++i) Encoder(&gets).query(Op::kGet).bytes("big");
   Raw flooder(store.port());
-  flooder.send_all(gets);
+  flooder.send(gets);
   std::string more;
   for (int i = 0; i < 1000; ++i) Encoder(&more).query(Op::kGet).bytes("big");
   int extra_batches = 0;
@@ -373,7 +303,7 @@ TEST_CASE("a store relay bounds a GET flood that reads nothing the same way",
   std::string gets = hello();
   for (int i = 0; i < 1000; ++i) Encoder(&gets).query(Op::kGet).bytes("big");
   Raw flooder(relay.port());
-  flooder.send_all(gets);
+  flooder.send(gets);
   Watch watch;
   auto end = Clock::now() + 2s;
   while (Clock::now() < end && watch.samples < 200) {
@@ -421,7 +351,7 @@ TEST_CASE("the store that trun --standalone embeds bounds a GET flood the same w
   std::string gets = hello();
   for (int i = 0; i < 1000; ++i) Encoder(&gets).query(Op::kGet).bytes("hostile/big");
   Raw flooder(port);
-  flooder.send_all(gets);
+  flooder.send(gets);
   Watch watch;
   auto end = Clock::now() + 2s;
   while (Clock::now() < end && watch.samples < 200) {
@@ -456,7 +386,7 @@ TEST_CASE("with a token, ten unauthenticated 50 MiB SETs are refused at their fi
   std::vector<uint64_t> sent(10, 0);
   for (int i = 0; i < 10; ++i) {
     intruders.push_back(std::make_unique<Raw>(store.port()));
-    intruders.back()->send_all(head);
+    intruders.back()->send(head);
   }
   uint64_t peak = baseline;
   std::chrono::milliseconds worst{0};
@@ -512,7 +442,7 @@ TEST_CASE("a wait or get timeout of 1e13 ms or more waits instead of timing out 
       Raw raw(store.port());
       std::string msg = hello();
       Encoder(&msg).query(op).u64(1).bytes(key).i64(ms);
-      raw.send_all(msg);
+      raw.send(msg);
       CHECK(raw.silent_for(300ms));  // before the fix: TIMED_OUT (2) at once
       setter.set(key, "v");
       std::string reply;
@@ -565,7 +495,7 @@ TEST_CASE(
       std::string junk = hello();
       junk.push_back(char(0xff));  // no query has this byte in either dialect
       for (int j = 0; j < 64; ++j) junk.push_back(char(rng()));
-      raw.send_all(junk);
+      raw.send(junk);
       CHECK(raw.closed_by_peer(5s));
       ping();
     }
@@ -574,7 +504,7 @@ TEST_CASE(
     Raw raw(store.port());
     std::string msg = hello();
     Encoder(&msg).query(Op::kGetWait).u64(0).i64(0);
-    raw.send_all(msg);
+    raw.send(msg);
     CHECK(raw.closed_by_peer(5s));
     ping();
     CHECK(store.running());
@@ -584,7 +514,7 @@ TEST_CASE(
       Raw raw(store.port());
       std::string msg = hello();
       Encoder(&msg).query(Op::kSet).bytes("half").bytes(std::string(1000, 'h'));
-      raw.send_all(msg.substr(0, msg.size() / 2));
+      raw.send(msg.substr(0, msg.size() / 2));
       CHECK(raw.silent_for(50ms));
       ping();
     }
@@ -596,12 +526,12 @@ TEST_CASE(
       Raw raw(store.port());
       std::string msg = hello();
       Encoder(&msg).query(Op::kGet).u64(len);
-      raw.send_all(msg);
+      raw.send(msg);
       CHECK(raw.closed_by_peer(5s));
       Raw many(store.port());
       std::string keys = hello();
       Encoder(&keys).query(Op::kMultiGet).u64(len);
-      many.send_all(keys);
+      many.send(keys);
       CHECK(many.closed_by_peer(5s));
       ping();
     }
@@ -613,7 +543,7 @@ TEST_CASE(
     Encoder(&msg).query(Op::kSet).bytes("slow").bytes("loris");
     Encoder(&msg).query(Op::kGet).bytes("slow");
     for (char c : msg) {
-      slow.send_all(std::string(1, c));
+      slow.send(std::string(1, c));
       ping();
       std::this_thread::sleep_for(5ms);
     }
@@ -625,7 +555,7 @@ TEST_CASE(
     std::vector<std::unique_ptr<Raw>> storm;
     for (int i = 0; i < 500; ++i) {
       storm.push_back(std::make_unique<Raw>(store.port()));
-      if (i % 2 == 0) storm.back()->send_all(hello());
+      if (i % 2 == 0) storm.back()->send(hello());
       if (i % 50 == 0) ping();
     }
     CHECK(wait_until([&] { return fds_of(store.pid()) >= fds_before + 400; }, 10s));

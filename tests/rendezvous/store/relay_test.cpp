@@ -26,6 +26,7 @@
 #include "rendezvous/store/server.h"
 #include "rendezvous/store/tcp_store.h"
 #include "rendezvous/store/wire.h"
+#include "tests/rendezvous/store/raw_socket.h"
 #include "tests/rendezvous/test_options.h"
 
 using namespace trun::rendezvous;
@@ -82,53 +83,7 @@ bool eventually(std::function<bool()> pred, std::chrono::milliseconds timeout = 
   return pred();
 }
 
-// A raw TCP connection, for sending exactly the bytes a test wants.
-class RawSocket {
- public:
-  explicit RawSocket(uint16_t port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_port = htons(port);
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  }
-  ~RawSocket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  void send(const std::string& bytes) {
-    REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) == ssize_t(bytes.size()));
-  }
-  // Exactly `n` bytes, or fewer when the peer closed or `timeout` passed.
-  std::string recv(size_t n, std::chrono::milliseconds timeout) {
-    std::string out;
-    auto deadline = Clock::now() + timeout;
-    char buf[4096];
-    while (out.size() < n && Clock::now() < deadline) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      ssize_t got = ::recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
-      if (got <= 0) break;
-      out.append(buf, got);
-    }
-    return out;
-  }
-  // True when the peer closed the connection within `timeout` (any bytes before are dropped).
-  bool closed_by_peer(std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    char buf[4096];
-    while (Clock::now() < deadline) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n == 0 || (n < 0 && errno == ECONNRESET)) return true;
-    }
-    return false;
-  }
-
- private:
-  int fd_ = -1;
-};
+using trun::testing::RawSocket;
 
 std::string v2_hello() {
   std::string s;
