@@ -458,7 +458,9 @@ class Formatter : public CLI::Formatter {
  public:
   std::string make_usage(const CLI::App*, std::string) const override {
     return "Usage: trun [OPTIONS] TRAINING_SCRIPT [SCRIPT ARGS...]\n"
-           "       trun store [--host H] [--port P] [--store-token T]   (the store alone)\n";
+           "       trun store [--host H] [--port P] [--store-token T] [limits]   (the store alone;\n"
+           "                  limits per request and per client: trun store --help)\n"
+           "       trun status --rdzv-id ID ...   trun timeline EVENTLOG... -o PAGE\n";
   }
 };
 
