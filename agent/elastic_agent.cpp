@@ -89,6 +89,7 @@ class Agent {
   bool start_metrics();
   // Publishes snap_ to the endpoint (no-op without one), as alive now.
   void publish();
+  void refresh_live(AgentSnapshot* s) const;
   void set_phase(const char* phase);
   // While this thread waits in a blocking rendezvous call the loop does not run, and /metrics
   // would stand still exactly when an operator looks: the session's sampler thread publishes
@@ -289,15 +290,19 @@ bool Agent::start_metrics() {
 
 void Agent::publish() {
   if (!metrics_) return;
-  snap_.heartbeat = std::chrono::steady_clock::now();
-  if (session_) {
-    snap_.nodes_waiting = session_->nodes_waiting();
-    const auto stats = session_->store_stats();
-    snap_.store_requests = stats.requests_sent;
-    snap_.store_errors = stats.errors;
-    snap_.store_requests_served = stats.requests_served;
-  }
+  refresh_live(&snap_);
   metrics_->publish(snap_);
+}
+
+// What moves without the agent's loop: the heartbeat, and the session's sample and counters.
+void Agent::refresh_live(AgentSnapshot* s) const {
+  s->heartbeat = std::chrono::steady_clock::now();
+  if (!session_) return;
+  s->nodes_waiting = session_->nodes_waiting();
+  const auto stats = session_->store_stats();
+  s->store_requests = stats.requests_sent;
+  s->store_errors = stats.errors;
+  s->store_requests_served = stats.requests_served;
 }
 
 class Agent::WaitingWindow {
@@ -329,12 +334,7 @@ void Agent::publish_while_waiting() {
     if (!waiting_ || !metrics_) return;
     copy = snap_;
   }
-  copy.heartbeat = std::chrono::steady_clock::now();
-  copy.nodes_waiting = session_->nodes_waiting();
-  const auto stats = session_->store_stats();
-  copy.store_requests = stats.requests_sent;
-  copy.store_errors = stats.errors;
-  copy.store_requests_served = stats.requests_served;
+  refresh_live(&copy);
   metrics_->publish(copy);
 }
 
