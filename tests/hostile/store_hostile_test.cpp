@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -214,6 +215,16 @@ struct Watch {
     peak_rss = std::max(peak_rss, rss_of(pid));
     ++samples;
   }
+  // Samples every 10 ms for `how_long` (200 samples at most), calling `before_each` first.
+  void sample_for(pid_t pid, Pinger& pinger, std::chrono::milliseconds how_long,
+                  const std::function<void()>& before_each = {}) {
+    const auto end = Clock::now() + how_long;
+    while (Clock::now() < end && samples < 200) {
+      if (before_each) before_each();
+      sample(pid, pinger);
+      std::this_thread::sleep_for(10ms);
+    }
+  }
 };
 
 }  // namespace
@@ -251,12 +262,9 @@ TEST_CASE(
   int extra_batches = 0;
 
   Watch watch;
-  auto end = Clock::now() + 2s;
-  while (Clock::now() < end && watch.samples < 200) {
+  watch.sample_for(store.pid(), pinger, 2s, [&] {
     if (extra_batches < 20 && flooder.send_some(more) == ssize_t(more.size())) ++extra_batches;
-    watch.sample(store.pid(), pinger);
-    std::this_thread::sleep_for(10ms);
-  }
+  });
   INFO("baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB << " MiB over "
                        << watch.samples << " samples; worst PING " << watch.worst_ping.count()
                        << " ms");
@@ -270,9 +278,7 @@ TEST_CASE(
   int intact = 0;
   for (int i = 0; i < kGets; ++i) {
     if (!flooder.recv_exact(&reply, 8 + kValue, 20s)) break;
-    uint64_t len = 0;
-    std::memcpy(&len, reply.data(), 8);
-    if (len != kValue || reply[8] != 'x' || reply.back() != 'x') break;
+    if (read_len(reply) != kValue || reply[8] != 'x' || reply.back() != 'x') break;
     ++intact;
     if (i % 100 == 0) watch.sample(store.pid(), pinger);
   }
@@ -305,11 +311,7 @@ TEST_CASE("a store relay bounds a GET flood that reads nothing the same way",
   Raw flooder(relay.port());
   flooder.send(gets);
   Watch watch;
-  auto end = Clock::now() + 2s;
-  while (Clock::now() < end && watch.samples < 200) {
-    watch.sample(relay.pid(), pinger);
-    std::this_thread::sleep_for(10ms);
-  }
+  watch.sample_for(relay.pid(), pinger, 2s);
   INFO("relay baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB
                              << " MiB; worst PING " << watch.worst_ping.count() << " ms");
   CHECK(watch.peak_rss < baseline + kLimit + kValue + kSlack);
@@ -353,11 +355,7 @@ TEST_CASE("the store that trun --standalone embeds bounds a GET flood the same w
   Raw flooder(port);
   flooder.send(gets);
   Watch watch;
-  auto end = Clock::now() + 2s;
-  while (Clock::now() < end && watch.samples < 200) {
-    watch.sample(agent.pid(), pinger);
-    std::this_thread::sleep_for(10ms);
-  }
+  watch.sample_for(agent.pid(), pinger, 2s);
   INFO("baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB
                        << " MiB; worst PING " << watch.worst_ping.count() << " ms");
   CHECK(watch.peak_rss < baseline + kLimit + kValue + kSlack);
