@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -107,6 +108,23 @@ struct SleepingJob {
   std::string dir;
   std::vector<pid_t> workers;
   pid_t guardian = -1;
+};
+
+// The guardian cases' scene: TMPDIR is d/tmp, and d/outside holds a file ("keep") that links
+// planted in trun's directory point to; the job runs, its directory and guardian found.
+struct GuardianScene {
+  GuardianScene() {
+    REQUIRE(::mkdir(tmpdir.c_str(), 0700) == 0);
+    REQUIRE(::mkdir(outside.c_str(), 0700) == 0);
+    std::ofstream(outside + "/keep") << "not trun's";
+    job = std::make_unique<SleepingJob>(d, tmpdir);
+    REQUIRE(!job->dir.empty());
+    REQUIRE(job->guardian > 0);
+  }
+  TempDir d;
+  const std::string tmpdir = d / "tmp";
+  const std::string outside = d / "outside";
+  std::unique_ptr<SleepingJob> job;
 };
 
 }  // namespace
@@ -339,16 +357,11 @@ TEST_CASE("unknown options, non-numeric and huge values, and binary garbage get 
 }
 
 TEST_CASE("a SIGKILLed agent's temporary directory is removed by its guardian", "[hostile][kill]") {
-  TempDir d;
-  const std::string tmpdir = d / "tmp";
-  REQUIRE(::mkdir(tmpdir.c_str(), 0700) == 0);
   // Outside the directory: a file and a directory that links inside it point to.
-  const std::string outside = d / "outside";
-  REQUIRE(::mkdir(outside.c_str(), 0700) == 0);
-  std::ofstream(outside + "/keep") << "not trun's";
-  SleepingJob job(d, tmpdir);
-  REQUIRE(!job.dir.empty());
-  REQUIRE(job.guardian > 0);
+  GuardianScene scene;
+  const std::string& tmpdir = scene.tmpdir;
+  const std::string& outside = scene.outside;
+  SleepingJob& job = *scene.job;
   REQUIRE(::symlink(outside.c_str(), (job.dir + "/dir_link").c_str()) == 0);
   REQUIRE(::symlink((outside + "/keep").c_str(), (job.dir + "/attempt_0/file_link").c_str()) == 0);
   REQUIRE(::mkdir((job.dir + "/deep").c_str(), 0700) == 0);
@@ -371,17 +384,11 @@ TEST_CASE("a SIGKILLed agent's temporary directory is removed by its guardian", 
 
 TEST_CASE("the guardian does not follow a link put in place of the temporary directory",
           "[hostile][kill]") {
-  TempDir d;
-  const std::string tmpdir = d / "tmp";
-  REQUIRE(::mkdir(tmpdir.c_str(), 0700) == 0);
-  const std::string outside = d / "outside";
-  REQUIRE(::mkdir(outside.c_str(), 0700) == 0);
-  std::ofstream(outside + "/keep") << "not trun's";
-  SleepingJob job(d, tmpdir);
-  REQUIRE(!job.dir.empty());
-  REQUIRE(job.guardian > 0);
+  GuardianScene scene;
+  const std::string& outside = scene.outside;
+  SleepingJob& job = *scene.job;
   // trun's directory moves away and a link to `outside` takes its name.
-  const std::string moved = d / "moved";
+  const std::string moved = scene.d / "moved";
   REQUIRE(std::rename(job.dir.c_str(), moved.c_str()) == 0);
   REQUIRE(::symlink(outside.c_str(), job.dir.c_str()) == 0);
 
