@@ -12,14 +12,14 @@
 #include <system_error>
 #include <vector>
 
-#include "rendezvous/shm_names.h"
+#include "base/shm_names.h"
 
 namespace trun::agent {
 
 namespace fs = std::filesystem;
 
 void remove_worker_shm_segments(const std::string& run_id) {
-  const std::string prefix = rendezvous::shm_run_prefix(run_id);
+  const std::string prefix = base::shm_run_prefix(run_id);
   std::error_code ec;
   for (fs::directory_iterator it("/dev/shm", ec), end; !ec && it != end; it.increment(ec)) {
     std::string name = it->path().filename().string();

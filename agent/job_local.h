@@ -11,7 +11,7 @@ namespace trun::agent {
 
 // The longest run id (--rdzv-id) trun accepts: one file-name component (NAME_MAX), because
 // --log-dir puts a job's logs in DIR/<run id>. Every rendezvous store key holds the run id too,
-// and the store refuses keys over 64 KiB (rendezvous/store/wire.h, Limits::max_key_bytes), so
+// and the store refuses keys over 64 KiB (store/wire.h, Limits::max_key_bytes), so
 // this leaves every key far inside that.
 inline constexpr size_t kMaxRunIdBytes = 255;
 
@@ -32,7 +32,7 @@ std::string make_log_dir(const std::string& log_dir, const std::string& run_id, 
 std::string make_temporary_dir();
 
 // libtrun_worker shares its segments as unnamed memfds by default; with TRUN_SHM_NAMED=1 (or
-// where memfd_create is missing) it names them in /dev/shm (rendezvous/shm_names.h) and unlinks
+// where memfd_create is missing) it names them in /dev/shm (base/shm_names.h) and unlinks
 // each as soon as every local rank mapped it. This removes the named ones of `run_id` that a
 // local rank 0 left behind when it died between creating and sharing one, logging each. Call it
 // once every worker is gone. Never throws.

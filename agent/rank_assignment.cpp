@@ -3,7 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace trun::agent {
 

@@ -22,8 +22,8 @@
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/static_rendezvous.h"
-#include "rendezvous/store/store.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/store.h"
+#include "store/tcp_store.h"
 
 namespace trun::agent {
 namespace {
@@ -337,18 +337,18 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
     return FailoverOutcome::kNotNeeded;
   }
   const rdzv::dynamic::Keys keys(run_id_);
-  rdzv::TcpStoreOptions probe;
-  probe.dialect = rdzv::StoreDialect::kTrun;
+  store::TcpStoreOptions probe;
+  probe.dialect = store::StoreDialect::kTrun;
   if (const char* t = std::getenv("TRUN_STORE_TOKEN")) probe.token = t;
   probe.host = lost.first;
   probe.port = lost.second;
-  rdzv::TcpStoreOptions old_store = probe;
+  store::TcpStoreOptions old_store = probe;
   auto old_store_answers = [&] {
     return !store_stopped &&
-           rdzv::probe_store_key(old_store, keys.round(), std::chrono::milliseconds(300));
+           store::probe_store_key(old_store, keys.round(), std::chrono::milliseconds(300));
   };
   // A store that still answers (this node only lost its membership, or a blip): rejoin it.
-  if (!store_stopped && rdzv::probe_store_key(probe, keys.round(), std::chrono::seconds(1))) {
+  if (!store_stopped && store::probe_store_key(probe, keys.round(), std::chrono::seconds(1))) {
     return FailoverOutcome::kNotNeeded;
   }
   auto plan = rdzv::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
@@ -397,7 +397,7 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
       const auto until = std::min(deadline, clock_.now() + window);
       bool found = false;
       for (int i = 0; i < 10000 && !found; ++i) {
-        found = rdzv::probe_store_key(probe, keys.failover(), std::chrono::milliseconds(500));
+        found = store::probe_store_key(probe, keys.failover(), std::chrono::milliseconds(500));
         if (found || clock_.now() >= until) break;
         // A partition that healed meanwhile: the others may be back on the old store.
         if (old_store_answers()) return FailoverOutcome::kNotNeeded;

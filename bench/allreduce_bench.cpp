@@ -48,7 +48,7 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 #include "trun/worker.h"
 
 using Clock = std::chrono::steady_clock;
@@ -290,9 +290,9 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  trun::rendezvous::StoreServerOptions so;
+  trun::store::StoreServerOptions so;
   so.host = "127.0.0.1";
-  auto server = trun::rendezvous::StoreServer::start(so);
+  auto server = trun::store::StoreServer::start(so);
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
     pid_t pid = ::fork();

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "examples/train_mlp/mlp.h"
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 #include "trun/ddp.h"
 #include "trun/worker.h"
 
@@ -188,9 +188,9 @@ int main(int argc, char** argv) {
       return 1;
     }
   }
-  trun::rendezvous::StoreServerOptions so;
+  trun::store::StoreServerOptions so;
   so.host = "127.0.0.1";
-  auto server = trun::rendezvous::StoreServer::start(so);
+  auto server = trun::store::StoreServer::start(so);
   const std::string port = std::to_string(server->port());
   const std::string run_id = "ddp-bench-" + std::to_string(::getpid());
   std::vector<pid_t> pids;

@@ -37,9 +37,10 @@
 #include "bench/bench_process.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 
 namespace {
 

@@ -54,11 +54,12 @@
 #include "rendezvous/c10d/backend.h"
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/round_leader.h"
-#include "rendezvous/store/relay.h"
-#include "rendezvous/store/server.h"
-#include "rendezvous/store/wire.h"
+#include "store/relay.h"
+#include "store/server.h"
+#include "store/wire.h"
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 using namespace trun::rendezvous::dynamic;
 namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
@@ -880,7 +881,7 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "descriptors: %lu per process%s; up to %d agents connect to the store itself, more "
-      "through relays of up to %d clients each (rendezvous/store/relay.h)\n\n",
+      "through relays of up to %d clients each (store/relay.h)\n\n",
       static_cast<unsigned long>(limit),
       limit < rlim_t(largest_n) + 4096
           ? " (the hard limit; raising it needs CAP_SYS_RESOURCE, which this process lacks)"

@@ -46,7 +46,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 
 namespace trun::bench {
 namespace {
@@ -680,19 +680,19 @@ void storm_row(const Options& o, const sockaddr_in& addr) {
 
 // trun's own synchronous client, one connection, for reference.
 void trun_client_rows(const Options& o) {
-  using rendezvous::TcpStore;
-  rendezvous::TcpStoreOptions to;
+  using store::TcpStore;
+  store::TcpStoreOptions to;
   to.host = o.host;
   to.port = static_cast<uint16_t>(o.port);
   to.timeout = std::chrono::seconds(30);
   to.connect_timeout = std::chrono::seconds(10);
-  to.dialect = rendezvous::StoreDialect::kTrun;  // measured against trun's server only
+  to.dialect = store::StoreDialect::kTrun;  // measured against trun's server only
   std::string value(kValueBytes, 'v');
   for (const auto& op : o.ops) {
     std::string name = "tcpstore_" + op + "_1c";
     try {
       TcpStore store(to);
-      rendezvous::Store& s = store;
+      store::Store& s = store;
       std::string key = key_root(o) + "/" + name;
       s.set(key, value);
       auto start = Clock::now();

@@ -2,8 +2,8 @@
 
 #include <algorithm>
 
-#include "launcher/hostlist.h"
-#include "launcher/slurm.h"
+#include "base/hostlist.h"
+#include "base/slurm.h"
 
 namespace trun::launcher {
 namespace {
@@ -85,7 +85,7 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
     out.step_id = step->value;
     step_id = unsigned_var(*step, "expected a numeric step id");
   }
-  if (!step || !is_srun_step_id(step->value)) {
+  if (!step || !base::is_srun_step_id(step->value)) {
     out.context = SlurmContext::kOutsideStep;
     out.log_line = "in SLURM job " + job->value + " but not in an srun step (" +
                    (step ? "SLURM_STEP_ID=" + step->value + " is the batch or extern step"
@@ -107,7 +107,7 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
   std::optional<unsigned long long> nodes;
   if (count_var) {
     nodes = unsigned_var(*count_var, "expected the step's node count (a positive number)");
-    if (*nodes == 0 || *nodes > kMaxHosts) {
+    if (*nodes == 0 || *nodes > base::kMaxHosts) {
       bad_variable(*count_var, "expected the step's node count (a positive number)");
     }
   }
@@ -123,7 +123,7 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
   std::vector<std::string> hosts;
   if (list_var) {
     try {
-      hosts = expand_hostlist(list_var->value);
+      hosts = base::expand_hostlist(list_var->value);
     } catch (const std::invalid_argument& e) {
       bad_variable(*list_var, e.what());
     }
@@ -148,7 +148,7 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
           first_set(env, {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})) {
     std::vector<int> tasks;
     try {
-      tasks = expand_tasks_per_node(tasks_var->value);
+      tasks = base::expand_tasks_per_node(tasks_var->value);
     } catch (const std::invalid_argument& e) {
       bad_variable(*tasks_var, e.what());
     }
@@ -218,17 +218,18 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
           "(the same on every node), or run trun under srun, which sets it");
     }
     if (!given.rdzv_endpoint && endpoint_applies && !hosts.empty()) {
-      const uint16_t port = slurm_port(job_id, step_id);
+      const uint16_t port = base::slurm_port(job_id, step_id);
       out.derived.push_back(
           {"--rdzv-endpoint",
            hosts.front() + ":" + std::to_string(port),
            {list_var->name},
            false,
-           "port " + std::to_string(kSlurmPortBase) + "+(" + job->value + " mod " +
-               std::to_string(kSlurmPortJobs) + ")*" + std::to_string(kSlurmPortSteps) + "+" +
-               (kSlurmPortSteps > step_id
+           "port " + std::to_string(base::kSlurmPortBase) + "+(" + job->value + " mod " +
+               std::to_string(base::kSlurmPortJobs) + ")*" + std::to_string(base::kSlurmPortSteps) +
+               "+" +
+               (base::kSlurmPortSteps > step_id
                     ? step->value
-                    : "(" + step->value + " mod " + std::to_string(kSlurmPortSteps) + ")")});
+                    : "(" + step->value + " mod " + std::to_string(base::kSlurmPortSteps) + ")")});
     }
   }
   if (!given.signals_to_handle) {

@@ -20,12 +20,12 @@
 #include "rendezvous/etcd/backend.h"
 #include "rendezvous/etcd/kv.h"
 #include "rendezvous/static_rendezvous.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 
 namespace trun::launcher {
 namespace {
 
-using rendezvous::StoreError;
+using store::StoreError;
 using Duration = std::chrono::milliseconds;
 
 constexpr int kExitShown = 0;
@@ -52,11 +52,11 @@ class Reader {
 
 class StoreReader : public Reader {
  public:
-  explicit StoreReader(rendezvous::TcpStoreOptions o) : store_(std::move(o)) {}
+  explicit StoreReader(store::TcpStoreOptions o) : store_(std::move(o)) {}
   std::optional<std::string> get(const std::string& key) override {
     try {
       return store_.get(key, Duration(0));
-    } catch (const rendezvous::StoreTimeoutError&) {
+    } catch (const store::StoreTimeoutError&) {
       return std::nullopt;
     }
   }
@@ -72,7 +72,7 @@ class StoreReader : public Reader {
   }
 
  private:
-  rendezvous::TcpStore store_;
+  store::TcpStore store_;
 };
 
 class EtcdReader : public Reader {
@@ -578,7 +578,7 @@ int run_status_command(int argc, char** argv) {
       js.endpoint = endpoint;
       reader = std::make_unique<EtcdReader>(o);
     } else {
-      rendezvous::TcpStoreOptions o;
+      store::TcpStoreOptions o;
       uint16_t default_port = backend == "c10d" ? 29400 : 29500;
       std::string where = endpoint;
       if (backend == "static" && (!master_addr.empty() || master_port > 0 || endpoint.empty())) {
@@ -597,14 +597,14 @@ int run_status_command(int argc, char** argv) {
           return usage(e.what());
         }
         where = rendezvous::endpoint_text(list[0].first, list[0].second);
-        rendezvous::TcpStoreOptions probe;
+        store::TcpStoreOptions probe;
         probe.token = token;
-        probe.dialect = rendezvous::StoreDialect::kTrun;
+        probe.dialect = store::StoreDialect::kTrun;
         const std::string key = rendezvous::dynamic::Keys(run_id).failover();
         for (size_t i = 1; i < list.size(); ++i) {
           probe.host = list[i].first;
           probe.port = list[i].second;
-          if (rendezvous::probe_store_key(probe, key, std::chrono::milliseconds(500))) {
+          if (store::probe_store_key(probe, key, std::chrono::milliseconds(500))) {
             where = rendezvous::endpoint_text(list[i].first, list[i].second);
             break;
           }

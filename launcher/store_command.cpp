@@ -11,9 +11,9 @@
 #include <cstdlib>
 
 #include "rendezvous/dynamic_rendezvous.h"
-#include "rendezvous/store/relay.h"
-#include "rendezvous/store/server.h"
-#include "rendezvous/store/store.h"
+#include "store/relay.h"
+#include "store/server.h"
+#include "store/store.h"
 
 namespace trun::launcher {
 
@@ -22,7 +22,7 @@ int run_store_command(int argc, char** argv) {
       "Runs trun's rendezvous store (wire-compatible with PyTorch's TCPStore) until "
       "SIGINT or SIGTERM; with --relay-to, a relay in front of one (docs/rendezvous.md, Scale).",
       "trun store"};
-  rendezvous::StoreServerOptions opts;
+  store::StoreServerOptions opts;
   opts.host = "127.0.0.1";
   int port = 29500;
   std::string token;
@@ -88,7 +88,7 @@ int run_store_command(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("trun-store"));
   opts.token = token;
 
-  rendezvous::StoreRelayOptions relay_opts;
+  store::StoreRelayOptions relay_opts;
   if (!relay_to.empty()) {
     std::vector<std::pair<std::string, uint16_t>> ups;
     try {
@@ -123,15 +123,15 @@ int run_store_command(int argc, char** argv) {
   sigaddset(&set, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 
-  std::unique_ptr<rendezvous::StoreServer> server;
-  std::unique_ptr<rendezvous::StoreRelay> relay;
+  std::unique_ptr<store::StoreServer> server;
+  std::unique_ptr<store::StoreRelay> relay;
   try {
     if (relay_to.empty()) {
-      server = rendezvous::StoreServer::start(opts);
+      server = store::StoreServer::start(opts);
     } else {
-      relay = rendezvous::StoreRelay::start(relay_opts);
+      relay = store::StoreRelay::start(relay_opts);
     }
-  } catch (const rendezvous::StoreError& e) {
+  } catch (const store::StoreError& e) {
     std::fprintf(stderr, "trun store: %s\n", e.what());
     return 1;
   }

@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/store.h"
-#include "rendezvous/store/tcp_store.h"  // LeaseSpec
+#include "store/store.h"
+#include "store/tcp_store.h"  // LeaseSpec
 
 namespace trun::rendezvous {
 
@@ -53,7 +53,7 @@ class RendezvousBackend {
 
   // --- liveness ---
   // Arms this node's lease (replacing the previous one without firing it).
-  virtual void arm_lease(const LeaseSpec& lease) = 0;
+  virtual void arm_lease(const store::LeaseSpec& lease) = 0;
   // Restarts the lease's ttl. False when the lease is gone (it fired: others consider this node
   // dead). StoreError when the store cannot be reached.
   virtual bool renew_lease() = 0;
@@ -61,7 +61,7 @@ class RendezvousBackend {
   virtual void release_lease() = 0;
 
   // A store for the agent's own keys (a separate connection, created on first use), shared.
-  virtual std::shared_ptr<Store> agent_store() = 0;
+  virtual std::shared_ptr<store::Store> agent_store() = 0;
 
   // Requests sent so far by this backend (every operation above, not counting agent_store()).
   virtual uint64_t requests_sent() const = 0;

@@ -4,7 +4,7 @@
 #include <charconv>
 #include <map>
 
-#include "rendezvous/check.h"
+#include "base/check.h"
 
 namespace trun::rendezvous {
 

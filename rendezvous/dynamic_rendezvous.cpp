@@ -8,7 +8,7 @@
 #include "rendezvous/etcd/backend.h"
 #include "rendezvous/round_leader.h"
 #include "rendezvous/round_rendezvous.h"
-#include "rendezvous/store/prefix_store.h"
+#include "store/prefix_store.h"
 
 namespace trun::rendezvous {
 namespace {
@@ -33,7 +33,8 @@ std::vector<std::string> split_endpoint_list(const std::string& text) {
 class DynamicRendezvous : public RoundRendezvous {
  public:
   DynamicRendezvous(std::string name, RendezvousOptions options,
-                    std::unique_ptr<RendezvousBackend> backend, std::unique_ptr<StoreServer> hosted)
+                    std::unique_ptr<RendezvousBackend> backend,
+                    std::unique_ptr<store::StoreServer> hosted)
       : RoundRendezvous(std::move(name), std::move(options), std::move(backend), std::move(hosted)),
         keys_(options_.run_id) {}
 
@@ -48,7 +49,7 @@ class DynamicRendezvous : public RoundRendezvous {
     try {
       auto v = backend_->try_get(keys_.round());
       return v && parse_round_key(*v).closed;
-    } catch (const StoreError& e) {
+    } catch (const store::StoreError& e) {
       throw RendezvousError(error_prefix() + ": " + e.what());
     }
   }
@@ -64,7 +65,7 @@ class DynamicRendezvous : public RoundRendezvous {
       if (backend_->try_get(keys_.result(rk.round))) return 0;
       // A counter: read with add(0) (the etcd backend keeps counters apart from values).
       return static_cast<int>(std::max<int64_t>(0, backend_->add(keys_.ticket(rk.round), 0)));
-    } catch (const StoreError& e) {
+    } catch (const store::StoreError& e) {
       throw RendezvousError(error_prefix() + ": " + e.what());
     }
   }
@@ -173,7 +174,7 @@ class DynamicRendezvous : public RoundRendezvous {
     info.participants = result.members;
     info.key_prefix = round_store_prefix(options_.run_id, round);
     info.run_store = backend_->agent_store();
-    info.store = std::make_shared<PrefixStore>(info.key_prefix, info.run_store);
+    info.store = std::make_shared<store::PrefixStore>(info.key_prefix, info.run_store);
     info.master_addr = std::string(result.members.field(0, 1));
     info.master_port = static_cast<uint16_t>(std::stoi(std::string(result.members.field(0, 3))));
     info.use_agent_store = false;
@@ -197,7 +198,7 @@ void validate_dynamic_options(const RendezvousOptions& o, const char* backend) {
 
 std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
     const RendezvousOptions& options, std::unique_ptr<RendezvousBackend> backend,
-    std::unique_ptr<StoreServer> hosted) {
+    std::unique_ptr<store::StoreServer> hosted) {
   if (!backend) throw RendezvousOptionError("dynamic rendezvous: no backend given");
   RendezvousOptions o = options;
   validate_dynamic_options(o, backend->name().c_str());
@@ -238,9 +239,9 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   // first entry's store or waiting for it.
   bool moved = false;
   if (endpoints.size() > 1 && options.store_seed.empty()) {
-    TcpStoreOptions probe;
+    store::TcpStoreOptions probe;
     probe.token = options.store_token;
-    probe.dialect = StoreDialect::kTrun;
+    probe.dialect = store::StoreDialect::kTrun;
     const std::string key = Keys(options.run_id).failover();
     for (size_t i = 1; i < endpoints.size() && !moved; ++i) {
       probe.host = endpoints[i].host;
@@ -255,7 +256,7 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   }
   bool host = !moved &&
               (options.is_host ? *options.is_host : endpoint_is_local(ep.host, options.local_addr));
-  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<store::StoreServer> server;
   std::string not_hosted;
   if (host) {
     server = host_store(ep, options.store_token, options.is_host.value_or(false), "c10d",
@@ -272,7 +273,7 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
   std::unique_ptr<RendezvousBackend> backend;
   try {
     backend = connect_store_backend(bo);
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     // An agent that took the endpoint for its own and could not host it says why: otherwise
     // "nothing listens there" hides that this node was to be the one listening.
     std::string why;
@@ -329,7 +330,7 @@ std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOption
   std::unique_ptr<RendezvousBackend> backend;
   try {
     backend = connect_etcd_backend(eo);
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     throw RendezvousError("etcd rendezvous '" + options.run_id +
                           "': cannot reach etcd at --rdzv-endpoint=" + options.endpoint + ": " +
                           e.what());

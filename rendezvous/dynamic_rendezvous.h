@@ -17,7 +17,7 @@
 
 #include "rendezvous/backend.h"
 #include "rendezvous/handler.h"
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 
 namespace trun::rendezvous {
 
@@ -47,6 +47,6 @@ std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::st
 // hosts, if any (its node gets group rank 0; stopped at shutdown). Validates `options`.
 std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(
     const RendezvousOptions& options, std::unique_ptr<RendezvousBackend> backend,
-    std::unique_ptr<StoreServer> hosted);
+    std::unique_ptr<store::StoreServer> hosted);
 
 }  // namespace trun::rendezvous

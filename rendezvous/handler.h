@@ -38,7 +38,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace trun::rendezvous {
 
@@ -109,11 +109,11 @@ struct RendezvousInfo {
   ParticipantList participants;
   // The job's store, namespaced for this round (`key_prefix`): what the agent may use for its own
   // keys in this round (e.g. an exit barrier). Owned jointly; valid until shutdown().
-  std::shared_ptr<Store> store;
+  std::shared_ptr<store::Store> store;
   std::string key_prefix;
   // The same store without the round prefix, for records that outlive rounds (the agent's
   // status record for `trun status`, agent/node_status.h). Shared with `store`.
-  std::shared_ptr<Store> run_store;
+  std::shared_ptr<store::Store> run_store;
   // Where the workers' process-group bootstrap lives (MASTER_ADDR/MASTER_PORT).
   std::string master_addr;
   uint16_t master_port = 0;
@@ -188,7 +188,7 @@ class RendezvousHandler {
   // This handler's store traffic, for metrics (no I/O: counters only; any thread).
   struct StoreStats {
     uint64_t requests_sent = 0;  // requests to the store (or etcd) by the rendezvous protocol
-    uint64_t errors = 0;         // of those, the ones that failed (StoreError, timeouts included)
+    uint64_t errors = 0;  // of those, the ones that failed (store::StoreError, timeouts included)
     std::optional<uint64_t> requests_served;  // when this node hosts the store: all it served
     // Adds another handler's counts (requests_served stays unset when neither has one).
     StoreStats& operator+=(const StoreStats& o) {

@@ -7,7 +7,7 @@
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
 #include "rendezvous/static_rendezvous.h"
-#include "rendezvous/store/socket_conn.h"
+#include "store/socket_conn.h"
 
 namespace trun::rendezvous {
 namespace {
@@ -175,7 +175,7 @@ bool is_rdzv_conf_key(const std::string& key) {
   return false;
 }
 
-void abandon_store_connection_retries() { net::abandon_connect_retries(); }
+void abandon_store_connection_retries() { store::net::abandon_connect_retries(); }
 
 std::vector<std::string> rendezvous_backend_names() { return {"c10d", "etcd", "static"}; }
 

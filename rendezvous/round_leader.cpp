@@ -81,7 +81,7 @@ void RoundLeader::lead(int64_t j, TimePoint deadline) {
       try {
         auto values = multi_get(node_keys);
         for (int t = 1; t <= n; ++t) waiting.push_back(decode_node(values[t - 1], t).id);
-      } catch (const StoreTimeoutError&) {
+      } catch (const store::StoreTimeoutError&) {
         // A ticket without a descriptor: its node died; the result will say so.
       }
       observe_joined(&s, n, Clock::now());
@@ -170,7 +170,7 @@ bool RoundLeader::complete(int64_t j, int count, const Quorum* quorum) {
   std::vector<std::string> values;
   try {
     values = multi_get(keys);
-  } catch (const StoreTimeoutError&) {
+  } catch (const store::StoreTimeoutError&) {
     // A node took a ticket and died before publishing (its lease never armed).
     backend_.compare_set(keys_.result(j), "",
                          abort_record("a node took a ticket but never published itself"));

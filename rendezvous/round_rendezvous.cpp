@@ -14,7 +14,7 @@
 #include <set>
 #include <thread>
 
-#include "rendezvous/store/socket_conn.h"
+#include "store/socket_conn.h"
 
 namespace trun::rendezvous {
 namespace {
@@ -245,8 +245,9 @@ bool someone_listens_here(const std::string& bind_host, uint16_t port) {
   std::string host = bind_host;
   if (host == "0.0.0.0") host = "127.0.0.1";
   if (host == "::") host = "::1";
-  net::OpenError error;
-  int fd = net::open_socket(host, port, Clock::now() + std::chrono::milliseconds(200), &error);
+  store::net::OpenError error;
+  int fd =
+      store::net::open_socket(host, port, Clock::now() + std::chrono::milliseconds(200), &error);
   if (fd < 0) return false;
   ::close(fd);
   return true;
@@ -254,10 +255,10 @@ bool someone_listens_here(const std::string& bind_host, uint16_t port) {
 
 }  // namespace
 
-std::unique_ptr<StoreServer> host_store(
+std::unique_ptr<store::StoreServer> host_store(
     const Endpoint& endpoint, const std::string& token, bool forced, const char* backend,
     const std::vector<std::pair<std::string, std::string>>& seed, std::string* not_hosted) {
-  StoreServerOptions so;
+  store::StoreServerOptions so;
   so.host = is_numeric_ip(endpoint.host) ? endpoint.host : "0.0.0.0";
   so.port = endpoint.port;
   so.token = token;
@@ -272,8 +273,8 @@ std::unique_ptr<StoreServer> host_store(
   std::uniform_int_distribution<int> pause_ms(5, 40);
   for (int attempt = 1;; ++attempt) {
     try {
-      return StoreServer::start(so);
-    } catch (const StoreError& e) {
+      return store::StoreServer::start(so);
+    } catch (const store::StoreError& e) {
       if (attempt < 8 && !someone_listens_here(so.host, so.port)) {
         std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms(rng)));
         continue;
@@ -327,7 +328,7 @@ class ErrorCountingBackend : public RendezvousBackend {
     return counted([&] { return inner_->wait_get(key, timeout); });
   }
   void interrupt_waits() override { inner_->interrupt_waits(); }
-  void arm_lease(const LeaseSpec& lease) override {
+  void arm_lease(const store::LeaseSpec& lease) override {
     counted([&] { inner_->arm_lease(lease); });
   }
   bool renew_lease() override {
@@ -336,7 +337,7 @@ class ErrorCountingBackend : public RendezvousBackend {
   void release_lease() override {
     counted([&] { inner_->release_lease(); });
   }
-  std::shared_ptr<Store> agent_store() override { return inner_->agent_store(); }
+  std::shared_ptr<store::Store> agent_store() override { return inner_->agent_store(); }
   uint64_t requests_sent() const override { return inner_->requests_sent(); }
 
  private:
@@ -344,7 +345,7 @@ class ErrorCountingBackend : public RendezvousBackend {
   auto counted(F f) -> decltype(f()) {
     try {
       return f();
-    } catch (const StoreError&) {
+    } catch (const store::StoreError&) {
       errors_->fetch_add(1, std::memory_order_relaxed);
       throw;
     }
@@ -365,7 +366,7 @@ RendezvousHandler::StoreStats RoundRendezvous::store_stats() const {
 
 RoundRendezvous::RoundRendezvous(std::string backend_name, RendezvousOptions options,
                                  std::unique_ptr<RendezvousBackend> backend,
-                                 std::unique_ptr<StoreServer> server)
+                                 std::unique_ptr<store::StoreServer> server)
     : options_(std::move(options)),
       backend_(std::make_unique<ErrorCountingBackend>(std::move(backend), backend_errors_)),
       server_(std::move(server)),
@@ -394,7 +395,7 @@ Clock::time_point RoundRendezvous::join_deadline() {
 
 void RoundRendezvous::arm_node_lease(int64_t k, std::string node_key, std::string node_value,
                                      std::string abort_key, std::string abort_value) {
-  LeaseSpec lease;
+  store::LeaseSpec lease;
   lease.set_key = std::move(node_key);
   lease.set_value = std::move(node_value);
   lease.a_key = std::move(abort_key);
@@ -453,14 +454,14 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
   } catch (const RendezvousError&) {
     joining_round_ = -1;
     throw;
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     joining_round_ = -1;
     {
       std::lock_guard<std::mutex> lock(mu_);
       store_unreachable_ = true;  // shutdown() skips its goodbyes unless a later join succeeds
     }
     check_not_shut_down();
-    if (dynamic_cast<const StoreGoneError*>(&e)) {
+    if (dynamic_cast<const store::StoreGoneError*>(&e)) {
       throw RendezvousStoreGoneError(error_prefix() + ": " + e.what());
     }
     throw RendezvousError(error_prefix() + ": " + e.what());
@@ -489,9 +490,9 @@ std::optional<RoundEvent> RoundRendezvous::wait_round_over(std::chrono::millisec
   bool stopped = false;
   try {
     log = backend_->wait_get(over_key(k), timeout);
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     error = e.what();
-    stopped = dynamic_cast<const StoreGoneError*>(&e) != nullptr;
+    stopped = dynamic_cast<const store::StoreGoneError*>(&e) != nullptr;
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (shut_down_) {
@@ -561,7 +562,7 @@ void RoundRendezvous::report_worker_failure(const std::string& detail) {
   try {
     backend_->append(over_key(k), dynamic::encode_over(
                                       {RoundEvent::Kind::kWorkerFailed, options_.node_id, detail}));
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     throw RendezvousError(error_prefix() + ": cannot report the worker failure: " + e.what());
   }
 }
@@ -582,7 +583,7 @@ void RoundRendezvous::set_closed() {
       backend_->append(over_key(k), dynamic::encode_over({RoundEvent::Kind::kClosed,
                                                           options_.node_id, "the job finished"}));
     }
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     throw RendezvousError(error_prefix() + ": cannot close the rendezvous: " + e.what());
   }
 }
@@ -626,7 +627,7 @@ void RoundRendezvous::keep_alive_loop() {
     bool reached = true;
     try {
       ok = backend_->renew_lease();
-    } catch (const StoreError& e) {
+    } catch (const store::StoreError& e) {
       reached = false;
       last_error = e.what();
     }
@@ -677,7 +678,7 @@ void RoundRendezvous::shutdown() {
   }
   if (keep_alive_thread_.joinable()) keep_alive_thread_.join();
   try {
-    if (store_lost) throw StoreError("store lost");
+    if (store_lost) throw store::StoreError("store lost");
     if (leave) {
       backend_->append(over_key(k), dynamic::encode_over({RoundEvent::Kind::kNodeLeft,
                                                           options_.node_id, "agent shut down"}));
@@ -700,7 +701,7 @@ void RoundRendezvous::shutdown() {
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
       }
     }
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     spdlog::debug("{}: while shutting down: {}", error_prefix(), e.what());
   }
   backend_->interrupt_waits();

@@ -13,7 +13,7 @@
 #include "rendezvous/backend.h"
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/handler.h"
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 
 namespace trun::rendezvous {
 
@@ -42,7 +42,7 @@ std::chrono::milliseconds time_left(std::chrono::steady_clock::time_point deadli
 // Hosts a StoreServer for `endpoint` (binding its address when it is numeric, else every
 // interface). Returns null when the port is taken and hosting was not forced, with the reason in
 // *not_hosted when given. A failure while nothing listens on the port is retried a few times.
-std::unique_ptr<StoreServer> host_store(
+std::unique_ptr<store::StoreServer> host_store(
     const Endpoint& endpoint, const std::string& token, bool forced, const char* backend,
     const std::vector<std::pair<std::string, std::string>>& seed = {},
     std::string* not_hosted = nullptr);
@@ -65,11 +65,12 @@ class RoundRendezvous : public RendezvousHandler {
   // Requests this handler's backend sent (tests, benchmarks).
   uint64_t requests_sent() const { return backend_->requests_sent(); }
   StoreStats store_stats() const override;
-  const StoreServer* hosted_store() const { return server_.get(); }
+  const store::StoreServer* hosted_store() const { return server_.get(); }
 
  protected:
   RoundRendezvous(std::string backend_name, RendezvousOptions options,
-                  std::unique_ptr<RendezvousBackend> backend, std::unique_ptr<StoreServer> server);
+                  std::unique_ptr<RendezvousBackend> backend,
+                  std::unique_ptr<store::StoreServer> server);
 
   // Joins rounds until one completes with this node in it. `last_round` is the last round this
   // node completed (-1: none). Runs on the caller's thread of next_rendezvous.
@@ -100,7 +101,7 @@ class RoundRendezvous : public RendezvousHandler {
       std::make_shared<std::atomic<uint64_t>>(0);
   RendezvousOptions options_;
   std::unique_ptr<RendezvousBackend> backend_;
-  std::unique_ptr<StoreServer> server_;
+  std::unique_ptr<store::StoreServer> server_;
   std::atomic<int64_t> joining_round_{-1};
   // Set by a backend whose join saw the round aborted before it formed: how many other nodes
   // joined it. The node hosting the store then waits (bounded) for their goodbyes before it

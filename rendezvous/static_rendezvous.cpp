@@ -6,7 +6,7 @@
 
 #include "rendezvous/c10d/backend.h"
 #include "rendezvous/round_rendezvous.h"
-#include "rendezvous/store/prefix_store.h"
+#include "store/prefix_store.h"
 
 namespace trun::rendezvous {
 Participant parse_static_node(const std::string& value) {
@@ -41,7 +41,7 @@ std::string duplicate_rank(int rank, const std::string& holder, const std::strin
 class StaticRendezvous : public RoundRendezvous {
  public:
   StaticRendezvous(RendezvousOptions options, std::unique_ptr<RendezvousBackend> backend,
-                   std::unique_ptr<StoreServer> hosted, Endpoint master)
+                   std::unique_ptr<store::StoreServer> hosted, Endpoint master)
       : RoundRendezvous("static", std::move(options), std::move(backend), std::move(hosted)),
         keys_(options_.run_id),
         master_(std::move(master)) {}
@@ -51,7 +51,7 @@ class StaticRendezvous : public RoundRendezvous {
     check_not_shut_down();
     try {
       return backend_->try_get(keys_.closed()).has_value();
-    } catch (const StoreError& e) {
+    } catch (const store::StoreError& e) {
       throw RendezvousError(error_prefix() + ": " + e.what());
     }
   }
@@ -133,7 +133,7 @@ class StaticRendezvous : public RoundRendezvous {
     info.participants = ParticipantList(participants);
     info.key_prefix = round_store_prefix(options_.run_id, k);
     info.run_store = backend_->agent_store();
-    info.store = std::make_shared<PrefixStore>(info.key_prefix, info.run_store);
+    info.store = std::make_shared<store::PrefixStore>(info.key_prefix, info.run_store);
     info.master_addr = master_.host;
     info.master_port = server_ ? server_->port() : master_.port;
     info.use_agent_store = true;
@@ -183,7 +183,7 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOpti
   }
   if (o.node_id.empty()) o.node_id = default_node_id();
   if (o.local_addr.empty()) o.local_addr = default_local_addr();
-  std::unique_ptr<StoreServer> server;
+  std::unique_ptr<store::StoreServer> server;
   std::optional<RendezvousError> cannot_host;
   if (o.node_rank == 0) {
     try {
@@ -217,7 +217,7 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOpti
       if (holder) {
         backend->compare_set(keys.all(0), "", "aborted: " + duplicate_rank(0, *holder, me));
       }
-    } catch (const StoreError&) {
+    } catch (const store::StoreError&) {
       // Not a trun store, or not reachable: the bind error is the one to report.
     }
     if (!holder) throw *cannot_host;
@@ -228,7 +228,7 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOpti
   try {
     backend = connect_store_backend(bo);
     if (server) backend->set(keys.host(), me);
-  } catch (const StoreError& e) {
+  } catch (const store::StoreError& e) {
     throw RendezvousError("static rendezvous '" + o.run_id +
                           "': cannot reach node 0's store: " + e.what());
   }

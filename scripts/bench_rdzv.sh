@@ -3,7 +3,7 @@
 # 1. Scale (bench/rdzv_scale): N simulated agents, event-driven (no thread per agent), run trun's
 #    c10d join protocol over real TCP connections against a real store; the agent drawing ticket 1
 #    runs the real leader. N = 64 .. 100,000; above what one process may hold (a descriptor per
-#    connection) the agents go through store relays (rendezvous/store/relay.h). Then a round of
+#    connection) the agents go through store relays (store/relay.h). Then a round of
 #    10,000 nodes in which one leaves: time until every survivor has the next round.
 #    Targets: 2048 nodes < 1 s, 100,000 < 30 s, <= 5 requests per agent.
 #    Peer in the same run: PyTorch 1.13's dynamic rendezvous (c10d backend, one process per

@@ -4,7 +4,7 @@
 # by default; a TARGET is a file name without _fuzz.cpp, e.g. store_decoder)
 #
 # A target is tests/fuzz/NAME_fuzz.cpp. Its header names what it links, in two comment lines:
-#   // fuzz-sources: rendezvous/store/wire.cpp rendezvous/store/kv_state.cpp
+#   // fuzz-sources: store/wire.cpp store/kv_state.cpp
 #   // fuzz-libs: -lspdlog -lfmt            (optional)
 # Its checked-in seeds are tests/fuzz/corpus/NAME/ (only read). Everything the script writes stays
 # in build-fuzz/: the binaries, each target's growing corpus and any crash reproducer. Exits

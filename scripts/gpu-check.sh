@@ -190,7 +190,7 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
 else
   echo "torch $("$py" -c 'import torch; print(torch.__version__, torch.cuda.is_available())')"
   tmp=$(mktemp -d)
-  ops=tests/rendezvous/store/compat/torch_store_ops.py
+  ops=tests/store/compat/torch_store_ops.py
   # The store scenario against PyTorch's own server (the oracle) and against `trun store`.
   coproc ORACLE { "$py" "$ops" serve; }
   read -r _ oracle_port <&"${ORACLE[0]}"

@@ -3,7 +3,7 @@
 #include <atomic>
 #include <mutex>
 
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 
 namespace trun::rendezvous {
 namespace {
@@ -11,8 +11,8 @@ namespace {
 class StoreBackend : public RendezvousBackend {
  public:
   explicit StoreBackend(const StoreBackendOptions& o) : options_(o) {
-    control_ = std::make_unique<TcpStore>(tcp_options());
-    waiter_ = std::make_unique<TcpStore>(tcp_options());
+    control_ = std::make_unique<store::TcpStore>(tcp_options());
+    waiter_ = std::make_unique<store::TcpStore>(tcp_options());
   }
 
   std::string name() const override { return "c10d"; }
@@ -38,7 +38,7 @@ class StoreBackend : public RendezvousBackend {
     ++requests_;
     try {
       return control_->get(key, Duration(0));
-    } catch (const StoreTimeoutError&) {
+    } catch (const store::StoreTimeoutError&) {
       return std::nullopt;
     }
   }
@@ -53,12 +53,12 @@ class StoreBackend : public RendezvousBackend {
     ++requests_;
     try {
       return waiter_->get(key, timeout);
-    } catch (const StoreTimeoutError&) {
+    } catch (const store::StoreTimeoutError&) {
       return std::nullopt;
     }
   }
   void interrupt_waits() override { waiter_->interrupt(); }
-  void arm_lease(const LeaseSpec& lease) override {
+  void arm_lease(const store::LeaseSpec& lease) override {
     ++requests_;
     control_->lease_arm(lease);
   }
@@ -70,30 +70,31 @@ class StoreBackend : public RendezvousBackend {
     ++requests_;
     control_->lease_release();
   }
-  std::shared_ptr<Store> agent_store() override {
+  std::shared_ptr<store::Store> agent_store() override {
     std::lock_guard<std::mutex> lock(agent_mu_);
-    if (!agent_) agent_ = std::make_shared<TcpStore>(tcp_options());
+    if (!agent_) agent_ = std::make_shared<store::TcpStore>(tcp_options());
     return agent_;
   }
   uint64_t requests_sent() const override { return requests_.load(); }
 
  private:
-  TcpStoreOptions tcp_options() const {
-    TcpStoreOptions t;
+  store::TcpStoreOptions tcp_options() const {
+    store::TcpStoreOptions t;
     t.host = options_.host;
     t.port = options_.port;
     t.token = options_.token;
     t.timeout = options_.read_timeout;
     t.connect_timeout = options_.connect_timeout;
-    t.dialect = StoreDialect::kTrun;  // rendezvous stores are trun's (leases, server-side waits)
+    t.dialect =
+        store::StoreDialect::kTrun;  // rendezvous stores are trun's (leases, server-side waits)
     return t;
   }
 
   StoreBackendOptions options_;
-  std::unique_ptr<TcpStore> control_;
-  std::unique_ptr<TcpStore> waiter_;
+  std::unique_ptr<store::TcpStore> control_;
+  std::unique_ptr<store::TcpStore> waiter_;
   std::mutex agent_mu_;
-  std::shared_ptr<Store> agent_;
+  std::shared_ptr<store::Store> agent_;
   std::atomic<uint64_t> requests_{0};
 };
 

@@ -90,7 +90,7 @@ class EtcdBackend : public RendezvousBackend {
   }
   void interrupt_waits() override { kv_.interrupt_waits(); }
 
-  void arm_lease(const LeaseSpec& lease) override {
+  void arm_lease(const store::LeaseSpec& lease) override {
     json action = {{"a_key", lease.a_key},
                    {"a_value", lease.a_value},
                    {"b_key", lease.b_key},
@@ -135,7 +135,7 @@ class EtcdBackend : public RendezvousBackend {
     kv_.client().lease_revoke(id);
   }
 
-  std::shared_ptr<Store> agent_store() override {
+  std::shared_ptr<store::Store> agent_store() override {
     std::lock_guard<std::mutex> lock(agent_mu_);
     if (!agent_) agent_ = etcd::make_etcd_store(kv_options());
     return agent_;
@@ -254,7 +254,7 @@ class EtcdBackend : public RendezvousBackend {
   int64_t lease_id_ = 0;  // under lease_mu_; 0: none
 
   std::mutex agent_mu_;
-  std::shared_ptr<Store> agent_;
+  std::shared_ptr<store::Store> agent_;
 
   std::mutex watcher_mu_;
   std::condition_variable watcher_cv_;

@@ -82,7 +82,7 @@ json parse_answer(const std::string& text, const std::string& what) {
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
-    throw StoreError(what + ": unreadable answer from etcd: " + e.what());
+    throw store::StoreError(what + ": unreadable answer from etcd: " + e.what());
   }
 }
 
@@ -168,7 +168,9 @@ class HttpConnection {
     error_code ec;
     tcp::resolver resolver(ioc_);
     auto endpoints = resolver.resolve(host_, std::to_string(port_), ec);
-    if (ec) throw StoreError("etcd at " + endpoint_ + ": cannot resolve the host: " + ec.message());
+    if (ec)
+      throw store::StoreError("etcd at " + endpoint_ +
+                              ": cannot resolve the host: " + ec.message());
     bool timed_out = false;
     ec = run(
         [&](auto handler) {
@@ -179,9 +181,9 @@ class HttpConnection {
         deadline, &timed_out);
     if (ec) {
       close();
-      if (timed_out) throw StoreTimeoutError("etcd at " + endpoint_ + ": connect timed out");
-      if (interrupted_) throw StoreError("etcd at " + endpoint_ + ": interrupted");
-      throw StoreError("etcd at " + endpoint_ + ": cannot connect: " + ec.message());
+      if (timed_out) throw store::StoreTimeoutError("etcd at " + endpoint_ + ": connect timed out");
+      if (interrupted_) throw store::StoreError("etcd at " + endpoint_ + ": interrupted");
+      throw store::StoreError("etcd at " + endpoint_ + ": cannot connect: " + ec.message());
     }
     error_code ignored;
     socket_.set_option(tcp::no_delay(true), ignored);
@@ -312,15 +314,15 @@ void connect_first(HttpConnection* conn, const Endpoints& endpoints, size_t* fir
                                           : std::min(deadline, Clock::now() + kConnectEach));
       *first = idx;
       return;
-    } catch (const StoreTimeoutError&) {
+    } catch (const store::StoreTimeoutError&) {
       if (endpoints.size() == 1 || Clock::now() >= deadline) throw;
       errors += std::string(errors.empty() ? "" : "; ") + endpoints[idx].text() + " timed out";
-    } catch (const StoreError& e) {
+    } catch (const store::StoreError& e) {
       if (endpoints.size() == 1 || conn->interrupted()) throw;
       errors += std::string(errors.empty() ? "" : "; ") + e.what();
     }
   }
-  throw StoreError("no etcd endpoint accepted a connection: " + errors);
+  throw store::StoreError("no etcd endpoint accepted a connection: " + errors);
 }
 }  // namespace
 
@@ -337,12 +339,12 @@ Client::Client(Endpoints endpoints, Duration timeout, Duration connect_timeout)
       connect_any(std::min(deadline, Clock::now() + timeout_));
       last_used_ = Clock::now();
       return;
-    } catch (const StoreError& e) {
+    } catch (const store::StoreError& e) {
       auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
       if (left <= Duration(0)) {
         char waited[32];
         std::snprintf(waited, sizeof waited, "%.1f", connect_timeout.count() / 1000.0);
-        throw StoreError(std::string(e.what()) + " (retried for " + waited + " s)");
+        throw store::StoreError(std::string(e.what()) + " (retried for " + waited + " s)");
       }
       std::this_thread::sleep_for(std::min(pause, left));
       pause = std::min(pause * 2, Duration(1000));
@@ -381,14 +383,14 @@ std::string Client::call(const std::string& path, const std::string& body, bool 
       if (timed_out) {
         current_ =
             (current_ + 1) % endpoints_.size();  // a hung member: the next call tries another
-        throw StoreTimeoutError(what + ": no answer in time");
+        throw store::StoreTimeoutError(what + ": no answer in time");
       }
       // A kept-alive connection that etcd closed meanwhile: retry once on a new one, when
       // repeating the request is harmless.
       bool stale = ec == http::error::end_of_stream || ec == asio::error::eof ||
                    ec == asio::error::connection_reset || ec == asio::error::broken_pipe;
       if (stale && !fresh && idempotent && attempt == 0) continue;
-      throw StoreError(what + ": " + ec.message());
+      throw store::StoreError(what + ": " + ec.message());
     }
     last_used_ = Clock::now();
     if (!res.keep_alive()) conn_->close();
@@ -468,7 +470,7 @@ int64_t Client::lease_grant(Duration ttl) {
   json req = {{"TTL", std::to_string(seconds)}};
   auto j = parse_answer(call("/v3/lease/grant", req.dump(), false), endpoint_);
   int64_t id = int_field(j, "ID");
-  if (id == 0) throw StoreError("etcd at " + endpoint_ + ": lease grant: " + j.dump());
+  if (id == 0) throw store::StoreError("etcd at " + endpoint_ + ": lease grant: " + j.dump());
   return id;
 }
 
@@ -495,7 +497,8 @@ Watch::Watch(Endpoints endpoints, Options options)
       options_(std::move(options)) {}
 
 void Watch::open(Clock::time_point deadline) {
-  if (conn_->interrupted()) throw StoreError("etcd at " + endpoint_ + ": watch: interrupted");
+  if (conn_->interrupted())
+    throw store::StoreError("etcd at " + endpoint_ + ": watch: interrupted");
   size_t first = options_.first_endpoint % endpoints_.size();
   connect_first(conn_.get(), endpoints_, &first, deadline);
   json create = {{"key", base64(options_.key)}};
@@ -509,17 +512,19 @@ void Watch::open(Clock::time_point deadline) {
   auto ec = conn_->send("/v3/watch", req.dump(), deadline, &timed_out);
   if (!ec) ec = conn_->read_stream_header(deadline, &timed_out);
   if (ec) {
-    if (timed_out) throw StoreTimeoutError("etcd at " + endpoint_ + ": watch: no answer in time");
-    if (conn_->interrupted()) throw StoreError("etcd at " + endpoint_ + ": watch: interrupted");
-    throw StoreError("etcd at " + endpoint_ + ": watch: " + ec.message());
+    if (timed_out)
+      throw store::StoreTimeoutError("etcd at " + endpoint_ + ": watch: no answer in time");
+    if (conn_->interrupted())
+      throw store::StoreError("etcd at " + endpoint_ + ": watch: interrupted");
+    throw store::StoreError("etcd at " + endpoint_ + ": watch: " + ec.message());
   }
   if (conn_->stream_status() != 200) {
-    throw StoreError("etcd at " + endpoint_ + ": watch: HTTP " +
-                     std::to_string(conn_->stream_status()));
+    throw store::StoreError("etcd at " + endpoint_ + ": watch: HTTP " +
+                            std::to_string(conn_->stream_status()));
   }
   while (!created_) {
     if (!next(deadline)) {
-      throw StoreTimeoutError("etcd at " + endpoint_ + ": watch: not created in time");
+      throw store::StoreTimeoutError("etcd at " + endpoint_ + ": watch: not created in time");
     }
   }
 }
@@ -533,23 +538,24 @@ std::optional<std::vector<WatchEvent>> Watch::next(Clock::time_point deadline) {
   const std::string what = "etcd at " + endpoint_ + ": watch";
   size_t nl;
   while ((nl = pending_.find('\n')) == std::string::npos) {
-    if (conn_->stream_done()) throw StoreError(what + ": etcd ended the stream");
+    if (conn_->stream_done()) throw store::StoreError(what + ": etcd ended the stream");
     bool timed_out = false;
     auto ec = conn_->read_stream(&pending_, deadline, &timed_out);
     if (timed_out) return std::nullopt;
-    if (conn_->interrupted()) throw StoreError(what + ": interrupted");
-    if (ec) throw StoreError(what + ": " + ec.message());
+    if (conn_->interrupted()) throw store::StoreError(what + ": interrupted");
+    if (ec) throw store::StoreError(what + ": " + ec.message());
   }
   json message = parse_answer(pending_.substr(0, nl), what);
   pending_.erase(0, nl + 1);
   if (message.contains("error")) {
-    throw StoreError(what + ": " + message["error"].value("message", message["error"].dump()));
+    throw store::StoreError(what + ": " +
+                            message["error"].value("message", message["error"].dump()));
   }
   const json& result = message.value("result", json::object());
   if (result.value("created", false)) created_ = true;
   if (result.value("canceled", false)) {
     compact_revision_ = int_field(result, "compact_revision");
-    throw StoreError(
+    throw store::StoreError(
         what + ": cancelled by etcd" +
         (compact_revision_ > 0
              ? " (history compacted up to revision " + std::to_string(compact_revision_) + ")"

@@ -24,7 +24,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace trun::rendezvous::etcd {
 
@@ -32,10 +32,10 @@ using Clock = std::chrono::steady_clock;
 using Duration = std::chrono::milliseconds;
 
 // etcd refused a request; code() is its gRPC status (kNotFound: e.g. an expired lease).
-class EtcdError : public StoreError {
+class EtcdError : public store::StoreError {
  public:
   static constexpr int kNotFound = 5;
-  EtcdError(const std::string& what, int code) : StoreError(what), code_(code) {}
+  EtcdError(const std::string& what, int code) : store::StoreError(what), code_(code) {}
   int code() const { return code_; }
 
  private:

@@ -28,7 +28,8 @@ int64_t parse_counter(const std::string& key, const std::optional<std::string>& 
     if (used == value->size()) return v;
   } catch (const std::exception&) {
   }
-  throw StoreError("etcd: add on key '" + key + "': its value '" + *value + "' is not an integer");
+  throw store::StoreError("etcd: add on key '" + key + "': its value '" + *value +
+                          "' is not an integer");
 }
 
 }  // namespace
@@ -83,8 +84,8 @@ std::optional<std::string> Kv::update(
     if (Clock::now() >= deadline) break;
     contention_pause(attempt);
   }
-  throw StoreTimeoutError("etcd at " + client_.endpoint() + ": key '" + key +
-                          "' kept changing under concurrent updates until the timeout");
+  throw store::StoreTimeoutError("etcd at " + client_.endpoint() + ": key '" + key +
+                                 "' kept changing under concurrent updates until the timeout");
 }
 
 int64_t Kv::add(const std::string& key, int64_t delta) {
@@ -148,7 +149,8 @@ std::optional<std::string> Kv::wait_get(const std::string& key, Duration timeout
   {
     std::lock_guard<std::mutex> lock(watch_mu_);
     if (std::exchange(interrupt_pending_, false)) {
-      throw StoreError("etcd at " + client_.endpoint() + ": wait for '" + k + "': interrupted");
+      throw store::StoreError("etcd at " + client_.endpoint() + ": wait for '" + k +
+                              "': interrupted");
     }
   }
   // A watch broken by the death of the member it went to is taken up on another member (a read
@@ -181,9 +183,9 @@ std::optional<std::string> Kv::wait_get(const std::string& key, Duration timeout
           if (!e.is_delete && e.kv.key == k) return e.kv.value;
         }
       }
-    } catch (const StoreTimeoutError&) {
+    } catch (const store::StoreTimeoutError&) {
       return std::nullopt;
-    } catch (const StoreError&) {
+    } catch (const store::StoreError&) {
       if (watch.interrupted() || attempt + 1 >= options_.endpoints.size()) throw;
     }
   }
@@ -198,9 +200,9 @@ std::vector<std::string> Kv::multi_get(const std::vector<std::string>& keys, Dur
       if (!reads[i]) {
         auto left = std::chrono::duration_cast<Duration>(deadline - Clock::now());
         if (left <= Duration(0) || !wait_get(keys[i], left)) {
-          throw StoreTimeoutError("etcd at " + client_.endpoint() + ": key '" + full(keys[i]) +
-                                  "' was not set within " +
-                                  std::to_string(timeout.count() / 1000.0) + " s");
+          throw store::StoreTimeoutError("etcd at " + client_.endpoint() + ": key '" +
+                                         full(keys[i]) + "' was not set within " +
+                                         std::to_string(timeout.count() / 1000.0) + " s");
         }
         break;  // read them all again, at once
       }
@@ -218,7 +220,7 @@ void Kv::interrupt_waits() {
 
 namespace {
 
-class EtcdStore : public Store {
+class EtcdStore : public store::Store {
  public:
   explicit EtcdStore(const KvOptions& options) : kv_(options) { timeout_ = options.timeout; }
 
@@ -228,9 +230,9 @@ class EtcdStore : public Store {
   std::string get(const std::string& key, Duration timeout) override {
     auto v = kv_.wait_get(key, timeout);
     if (!v) {
-      throw StoreTimeoutError("etcd at " + kv_.client().endpoint() + ": get '" + kv_.full(key) +
-                              "': not set within " + std::to_string(timeout.count() / 1000.0) +
-                              " s");
+      throw store::StoreTimeoutError("etcd at " + kv_.client().endpoint() + ": get '" +
+                                     kv_.full(key) + "': not set within " +
+                                     std::to_string(timeout.count() / 1000.0) + " s");
     }
     return *v;
   }
@@ -263,7 +265,7 @@ class EtcdStore : public Store {
 
 }  // namespace
 
-std::shared_ptr<Store> make_etcd_store(const KvOptions& options) {
+std::shared_ptr<store::Store> make_etcd_store(const KvOptions& options) {
   return std::make_shared<EtcdStore>(options);
 }
 

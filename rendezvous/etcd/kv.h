@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "rendezvous/etcd/client.h"
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace trun::rendezvous::etcd {
 
@@ -85,6 +85,6 @@ class Kv {
 };
 
 // The Store contract (store.h) over etcd: the agent's own keys with the etcd backend.
-std::shared_ptr<Store> make_etcd_store(const KvOptions& options);
+std::shared_ptr<store::Store> make_etcd_store(const KvOptions& options);
 
 }  // namespace trun::rendezvous::etcd

@@ -3,8 +3,8 @@
 #include <future>
 
 #include "agent/rank_assignment.h"
-#include "rendezvous/store/in_memory_store.h"
-#include "rendezvous/store/prefix_store.h"
+#include "store/in_memory_store.h"
+#include "store/prefix_store.h"
 
 using namespace trun::agent;
 using namespace std::chrono_literals;
@@ -47,12 +47,12 @@ TEST_CASE("role info round-trips, malformed entries name the node", "[ranks]") {
 
 TEST_CASE("nodes exchange their roles through the round's store and agree on the world",
           "[ranks]") {
-  auto shared = std::make_shared<trun::rendezvous::InMemoryStore>();
+  auto shared = std::make_shared<trun::store::InMemoryStore>();
   auto info_of = [&](int group_rank) {
     trun::rendezvous::RendezvousInfo info;
     info.group_rank = group_rank;
     info.group_world_size = 3;
-    info.store = std::make_shared<trun::rendezvous::PrefixStore>("round_1", shared);
+    info.store = std::make_shared<trun::store::PrefixStore>("round_1", shared);
     return info;
   };
   const int nproc[] = {2, 1, 3};
@@ -74,6 +74,6 @@ TEST_CASE("a node whose peer never publishes fails with the store's timeout", "[
   trun::rendezvous::RendezvousInfo info;
   info.group_rank = 0;
   info.group_world_size = 2;
-  info.store = std::make_shared<trun::rendezvous::InMemoryStore>();
-  CHECK_THROWS_AS(assign_ranks(info, "default", 1, 200ms), trun::rendezvous::StoreTimeoutError);
+  info.store = std::make_shared<trun::store::InMemoryStore>();
+  CHECK_THROWS_AS(assign_ranks(info, "default", 1, 200ms), trun::store::StoreTimeoutError);
 }

@@ -4,7 +4,7 @@
 #include <chrono>
 
 #include "agent/rendezvous_session.h"
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 
 using namespace trun::agent;
 using namespace std::chrono_literals;
@@ -57,9 +57,9 @@ TEST_CASE("a standalone session forms one round with this node's ranks, nothing 
 
 TEST_CASE("a c10d session sees its store's loss on the loop and cannot rejoin past its window",
           "[rendezvous_session]") {
-  trun::rendezvous::StoreServerOptions so;
+  trun::store::StoreServerOptions so;
   so.host = "127.0.0.1";
-  auto server = trun::rendezvous::StoreServer::start(so);
+  auto server = trun::store::StoreServer::start(so);
   LaunchConfig c;
   c.rdzv_backend = "c10d";
   c.rdzv_endpoint = "127.0.0.1:" + std::to_string(server->port());

@@ -49,8 +49,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "rendezvous/store/prefix_store.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/prefix_store.h"
+#include "store/tcp_store.h"
 
 extern char** environ;
 
@@ -343,13 +343,13 @@ int main(int argc, char** argv) {
       }
     } else if (act == "store-check") {
       try {
-        trun::rendezvous::TcpStoreOptions o;
+        trun::store::TcpStoreOptions o;
         o.host = env_or("MASTER_ADDR", "127.0.0.1");
         o.port = static_cast<uint16_t>(std::atoi(env_or("MASTER_PORT", "0").c_str()));
         o.timeout = std::chrono::seconds(20);
         o.connect_timeout = std::chrono::seconds(20);
-        auto tcp = std::make_shared<trun::rendezvous::TcpStore>(o);
-        trun::rendezvous::PrefixStore store("/worker/attempt_" + attempt(), tcp);
+        auto tcp = std::make_shared<trun::store::TcpStore>(o);
+        trun::store::PrefixStore store("/worker/attempt_" + attempt(), tcp);
         const std::string global_rank = env_or("RANK", "0");
         store.set("hello_" + global_rank, "from " + global_rank);
         int64_t arrived = store.add("arrived", 1);

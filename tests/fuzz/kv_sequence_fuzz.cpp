@@ -1,5 +1,5 @@
-// fuzz-sources: rendezvous/store/kv_state.cpp rendezvous/store/wire.cpp
-// libFuzzer target for the store's key-value state (rendezvous/store/kv_state.h): sequences of
+// fuzz-sources: store/kv_state.cpp store/wire.cpp
+// libFuzzer target for the store's key-value state (store/kv_state.h): sequences of
 // decoded requests from three waiters, with time-outs and cancels in between, executed through
 // KvState as the server does (a parked waiter sends nothing until it is answered; Wake resumes it
 // at once). Small limits, so that the limit checks are reached often.
@@ -26,11 +26,11 @@
 #include <string>
 #include <string_view>
 
-#include "rendezvous/store/kv_state.h"
-#include "rendezvous/store/wire.h"
+#include "store/kv_state.h"
+#include "store/wire.h"
 
 namespace rdzv = trun::rendezvous;
-namespace wire = trun::rendezvous::wire;
+namespace wire = trun::store::wire;
 using wire::Op;
 
 namespace {
@@ -46,7 +46,7 @@ constexpr int kWaiters = 3;
 
 struct World {
   wire::Limits limits;
-  rdzv::KvState* kv = nullptr;
+  store::KvState* kv = nullptr;
   std::string out[kWaiters];
   uint64_t wait_id[kWaiters] = {};
   // A BARRIER that did not complete waits for the next write of its key, which exists.
@@ -67,18 +67,18 @@ uint64_t read_u64(const std::string& s, size_t at) {
   return v;
 }
 
-void after_outcome(World& w, int waiter, const rdzv::KvState::Outcome& o, Op op) {
+void after_outcome(World& w, int waiter, const store::KvState::Outcome& o, Op op) {
   switch (o.kind) {
-    case rdzv::KvState::Outcome::Kind::kReply:
+    case store::KvState::Outcome::Kind::kReply:
       break;
-    case rdzv::KvState::Outcome::Kind::kPark:
+    case store::KvState::Outcome::Kind::kPark:
       check(o.wait_id != 0);
       check(w.kv->parked(waiter) != nullptr);
       check(!w.kv->waiting_for(waiter).empty());
       w.wait_id[waiter] = o.wait_id;
       w.barrier_wait[waiter] = op == Op::kBarrier;
       break;
-    case rdzv::KvState::Outcome::Kind::kClose:
+    case store::KvState::Outcome::Kind::kClose:
       check(!o.why.empty());
       check(op == Op::kAppend || op == Op::kAdd || op == Op::kBarrier || op == Op::kMultiGet ||
             op == Op::kValidate || op == Op::kPing || op == Op::kCancelWait ||
@@ -115,7 +115,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   w.limits.max_key_bytes = 8;
   w.limits.max_value_bytes = 64;
   w.limits.max_keys_per_request = 4;
-  rdzv::KvState kv(w.limits, [&w](rdzv::KvState::Waiter id) {
+  store::KvState kv(w.limits, [&w](store::KvState::Waiter id) {
     // As the server: a woken waiter runs its request again at once.
     ++w.wakes;
     const wire::Request* p = w.kv->parked(id);
@@ -167,7 +167,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         if (op == Op::kBarrier) w.barrier_keys.insert(copy.keys[0]);
         std::string reply = out.substr(before);
         after_outcome(w, waiter, o, op);
-        if (o.kind != rdzv::KvState::Outcome::Kind::kReply) break;
+        if (o.kind != store::KvState::Outcome::Kind::kReply) break;
         switch (op) {
           case Op::kGet:
             // A reply only when the key exists (else it parked); its value as held now, unless a

@@ -1,8 +1,8 @@
 // clang-format off
-// fuzz-sources: rendezvous/store/request_loop.cpp rendezvous/store/kv_state.cpp rendezvous/store/wire.cpp rendezvous/store/auth.cpp
+// fuzz-sources: store/request_loop.cpp store/kv_state.cpp store/wire.cpp store/auth.cpp
 // clang-format on
 // libFuzzer target for the store server's per-connection request loop (RequestLoop,
-// rendezvous/store/request_loop.h, the code StoreServer's connections run): two connections over
+// store/request_loop.h, the code StoreServer's connections run): two connections over
 // one KvState, fed arbitrary input chunks, with a simulated reader that drains their output
 // slowly, time-outs, wake-ups across connections, and authentication (a fixed challenge, so the
 // input can prove the token). The Host below stands in for the socket as server.cpp's Connection
@@ -31,14 +31,14 @@
 #include <string>
 #include <string_view>
 
-#include "rendezvous/store/auth.h"
-#include "rendezvous/store/kv_state.h"
-#include "rendezvous/store/request_loop.h"
-#include "rendezvous/store/wire.h"
+#include "store/auth.h"
+#include "store/kv_state.h"
+#include "store/request_loop.h"
+#include "store/wire.h"
 
 namespace rdzv = trun::rendezvous;
-namespace wire = trun::rendezvous::wire;
-using rdzv::RequestLoop;
+namespace wire = trun::store::wire;
+using store::RequestLoop;
 using wire::Op;
 
 namespace {
@@ -57,7 +57,7 @@ const std::string kChallenge(rdzv::auth::kChallengeBytes, 'c');
 // LIST_KEYS (8 + per key 8 + key), which depends on the number of keys: the most seen between
 // steps plus what one input chunk (at most 256 bytes, 17 bytes per SET at least) can add.
 size_t keys_seen = 0;
-size_t max_reply(const rdzv::KvState& kv, const wire::Limits& limits) {
+size_t max_reply(const store::KvState& kv, const wire::Limits& limits) {
   keys_seen = std::max(keys_seen, kv.num_keys());
   size_t list = 8 + (keys_seen + 16) * (8 + limits.max_key_bytes);
   size_t other = 4 * 8 + limits.max_value_bytes + 1 + 8;
@@ -66,11 +66,11 @@ size_t max_reply(const rdzv::KvState& kv, const wire::Limits& limits) {
 
 class Conn : public RequestLoop::Host {
  public:
-  Conn(rdzv::RequestLoopOptions options, rdzv::KvState* kv, uint64_t id)
+  Conn(store::RequestLoopOptions options, store::KvState* kv, uint64_t id)
       : loop(std::move(options), kv, id), kv_(kv), id_(id) {}
 
   size_t in_flight() const override { return in_flight_; }
-  void parked(const rdzv::KvState::Outcome& outcome) override {
+  void parked(const store::KvState::Outcome& outcome) override {
     check(loop.authenticated());
     wait_id = outcome.wait_id;
   }
@@ -86,7 +86,7 @@ class Conn : public RequestLoop::Host {
   }
 
   // As Connection::process: not re-entered (a wake-up inside the loop only queues its answer).
-  void process(const rdzv::KvState& kv, const wire::Limits& limits) {
+  void process(const store::KvState& kv, const wire::Limits& limits) {
     if (closed || processing_) return;
     processing_ = true;
     max_reply(kv, limits);  // notes the keys there are before
@@ -121,7 +121,7 @@ class Conn : public RequestLoop::Host {
   bool closed = false;
 
  private:
-  rdzv::KvState* kv_;
+  store::KvState* kv_;
   uint64_t id_;
   size_t in_flight_ = 0;
   bool processing_ = false;
@@ -137,7 +137,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   limits.max_keys_per_request = 4;
   keys_seen = 0;
   const bool token = data[0] & 1;
-  rdzv::RequestLoopOptions options;
+  store::RequestLoopOptions options;
   options.limits = limits;
   options.token = token ? kToken : "";
   options.max_pending_output = uint64_t(64) << ((data[0] >> 1) & 7);
@@ -145,11 +145,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   options.make_challenge = [] { return kChallenge; };
 
   Conn* conns[2] = {nullptr, nullptr};
-  rdzv::KvState kv(limits, [&](rdzv::KvState::Waiter id) {
+  store::KvState kv(limits, [&](store::KvState::Waiter id) {
     // As Connection::on_keys_ready: answer the parked request, then serve what queued behind it.
     Conn* c = conns[id];
     auto o = kv.resume(id, &c->loop.out());
-    if (o.kind == rdzv::KvState::Outcome::Kind::kClose) {
+    if (o.kind == store::KvState::Outcome::Kind::kClose) {
       c->closed = true;
       kv.cancel(id);
     }

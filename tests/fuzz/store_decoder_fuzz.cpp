@@ -1,5 +1,5 @@
-// fuzz-sources: rendezvous/store/wire.cpp
-// libFuzzer target for the store's request decoder (rendezvous/store/wire.h), built and run by
+// fuzz-sources: store/wire.cpp
+// libFuzzer target for the store's request decoder (store/wire.h), built and run by
 // scripts/fuzz.sh. The input is treated as the byte stream of one connection: the dialect is
 // detected from its start (or forced by the first input byte, so both dialects are reached from
 // any input), then requests are decoded one after another, as the server does, with small limits
@@ -15,9 +15,9 @@
 #include <string>
 #include <string_view>
 
-#include "rendezvous/store/wire.h"
+#include "store/wire.h"
 
-namespace wire = trun::rendezvous::wire;
+namespace wire = trun::store::wire;
 
 namespace {
 

@@ -30,17 +30,17 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/store/tcp_store.h"
-#include "rendezvous/store/wire.h"
+#include "store/tcp_store.h"
+#include "store/wire.h"
 #include "tests/launcher/process_util.h"
-#include "tests/rendezvous/store/raw_socket.h"
+#include "tests/store/raw_socket.h"
 
 using namespace std::chrono_literals;
-using trun::rendezvous::StoreError;
-using trun::rendezvous::StoreTimeoutError;
-using trun::rendezvous::TcpStore;
-using trun::rendezvous::TcpStoreOptions;
-namespace wire = trun::rendezvous::wire;
+using trun::store::StoreError;
+using trun::store::StoreTimeoutError;
+using trun::store::TcpStore;
+using trun::store::TcpStoreOptions;
+namespace wire = trun::store::wire;
 using trun::testing::Child;
 using trun::testing::wait_until;
 using wire::Encoder;

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "agent/node_status.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/tcp_store.h"
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/rendezvous/test_options.h"
@@ -497,11 +497,11 @@ TEST_CASE("trun status shows a store record's control characters and bad times e
   rec.last_failure_at = 1e300;
   rec.updated_at = -9223372036854775808.0;
   rec.local_world_size = 1;
-  trun::rendezvous::TcpStoreOptions so;
+  trun::store::TcpStoreOptions so;
   so.port = static_cast<uint16_t>(port);
   so.connect_timeout = 10s;
   {
-    trun::rendezvous::TcpStore store(so);
+    trun::store::TcpStore store(so);
     store.set(trun::agent::node_status_key(run_id, node_id), trun::agent::encode_node_status(rec));
   }
 

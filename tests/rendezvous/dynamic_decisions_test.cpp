@@ -10,6 +10,7 @@
 #include <random>
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 using namespace trun::rendezvous::dynamic;
 using namespace std::chrono_literals;
 

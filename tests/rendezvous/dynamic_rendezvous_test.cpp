@@ -24,12 +24,13 @@
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
-#include "rendezvous/store/server.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/server.h"
+#include "store/tcp_store.h"
 #include "tests/rendezvous/etcd_server.h"
 #include "tests/rendezvous/test_options.h"
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 using Kind = RoundEvent::Kind;

@@ -19,6 +19,7 @@
 #include "tests/rendezvous/test_options.h"
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 using namespace std::chrono_literals;
 using trun::testing::EtcdServer;
 using trun::testing::fast_rdzv_options;

@@ -5,6 +5,7 @@
 #include "rendezvous/handler.h"
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 using namespace std::chrono_literals;
 using Catch::Contains;
 

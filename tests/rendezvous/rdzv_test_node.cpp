@@ -20,6 +20,7 @@
 #include "tests/rendezvous/test_options.h"
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 using namespace std::chrono_literals;
 
 int main(int argc, char** argv) {

@@ -8,6 +8,7 @@
 #include "rendezvous/static_rendezvous.h"
 
 using namespace trun::rendezvous;
+using namespace trun::store;
 using namespace std::chrono_literals;
 using Kind = RoundEvent::Kind;
 

@@ -5,7 +5,7 @@
 #include <map>
 #include <string>
 
-#include "launcher/slurm.h"
+#include "base/slurm.h"
 #include "trun/worker.h"
 
 using namespace trun::worker;
@@ -79,7 +79,7 @@ TEST_CASE("srun's environment gives one rank per task, the store on the first no
   CHECK(e.group_rank == 1);
   CHECK(e.group_world_size == 2);
   CHECK(e.master_addr == "gpu07");
-  CHECK(e.master_port == trun::launcher::slurm_port(4242, 3));
+  CHECK(e.master_port == trun::base::slurm_port(4242, 3));
   CHECK(e.run_id == "slurm-4242.3");
   CHECK_FALSE(e.use_agent_store);
   CHECK(e.store_origin.find("SLURM_STEP_NODELIST") != std::string::npos);

@@ -4,7 +4,7 @@
 #include <map>
 #include <string>
 
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 #include "trun/worker.h"
 
 using namespace trun::worker;
@@ -166,10 +166,10 @@ TEST_CASE("invalid collective arguments are rejected on the caller's thread", "[
 }
 
 TEST_CASE("init() connects to an authenticating store with TRUN_STORE_TOKEN", "[worker_sdk][env]") {
-  trun::rendezvous::StoreServerOptions so;
+  trun::store::StoreServerOptions so;
   so.host = "127.0.0.1";
   so.token = "s3cret";
-  auto server = trun::rendezvous::StoreServer::start(so);
+  auto server = trun::store::StoreServer::start(so);
   ::setenv("RANK", "0", 1);
   ::setenv("WORLD_SIZE", "1", 1);
   ::setenv("MASTER_ADDR", "127.0.0.1", 1);
@@ -188,7 +188,7 @@ TEST_CASE("init() connects to an authenticating store with TRUN_STORE_TOKEN", "[
   }
   SECTION("wrong token") {
     ::setenv("TRUN_STORE_TOKEN", "wrong", 1);
-    CHECK_THROWS_AS(init(io), trun::rendezvous::StoreError);
+    CHECK_THROWS_AS(init(io), trun::store::StoreError);
   }
   for (const char* v : {"RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
                         "TRUN_STORE_TOKEN", "TORCHELASTIC_USE_AGENT_STORE"})
@@ -212,7 +212,7 @@ TEST_CASE("TORCHELASTIC_USE_AGENT_STORE says whether rank 0 hosts the job's stor
 }
 
 TEST_CASE("TRUN_STORE_DIALECT names the store's protocol, unset means probe", "[worker_sdk][env]") {
-  using trun::rendezvous::StoreDialect;
+  using trun::store::StoreDialect;
   auto vars = full();
   CHECK(parse(vars).store_dialect == StoreDialect::kAuto);
   vars["TRUN_STORE_DIALECT"] = "torch1.13";

@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-#include "rendezvous/store/file_store.h"
+#include "store/file_store.h"
 #include "tests/skip.h"
 #include "tests/worker_sdk/job.h"
 
@@ -59,7 +59,7 @@ TEST_CASE("trun's FileStore and PyTorch's FileStore share one file",
   { std::ofstream(script) << kScript; }
   std::string py_out;
   {
-    trun::rendezvous::FileStore store(path, 2);
+    trun::store::FileStore store(path, 2);
     store.set_timeout(60s);
     trun::worker::test::JobSpec spec;
     spec.argv = {"/usr/bin/python3", script, path};
@@ -81,7 +81,7 @@ TEST_CASE("trun's FileStore and PyTorch's FileStore share one file",
       store.wait({"py/done"});
       CHECK(store.get("counter") == "200");
       store.set("cpp/done", "1");
-    } catch (const trun::rendezvous::StoreError& e) {
+    } catch (const trun::store::StoreError& e) {
       // Python never wrote: find out why below.
       no_torch = job.output(0).find("NO_TORCH") != std::string::npos;
       if (!no_torch) FAIL_CHECK("store: " << e.what() << "\n" << job.output(0));

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/store/in_memory_store.h"
+#include "store/in_memory_store.h"
 
 using namespace trun::worker;
 using namespace trun::worker::detail;
@@ -21,7 +21,7 @@ using namespace std::chrono_literals;
 namespace {
 
 // Both participants connected (their constructors block until the full mesh exists).
-std::vector<std::unique_ptr<GlooComm>> connect_pair(trun::rendezvous::Store& store) {
+std::vector<std::unique_ptr<GlooComm>> connect_pair(trun::store::Store& store) {
   std::vector<std::unique_ptr<GlooComm>> comms(2);
   std::exception_ptr errors[2];
   std::vector<std::thread> threads;
@@ -66,7 +66,7 @@ Outcome run_allreduce(GlooComm& comm, std::vector<float>& buf, std::chrono::seco
 
 TEST_CASE("abort() ends a Gloo allreduce that waits for a peer that never joins",
           "[worker_sdk][gloo][failures]") {
-  trun::rendezvous::InMemoryStore store;
+  trun::store::InMemoryStore store;
   auto comms = connect_pair(store);
   std::vector<float> buf(1 << 16, 1.0f);
 
@@ -106,7 +106,7 @@ TEST_CASE("abort() ends a Gloo allreduce that waits for a peer that never joins"
 
 TEST_CASE("abort() ends a Gloo barrier and broadcast the same way",
           "[worker_sdk][gloo][failures]") {
-  trun::rendezvous::InMemoryStore store;
+  trun::store::InMemoryStore store;
   auto comms = connect_pair(store);
   SECTION("barrier") {
     std::string what;

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "rendezvous/store/in_memory_store.h"
+#include "store/in_memory_store.h"
 #include "tests/skip.h"
 #include "trun/process_group.h"
 
@@ -57,7 +57,7 @@ inline std::string no_gpu_reason() {
 
 // Options for rank `rank` of `world` on CUDA device `rank`, NCCL backend, a 120 s timeout.
 inline ProcessGroupOptions nccl_rank_options(int rank, int world,
-                                             std::shared_ptr<rendezvous::Store> store) {
+                                             std::shared_ptr<store::Store> store) {
   ProcessGroupOptions o;
   o.store = std::move(store);
   o.rank = rank;
@@ -75,7 +75,7 @@ inline ProcessGroupOptions nccl_rank_options(int rank, int world,
 inline std::vector<std::string> run_nccl_ranks(
     int world, const std::function<std::string(ProcessGroup&, int)>& body,
     const std::function<void(ProcessGroupOptions&)>& adjust = nullptr) {
-  auto store = std::make_shared<rendezvous::InMemoryStore>();
+  auto store = std::make_shared<store::InMemoryStore>();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r)

@@ -10,7 +10,7 @@ trap 'rm -rf "$tmp"' EXIT
 
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log"
 for f in bin/trun lib/libtrun_worker.so include/trun/worker.h include/trun/process_group.h \
-  include/trun/config.h include/trun/rendezvous/store/store.h lib/cmake/trun/trunConfig.cmake \
+  include/trun/config.h include/trun/store/store.h lib/cmake/trun/trunConfig.cmake \
   lib/pkgconfig/trun.pc; do
   [[ -e "$tmp/prefix/$f" ]] || { echo "FAIL: $f was not installed"; exit 1; }
 done

@@ -19,9 +19,9 @@ namespace trun::worker::test {
 
 Job::Job(uint16_t port) {
   if (port == 0) {
-    rendezvous::StoreServerOptions o;
+    store::StoreServerOptions o;
     o.host = "127.0.0.1";
-    server_ = rendezvous::StoreServer::start(o);
+    server_ = store::StoreServer::start(o);
     port_ = server_->port();
   } else {
     port_ = port;

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/server.h"
+#include "store/server.h"
 
 namespace trun::worker::test {
 
@@ -64,7 +64,7 @@ class Job {
  private:
   void spawn(const JobSpec& spec, const std::map<std::string, std::string>& env);
 
-  std::unique_ptr<rendezvous::StoreServer> server_;
+  std::unique_ptr<store::StoreServer> server_;
   uint16_t port_ = 0;
   std::string dir_;
   std::vector<pid_t> pids_;

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "launcher/slurm.h"
+#include "base/slurm.h"
 #include "tests/launcher/free_port.h"
 #include "tests/skip.h"
 #include "tests/worker_sdk/job.h"
@@ -132,8 +132,8 @@ TEST_CASE("tcp:// and file:// worlds from TRUN_INIT_METHOD", "[worker_sdk][launc
 TEST_CASE("srun-style worlds of 2 and 4 ranks", "[worker_sdk][launchers][slurm]") {
   // A job id whose step port is free here (another process may hold one by chance).
   unsigned long long job = 1000 + static_cast<unsigned long long>(::getpid()) % 5000;
-  for (int tries = 0; tries < 50 && !port_free(trun::launcher::slurm_port(job, 0)); ++tries) ++job;
-  if (!port_free(trun::launcher::slurm_port(job, 0)))
+  for (int tries = 0; tries < 50 && !port_free(trun::base::slurm_port(job, 0)); ++tries) ++job;
+  if (!port_free(trun::base::slurm_port(job, 0)))
     TRUN_SKIP("no free SLURM step port found in 50 tries", kEnvironment);
   auto world = [&](const std::vector<int>& per_node, const std::string& tasks_per_node,
                    const std::string& nodelist) {

@@ -168,7 +168,7 @@ TEST_CASE("GPU: every collective on device buffers, world size 1", "[worker_sdk]
 TEST_CASE("GPU: a peer that never joins: NCCL init times out and aborts",
           "[worker_sdk][nccl][gpu]") {
   TRUN_SKIP_WITHOUT_GPU();
-  auto o = test::nccl_rank_options(0, 2, std::make_shared<trun::rendezvous::InMemoryStore>());
+  auto o = test::nccl_rank_options(0, 2, std::make_shared<trun::store::InMemoryStore>());
   o.timeout = std::chrono::seconds(5);
   auto t0 = std::chrono::steady_clock::now();
   std::string what;
@@ -318,7 +318,7 @@ TEST_CASE("GPU: asynchronous collectives return work handles", "[worker_sdk][ncc
 TEST_CASE("GPU: a peer that stops: the collective times out and aborts, a new group works",
           "[worker_sdk][nccl][gpu]") {
   TRUN_SKIP_WITHOUT_GPUS(2);
-  auto second_store = std::make_shared<trun::rendezvous::InMemoryStore>();
+  auto second_store = std::make_shared<trun::store::InMemoryStore>();
   std::atomic<bool> rank0_failed{false};
   auto errors = test::run_nccl_ranks(2, [&](ProcessGroup& pg, int rank) -> std::string {
     float* d = device_floats(1024, 1.0f);

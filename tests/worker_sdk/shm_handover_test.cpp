@@ -16,7 +16,7 @@
 #include <string>
 #include <thread>
 
-#include "rendezvous/store/in_memory_store.h"
+#include "store/in_memory_store.h"
 #include "worker_sdk/src/cpu/shm_comm.h"
 
 using namespace trun::worker;
@@ -59,7 +59,7 @@ bool ask_for_fd(const std::string& address, const std::string& hello) {
 }
 
 // Two local ranks sharing `store`; rank and tag as given.
-ShmOptions pair_options(trun::rendezvous::Store& store, int local_rank, const std::string& tag) {
+ShmOptions pair_options(trun::store::Store& store, int local_rank, const std::string& tag) {
   ShmOptions o;
   o.store = &store;
   o.local_size = 2;
@@ -72,7 +72,7 @@ ShmOptions pair_options(trun::rendezvous::Store& store, int local_rank, const st
 
 TEST_CASE("the shared-memory segment goes only to a peer that shows the store's secret",
           "[worker_sdk][shm]") {
-  trun::rendezvous::InMemoryStore store;
+  trun::store::InMemoryStore store;
   const Deadline deadline = Clock::now() + 60s;
 
   std::unique_ptr<ShmComm> rank0;
@@ -121,7 +121,7 @@ TEST_CASE("the shared-memory segment goes only to a peer that shows the store's 
 
 TEST_CASE("local rank 0 gives up at the deadline when a peer never fetches the segment",
           "[worker_sdk][shm]") {
-  trun::rendezvous::InMemoryStore store;
+  trun::store::InMemoryStore store;
   auto start = Clock::now();
   CHECK_THROWS_AS(ShmComm(pair_options(store, 0, "handover-timeout"), Clock::now() + 1s),
                   CollectiveTimeoutError);

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "launcher/hostlist.h"
-#include "launcher/slurm.h"
+#include "base/hostlist.h"
+#include "base/slurm.h"
 #include "trun/worker.h"
 
 namespace trun::worker {
@@ -134,7 +134,7 @@ Launch slurm_launch(const Lookup& lookup) {
   l.rank = parse_int_var(lookup, "SLURM_PROCID", 0, l.world_size - 1);
   std::vector<int> per_node;
   try {
-    per_node = launcher::expand_tasks_per_node(lookup("SLURM_STEP_TASKS_PER_NODE"));
+    per_node = base::expand_tasks_per_node(lookup("SLURM_STEP_TASKS_PER_NODE"));
   } catch (const std::invalid_argument& e) {
     throw EnvError(std::string("SLURM_STEP_TASKS_PER_NODE: ") + e.what());
   }
@@ -159,7 +159,7 @@ Launch slurm_launch(const Lookup& lookup) {
   if (l.master_addr.empty()) {
     if (const char* nodes = lookup("SLURM_STEP_NODELIST")) {
       try {
-        l.master_addr = launcher::first_host(nodes);
+        l.master_addr = base::first_host(nodes);
       } catch (const std::invalid_argument& e) {
         throw EnvError(std::string("SLURM_STEP_NODELIST: ") + e.what());
       }
@@ -169,7 +169,7 @@ Launch slurm_launch(const Lookup& lookup) {
     }
   }
   if (l.master_port == 0) {
-    l.master_port = launcher::slurm_port(job, step);
+    l.master_port = base::slurm_port(job, step);
     l.port_origin = "the port of SLURM_JOB_ID.SLURM_STEP_ID (docs/slurm.md)";
   }
   return l;
@@ -348,7 +348,7 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup, const InitOptions& options) {
   if (const char* v = lookup("TORCHELASTIC_ERROR_FILE")) env.error_file = v;
   if (const char* v = lookup("TRUN_STORE_TOKEN")) env.store_token = v;
   if (const char* v = lookup("TRUN_STORE_DIALECT")) {
-    auto d = rendezvous::parse_store_dialect(v);
+    auto d = store::parse_store_dialect(v);
     if (!d) {
       throw EnvError(std::string("TRUN_STORE_DIALECT='") + v +
                      "': expected auto, trun, torch2 or torch1.13");
@@ -392,7 +392,7 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup, const InitOptions& options) {
           lookup, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"})) {
     l = torch_launch(lookup, first, is_env && given_world < 0);
   } else if (const char* step = lookup("SLURM_STEP_ID");
-             step && launcher::is_srun_step_id(step) && !mpirun_in_allocation(lookup)) {
+             step && base::is_srun_step_id(step) && !mpirun_in_allocation(lookup)) {
     l = slurm_launch(lookup);
   } else if (lookup("OMPI_COMM_WORLD_RANK") || lookup("OMPI_COMM_WORLD_SIZE")) {
     l = mpi_launch(lookup, true);

@@ -13,7 +13,7 @@
 #include <new>
 #include <thread>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 #include "worker_sdk/src/backend.h"
 
 namespace trun::worker {
@@ -661,7 +661,7 @@ void ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
   const int rank = im.options.rank, world = im.options.world_size;
   if (world == 1) return;
   const std::string base = "monitored_barrier/" + std::to_string(im.monitored_barriers++) + "/";
-  rendezvous::Store& store = *im.options.store;
+  store::Store& store = *im.options.store;
   std::exception_ptr verdict;
   // Through run_now, so that it runs after the queued work; its failure is returned, not
   // thrown, so that it does not break the group.
@@ -679,7 +679,7 @@ void ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
         std::string result = "ok";
         try {
           store.wait(keys, timeout);
-        } catch (const rendezvous::StoreTimeoutError&) {
+        } catch (const store::StoreTimeoutError&) {
           std::vector<int> missing;
           for (int r = 1; r < world; ++r)
             if (!store.check({keys[r - 1]})) missing.push_back(r);
@@ -698,7 +698,7 @@ void ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
       if (result != "ok") throw CollectiveTimeoutError(result);
     } catch (const CollectiveTimeoutError&) {
       verdict = std::current_exception();
-    } catch (const rendezvous::StoreTimeoutError&) {
+    } catch (const store::StoreTimeoutError&) {
       verdict = std::make_exception_ptr(CollectiveTimeoutError(
           "monitored_barrier on rank " + std::to_string(rank) + ": rank 0 gave no verdict within " +
           std::to_string(2 * timeout.count() + 1000) + " ms (rank 0 did not arrive)"));

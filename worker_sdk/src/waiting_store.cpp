@@ -30,12 +30,12 @@ void wait_reporting(const std::string& who, const std::string& what,
     try {
       attempt(slice);
       return;
-    } catch (const rendezvous::StoreTimeoutError& e) {
+    } catch (const store::StoreTimeoutError& e) {
       const auto after = Clock::now();
       if (after >= deadline)
-        throw rendezvous::StoreTimeoutError(who + ": gave up after " +
-                                            std::to_string(whole_seconds(after - start)) +
-                                            " s waiting for " + what + ": " + e.what());
+        throw store::StoreTimeoutError(who + ": gave up after " +
+                                       std::to_string(whole_seconds(after - start)) +
+                                       " s waiting for " + what + ": " + e.what());
       if (after >= next_report) {
         std::fprintf(stderr,
                      "[trun.worker] %s: waiting %lld s so far for %s; waiting up to %lld s\n",
@@ -47,8 +47,8 @@ void wait_reporting(const std::string& who, const std::string& what,
   }
 }
 
-WaitingStore::WaitingStore(std::shared_ptr<rendezvous::Store> base, std::string who,
-                           std::string purpose, std::string where)
+WaitingStore::WaitingStore(std::shared_ptr<store::Store> base, std::string who, std::string purpose,
+                           std::string where)
     : base_(std::move(base)),
       who_(std::move(who)),
       purpose_(std::move(purpose)),

@@ -11,7 +11,7 @@
 #include <memory>
 #include <string>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace trun::worker::detail {
 
@@ -20,18 +20,18 @@ inline constexpr std::chrono::seconds kWaitReportEvery{30};
 
 // Runs `attempt(slice)` until it returns, slicing `timeout` so that a line goes to stderr after
 // kFirstWaitReport and then every kWaitReportEvery: "[trun.worker] <who>: waiting <s> s so far
-// for <what>; waiting up to <timeout> s". `attempt` throws rendezvous::StoreTimeoutError when its
+// for <what>; waiting up to <timeout> s". `attempt` throws store::StoreTimeoutError when its
 // slice passes; at the end of `timeout` that becomes "<who>: gave up after <s> s waiting for
 // <what>: <error>". Other errors pass through.
 void wait_reporting(const std::string& who, const std::string& what,
                     std::chrono::milliseconds timeout,
                     const std::function<void(std::chrono::milliseconds slice)>& attempt);
 
-class WaitingStore : public rendezvous::Store {
+class WaitingStore : public store::Store {
  public:
   // `who`: "rank 1/2"; `purpose`: e.g. "the other ranks to build process group 0"; `where`: "the
   // store at 127.0.0.1:29500 (MASTER_ADDR/MASTER_PORT; ...)".
-  WaitingStore(std::shared_ptr<rendezvous::Store> base, std::string who, std::string purpose,
+  WaitingStore(std::shared_ptr<store::Store> base, std::string who, std::string purpose,
                std::string where);
 
   void set(const std::string& key, std::string_view value) override { base_->set(key, value); }
@@ -71,7 +71,7 @@ class WaitingStore : public rendezvous::Store {
  private:
   std::string what(const std::vector<std::string>& keys) const;
 
-  std::shared_ptr<rendezvous::Store> base_;
+  std::shared_ptr<store::Store> base_;
   std::string who_, purpose_, where_;
 };
 

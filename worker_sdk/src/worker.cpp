@@ -5,11 +5,11 @@
 #include <cstdio>
 #include <mutex>
 
-#include "rendezvous/shm_names.h"
-#include "rendezvous/store/file_store.h"
-#include "rendezvous/store/prefix_store.h"
-#include "rendezvous/store/server.h"
-#include "rendezvous/store/tcp_store.h"
+#include "base/shm_names.h"
+#include "store/file_store.h"
+#include "store/prefix_store.h"
+#include "store/server.h"
+#include "store/tcp_store.h"
 #include "trun/error_file.h"
 #include "worker_sdk/src/stop_scope.h"
 #include "worker_sdk/src/waiting_store.h"
@@ -33,42 +33,41 @@ std::string store_description(const WorkerEnv& env) {
 // The job's store, before namespacing: the file of file://, else a TcpStore connected to the
 // agent's store or to the one rank 0 hosts (started here, into *hosted). Connecting reports on
 // stderr while it waits (detail::wait_reporting).
-std::shared_ptr<rendezvous::Store> open_store(const WorkerEnv& env, const InitOptions& options,
-                                              std::shared_ptr<void>* hosted) {
+std::shared_ptr<store::Store> open_store(const WorkerEnv& env, const InitOptions& options,
+                                         std::shared_ptr<void>* hosted) {
   if (!env.store_path.empty()) {
-    auto store = std::make_shared<rendezvous::FileStore>(env.store_path, env.world_size);
+    auto store = std::make_shared<store::FileStore>(env.store_path, env.world_size);
     store->set_timeout(options.timeout);
     return store;
   }
   if (!env.use_agent_store && env.rank == 0) {
     // Not the agent's store (torchrun's c10d backend, a hand-set env://, tcp://, srun, mpirun):
     // rank 0 hosts the job's store on the port, on every address, as PyTorch does.
-    rendezvous::StoreServerOptions server_options;
+    store::StoreServerOptions server_options;
     server_options.host = "0.0.0.0";
     server_options.port = env.master_port;
     server_options.token = env.store_token;
     try {
-      std::shared_ptr<rendezvous::StoreServer> server =
-          rendezvous::StoreServer::start(server_options);
+      std::shared_ptr<store::StoreServer> server = store::StoreServer::start(server_options);
       *hosted = server;
-    } catch (const rendezvous::StoreError& e) {
-      throw rendezvous::StoreError(who(env) + ": cannot host " + store_description(env) + ": " +
-                                   e.what());
+    } catch (const store::StoreError& e) {
+      throw store::StoreError(who(env) + ": cannot host " + store_description(env) + ": " +
+                              e.what());
     }
   }
-  rendezvous::TcpStoreOptions so;
+  store::TcpStoreOptions so;
   so.host = env.master_addr;
   so.port = env.master_port;
   so.timeout = options.timeout;
   so.token = env.store_token;
   // The store rank 0 hosts is trun's; the agent's may be trun's or a foreign torchrun's
   // (PyTorch 1.13 or 2.x), which the probe tells apart.
-  so.dialect = env.use_agent_store ? env.store_dialect : rendezvous::StoreDialect::kTrun;
-  std::shared_ptr<rendezvous::TcpStore> store;
+  so.dialect = env.use_agent_store ? env.store_dialect : store::StoreDialect::kTrun;
+  std::shared_ptr<store::TcpStore> store;
   detail::wait_reporting(who(env), store_description(env), options.timeout,
                          [&](std::chrono::milliseconds slice) {
                            so.connect_timeout = slice;
-                           store = std::make_shared<rendezvous::TcpStore>(so);
+                           store = std::make_shared<store::TcpStore>(so);
                          });
   return store;
 }
@@ -97,7 +96,7 @@ Worker init(const InitOptions& options) {
                  "there is no srun or mpirun environment: running as a world of size 1\n");
   } else {
     auto base = open_store(w.env_, options, &w.hosted_store_);
-    w.store_ = std::make_shared<rendezvous::PrefixStore>("trun/worker/" + w.env_.run_id, base);
+    w.store_ = std::make_shared<store::PrefixStore>("trun/worker/" + w.env_.run_id, base);
   }
   w.groups_ = std::make_shared<Worker::Groups>();
   if (options.create_default_group) w.default_group_ = w.new_group(options.backend);
@@ -173,7 +172,7 @@ std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>&
   if (store_) {
     // Waiting for the other ranks says so on stderr (detail::WaitingStore).
     o.store = std::make_shared<detail::WaitingStore>(
-        std::make_shared<rendezvous::PrefixStore>(round, store_), who(env_),
+        std::make_shared<store::PrefixStore>(round, store_), who(env_),
         "the other ranks to build process group " + std::to_string(n), store_description(env_));
   }
   o.rank = static_cast<int>(me - members.begin());
@@ -184,7 +183,7 @@ std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>&
   o.backend = backend == Backend::kAuto ? options_.backend : backend;
   o.timeout = options_.timeout;
   // Shared-memory segment names: the agent removes leftovers by the same rule.
-  o.tag = rendezvous::shm_group_tag(env_.run_id, env_.restart_count, n);
+  o.tag = base::shm_group_tag(env_.run_id, env_.restart_count, n);
   o.gloo_peer_hint = env_.master_addr;
   o.cuda_stream = options_.cuda_stream;
   return std::make_unique<ProcessGroup>(std::move(o));

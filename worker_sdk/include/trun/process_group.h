@@ -50,7 +50,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 
 namespace trun::worker {
 
@@ -153,7 +153,7 @@ class SharedBuffer {
 struct ProcessGroupOptions {
   // Namespaced for this group and round (a re-created group needs a fresh prefix). Required when
   // world_size > 1; not owned exclusively: the group keeps a reference.
-  std::shared_ptr<rendezvous::Store> store;
+  std::shared_ptr<store::Store> store;
   int rank = 0;
   int world_size = 1;
   // Node layout: ranks that share node_rank share a machine (shared memory). -1: unknown, and

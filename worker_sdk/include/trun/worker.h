@@ -10,7 +10,7 @@
 //
 //   init_method (InitOptions::init_method, or TRUN_INIT_METHOD when the program leaves the default
 //   "env://"): "env://" (below), "tcp://host:port" (rank 0 hosts the store there, the others
-//   connect) or "file:///path" (a store in a file every rank opens: rendezvous/store/file_store.h,
+//   connect) or "file:///path" (a store in a file every rank opens: store/file_store.h,
 //   PyTorch's FileStore format). Rank and world size: InitOptions::rank/world_size, else the
 //   URL's query (?rank=R&world_size=N; not both), else the launcher environment below.
 //
@@ -24,7 +24,7 @@
 //   - slurm (plain `srun -n N prog`, inside a step: SLURM_STEP_ID set): SLURM_PROCID,
 //     SLURM_STEP_NUM_TASKS (or SLURM_NTASKS), SLURM_LOCALID, SLURM_NODEID,
 //     SLURM_STEP_TASKS_PER_NODE, SLURM_STEP_NODELIST (first host: rank 0, unless MASTER_ADDR),
-//     SLURM_JOB_ID (the port, unless MASTER_PORT: launcher/slurm.h; run id "slurm-<job>.<step>").
+//     SLURM_JOB_ID (the port, unless MASTER_PORT: base/slurm.h; run id "slurm-<job>.<step>").
 //   - mpi (`mpirun -np N`, `mpiexec`): Open MPI's OMPI_COMM_WORLD_{RANK,SIZE,LOCAL_RANK,
 //     LOCAL_SIZE}, or MPICH/Hydra's PMI_RANK, PMI_SIZE (MPI_LOCALRANKID, MPI_LOCALNRANKS). The
 //     store is at MASTER_ADDR, or 127.0.0.1 when every rank is on this node; its port MASTER_PORT
@@ -53,8 +53,8 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/store.h"
-#include "rendezvous/store/tcp_store.h"
+#include "store/store.h"
+#include "store/tcp_store.h"
 #include "trun/process_group.h"
 
 namespace trun::worker {
@@ -106,7 +106,7 @@ struct WorkerEnv {
   // TRUN_STORE_DIALECT: how to talk to MASTER_ADDR/PORT's store. kAuto probes on connect: trun's
   // agent store, PyTorch 2.x's and PyTorch 1.13's (a foreign torchrun's agent store) all work.
   // Ignored when rank 0 hosts the store itself (use_agent_store false): that store is trun's.
-  rendezvous::StoreDialect store_dialect = rendezvous::StoreDialect::kAuto;
+  store::StoreDialect store_dialect = store::StoreDialect::kAuto;
 
   // Reads the process environment with InitOptions' init method, rank and world size (default:
   // env://, from the environment). Throws EnvError.
@@ -144,7 +144,7 @@ class Worker {
   int world_size() const { return env_.world_size; }
   // The job's store (the agent's, the one rank 0 hosts: see WorkerEnv::use_agent_store, or the
   // file of file://), namespaced for this job's run id; nullptr when standalone.
-  const std::shared_ptr<rendezvous::Store>& store() const { return store_; }
+  const std::shared_ptr<store::Store>& store() const { return store_; }
   // The default group (CollectiveError if init() was told not to create one).
   ProcessGroup& process_group();
   // A new group over all ranks, with its own keys and segments. Collective: every rank must
@@ -179,7 +179,7 @@ class Worker {
   WorkerEnv env_;
   InitOptions options_;
   std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when it hosts the store
-  std::shared_ptr<rendezvous::Store> store_;
+  std::shared_ptr<store::Store> store_;
   std::shared_ptr<ProcessGroup> default_group_;
   struct Groups;  // new_group's numbering and lock, shared by copies (worker.cpp)
   std::unique_ptr<ProcessGroup> build_group(int n, const std::vector<int>& ranks, Backend backend);
@@ -187,7 +187,7 @@ class Worker {
 };
 
 // Reads the environment, connects to the store (bounded by options.timeout) and builds the
-// default group. Throws EnvError, rendezvous::StoreError (StoreTimeoutError when the store never
+// default group. Throws EnvError, store::StoreError (StoreTimeoutError when the store never
 // answered), CollectiveError.
 Worker init(const InitOptions& options = {});
 

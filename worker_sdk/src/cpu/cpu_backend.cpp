@@ -27,7 +27,7 @@
 #include <sstream>
 #include <vector>
 
-#include "rendezvous/store/prefix_store.h"
+#include "store/prefix_store.h"
 #include "worker_sdk/src/backend.h"
 #include "worker_sdk/src/cpu/gloo_comm.h"
 #include "worker_sdk/src/cpu/shm_comm.h"
@@ -55,7 +55,7 @@ class CpuBackend : public BackendImpl {
     const int node_size = node_sizes_[me.node];
     if (node_size > 1) {
       auto node_store =
-          std::make_shared<rendezvous::PrefixStore>("shm/" + std::to_string(me.node), o.store);
+          std::make_shared<store::PrefixStore>("shm/" + std::to_string(me.node), o.store);
       ShmOptions so;
       so.store = node_store.get();
       so.local_rank = me.local;
@@ -65,7 +65,7 @@ class CpuBackend : public BackendImpl {
     }
     host_ = o.gloo_host.empty() ? local_address_towards(o.gloo_peer_hint) : o.gloo_host;
     if (num_nodes() > 1 && me.local == 0) {
-      auto gloo_store = std::make_shared<rendezvous::PrefixStore>("gloo", o.store);
+      auto gloo_store = std::make_shared<store::PrefixStore>("gloo", o.store);
       gloo_ = std::make_unique<GlooComm>(*gloo_store, me.node, num_nodes(), host_, deadline);
     }
     identity_ = num_nodes() == 1;
@@ -277,7 +277,7 @@ class CpuBackend : public BackendImpl {
       if (auto it = pairs_.find(peer); it != pairs_.end()) return it->second.get();
     }
     const int lo = std::min(rank_, peer), hi = std::max(rank_, peer);
-    auto pair_store = std::make_shared<rendezvous::PrefixStore>(
+    auto pair_store = std::make_shared<store::PrefixStore>(
         "p2p/" + std::to_string(lo) + "-" + std::to_string(hi), store_);
     std::unique_ptr<GlooComm> comm;
     try {
@@ -447,7 +447,7 @@ class CpuBackend : public BackendImpl {
   std::unique_ptr<ShmComm> shm_;
   bool direct_read_failed_ = false;  // a read of a local peer's memory was refused once
   std::unique_ptr<GlooComm> gloo_;
-  std::shared_ptr<rendezvous::Store> store_;
+  std::shared_ptr<store::Store> store_;
   std::string host_ = "127.0.0.1";
   std::mutex pairs_mu_;
   std::map<int, std::unique_ptr<GlooComm>> pairs_;  // under pairs_mu_; entries never removed

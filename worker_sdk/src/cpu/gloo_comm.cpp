@@ -34,7 +34,7 @@ namespace {
 // Gloo's rendezvous store interface over trun's Store.
 class StoreAdapter : public gloo::rendezvous::Store {
  public:
-  StoreAdapter(rendezvous::Store& store, Deadline deadline) : store_(store), deadline_(deadline) {}
+  StoreAdapter(store::Store& store, Deadline deadline) : store_(store), deadline_(deadline) {}
   void set(const std::string& key, const std::vector<char>& data) override {
     store_.set(key, std::string_view(data.data(), data.size()));
   }
@@ -52,7 +52,7 @@ class StoreAdapter : public gloo::rendezvous::Store {
   }
 
  private:
-  rendezvous::Store& store_;
+  store::Store& store_;
   Deadline deadline_;
 };
 
@@ -159,7 +159,7 @@ struct Bytes {
 
 }  // namespace
 
-GlooComm::GlooComm(rendezvous::Store& store, int rank, int size, const std::string& host,
+GlooComm::GlooComm(store::Store& store, int rank, int size, const std::string& host,
                    Deadline deadline)
     : state_(std::make_unique<State>()), rank_(rank), size_(size) {
   // Gloo writes to its sockets without MSG_NOSIGNAL: a peer that died would kill this process

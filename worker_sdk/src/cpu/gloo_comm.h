@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 #include "worker_sdk/src/backend.h"
 
 namespace trun::worker::detail {
@@ -30,8 +30,7 @@ namespace trun::worker::detail {
 class GlooComm {
  public:
   // Collective among the `size` participants; binds `host` (an address of this machine).
-  GlooComm(rendezvous::Store& store, int rank, int size, const std::string& host,
-           Deadline deadline);
+  GlooComm(store::Store& store, int rank, int size, const std::string& host, Deadline deadline);
   ~GlooComm();
 
   int rank() const { return rank_; }

@@ -26,9 +26,9 @@
 #include <random>
 #include <thread>
 
-#include "rendezvous/check.h"
-#include "rendezvous/shm_names.h"
-#include "rendezvous/store/auth.h"
+#include "base/check.h"
+#include "base/shm_names.h"
+#include "store/auth.h"
 #include "worker_sdk/src/cpu/process_memory.h"
 #include "worker_sdk/src/reduce.h"
 
@@ -194,7 +194,7 @@ class FdServer {
     set_socket_timeout(c, deadline, std::chrono::seconds(5));
     char got[kSecretHex];
     if (::recv(c, got, sizeof got, MSG_WAITALL) != static_cast<ssize_t>(sizeof got) ||
-        !rendezvous::auth::constant_time_equal(std::string_view(got, sizeof got), secret_))
+        !store::auth::constant_time_equal(std::string_view(got, sizeof got), secret_))
       return false;
     FdMessage m('F');
     cmsghdr* cm = CMSG_FIRSTHDR(&m.msg);
@@ -334,7 +334,7 @@ ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_
                  (slot_bytes_ + a2a_bytes_ + buf_bytes_) * static_cast<size_t>(n_);
   };
 
-  const std::string stem = rendezvous::shm_segment_stem(o.tag);
+  const std::string stem = base::shm_segment_stem(o.tag);
   int fd = -1;
   std::string secret;  // memfd mode: what a peer must present to be handed the segment
   if (me_ == 0) {

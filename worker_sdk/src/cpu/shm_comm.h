@@ -5,7 +5,7 @@
 // over an abstract Unix socket (address and a secret passed through the store; peers must run as
 // the same user): it never appears in any file system, so nothing can be left behind, whenever
 // and however the processes die. With TRUN_SHM_NAMED=1 (or a kernel without memfd_create) it is
-// "/trun-<tag>-<random>" in /dev/shm instead (rendezvous/shm_names.h), unlinked by whichever rank
+// "/trun-<tag>-<random>" in /dev/shm instead (base/shm_names.h), unlinked by whichever rank
 // maps it last; a trun agent removes the run's leftovers when the job ends.
 //
 // Each rank owns one slot of `slot_bytes` in it, and (unnamed segments; TRUN_SHM_A2A_BYTES)
@@ -34,7 +34,7 @@
 #include <string>
 #include <vector>
 
-#include "rendezvous/store/store.h"
+#include "store/store.h"
 #include "worker_sdk/src/backend.h"
 #include "worker_sdk/src/cpu/process_memory.h"
 
@@ -44,7 +44,7 @@ struct ShmHeader;
 class SharedArea;
 
 struct ShmOptions {
-  rendezvous::Store* store = nullptr;  // namespaced for this node of this group
+  store::Store* store = nullptr;  // namespaced for this node of this group
   int local_rank = 0;
   int local_size = 1;
   std::string tag;        // part of the segment name; sanitized here
