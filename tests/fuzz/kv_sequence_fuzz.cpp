@@ -29,7 +29,7 @@
 #include "store/kv_state.h"
 #include "store/wire.h"
 
-namespace rdzv = trun::rendezvous;
+namespace store = trun::store;
 namespace wire = trun::store::wire;
 using wire::Op;
 

@@ -36,7 +36,7 @@
 #include "store/request_loop.h"
 #include "store/wire.h"
 
-namespace rdzv = trun::rendezvous;
+namespace store = trun::store;
 namespace wire = trun::store::wire;
 using store::RequestLoop;
 using wire::Op;
@@ -50,7 +50,7 @@ void check(bool ok, int line = __builtin_LINE()) {
 }
 
 const std::string kToken = "fuzz-token";
-const std::string kChallenge(rdzv::auth::kChallengeBytes, 'c');
+const std::string kChallenge(store::auth::kChallengeBytes, 'c');
 
 // The largest single reply with the limits below: MULTI_GET of 4 keys (4 * 8 bytes of lengths
 // plus at most max_value_bytes of values), GET_TIMEOUT (1 + 8 + value), AUTH_HELLO (8 + 32), or
@@ -104,7 +104,7 @@ class Conn : public RequestLoop::Host {
     if (!loop.authenticated() && !closed) {
       check(loop.executed() == 0);
       check(kv_->parked(id_) == nullptr);
-      check(loop.buffered_input() <= rdzv::kMaxPreAuthInput + 256);
+      check(loop.buffered_input() <= store::kMaxPreAuthInput + 256);
     }
   }
   void flush() {
@@ -193,7 +193,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::string hs;
         wire::Encoder(&hs).query(Op::kValidate).u32(wire::kValidationMagic);
         wire::Encoder(&hs).query(Op::kAuthHello);
-        wire::Encoder(&hs).query(Op::kAuthProof).bytes(rdzv::auth::hmac_sha256(kToken, kChallenge));
+        wire::Encoder(&hs).query(Op::kAuthProof).bytes(store::auth::hmac_sha256(kToken, kChallenge));
         c.feed(hs);
         c.process(kv, limits);
         break;
