@@ -5,10 +5,11 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <charconv>
 #include <fstream>
 #include <sstream>
 #include <stdexcept>
+
+#include "base/decimal.h"
 
 namespace trun::agent {
 
@@ -25,9 +26,7 @@ std::string read_line(const std::string& path) {
 }
 
 bool parse_nonnegative(const std::string& text, int& out) {
-  if (text.empty()) return false;
-  auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out);
-  return ec == std::errc() && end == text.data() + text.size() && out >= 0;
+  return base::parse_decimal(text, &out) && out >= 0;
 }
 
 // Entries of `dir` whose name is `prefix` followed by a decimal number, as those numbers.

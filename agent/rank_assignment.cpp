@@ -1,8 +1,6 @@
 #include "agent/rank_assignment.h"
 
-#include <cerrno>
-#include <cstdlib>
-
+#include "base/decimal.h"
 #include "store/store.h"
 
 namespace trun::agent {
@@ -33,11 +31,10 @@ std::string format_role_info(const std::string& role, int nproc) {
 NodeRoleInfo parse_role_info(int group_rank, const std::string& value) {
   const auto nl = value.find('\n');
   const std::string count = nl == std::string::npos ? std::string() : value.substr(nl + 1);
-  char* end = nullptr;
-  errno = 0;
-  const long n = count.empty() ? -1 : std::strtol(count.c_str(), &end, 10);
-  if (nl == std::string::npos || errno != 0 || end == nullptr || *end != '\0' || n < 1 ||
-      n > 1 << 20) {
+  // strtol's syntax as always: a leading '+' or spaces are taken.
+  long n = -1;
+  if (nl == std::string::npos || !base::parse_decimal(count, &n, base::DecimalSyntax{true, true}) ||
+      n < 1 || n > 1 << 20) {
     throw rendezvous::RendezvousError("malformed role info from node " +
                                       std::to_string(group_rank) + ": '" + value + "'");
   }

@@ -46,6 +46,7 @@
 #include <string>
 #include <vector>
 
+#include "base/decimal.h"
 #include "store/tcp_store.h"
 
 namespace trun::bench {
@@ -528,11 +529,11 @@ std::vector<std::string> split(const std::string& s) {
   return out;
 }
 
+// strtol's syntax as always (a leading '+' or spaces are taken), the whole value, in [lo, hi].
 long parse_int(const std::string& flag, const std::string& v, long lo, long hi) {
-  char* end = nullptr;
-  errno = 0;
-  long x = std::strtol(v.c_str(), &end, 10);
-  if (v.empty() || *end != '\0' || errno != 0 || x < lo || x > hi) {
+  long x = 0;
+  if (!trun::base::parse_decimal(v, &x, trun::base::DecimalSyntax{true, true}) || x < lo ||
+      x > hi) {
     usage((flag + ": '" + v + "' is not an integer in [" + std::to_string(lo) + ", " +
            std::to_string(hi) + "]")
               .c_str());

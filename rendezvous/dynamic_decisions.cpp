@@ -5,6 +5,7 @@
 #include <map>
 
 #include "base/check.h"
+#include "base/decimal.h"
 
 namespace trun::rendezvous {
 
@@ -108,6 +109,8 @@ std::vector<Participant> ParticipantList::to_vector() const {
 namespace dynamic {
 namespace {
 
+using base::parse_decimal;
+
 // Splits on single spaces; `max_fields` > 0 keeps the rest of the line in the last field.
 std::vector<std::string_view> split(std::string_view s, char sep, size_t max_fields = 0) {
   std::vector<std::string_view> out;
@@ -123,13 +126,6 @@ std::vector<std::string_view> split(std::string_view s, char sep, size_t max_fie
     pos = next + 1;
   }
   return out;
-}
-
-template <typename T>
-bool parse_int(std::string_view s, T* out) {
-  if (s.empty()) return false;
-  auto [p, ec] = std::from_chars(s.data(), s.data() + s.size(), *out);
-  return ec == std::errc() && p == s.data() + s.size();
 }
 
 struct KindName {
@@ -166,9 +162,9 @@ NodeDesc decode_node(std::string_view text, int64_t ticket) {
   NodeDesc n;
   n.ticket = ticket;
   int host = 0;
-  if (f.size() != 7 || f[0].empty() || f[1].empty() || !parse_int(f[2], &host) ||
-      !parse_int(f[3], &n.rank_hint) || !parse_int(f[4], &n.prev_round) ||
-      !parse_int(f[5], &n.prev_rank) || !parse_int(f[6], &n.master_port)) {
+  if (f.size() != 7 || f[0].empty() || f[1].empty() || !parse_decimal(f[2], &host) ||
+      !parse_decimal(f[3], &n.rank_hint) || !parse_decimal(f[4], &n.prev_round) ||
+      !parse_decimal(f[5], &n.prev_rank) || !parse_decimal(f[6], &n.master_port)) {
     throw RendezvousError("rendezvous: malformed node record for ticket " + std::to_string(ticket) +
                           ": '" + std::string(text.substr(0, 200)) + "'");
   }
@@ -279,8 +275,8 @@ std::string encode_result(const RoundResult& r) {
     NodeDesc m;
     m.id = std::string(r.members.field(i, 0));
     m.addr = std::string(r.members.field(i, 1));
-    parse_int(r.members.field(i, 2), &m.ticket);
-    parse_int(r.members.field(i, 3), &m.master_port);
+    parse_decimal(r.members.field(i, 2), &m.ticket);
+    parse_decimal(r.members.field(i, 3), &m.master_port);
     m.store_host = r.members.field(i, 4) == "1";
     s += "\n" + member_line(m);
   }
@@ -309,13 +305,13 @@ RoundResult decode_result(std::string_view text) {
   if (nl == std::string_view::npos) throw bad("member count");
   auto head = split(text.substr(0, nl), ' ');
   size_t n = 0;
-  if (!parse_int(head[1], &n) || n == 0 || n > (1u << 30)) throw bad("member count");
+  if (!parse_decimal(head[1], &n) || n == 0 || n > (1u << 30)) throw bad("member count");
   size_t listed = n;
   r.kind = RoundResult::Kind::kComplete;
   r.world_size = static_cast<int>(n);
   if (head.size() > 2) {  // partial: K L <runs> <exceptions>
-    if (head.size() < 4 || !parse_int(head[2], &listed) || listed == 0 || listed >= n ||
-        !parse_int(head[3], &r.latest)) {
+    if (head.size() < 4 || !parse_decimal(head[2], &listed) || listed == 0 || listed >= n ||
+        !parse_decimal(head[3], &r.latest)) {
       throw bad("partial header");
     }
     for (size_t i = 4; i < head.size(); ++i) {
@@ -324,19 +320,19 @@ RoundResult decode_result(std::string_view text) {
       if (tok.size() < 4 || eq == std::string_view::npos) throw bad("rank map");
       const char cls = tok[0];
       int64_t first = 0;
-      if (!parse_int(tok.substr(1, eq - 1), &first)) throw bad("rank map");
+      if (!parse_decimal(tok.substr(1, eq - 1), &first)) throw bad("rank map");
       std::string_view rest = tok.substr(eq + 1);
       if (cls == 'x') {
         int rank = 0;
-        if (!parse_int(rest, &rank) || rank < 0 || rank >= r.world_size) throw bad("rank map");
+        if (!parse_decimal(rest, &rank) || rank < 0 || rank >= r.world_size) throw bad("rank map");
         r.exceptions.emplace_back(first, rank);
         continue;
       }
       size_t plus = rest.find('+');
       RankRun run{cls, first, 0, 0};
       if ((cls != 'h' && cls != 'p' && cls != 't') || plus == std::string_view::npos ||
-          !parse_int(rest.substr(0, plus), &run.rank) ||
-          !parse_int(rest.substr(plus + 1), &run.count) || run.count < 1 || run.rank < 0 ||
+          !parse_decimal(rest.substr(0, plus), &run.rank) ||
+          !parse_decimal(rest.substr(plus + 1), &run.count) || run.count < 1 || run.rank < 0 ||
           run.rank + run.count > r.world_size) {
         throw bad("rank map");
       }
@@ -355,8 +351,8 @@ RoundResult decode_result(std::string_view text) {
   for (size_t i = 0; i < listed; i += std::max<size_t>(1, listed - 1)) {  // first and last
     int64_t ticket = 0;
     uint16_t port = 0;
-    if (r.members.field(i, 1).empty() || !parse_int(r.members.field(i, 2), &ticket) ||
-        !parse_int(r.members.field(i, 3), &port)) {
+    if (r.members.field(i, 1).empty() || !parse_decimal(r.members.field(i, 2), &ticket) ||
+        !parse_decimal(r.members.field(i, 3), &port)) {
       throw bad("member line");
     }
   }
@@ -387,7 +383,7 @@ RoundKey parse_round_key(std::string_view text) {
     k.closed = true;
     return k;
   }
-  if (!parse_int(text, &k.round) || k.round < 0) {
+  if (!parse_decimal(text, &k.round) || k.round < 0) {
     throw RendezvousError("rendezvous: malformed round key '" + std::string(text.substr(0, 100)) +
                           "'");
   }

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "base/decimal.h"
 #include "rendezvous/dynamic_rendezvous.h"
 #include "rendezvous/handler.h"
 #include "rendezvous/round_rendezvous.h"
@@ -47,10 +48,9 @@ std::chrono::milliseconds parse_seconds(const std::string& key, const std::strin
 }
 
 int parse_count(const std::string& key, const std::string& value) {
-  char* end = nullptr;
-  errno = 0;
-  long v = std::strtol(value.c_str(), &end, 10);
-  if (value.empty() || end != value.c_str() + value.size() || errno != 0 || v < 1 || v > 1000000) {
+  // strtol's syntax as always: a leading '+' or spaces are taken.
+  long v = 0;
+  if (!base::parse_decimal(value, &v, base::DecimalSyntax{true, true}) || v < 1 || v > 1000000) {
     throw RendezvousOptionError("--rdzv-conf " + key + "=" + value +
                                 ": expected a whole number >= 1 (at most 1000000)");
   }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/decimal.h"
 #include "store/socket_conn.h"
 
 namespace trun::store {
@@ -191,10 +192,8 @@ int64_t FileStore::add_raw_locked(const std::string& raw_key, int64_t delta, con
   int64_t value = delta;
   auto it = cache_.find(raw_key);
   if (it != cache_.end() && !it->second.empty()) {
-    errno = 0;
-    char* end = nullptr;
-    long long now = std::strtoll(it->second.c_str(), &end, 10);
-    if (errno != 0 || end == it->second.c_str() || *end != '\0')
+    long long now = 0;  // strtoll's syntax as always: a leading '+' or spaces are taken
+    if (!base::parse_decimal(it->second, &now, base::DecimalSyntax{true, true}))
       fail(op, "the value of '" + raw_key + "' is not an integer: '" + it->second + "'");
     value += now;
   }

@@ -1,8 +1,9 @@
 #include "store/kv_state.h"
 
 #include <algorithm>
-#include <charconv>
 #include <unordered_set>
+
+#include "base/decimal.h"
 
 namespace trun::store {
 
@@ -276,8 +277,7 @@ std::optional<int64_t> KvState::add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   if (it != data_.end()) {
     const std::string& s = it->second;
-    auto [p, err] = std::from_chars(s.data(), s.data() + s.size(), value);
-    if (err != std::errc() || p != s.data() + s.size()) return std::nullopt;
+    if (!base::parse_decimal(s, &value)) return std::nullopt;
   }
   value = static_cast<int64_t>(static_cast<uint64_t>(value) + static_cast<uint64_t>(delta));
   data_[key] = std::to_string(value);

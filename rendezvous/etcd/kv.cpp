@@ -5,6 +5,8 @@
 #include <thread>
 #include <utility>
 
+#include "base/decimal.h"
+
 namespace trun::rendezvous::etcd {
 namespace {
 
@@ -22,12 +24,8 @@ void contention_pause(int attempt) {
 
 int64_t parse_counter(const std::string& key, const std::optional<std::string>& value) {
   if (!value) return 0;
-  try {
-    size_t used = 0;
-    int64_t v = std::stoll(*value, &used);
-    if (used == value->size()) return v;
-  } catch (const std::exception&) {
-  }
+  int64_t v = 0;  // stoll's syntax as always: a leading '+' or spaces are taken
+  if (base::parse_decimal(*value, &v, base::DecimalSyntax{true, true})) return v;
   throw store::StoreError("etcd: add on key '" + key + "': its value '" + *value +
                           "' is not an integer");
 }

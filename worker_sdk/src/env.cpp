@@ -1,7 +1,6 @@
 // WorkerEnv: which launcher convention gives the ranks, and where the store is (trun/worker.h,
 // docs/worker_sdk.md "Environment"). Pure: every variable is read through `lookup`.
 
-#include <cerrno>
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
@@ -9,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "base/decimal.h"
 #include "base/hostlist.h"
 #include "base/slurm.h"
 #include "trun/worker.h"
@@ -18,17 +18,17 @@ namespace {
 
 using Lookup = std::function<const char*(const char*)>;
 
+// strtoll's syntax as always (a leading '+', and leading whitespace other than blanks, is taken),
+// but a blank anywhere is refused.
 long long parse_int(const std::string& name, const std::string& v, long long lo, long long hi) {
   if (v.empty()) throw EnvError(name + " is set but empty");
-  errno = 0;
-  char* end = nullptr;
-  long long x = std::strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || end == v.c_str() || *end != '\0' || v.find_first_of(" \t") != std::string::npos)
+  if (v.find_first_of(" \t") != std::string::npos) {
     throw EnvError(name + "='" + v + "' is not an integer");
-  if (x < lo || x > hi)
-    throw EnvError(name + "=" + v + " is outside [" + std::to_string(lo) + ", " +
-                   std::to_string(hi) + "]");
-  return x;
+  }
+  std::string error;
+  const auto x = base::parse_decimal_in(v, lo, hi, &error, base::DecimalSyntax{true, true});
+  if (!x) throw EnvError(name + "=" + error);
+  return *x;
 }
 
 int parse_int_var(const Lookup& lookup, const char* name, long long lo, long long hi) {
