@@ -5,7 +5,14 @@
 // option may also come from PET_<NAME> (upper case, underscores), the command line winning.
 // Inside an srun step, options neither given nor in PET_* are derived from SLURM_* variables
 // (launcher/slurm_options.h) before the defaults apply.
-// Single-threaded; reads the process environment; never exits the process itself.
+//
+// In five steps: (1) declare the options to CLI11 from one table (launcher/cli_options.h);
+// (2) parse argv, after an argparse-compatibility pre-pass (launcher/argparse_compat.h);
+// (3) resolve each option's value, argv > PET_* > SLURM > default (launcher/cli_resolve.h);
+// (4, 5) check the values and build the LaunchConfig (launcher/cli_config.h). Steps 3 to 5 are
+// pure functions of their inputs (the environment as data, the host behind HostProbe); only
+// parse_command_line below reads the process environment and the host.
+// Single-threaded; never exits the process itself.
 
 #include <map>
 #include <optional>

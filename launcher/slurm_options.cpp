@@ -1,6 +1,7 @@
 #include "launcher/slurm_options.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "base/hostlist.h"
 #include "base/slurm.h"
@@ -53,6 +54,12 @@ bool parse_nnodes_range(const std::string& text, unsigned long long& lo, unsigne
     return true;
   }
   return parse_unsigned(text.substr(0, colon), lo) && parse_unsigned(text.substr(colon + 1), hi);
+}
+
+// An option derived from `from`, named as the launcher names it.
+SlurmDerived derived(Opt id, std::string value, std::vector<std::string> from,
+                     bool presence = false, std::string detail = "") {
+  return {id, flag_name(id), std::move(value), std::move(from), presence, std::move(detail)};
 }
 
 }  // namespace
@@ -189,18 +196,17 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
   if (!given.standalone) {
     std::string backend = given.rdzv_backend.value_or("c10d");
     if (!given.rdzv_backend) {
-      out.derived.push_back({"--rdzv-backend", "c10d", {"SLURM_STEP_ID"}, true, ""});
+      out.derived.push_back(derived(Opt::kRdzvBackend, "c10d", {"SLURM_STEP_ID"}, true));
     }
     if (!given.rdzv_id) {
-      out.derived.push_back({"--rdzv-id", run_id, {"SLURM_JOB_ID", "SLURM_STEP_ID"}, false, ""});
+      out.derived.push_back(derived(Opt::kRdzvId, run_id, {"SLURM_JOB_ID", "SLURM_STEP_ID"}));
     }
     if (!given.nnodes && nodes) {
-      out.derived.push_back({"--nnodes", nodes_text, {nodes_source}, false, ""});
+      out.derived.push_back(derived(Opt::kNnodes, nodes_text, {nodes_source}));
     }
     if (backend == "static" && node_id) {
       if (!given.node_rank) {
-        out.derived.push_back(
-            {"--node-rank", std::to_string(*node_id), {node_var->name}, false, ""});
+        out.derived.push_back(derived(Opt::kNodeRank, std::to_string(*node_id), {node_var->name}));
       } else if (unsigned long long r; !parse_unsigned(*given.node_rank, r) || r != *node_id) {
         throw SlurmOptionError("--node-rank=" + *given.node_rank + " contradicts " +
                                node_var->name + "=" + node_var->value +
@@ -219,25 +225,19 @@ SlurmOptions derive_slurm_options(const EnvLookup& env, const GivenOptions& give
     }
     if (!given.rdzv_endpoint && endpoint_applies && !hosts.empty()) {
       const uint16_t port = base::slurm_port(job_id, step_id);
-      out.derived.push_back(
-          {"--rdzv-endpoint",
-           hosts.front() + ":" + std::to_string(port),
-           {list_var->name},
-           false,
-           "port " + std::to_string(base::kSlurmPortBase) + "+(" + job->value + " mod " +
-               std::to_string(base::kSlurmPortJobs) + ")*" + std::to_string(base::kSlurmPortSteps) +
-               "+" +
-               (base::kSlurmPortSteps > step_id
-                    ? step->value
-                    : "(" + step->value + " mod " + std::to_string(base::kSlurmPortSteps) + ")")});
+      out.derived.push_back(derived(
+          Opt::kRdzvEndpoint, hosts.front() + ":" + std::to_string(port), {list_var->name}, false,
+          "port " + std::to_string(base::kSlurmPortBase) + "+(" + job->value + " mod " +
+              std::to_string(base::kSlurmPortJobs) + ")*" + std::to_string(base::kSlurmPortSteps) +
+              "+" +
+              (base::kSlurmPortSteps > step_id
+                   ? step->value
+                   : "(" + step->value + " mod " + std::to_string(base::kSlurmPortSteps) + ")")));
     }
   }
   if (!given.signals_to_handle) {
-    out.derived.push_back({"--signals-to-handle",
-                           kSlurmSignals,
-                           {"SLURM_STEP_ID"},
-                           true,
-                           "SIGUSR1 added: scancel --signal=USR1 reaches the workers"});
+    out.derived.push_back(derived(Opt::kSignalsToHandle, kSlurmSignals, {"SLURM_STEP_ID"}, true,
+                                  "SIGUSR1 added: scancel --signal=USR1 reaches the workers"));
   }
 
   if (out.derived.empty()) {

@@ -18,11 +18,14 @@
 #include <string>
 #include <vector>
 
+#include "launcher/cli_options.h"
+
 namespace trun::launcher {
 
 // One option filled in from SLURM's environment.
 struct SlurmDerived {
-  std::string option;             // "--rdzv-endpoint"
+  Opt id;                         // which option, by identity: Opt::kRdzvEndpoint
+  std::string option;             // its name for messages and --dry-run, flag_name(id)
   std::string value;              // "n1:10096"
   std::vector<std::string> from;  // the variables it came from: {"SLURM_STEP_NODELIST", ...}
   bool presence = false;          // implied by the variables being set: "(SLURM_STEP_ID set)"
