@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <map>
+#include <set>
 
 #include "tests/launcher/slurm_step_env.h"
 
@@ -50,6 +51,17 @@ TEST_CASE("outside SLURM nothing is derived and nothing is logged", "[slurm_opti
   CHECK(s.context == SlurmContext::kNone);
   CHECK(s.derived.empty());
   CHECK(s.log_line.empty());
+}
+
+TEST_CASE("each derived option carries its identity and the launcher's name for it",
+          "[slurm_options]") {
+  std::set<Opt> ids;
+  for (const SlurmDerived& d : derive(step_env()).derived) {
+    ids.insert(d.id);
+    CHECK(d.option == flag_name(d.id));
+  }
+  CHECK(ids == std::set<Opt>{Opt::kRdzvBackend, Opt::kRdzvId, Opt::kNnodes, Opt::kRdzvEndpoint,
+                             Opt::kSignalsToHandle});
 }
 
 TEST_CASE("an srun step implies the c10d backend, its id, node count, endpoint and SIGUSR1",
