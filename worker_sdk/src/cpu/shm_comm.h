@@ -27,6 +27,12 @@
 // died, aborted or timed out makes every rank of the node fail instead of waiting.
 //
 // Thread safety: collectives from one thread at a time; abort() from any thread.
+//
+// The implementation, by part: shm_comm.cpp (joining the segment), shm_layout.h (what the
+// segment holds), shm_segment.h (creating, opening and mapping it), shm_handover.h (passing
+// a memfd to the peers), shm_barrier.cpp (barriers, abort, peers' liveness),
+// shm_collectives.cpp (the collectives through the slots), shm_all_to_all.cpp and shm_area.h
+// (the shared buffer areas' allocator).
 
 #include <atomic>
 #include <cstddef>
@@ -42,6 +48,7 @@ namespace trun::worker::detail {
 
 struct ShmHeader;
 class SharedArea;
+struct ShmSegment;
 
 struct ShmOptions {
   store::Store* store = nullptr;  // namespaced for this node of this group
@@ -129,13 +136,29 @@ class ShmComm {
   // Copies `bytes` at address `remote` of local rank r's process to dst; "" or why not.
   std::string read_peer(int r, char* dst, uint64_t remote, size_t bytes);
 
+  // The constructor's steps (shm_comm.cpp), after the segment is mapped.
+  void adopt_segment(ShmSegment& seg);
+  void publish_segment(const ShmSegment& seg, store::Store& store, Deadline deadline);
+  void check_segment_header(const ShmSegment& seg);
+  void register_rank();
+  void tune_waits();
+  void watch_peers();
+
+  // all_to_all_v's steps (shm_all_to_all.cpp).
+  struct A2aCall;
+  struct A2aTable;
+  struct A2aStaging;
+  A2aTable a2a_exchange(const A2aCall& c, Deadline deadline);
+  void a2a_from_areas(const A2aCall& c, const A2aTable& t, Deadline deadline);
+  bool a2a_direct(const A2aCall& c, const A2aTable& t, Deadline deadline);
+  A2aStaging a2a_staging() const;
+  void a2a_rounds(const A2aCall& c, const A2aStaging& s, uint64_t longest, Deadline deadline);
+
   int me_ = 0;
   int n_ = 1;
   bool named_ = false;  // segment shared by name in /dev/shm (else an unnamed memfd)
   std::string name_;
   size_t slot_bytes_ = 0;
-  size_t map_bytes_ = 0;
-  void* map_ = nullptr;
   std::shared_ptr<void> mapping_;  // the segment but the shared buffer areas
   ShmHeader* hdr_ = nullptr;
   char* data_ = nullptr;
