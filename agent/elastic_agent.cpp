@@ -40,6 +40,10 @@ namespace fs = std::filesystem;
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
 // --metrics-port: how often the nodes waiting for the next round are sampled (off the loop).
 constexpr auto kWaitingSampleInterval = std::chrono::seconds(2);
+// After a round ended by a worker failure: how long, beyond --shutdown-timeout (what the other
+// nodes may spend stopping their workers), a node waits for the others' failure reports before it
+// names the root cause without them.
+constexpr auto kReportGrace = std::chrono::seconds(5);
 
 // The signals the agent takes through its signalfd: SIGCHLD and config.signals_to_handle.
 sigset_t agent_signal_set(const LaunchConfig& config) {
@@ -52,6 +56,12 @@ sigset_t agent_signal_set(const LaunchConfig& config) {
 
 double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
 }
 
 struct Worker {
@@ -114,6 +124,10 @@ class Agent {
   void on_children();
   void on_agent_signal(int sig);
   bool on_round_over(const rendezvous::RoundEvent& e);
+  // After a round ended by a worker failure (this node's, `own`, or another's) and this node's
+  // workers stopped: chooses the root cause among every node's report (root_cause_), records it
+  // (status, event log) and returns it.
+  const RootCause& resolve_root_cause(const std::optional<rendezvous::FailureReport>& own);
   void begin_stop(int sig);
   void kill_all();
   void update_groups();
@@ -165,6 +179,7 @@ class Agent {
   int received_signal_ = 0;
   uint64_t failure_seq_ = 0;
   std::vector<WorkerFailure> failures_;  // of the current attempt
+  std::optional<RootCause> root_cause_;  // of the current attempt, across nodes, once known
   NodeStatus status_;                    // the last record publish_status wrote
 };
 
@@ -463,6 +478,14 @@ int Agent::run_job() {
 // The group stopped because the round ended: the next step (kAgain: after the next round).
 Agent::Next Agent::after_round_over() {
   const rendezvous::RoundEvent e = *session_->round_over();
+  using Kind = rendezvous::RoundEvent::Kind;
+  if (e.kind == Kind::kWorkerFailed) {
+    resolve_root_cause(std::nullopt);
+  } else if (e.kind != Kind::kStoreLost && e.kind != Kind::kClosed) {
+    session_->round_failures(std::chrono::milliseconds(0));  // only: this node stopped
+  }
+  // The round's first report, unless the others' reports name an earlier failure.
+  const std::string root_line = root_cause_ ? root_cause_line(*root_cause_) : e.detail;
   const RoundAction action =
       decide_after_round(e.kind, session_->dynamic(), restart_count_, cfg_.max_restarts);
   switch (action) {
@@ -485,13 +508,16 @@ Agent::Next Agent::after_round_over() {
     case RoundAction::kNoRestartsLeft:
       std::fprintf(stderr,
                    "trun: error: the worker group failed on node %s and no restarts are "
-                   "left (%d/%d)\nroot cause: %s\n",
-                   e.node_id.c_str(), restart_count_, cfg_.max_restarts, e.detail.c_str());
+                   "left (%d/%d)\n%s\n",
+                   root_cause_ ? root_cause_->node_id.c_str() : e.node_id.c_str(), restart_count_,
+                   cfg_.max_restarts,
+                   root_cause_ ? root_line.c_str() : ("root cause: " + e.detail).c_str());
       std::fflush(stderr);
       session_->close_job();
       return Next{kExitWorkersFailed};
     case RoundAction::kRestart:
-      spdlog::warn("worker failure on node {} ({})", e.node_id, e.detail);
+      spdlog::warn("worker failure on node {}; {}", root_cause_ ? root_cause_->node_id : e.node_id,
+                   root_line);
       return Next{Next::kAgain, true};
     case RoundAction::kReform:
       spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
@@ -508,7 +534,10 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
       decide_after_stop(outcome, received_signal_, restart_count_, cfg_.max_restarts);
   // Ends the round on every node: they restart too, or give up with this root cause.
   if (outcome == GroupOutcome::kFailed) {
-    session_->report_worker_failure(failure_line(failures_, hostname_));
+    const std::string line = failure_line(failures_, hostname_);
+    const int64_t at =
+        failures_.empty() ? unix_ms() : failures_[root_cause_index(failures_)].exited_at_ms;
+    session_->report_worker_failure(line, at);
     snap_.last_failure = failure_line(failures_, hostname_);
     status_.last_failure = snap_.last_failure;
     status_.last_failure_at = unix_seconds();
@@ -521,6 +550,8 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
                                    {"failed_workers", int64_t(failures_.size())},
                                    {"restart", next.restart}});
     }
+    std::string id = session_->node_id();
+    resolve_root_cause(rendezvous::FailureReport{id.empty() ? hostname_ : id, line, at});
   }
   if (!next.restart) {
     finish(outcome);
@@ -577,10 +608,56 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
   return false;
 }
 
+const RootCause& Agent::resolve_root_cause(const std::optional<rendezvous::FailureReport>& own) {
+  std::vector<rendezvous::FailureReport> reports =
+      session_->round_failures(cfg_.shutdown_timeout + kReportGrace);
+  if (own) {
+    // A single node, or the store did not answer: this node's own report still counts.
+    bool found = false;
+    for (const auto& r : reports) found = found || r.node_id == own->node_id;
+    if (!found) reports.push_back(*own);
+  }
+  const auto pick = rendezvous::root_cause(reports);
+  RootCause rc;
+  if (pick) {
+    rc.node_id = pick->node_id;
+    rc.detail = pick->detail;
+    rc.failed_at_ms = pick->failed_at_ms;
+    rc.local = own && pick->node_id == own->node_id;
+  } else {  // nobody's report could be read: the round's first record
+    const auto& e = session_->round_over();
+    rc.node_id = e ? e->node_id : std::string();
+    rc.detail = e ? e->detail : std::string("unknown");
+  }
+  root_cause_ = rc;
+  status_.root_cause = rc.detail;
+  status_.root_cause_node = rc.node_id;
+  status_.root_cause_at = rc.failed_at_ms >= 0 ? static_cast<double>(rc.failed_at_ms) / 1000 : 0;
+  status_.root_cause_round = session_->info().round;
+  EventMetadata md{{"round", int64_t{session_->info().round}},
+                   {"node_id", rc.node_id},
+                   {"failed_at_ms", int64_t{rc.failed_at_ms}},
+                   {"message", rc.detail},
+                   {"local", rc.local},
+                   {"reports", int64_t(reports.size())}};
+  if (rc.local && !failures_.empty()) {
+    const auto& f = failures_[root_cause_index(failures_)];
+    md["local_rank"] = int64_t{f.local_rank};
+    md["global_rank"] = int64_t{f.rank};
+    md["exitcode"] = int64_t{f.exitcode};
+  }
+  event("trun.agent.root_cause", std::move(md));
+  if (reports.size() > 1 || !rc.local) spdlog::warn("{}", root_cause_line(rc));
+  return *root_cause_;
+}
+
 // The job ends on this node: the failure summary, the exit barrier, closing the rendezvous.
 void Agent::finish(GroupOutcome outcome) {
   if (outcome == GroupOutcome::kFailed && !failures_.empty()) {
-    std::string summary = format_summary(cfg_.entrypoint_name, failures_, hostname_);
+    const bool across = root_cause_ && session_->multi_node();
+    std::string summary = format_summary(cfg_.entrypoint_name, failures_, hostname_,
+                                         across ? &*root_cause_ : nullptr);
+    if (across) summary += "trun: " + root_cause_line(*root_cause_) + "\n";
     std::fputs(summary.c_str(), stderr);
     std::fflush(stderr);
     const auto& root = failures_[root_cause_index(failures_)];
@@ -618,6 +695,7 @@ void Agent::start_workers() {
   kill_at_.reset();
   killed_ = false;
   failures_.clear();
+  root_cause_.reset();
   by_pid_.clear();
   workers_.assign(static_cast<size_t>(cfg_.nproc_per_node), Worker{});
   logs_.reset();
@@ -692,6 +770,7 @@ void Agent::start_workers() {
       w.exitcode = results[i].error == ENOENT ? 127 : 126;
       WorkerFailure f = read_failure(w.local_rank, w.rank, -1, w.exitcode, "", failure_seq_++);
       f.message = "cannot start worker: " + results[i].error_message;
+      f.exited_at_ms = unix_ms();
       event("trun.agent.worker_exited", {{"local_rank", int64_t{w.local_rank}},
                                          {"global_rank", int64_t{w.rank}},
                                          {"exitcode", int64_t{w.exitcode}},
@@ -786,6 +865,7 @@ void Agent::read_signals(bool reap_children) {
 void Agent::on_children() {
   const GroupPhase phase_before = phase_;
   auto exits = sup_.reap([this](pid_t pid) { return by_pid_.count(pid) > 0; });
+  const int64_t reaped_at_ms = unix_ms();
   // A scheduler stopping the job (scancel) signals trun and its workers at the same moment: a
   // worker may exit on its own handler before trun has read its own signal. on_signalfd() reads
   // again after this, and run() once more when the group has stopped, so such an exit ends in
@@ -826,6 +906,7 @@ void Agent::on_children() {
     if (is_failure) {
       WorkerFailure f =
           read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++);
+      f.exited_at_ms = reaped_at_ms;
       const char* path = std::getenv("PATH");
       f.hint = python_start_hint(cfg_.python_interpreter, path ? path : "",
                                  std::chrono::duration<double>(clock_.now() - w.started).count(),

@@ -212,10 +212,26 @@ size_t root_cause_index(const std::vector<WorkerFailure>& failures) {
   return best;
 }
 
+std::string ms_time(int64_t ms) {
+  if (ms < 0) return "an unknown time";
+  char frac[8];
+  std::snprintf(frac, sizeof frac, ".%03d", static_cast<int>(ms % 1000));
+  std::string t = iso_time(ms / 1000);
+  std::replace(t.begin(), t.end(), '_', ' ');
+  return t + frac;
+}
+
+std::string root_cause_line(const RootCause& root) {
+  return "root cause: " + root.detail + " (node " + root.node_id + ", at " +
+         ms_time(root.failed_at_ms) + ")";
+}
+
 std::string format_summary(const std::string& name, const std::vector<WorkerFailure>& failures,
-                           const std::string& hostname) {
+                           const std::string& hostname, const RootCause* across) {
   const std::string title = name + " FAILED";
-  size_t root = root_cause_index(failures);
+  const bool remote = across && !across->local;
+  // A remote root cause: no local failure is it (SIZE_MAX matches none).
+  size_t root = remote || failures.empty() ? SIZE_MAX : root_cause_index(failures);
   // Failures are listed by global rank, as torchrun's dict is.
   std::vector<size_t> order(failures.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -243,6 +259,10 @@ std::string format_summary(const std::string& name, const std::vector<WorkerFail
       others.push_back(fmt);
     }
   }
+  if (remote) {
+    root_fmt = "[0]:\n  time      : " + ms_time(across->failed_at_ms) +
+               "\n  node      : " + across->node_id + "\n  failure   : " + across->detail;
+  }
   width = std::min<size_t>(width, 60);
   std::string border(width, '='), section(width, '-');
   std::string out = border + "\n" + title + "\n" + section + "\nFailures:\n";
@@ -251,7 +271,10 @@ std::string format_summary(const std::string& name, const std::vector<WorkerFail
   } else {
     for (const auto& o : others) out += o + "\n";
   }
-  out += section + "\nRoot Cause (first observed failure):\n" + root_fmt + "\n" + border + "\n";
+  out += section +
+         (across ? "\nRoot Cause (earliest failure across nodes):\n"
+                 : "\nRoot Cause (first observed failure):\n") +
+         root_fmt + "\n" + border + "\n";
   return out;
 }
 

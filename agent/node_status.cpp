@@ -13,7 +13,8 @@ std::string node_status_key(const std::string& run_id, const std::string& node_i
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(NodeStatus, node_id, hostname, addr, pid, round,
                                                 group_rank, group_world_size, local_world_size,
                                                 restarts, max_restarts, state, last_failure,
-                                                last_failure_at, updated_at)
+                                                last_failure_at, root_cause, root_cause_node,
+                                                root_cause_at, root_cause_round, updated_at)
 
 std::string encode_node_status(const NodeStatus& s) {
   const nlohmann::json j = s;

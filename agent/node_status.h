@@ -32,7 +32,13 @@ struct NodeStatus {
   // The last failure of this node's workers, one line; empty when none.
   std::string last_failure;
   double last_failure_at = 0;  // unix seconds; 0 when none
-  double updated_at = 0;       // unix seconds
+  // The root cause of the last round that failed, across nodes (agent/failure_report.h,
+  // RootCause): the earliest failure of every node's report, which may be another node's.
+  std::string root_cause;       // one line (failure_line); empty when none
+  std::string root_cause_node;  // the node it happened on
+  double root_cause_at = 0;     // when that worker exited, unix seconds; 0 when unknown
+  int64_t root_cause_round = -1;
+  double updated_at = 0;  // unix seconds
 };
 
 // "trun/status/<run_id>/<node_id>".

@@ -525,12 +525,23 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
   return false;
 }
 
-void RendezvousSession::report_worker_failure(const std::string& detail) {
+void RendezvousSession::report_worker_failure(const std::string& detail, int64_t failed_at_ms) {
   if (!rdzv_ || !multi_node()) return;
   try {
-    rdzv_->report_worker_failure(detail);
+    rdzv_->report_worker_failure(detail, failed_at_ms);
   } catch (const std::exception& e) {
     spdlog::error("cannot report the failure to the other nodes: {}", e.what());
+  }
+}
+
+std::vector<rendezvous::FailureReport> RendezvousSession::round_failures(
+    std::chrono::milliseconds grace) {
+  if (!rdzv_ || !multi_node() || interrupted_) return {};
+  try {
+    return rdzv_->round_failures(grace);
+  } catch (const std::exception& e) {
+    spdlog::warn("cannot read the other nodes' failure reports: {}", e.what());
+    return {};
   }
 }
 

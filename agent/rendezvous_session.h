@@ -80,9 +80,16 @@ class RendezvousSession {
   // there; `store_stopped`: the store said it stops on purpose, so it is not waited for.
   bool rejoin(const std::string& why, bool store_stopped = false);
 
-  // Ends the round on every node because this node's workers failed (multi-node only). Logs and
-  // swallows errors: the local restart decision does not depend on it.
-  void report_worker_failure(const std::string& detail);
+  // Ends the round on every node because this node's workers failed (multi-node only), or adds
+  // this report to the round's when another node ended it first. `failed_at_ms`: when the local
+  // root-cause worker exited (wall clock). Logs and swallows errors: the local restart decision
+  // does not depend on it.
+  void report_worker_failure(const std::string& detail, int64_t failed_at_ms);
+  // After this node's workers of the round stopped (every stop of a multi-node group, once per
+  // round): tells the others, and returns the round's failure reports of every node, waiting up
+  // to `grace` for members still stopping (0: no wait). Empty on a single node or on a store
+  // error (logged).
+  std::vector<rendezvous::FailureReport> round_failures(std::chrono::milliseconds grace);
   // Closes the rendezvous for every node: the job is over (multi-node only; errors are logged).
   void close_job();
   // Waits until every node's workers succeeded, up to `timeout` (multi-node only). Throws the

@@ -164,6 +164,14 @@ void mark_over(JobStatus* js, const std::string& over_log) {
     e.kind = records[0].kind;
     e.node_id = records[0].node_id;
     e.detail = records[0].detail;
+    // A round ended by worker failures: the earliest failure of every node's report, not the
+    // first report (a secondary failure may be reported before the root cause).
+    if (e.kind == Kind::kWorkerFailed) {
+      if (auto root = rendezvous::root_cause(rendezvous::dynamic::failure_reports(records))) {
+        e.node_id = root->node_id;
+        e.detail = "root cause: " + root->detail;
+      }
+    }
     js->over_cause = e.describe();
   }
   for (auto& n : js->nodes) n.state = js->closed ? "finished" : "re-forming";
@@ -330,11 +338,13 @@ std::string ascii_json(const nlohmann::json& j) {
   return out;
 }
 
-// The most restarts any node counted (every node restarts together), and the newest failure.
+// The most restarts any node counted (every node restarts together), the newest failure and
+// the root cause of the newest failed round (every node of it records the same one).
 struct Summary {
   int restarts = 0;
   int max_restarts = -1;
   const agent::NodeStatus* last_failure = nullptr;
+  const agent::NodeStatus* root_cause = nullptr;
 };
 Summary summarize(const JobStatus& js) {
   Summary s;
@@ -349,6 +359,10 @@ Summary summarize(const JobStatus& js) {
     if (!n.record->last_failure.empty() &&
         (!s.last_failure || at(&*n.record) > at(s.last_failure))) {
       s.last_failure = &*n.record;
+    }
+    if (!n.record->root_cause.empty() &&
+        (!s.root_cause || n.record->root_cause_round > s.root_cause->root_cause_round)) {
+      s.root_cause = &*n.record;
     }
   }
   return s;
@@ -402,6 +416,16 @@ std::string to_json(const JobStatus& js) {
   } else {
     out["last_failure"] = nullptr;
   }
+  if (sum.root_cause) {
+    const auto* r = sum.root_cause;
+    out["root_cause"] = {
+        {"node_id", r->root_cause_node},
+        {"message", r->root_cause},
+        {"round", r->root_cause_round},
+        {"at", valid_time(r->root_cause_at) ? json(r->root_cause_at) : json(nullptr)}};
+  } else {
+    out["root_cause"] = nullptr;
+  }
   return ascii_json(out) + "\n";
 }
 
@@ -432,6 +456,13 @@ std::string to_table(const JobStatus& js) {
            ", " + ago(sum.last_failure->last_failure_at) + ")";
   } else {
     out += "none";
+  }
+  if (sum.root_cause) {
+    const auto* r = sum.root_cause;
+    out += "\nroot cause:   " + safe(r->root_cause) + " (node " + safe(r->root_cause_node) +
+           ", round " + std::to_string(r->root_cause_round) + ", " +
+           (valid_time(r->root_cause_at) ? ago(r->root_cause_at) : "time unknown") +
+           "; the earliest failure across nodes)";
   }
   out += "\n\n";
   std::vector<std::vector<std::string>> rows = {

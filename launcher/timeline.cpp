@@ -146,6 +146,7 @@ const char* outcome_color(Outcome o) {
 struct WorkerBar {
   int64_t start = 0, end = 0;
   bool ended = false;
+  bool root_cause = false;  // the earliest failure of its round across nodes (mark_root_causes)
   Outcome outcome = Outcome::kUnknown;
   std::optional<int64_t> global_rank, role_rank, pid, exitcode, round, attempt;
   std::string signal, raw_error;
@@ -383,6 +384,7 @@ class Builder {
       return std::tie(a.first, a.run_id, a.hostname, a.pid) <
              std::tie(b.first, b.run_id, b.hostname, b.pid);
     });
+    mark_root_causes();
     std::stable_sort(rounds_.begin(), rounds_.end(),
                      [](const Round& a, const Round& b) { return a.ts < b.ts; });
 
@@ -498,6 +500,27 @@ class Builder {
   }
   std::string rel(int64_t ts) const { return "+" + secs(ts - t0_); }
 
+  // The root cause of each failed round: of the workers that failed in it (exited with a code or
+  // by a signal; not those trun stopped) on every node, the one that exited first (ties: the
+  // node drawn first). A peer that failed because of it (a connection closed by the dead rank)
+  // stays an ordinary failure. Rounds are told apart by run id, round and restart count.
+  void mark_root_causes() {
+    std::map<std::tuple<std::string, int64_t, int64_t>, WorkerBar*> first;
+    for (Node& n : nodes_) {
+      for (auto& [lr, lane] : n.workers) {
+        for (auto& b : lane) {
+          if (!b.ended || (b.outcome != Outcome::kFailed && b.outcome != Outcome::kSignaled)) {
+            continue;
+          }
+          auto key = std::make_tuple(n.run_id, b.round.value_or(-1), b.attempt.value_or(-1));
+          auto [it, fresh] = first.emplace(key, &b);
+          if (!fresh && b.end < it->second->end) it->second = &b;
+        }
+      }
+    }
+    for (auto& [key, b] : first) b->root_cause = true;
+  }
+
   void legend(std::ostringstream& svg) const {
     struct Item {
       const char* color;
@@ -515,6 +538,7 @@ class Builder {
         {col::kRound, "round formed", true},
         {col::kRestart, "restart (failure)", true},
         {col::kReform, "re-formed (membership)", true},
+        {nullptr, "root cause (first failure across nodes)", false},
     };
     svg << "<g class=\"legend\" font-size=\"11\">\n";
     int x = 8, y = kLegendY;
@@ -524,7 +548,11 @@ class Builder {
         x = 8;
         y += 18;
       }
-      if (it.line) {
+      if (!it.color) {  // the root cause's outline
+        svg << "<rect class=\"root-cause-key\" x=\"" << x + 1 << "\" y=\"" << y + 1
+            << "\" width=\"10\" height=\"10\" fill=\"" << col::kFailed << "\" stroke=\""
+            << col::kRootCause << "\" stroke-width=\"2\"/>";
+      } else if (it.line) {
         svg << "<rect x=\"" << x + 5 << "\" y=\"" << y << "\" width=\"2\" height=\"12\" fill=\""
             << it.color << "\"/>";
       } else {
@@ -647,15 +675,25 @@ class Builder {
       tip += "\nstarted " + rel(b.start) + ", " + (b.ended ? "ended " : "log ends ") + rel(b.end) +
              " (" + secs(b.end - b.start) + ")";
       if (!b.raw_error.empty()) tip += "\n" + b.raw_error;
-      bars << "<g class=\"bar " << outcome_class(b.outcome) << "\" data-node=\"" << esc(n.label())
-           << "\" data-local-rank=\"" << lr << "\"><title>" << esc(tip) << "</title><rect x=\""
-           << x0 << "\" y=\"" << y + 4 << "\" width=\"" << x1 - x0 << "\" height=\"" << h - 8
-           << "\" fill=\"" << outcome_color(b.outcome) << "\"/>";
+      if (b.root_cause) tip = "ROOT CAUSE (the first failure of its round across nodes)\n" + tip;
+      bars << "<g class=\"bar " << outcome_class(b.outcome) << (b.root_cause ? " root-cause" : "")
+           << "\" data-node=\"" << esc(n.label()) << "\" data-local-rank=\"" << lr << "\"><title>"
+           << esc(tip) << "</title><rect x=\"" << x0 << "\" y=\"" << y + 4 << "\" width=\""
+           << x1 - x0 << "\" height=\"" << h - 8 << "\" fill=\"" << outcome_color(b.outcome)
+           << "\"";
+      if (b.root_cause) bars << " stroke=\"" << col::kRootCause << "\" stroke-width=\"2\"";
+      bars << "/>";
       std::string text;
       if (b.global_rank) text = "rank " + std::to_string(*b.global_rank);
       if (b.outcome == Outcome::kFailed && b.exitcode)
         text += " exit " + std::to_string(*b.exitcode);
       if (b.outcome == Outcome::kSignaled && !b.signal.empty()) text += " " + b.signal;
+      if (b.root_cause) {
+        // The label right of the bar's end (the bar itself may be too short for text).
+        bars << "<text class=\"root-cause-label\" x=\"" << std::min(x1 + 3, kWidth - 70)
+             << "\" y=\"" << y + 15 << "\" font-size=\"10\" font-weight=\"bold\" fill=\""
+             << col::kRootCause << "\">root cause</text>";
+      }
       if (!text.empty() && static_cast<int>(text.size()) * 6 + 6 < x1 - x0) {
         bars << "<text x=\"" << x0 + 4 << "\" y=\"" << y + 15
              << "\" font-size=\"10\" fill=\"#ffffff\">" << esc(text) << "</text>";

@@ -4,7 +4,8 @@
 // Input: the --event-log lines of any number of agents (agent/event_log.h; the names and fields
 // are listed in docs/observability.md). Output: one self-contained HTML page with an inline SVG
 // picture (no external resources, no script): a lane per node (agent) and per worker (node,
-// local rank), bars for worker lifetimes coloured by outcome, rounds and restarts as vertical
+// local rank), bars for worker lifetimes coloured by outcome, the root cause of each failed round
+// outlined and labelled (the earliest failure across nodes), rounds and restarts as vertical
 // lines, a time axis, a legend and <title> tooltips with the details.
 //
 // Pure: no I/O. Clocks: the events' timestamps are used as they are (ms since the epoch on each
@@ -105,6 +106,9 @@ inline constexpr const char* kUnknown = "#e3c800";   // the log ends while it ru
 inline constexpr const char* kRestart = "#ff7f0e";   // a restart after a failure (counted)
 inline constexpr const char* kReform = "#17becf";    // a membership change re-formed the group
 inline constexpr const char* kRound = "#1f4fd1";     // a round formed
+// The outline of the root cause: per round (and restart count), the worker that failed first
+// across every node (exited with a code or by a signal, not stopped by trun), by exit time.
+inline constexpr const char* kRootCause = "#000000";
 }  // namespace timeline_colors
 
 }  // namespace trun::launcher

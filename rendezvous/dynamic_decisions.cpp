@@ -38,6 +38,20 @@ std::string RoundEvent::describe() const {
   return s;
 }
 
+std::optional<FailureReport> root_cause(const std::vector<FailureReport>& reports) {
+  const FailureReport* best = nullptr;
+  for (const auto& r : reports) {
+    if (!best) {
+      best = &r;
+    } else if (r.failed_at_ms >= 0 &&
+               (best->failed_at_ms < 0 || r.failed_at_ms < best->failed_at_ms)) {
+      best = &r;
+    }
+  }
+  if (!best) return std::nullopt;
+  return *best;
+}
+
 ParticipantList::ParticipantList(const std::vector<Participant>& list) {
   auto text = std::make_shared<std::string>();
   for (auto& p : list) {
@@ -395,9 +409,29 @@ std::string encode_over(const OverRecord& r) {
   for (auto& k : kOverKinds) {
     if (k.kind == r.kind) name = k.name;
   }
-  return std::string(name) + " " + (r.node_id.empty() ? "-" : r.node_id) + " " +
-         one_line(r.detail) + "\n";
+  std::string detail = one_line(r.detail);
+  if (r.kind == RoundEvent::Kind::kWorkerFailed && r.failed_at_ms >= 0) {
+    detail = "t=" + std::to_string(r.failed_at_ms) + (detail.empty() ? "" : " " + detail);
+  }
+  return std::string(name) + " " + (r.node_id.empty() ? "-" : r.node_id) + " " + detail + "\n";
 }
+
+namespace {
+
+// "t=<ms>" at the start of a worker-failure record's detail (encode_over): moves the time into
+// the record. A detail without it (an older writer) stays as it is.
+void take_failure_time(OverRecord* r) {
+  const std::string& d = r->detail;
+  if (d.size() < 3 || d.compare(0, 2, "t=") != 0) return;
+  const size_t end = std::min(d.find(' '), d.size());
+  int64_t ms = 0;
+  auto [p, ec] = std::from_chars(d.data() + 2, d.data() + end, ms);
+  if (ec != std::errc() || p != d.data() + end || ms < 0) return;
+  r->failed_at_ms = ms;
+  r->detail = end < d.size() ? d.substr(end + 1) : std::string();
+}
+
+}  // namespace
 
 std::vector<OverRecord> parse_over(std::string_view log) {
   std::vector<OverRecord> out;
@@ -414,10 +448,23 @@ std::vector<OverRecord> parse_over(std::string_view log) {
     r.kind = kind->kind;
     r.node_id = f[1] == "-" ? std::string() : std::string(f[1]);
     if (f.size() == 3) r.detail = std::string(f[2]);
+    if (r.kind == RoundEvent::Kind::kWorkerFailed) take_failure_time(&r);
     out.push_back(std::move(r));
   }
   return out;
 }
+
+std::vector<FailureReport> failure_reports(const std::vector<OverRecord>& records) {
+  std::vector<FailureReport> out;
+  for (const auto& r : records) {
+    if (r.kind == RoundEvent::Kind::kWorkerFailed) {
+      out.push_back({r.node_id, r.detail, r.failed_at_ms});
+    }
+  }
+  return out;
+}
+
+std::string stopped_key(const std::string& over_key) { return over_key + "/stopped"; }
 
 RoundEvent round_event(int64_t round, std::string_view log, const std::string& my_id) {
   RoundEvent e;

@@ -115,15 +115,24 @@ struct RoundKey {
 };
 RoundKey parse_round_key(std::string_view text);  // throws RendezvousError when malformed
 
-// One line of Keys::over(k): "<kind> <node> <detail>\n". The first line is the cause.
+// One line of Keys::over(k): "<kind> <node> <detail>\n". The first line ends the round; a
+// worker-failure line is "failed <node> t=<ms> <detail>" (t=: FailureReport::failed_at_ms; a
+// line without it, from an older writer, still parses, with failed_at_ms -1). Every node of the
+// round appends its own failure report, also after the round ended (docs/rendezvous.md).
 struct OverRecord {
   RoundEvent::Kind kind = RoundEvent::Kind::kRestart;
   std::string node_id;
   std::string detail;
+  int64_t failed_at_ms = -1;  // kWorkerFailed: when that node's root-cause worker exited
 };
 std::string encode_over(const OverRecord& record);  // one line, newline-terminated
 // Parses every well-formed line (unknown kinds are skipped, so newer writers stay readable).
 std::vector<OverRecord> parse_over(std::string_view log);
+// The worker-failure reports of an over-log, in the order they were appended.
+std::vector<FailureReport> failure_reports(const std::vector<OverRecord>& records);
+// The key each member of round k adds 1 to once its workers of that round have stopped (and it
+// appended its own failure report, if any): RoundRendezvous::round_failures waits on it.
+std::string stopped_key(const std::string& over_key);
 // The event a member of round `round` reports for the over-log `log`: its first record, with
 // kNodeLeft about this very node turned into kMembershipLost.
 RoundEvent round_event(int64_t round, std::string_view log, const std::string& my_id);

@@ -146,6 +146,22 @@ struct RoundEvent {
 };
 const char* to_string(RoundEvent::Kind kind);
 
+// One node's report of its failed workers in a round (report_worker_failure), as every node of
+// the round reads it back (round_failures).
+struct FailureReport {
+  std::string node_id;
+  std::string detail;  // one line: "rank R (local_rank L) on HOST exited with ...: message"
+  // When that node's root-cause worker exited: wall-clock ms since the epoch; -1: unknown (an
+  // older trun). Nodes of one job are assumed to share a clock (as torchrun's timestamps do).
+  int64_t failed_at_ms = -1;
+};
+// The root cause of a round among its failure reports: the earliest failure (failed_at_ms), not
+// the first report (a node whose worker was SIGKILLed may report after the peer that failed
+// because of it, since it stops its other workers first). Ties and reports without a time: the
+// one reported first; a report with a time wins over one without. nullopt when `reports` is
+// empty.
+std::optional<FailureReport> root_cause(const std::vector<FailureReport>& reports);
+
 class RendezvousHandler {
  public:
   virtual ~RendezvousHandler() = default;
@@ -174,8 +190,20 @@ class RendezvousHandler {
   // Set it once, before the first next_rendezvous; an empty function disables it.
   virtual void set_round_over_callback(std::function<void(const RoundEvent&)> callback) = 0;
   // Ends the current round on every node because this node's workers failed (kWorkerFailed with
-  // `detail`). Returns at once; no-op before the first round or when the round is already over.
-  virtual void report_worker_failure(const std::string& detail) = 0;
+  // `detail`; `failed_at_ms`: FailureReport::failed_at_ms). When the round is already over (another
+  // node's report ended it) the report is still added to the round's reports, so that the root
+  // cause can be chosen among all of them (round_failures). Returns after one store request;
+  // no-op before the first round and after next_rendezvous().
+  virtual void report_worker_failure(const std::string& detail, int64_t failed_at_ms = -1) = 0;
+  // After this node's workers of the current round stopped (and it reported its own failure, if
+  // any): says so to the others, then waits until every member of the round did so or left, at
+  // most `grace`, and returns the round's failure reports in the order they were made (pass 0 to
+  // only say so). One call per round; errors as report_worker_failure. The default (a backend
+  // without round reports) returns nothing.
+  virtual std::vector<FailureReport> round_failures(std::chrono::milliseconds grace) {
+    (void)grace;
+    return {};
+  }
 
   // True when the rendezvous was closed (by any node).
   virtual bool is_closed() = 0;

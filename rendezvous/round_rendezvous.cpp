@@ -552,18 +552,63 @@ void RoundRendezvous::callback_loop() {
   }
 }
 
-void RoundRendezvous::report_worker_failure(const std::string& detail) {
+void RoundRendezvous::report_worker_failure(const std::string& detail, int64_t failed_at_ms) {
   int64_t k;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (shut_down_ || !in_round_ || event_) return;
+    // Also when the round is already over (event_): the root cause is the earliest of all
+    // reports, and this one may be it although another node reported first.
+    if (shut_down_ || !in_round_) return;
     k = round_;
   }
+  dynamic::OverRecord record{RoundEvent::Kind::kWorkerFailed, options_.node_id, detail};
+  record.failed_at_ms = failed_at_ms;
   try {
-    backend_->append(over_key(k), dynamic::encode_over(
-                                      {RoundEvent::Kind::kWorkerFailed, options_.node_id, detail}));
+    backend_->append(over_key(k), dynamic::encode_over(record));
   } catch (const store::StoreError& e) {
     throw RendezvousError(error_prefix() + ": cannot report the worker failure: " + e.what());
+  }
+}
+
+std::vector<FailureReport> RoundRendezvous::round_failures(std::chrono::milliseconds grace) {
+  int64_t k;
+  size_t members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shut_down_ || !in_round_ || stopped_round_ == round_) return {};
+    stopped_round_ = round_;
+    k = round_;
+    members = static_cast<size_t>(std::max(world_size_, 1));
+  }
+  const std::string over = over_key(k);
+  const std::string stopped_key = dynamic::stopped_key(over);
+  const auto deadline = Clock::now() + grace;
+  try {
+    int64_t stopped = backend_->add(stopped_key, 1);
+    std::vector<dynamic::OverRecord> records;
+    // Bounded by `grace` (20 ms apart); a member that left (its lease lapsed, it shut down) never
+    // says it stopped, and counts as done.
+    for (;;) {
+      const auto log = backend_->try_get(over);
+      records = log ? dynamic::parse_over(*log) : std::vector<dynamic::OverRecord>{};
+      std::set<std::string> left;
+      for (const auto& r : records) {
+        if (r.kind == RoundEvent::Kind::kNodeLeft) left.insert(r.node_id);
+      }
+      if (static_cast<size_t>(std::max<int64_t>(stopped, 0)) + left.size() >= members ||
+          Clock::now() >= deadline) {
+        break;
+      }
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        if (cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return shut_down_; })) break;
+      }
+      stopped = backend_->add(stopped_key, 0);
+    }
+    return dynamic::failure_reports(records);
+  } catch (const store::StoreError& e) {
+    throw RendezvousError(error_prefix() +
+                          ": cannot read the round's failure reports: " + e.what());
   }
 }
 

@@ -58,7 +58,8 @@ class RoundRendezvous : public RendezvousHandler {
   RendezvousInfo next_rendezvous() override;
   std::optional<RoundEvent> wait_round_over(std::chrono::milliseconds timeout) override;
   void set_round_over_callback(std::function<void(const RoundEvent&)> callback) override;
-  void report_worker_failure(const std::string& detail) override;
+  void report_worker_failure(const std::string& detail, int64_t failed_at_ms = -1) override;
+  std::vector<FailureReport> round_failures(std::chrono::milliseconds grace) override;
   void set_closed() override;
   void shutdown() override;
 
@@ -133,6 +134,7 @@ class RoundRendezvous : public RendezvousHandler {
   std::string lease_a_key_, lease_a_value_, lease_b_key_;
   std::function<void(const RoundEvent&)> callback_;
   int64_t delivered_round_ = -1;
+  int64_t stopped_round_ = -1;  // the last round round_failures() said this node stopped in
 
   std::thread keep_alive_thread_;
   std::thread callback_thread_;

@@ -95,6 +95,42 @@ TEST_CASE("the summary looks like torchrun's", "[failures]") {
   CHECK(s.find("  error_file: /x/error.json", root) != std::string::npos);
 }
 
+TEST_CASE("a summary of a multi-node job names the earliest failure across nodes as root cause",
+          "[failures][root-cause]") {
+  std::vector<WorkerFailure> fs(1);
+  fs[0].rank = 0;
+  fs[0].local_rank = 0;
+  fs[0].pid = 10;
+  fs[0].exitcode = 1;
+  fs[0].error_file = "<N/A>";
+  fs[0].message = "Connection closed by peer";
+  fs[0].timestamp = 100;
+  // Another node's worker failed first: this node's failure is listed, not the root cause.
+  RootCause remote{"nodeB", "rank 1 (local_rank 0) on hostB exited with SIGKILL", 1733470000123,
+                   false};
+  std::string s = format_summary("train.py", fs, "hostA", &remote);
+  INFO(s);
+  CHECK(s.find("Failures:\n[0]:\n") != std::string::npos);
+  CHECK(s.find("<NO_OTHER_FAILURES>") == std::string::npos);
+  auto root = s.find("Root Cause (earliest failure across nodes):\n[0]:\n");
+  REQUIRE(root != std::string::npos);
+  CHECK(s.find("  node      : nodeB\n", root) != std::string::npos);
+  CHECK(s.find("  failure   : rank 1 (local_rank 0) on hostB exited with SIGKILL", root) !=
+        std::string::npos);
+  CHECK(s.find("Connection closed by peer", root) == std::string::npos);
+  CHECK(s.find(".123\n", root) != std::string::npos);  // the time to the millisecond
+  // This node's own failure is the root cause: shown as before, under the new heading.
+  RootCause local{"nodeA", "x", 5, true};
+  std::string l = format_summary("train.py", fs, "hostA", &local);
+  auto lroot = l.find("Root Cause (earliest failure across nodes):\n[0]:\n");
+  REQUIRE(lroot != std::string::npos);
+  CHECK(l.find("Connection closed by peer", lroot) != std::string::npos);
+  CHECK(l.find("<NO_OTHER_FAILURES>") != std::string::npos);
+  CHECK(root_cause_line(remote).rfind(
+            "root cause: rank 1 (local_rank 0) on hostB exited with SIGKILL (node nodeB, at ", 0) ==
+        0);
+}
+
 TEST_CASE("the root cause is written in @record's format with the exit code", "[failures]") {
   TempDir d;
   std::string src = d / "error.json";

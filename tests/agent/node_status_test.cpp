@@ -25,6 +25,10 @@ TEST_CASE("a node status record reads back what was written", "[node-status]") {
   s.last_failure = "rank 5 exited with 1: \"quoted\"\nline \xff";
   s.last_failure_at = 1796191371.5;
   s.updated_at = 1796191372.25;
+  s.root_cause = "rank 1 (local_rank 0) on hostB exited with SIGKILL";
+  s.root_cause_node = "hostB-9-x";
+  s.root_cause_at = 1796191371.25;
+  s.root_cause_round = 2;
   const std::string text = encode_node_status(s);
   CHECK(text.find('\n') == std::string::npos);
   auto back = decode_node_status(text);
@@ -43,6 +47,15 @@ TEST_CASE("a node status record reads back what was written", "[node-status]") {
   CHECK(back->last_failure.rfind("rank 5 exited with 1: \"quoted\"\nline ", 0) == 0);
   CHECK(back->last_failure_at == 1796191371.5);
   CHECK(back->updated_at == 1796191372.25);
+  CHECK(back->root_cause == s.root_cause);
+  CHECK(back->root_cause_node == "hostB-9-x");
+  CHECK(back->root_cause_at == 1796191371.25);
+  CHECK(back->root_cause_round == 2);
+  // A record of an older agent (no root cause) reads with none.
+  auto old = decode_node_status(R"({"node_id":"n","state":"running"})");
+  REQUIRE(old);
+  CHECK(old->root_cause.empty());
+  CHECK(old->root_cause_round == -1);
   CHECK(trun::agent::node_status_key("job", "host-12-ab") == "trun/status/job/host-12-ab");
 }
 

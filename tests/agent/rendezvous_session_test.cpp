@@ -47,9 +47,10 @@ TEST_CASE("a standalone session forms one round with this node's ranks, nothing 
   CHECK(s.ranks().global == std::vector<int>{0, 1, 2});
   CHECK(s.ranks().world_size == 3);
   CHECK_FALSE(s.round_over().has_value());
-  s.close_job();                 // single node: nothing to close
-  s.exit_barrier(1s);            // nor to wait for
-  s.report_worker_failure("x");  // nor to tell
+  s.close_job();                        // single node: nothing to close
+  s.exit_barrier(1s);                   // nor to wait for
+  s.report_worker_failure("x", 1);      // nor to tell
+  CHECK(s.round_failures(1s).empty());  // nor to hear
   s.shutdown();
   s.shutdown();  // idempotent
   CHECK(events == 0);

@@ -116,7 +116,9 @@ TEST_CASE("a timeline draws a lane per agent and per local rank and a bar per wo
   CHECK(count(html, "class=\"lane node\"") == 2);
   CHECK(count(html, "class=\"lane worker\"") == 3);  // 10: local ranks 0 and 1; 20: 0
   CHECK(count(html, "class=\"bar ") == 4);  // 10: stopped and could not start on 0, killed on 1
-  CHECK(count(html, "class=\"bar signaled\"") == 1);
+  // The SIGKILL (1500) is the first failure of round 0: the root cause, the exit 127 is not.
+  CHECK(count(html, "class=\"bar signaled root-cause\"") == 1);
+  CHECK(count(html, "class=\"root-cause-label\"") == 1);
   CHECK(count(html, "class=\"bar stopped\"") == 1);
   CHECK(count(html, "class=\"bar failed\"") == 1);
   CHECK(count(html, "class=\"bar unknown\"") == 1);
@@ -132,6 +134,53 @@ TEST_CASE("a timeline draws a lane per agent and per local rank and a bar per wo
   CHECK(count(html, "<script") == 0);
   CHECK(count(html, "href=") == 0);
   CHECK(count(html, "src=") == 0);
+}
+
+TEST_CASE("a timeline marks the earliest failure across nodes as the round's root cause") {
+  std::vector<TimelineEvent> events;
+  // Node a (agent pid 10) and node b (agent pid 20) in round 3. b's worker is SIGKILLed at 1500;
+  // a's peer exits 1 at 1520 because of it, and a's agent logs first.
+  for (int64_t pid : {10, 20}) {
+    const std::string id = pid == 10 ? "a" : "b";
+    events.push_back(ev("trun.rdzv.round_formed", 1100, pid,
+                        {{"node_id", id}, {"round", 3}, {"group_rank", pid / 10 - 1}}));
+    events.push_back(ev("trun.agent.worker_started", 1200, pid,
+                        {{"local_rank", 0},
+                         {"global_rank", pid / 10 - 1},
+                         {"worker_pid", pid * 10},
+                         {"agent_restarts", 0}}));
+  }
+  events.push_back(ev("trun.agent.worker_exited", 1520, 10,
+                      {{"local_rank", 0},
+                       {"worker_pid", 100},
+                       {"exitcode", 1},
+                       {"state", "FAILED"},
+                       {"agent_restarts", 0}}));
+  events.push_back(ev("trun.agent.worker_exited", 1500, 20,
+                      {{"local_rank", 0},
+                       {"worker_pid", 200},
+                       {"exitcode", -9},
+                       {"signal", "SIGKILL"},
+                       {"state", "FAILED"},
+                       {"agent_restarts", 0}}));
+  const std::string html = render_timeline_html(events, "t");
+  CHECK(count(html, "class=\"bar signaled root-cause\" data-node=\"b\"") == 1);
+  CHECK(count(html, "class=\"bar failed\" data-node=\"a\"") == 1);
+  CHECK(count(html, "root-cause") == 3);  // the bar, its label and the legend's key
+  CHECK(count(html, "ROOT CAUSE (the first failure of its round across nodes)") == 1);
+  CHECK(count(html, "root cause (first failure across nodes)") == 1);  // the legend
+  // A worker trun stopped earlier is no failure: it does not take the mark.
+  events.push_back(ev("trun.agent.worker_started", 1200, 10,
+                      {{"local_rank", 1}, {"worker_pid", 101}, {"agent_restarts", 0}}));
+  events.push_back(ev("trun.agent.worker_exited", 1300, 10,
+                      {{"local_rank", 1},
+                       {"worker_pid", 101},
+                       {"exitcode", -15},
+                       {"signal", "SIGTERM"},
+                       {"state", "STOPPED"},
+                       {"agent_restarts", 0}}));
+  CHECK(count(render_timeline_html(events, "t"),
+              "class=\"bar signaled root-cause\" data-node=\"b\"") == 1);
 }
 
 TEST_CASE("a timeline escapes what the event logs hold") {

@@ -259,6 +259,61 @@ TEST_CASE("the over log: the first record is the cause, our own loss is membersh
   CHECK(other.kind == RoundEvent::Kind::kNodeLeft);
 }
 
+TEST_CASE("a worker-failure record carries its failure time, and one without a time still parses",
+          "[decisions][root-cause]") {
+  OverRecord timed{RoundEvent::Kind::kWorkerFailed, "b", "rank 1 (local_rank 0) exited with 9"};
+  timed.failed_at_ms = 1733470000123;
+  const std::string line = encode_over(timed);
+  CHECK(line == "failed b t=1733470000123 rank 1 (local_rank 0) exited with 9\n");
+  // An older writer's record (no t=), a record with an empty detail, and a detail that only
+  // looks like a time.
+  OverRecord bare{RoundEvent::Kind::kWorkerFailed, "c", ""};
+  bare.failed_at_ms = 5;
+  const std::string log =
+      line + "failed a rank 0 exited with 1\n" + encode_over(bare) + "failed d t=12x odd\n";
+  auto records = parse_over(log);
+  REQUIRE(records.size() == 4);
+  CHECK(records[0].failed_at_ms == 1733470000123);
+  CHECK(records[0].detail == "rank 1 (local_rank 0) exited with 9");
+  CHECK(records[1].failed_at_ms == -1);
+  CHECK(records[1].detail == "rank 0 exited with 1");
+  CHECK(records[2].failed_at_ms == 5);
+  CHECK(records[2].detail.empty());
+  CHECK(records[3].failed_at_ms == -1);
+  CHECK(records[3].detail == "t=12x odd");
+  // The round's event shows the detail without the time.
+  CHECK(round_event(3, log, "a").detail == "rank 1 (local_rank 0) exited with 9");
+  // Other kinds never carry one.
+  OverRecord left{RoundEvent::Kind::kNodeLeft, "x", "t=7 lease"};
+  left.failed_at_ms = 7;
+  CHECK(encode_over(left) == "left x t=7 lease\n");
+  CHECK(parse_over(encode_over(left))[0].failed_at_ms == -1);
+}
+
+TEST_CASE("the root cause of a round is the earliest failure, not the first report",
+          "[decisions][root-cause]") {
+  auto rec = [](std::string node, int64_t at) {
+    OverRecord r{RoundEvent::Kind::kWorkerFailed, std::move(node), "d"};
+    r.failed_at_ms = at;
+    return encode_over(r);
+  };
+  // a (exit 1 after its peer died) reported first; b (SIGKILL, 150 ms earlier) after it.
+  const std::string log = rec("a", 1000) + encode_over({RoundEvent::Kind::kNodeLeft, "z", "x"}) +
+                          rec("b", 850) + rec("c", 2000);
+  auto reports = failure_reports(parse_over(log));
+  REQUIRE(reports.size() == 3);
+  CHECK(reports[0].node_id == "a");
+  auto root = root_cause(reports);
+  REQUIRE(root);
+  CHECK(root->node_id == "b");
+  CHECK(root->failed_at_ms == 850);
+  // The first report wins a tie, and a report with a time wins over one without.
+  CHECK(root_cause(failure_reports(parse_over(rec("a", 5) + rec("b", 5))))->node_id == "a");
+  CHECK(root_cause(failure_reports(parse_over("failed a old\n" + rec("b", 9))))->node_id == "b");
+  CHECK(root_cause(failure_reports(parse_over("failed a old\nfailed b old\n")))->node_id == "a");
+  CHECK_FALSE(root_cause({}));
+}
+
 TEST_CASE("the waiting line shows joined/min/max and the join timeout, then the last call",
           "[decisions]") {
   // Below min_nodes: the join timeout, in whole seconds rounded up.
