@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "agent/console.h"
+#include "base/write_all.h"
 
 namespace trun::agent {
 namespace {
@@ -22,20 +23,6 @@ constexpr size_t kMaxPendingLine = 1 << 20;
 // overlong line. A rare larger batch has its tail dropped.
 constexpr size_t kBatchRoom = 2 << 20;
 constexpr long kPausePollNs = 10 * 1000 * 1000;
-
-// Writes everything to a log file (a regular file: it never blocks).
-void write_all(int fd, const char* data, size_t size) {
-  while (size > 0) {
-    ssize_t n = write(fd, data, size);
-    if (n > 0) {
-      data += n;
-      size -= static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno == EINTR) continue;
-    return;
-  }
-}
 
 int open_log_file(const std::string& path) {
   int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -211,7 +198,11 @@ void LogMux::on_readable(Tee& t) {
 
 void LogMux::write_duplicates(Tee& t) {
   const Duplicate& d = dup_for(t.console_fd);
-  if (d.fd >= 0 && !t.dup_out.empty()) write_all(d.fd, t.dup_out.data(), t.dup_out.size());
+  // Log files are regular files: a write never blocks. A failed one (a full disk) loses that piece
+  // of the log and nothing else: there is nobody to tell.
+  if (d.fd >= 0 && !t.dup_out.empty()) {
+    (void)base::write_all(d.fd, t.dup_out.data(), t.dup_out.size());
+  }
 }
 
 bool LogMux::read_some(Tee& t, int max_reads) {
@@ -224,7 +215,7 @@ bool LogMux::read_some(Tee& t, int max_reads) {
       finish(t);
       return false;
     }
-    write_all(t.file_fd, buf, static_cast<size_t>(n));
+    (void)base::write_all(t.file_fd, buf, static_cast<size_t>(n));
     t.pending.append(buf, static_cast<size_t>(n));
     size_t last_nl = t.pending.rfind('\n');
     if (last_nl == std::string::npos && t.pending.size() < kMaxPendingLine) continue;

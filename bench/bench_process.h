@@ -7,6 +7,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/write_all.h"
+
 namespace trun::bench {
 
 inline int64_t mono_ns() {
@@ -26,15 +28,7 @@ inline bool read_all(int fd, void* buf, size_t n) {
   }
   return true;
 }
-inline bool write_all(int fd, const void* buf, size_t n) {
-  auto* p = static_cast<const char*>(buf);
-  while (n > 0) {
-    ssize_t r = ::write(fd, p, n);
-    if (r <= 0) return false;
-    p += r;
-    n -= size_t(r);
-  }
-  return true;
-}
+// False when the pipe closed or failed first (errno says which).
+using base::write_all;
 
 }  // namespace trun::bench

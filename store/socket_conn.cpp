@@ -14,6 +14,8 @@
 #include <random>
 #include <thread>
 
+#include "base/write_all.h"
+
 namespace trun::store::net {
 namespace {
 
@@ -159,19 +161,20 @@ RetryResult connect_retrying(Clock::time_point deadline,
   }
 }
 
+// base::write_all does the sending; this layer polls a full socket until the deadline (wait_fd
+// throws there, so the loop ends).
 void write_all(int fd, std::string_view data, Clock::time_point deadline) {
   size_t off = 0;
-  while (off < data.size()) {
-    ssize_t n = ::send(fd, data.data() + off, data.size() - off, MSG_NOSIGNAL);
-    if (n > 0) {
-      off += static_cast<size_t>(n);
-    } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
-      wait_fd(fd, POLLOUT, deadline);
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
+  while (true) {
+    size_t sent = 0;
+    const bool ok = base::write_all(fd, data.data() + off, data.size() - off, &sent,
+                                    base::WriteCall::kSendNoSignal);
+    off += sent;
+    if (ok) return;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) {
       throw IoError{false, std::string("send: ") + std::strerror(errno)};
     }
+    wait_fd(fd, POLLOUT, deadline);
   }
 }
 

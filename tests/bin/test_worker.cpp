@@ -49,6 +49,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/write_all.h"
 #include "store/prefix_store.h"
 #include "store/tcp_store.h"
 
@@ -99,17 +100,17 @@ int decimal(long long v, char* buf) {
   return n;
 }
 
-void write_all(const char* path, const char* text, int len) {
+// Async-signal-safe: called from the trap handlers.
+void write_file(const char* path, const char* text, int len) {
   int fd = ::open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
   if (fd < 0) return;
-  ssize_t w = ::write(fd, text, static_cast<size_t>(len));
-  (void)w;
+  (void)trun::base::write_all(fd, text, static_cast<size_t>(len));
   ::close(fd);
 }
 
 void on_trapped(int sig) {
   char text[21];
-  write_all(g_trap_path.c_str(), text, decimal(sig, text));
+  write_file(g_trap_path.c_str(), text, decimal(sig, text));
   _exit(0);
 }
 
@@ -145,7 +146,7 @@ void on_trapped_time(int) {
   clock_gettime(CLOCK_REALTIME, &ts);
   char text[21];
   int len = decimal(static_cast<long long>(ts.tv_sec) * 1000000000LL + ts.tv_nsec, text);
-  write_all(g_trap_time_tmp.c_str(), text, len);
+  write_file(g_trap_time_tmp.c_str(), text, len);
   std::rename(g_trap_time_tmp.c_str(), g_trap_time_path.c_str());  // no partial file is seen
   _exit(0);
 }

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "base/write_all.h"
 #include "trun/checkpoint.h"
 #include "trun/sampler.h"
 
@@ -79,17 +80,7 @@ struct Fd {
 
 inline void write_all(int fd, const void* data, size_t n, uint64_t offset,
                       const std::string& path) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  while (n > 0) {
-    ssize_t w = ::pwrite(fd, p, std::min(n, kIoChunk), static_cast<off_t>(offset));
-    if (w < 0) {
-      if (errno == EINTR) continue;
-      io_fail("write", path, errno);
-    }
-    p += w;
-    n -= static_cast<size_t>(w);
-    offset += static_cast<uint64_t>(w);
-  }
+  if (!base::pwrite_all(fd, data, n, offset, kIoChunk)) io_fail("write", path, errno);
 }
 
 inline void read_all(int fd, void* data, size_t n, uint64_t offset, const std::string& path) {
