@@ -126,6 +126,31 @@ CommandLineOptions given_options(const Declared& d) {
   return out;
 }
 
+// When CLI11 read PET_* itself, it converted the flags' values from argv and from PET_* alike,
+// in declaration order, before it acted on --help: a PET_* flag's invalid value was reported
+// instead of the help, and instead of an argv flag's invalid value declared after it. After CLI11
+// stopped at an argv flag's value (`help` false), that flag is the last one whose callback ran.
+std::optional<CliError> earlier_flag_error(const Declared& d, const Environment& env, bool help) {
+  size_t failed = help ? kOptCount : 0;
+  if (!help) {
+    for (size_t i = 0; i < kOptCount; ++i) {
+      if (d.options[i]->count() > 0 && d.options[i]->get_callback_run()) failed = i;
+    }
+  }
+  // Options given on argv, and those from the one that failed on, are not read from PET_*.
+  CommandLineOptions not_read;
+  for (const OptionDecl& decl : option_table()) {
+    const size_t i = static_cast<size_t>(decl.id);
+    if (d.options[i]->count() > 0 || i >= failed) not_read[decl.id] = "";
+  }
+  try {
+    merge_command_line_and_environment(not_read, env);
+  } catch (const CliError& e) {
+    return e;
+  }
+  return std::nullopt;
+}
+
 Environment current_environment() {
   Environment env;
   for (char** e = environ; e && *e; ++e) {
@@ -163,15 +188,14 @@ CliResult parse_command_line(int argc, char** argv) {
   try {
     app.parse(static_cast<int>(expanded.size()), expanded.data());
   } catch (const CLI::ParseError& e) {
-    if (e.get_exit_code() != 0) return failure(2, std::string(e.what()) + " (see trun --help)");
-    if (dynamic_cast<const CLI::CallForHelp*>(&e) != nullptr) {
-      // As when CLI11 read PET_*: a flag's invalid value there is reported instead of the help.
-      try {
-        merge_command_line_and_environment(given_options(declared), env);
-      } catch (const CliError& error) {
-        return failure(error.exit_code(), error.what());
+    const bool help = dynamic_cast<const CLI::CallForHelp*>(&e) != nullptr;
+    const bool conversion = dynamic_cast<const CLI::ConversionError*>(&e) != nullptr;
+    if (help || conversion) {
+      if (auto error = earlier_flag_error(declared, env, help)) {
+        return failure(error->exit_code(), error->what());
       }
     }
+    if (e.get_exit_code() != 0) return failure(2, std::string(e.what()) + " (see trun --help)");
     CliResult result;
     result.exit_code = app.exit(e);
     return result;
