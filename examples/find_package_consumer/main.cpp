@@ -3,9 +3,9 @@
 #include <cstdio>
 #include <vector>
 
-#include "trun/config.h"
-#include "trun/error_file.h"
-#include "trun/worker.h"
+#include <trun/config.h>
+#include <trun/error_file.h>
+#include <trun/worker.h>
 
 int main() {
   using namespace trun::worker;

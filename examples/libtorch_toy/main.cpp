@@ -27,9 +27,9 @@
 #include <string>
 #include <thread>
 
-#include "trun/checkpoint.h"
-#include "trun/torch.h"
-#include "trun/worker.h"
+#include <trun/checkpoint.h>
+#include <trun/torch.h>
+#include <trun/worker.h>
 
 namespace {
 

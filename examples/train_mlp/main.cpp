@@ -24,13 +24,14 @@
 #include <thread>
 #include <vector>
 
+#include <trun/checkpoint.h>
+#include <trun/ddp.h>
+#include <trun/error_file.h>
+#include <trun/sampler.h>
+#include <trun/stop.h>
+#include <trun/worker.h>
+
 #include "examples/train_mlp/mlp.h"
-#include "trun/checkpoint.h"
-#include "trun/ddp.h"
-#include "trun/error_file.h"
-#include "trun/sampler.h"
-#include "trun/stop.h"
-#include "trun/worker.h"
 
 using namespace trun::worker;
 using trun::examples::Mlp;

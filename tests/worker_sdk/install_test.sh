@@ -10,11 +10,31 @@ trap 'rm -rf "$tmp"' EXIT
 
 cmake --install "$build" --prefix "$tmp/prefix" >"$tmp/install.log"
 for f in bin/trun lib/libtrun_worker.so include/trun/worker.h include/trun/process_group.h \
-  include/trun/config.h include/trun/store/store.h lib/cmake/trun/trunConfig.cmake \
-  lib/pkgconfig/trun.pc; do
+  include/trun/config.h include/trun/export.h include/trun/store/store.h \
+  include/trun/store/dialect.h lib/cmake/trun/trunConfig.cmake lib/pkgconfig/trun.pc; do
   [[ -e "$tmp/prefix/$f" ]] || { echo "FAIL: $f was not installed"; exit 1; }
 done
 [[ -x "$tmp/prefix/bin/trun" ]] || { echo "FAIL: bin/trun is not executable"; exit 1; }
+
+# The headers are the API only, reached as <trun/...> only: no store implementation installed,
+# every include of one installed header either a standard one or <trun/...>, each header
+# compiling on its own from the prefix, and include/trun itself on no consumer's include path (a
+# program's own "stop.h" must not find ours).
+for f in tcp_store.h prefix_store.h server.h; do
+  [[ ! -e "$tmp/prefix/include/trun/store/$f" ]] || { echo "FAIL: store/$f was installed"; exit 1; }
+done
+bad=$(grep -rnE '^\s*#\s*include' "$tmp/prefix/include/trun" |
+  grep -vE '#include <(trun/[a-z_/]+\.h|[a-z_]+)>' || true)
+[[ -z $bad ]] || { echo "FAIL: installed headers include other than <std> or <trun/...>:"; echo "$bad"; exit 1; }
+for h in $(cd "$tmp/prefix/include" && find trun -name '*.h' | sort); do
+  echo "#include <$h>" | c++ -std=c++17 -fsyntax-only -Wall -Werror -I"$tmp/prefix/include" -x c++ - ||
+    { echo "FAIL: <$h> does not compile on its own from the prefix"; exit 1; }
+done
+if grep -rq 'include/trun' "$tmp/prefix/lib/cmake/trun" "$tmp/prefix/lib/pkgconfig/trun.pc"; then
+  echo "FAIL: include/trun is on the consumers' include path:"
+  grep -rn 'include/trun' "$tmp/prefix/lib/cmake/trun" "$tmp/prefix/lib/pkgconfig/trun.pc"
+  exit 1
+fi
 
 # CMake package.
 cmake -S "$consumer" -B "$tmp/cmake-build" -G Ninja -DCMAKE_PREFIX_PATH="$tmp/prefix" \

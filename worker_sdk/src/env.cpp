@@ -11,6 +11,7 @@
 #include "base/decimal.h"
 #include "base/hostlist.h"
 #include "base/slurm.h"
+#include "store/tcp_store.h"
 #include "trun/worker.h"
 
 namespace trun::worker {

@@ -79,12 +79,13 @@
 #include <string>
 #include <vector>
 
-#include "trun/process_group.h"
-#include "trun/sampler.h"
+#include <trun/export.h>
+#include <trun/process_group.h>
+#include <trun/sampler.h>
 
 namespace trun::worker {
 
-class CheckpointError : public std::runtime_error {
+class TRUN_API CheckpointError : public std::runtime_error {
  public:
   explicit CheckpointError(const std::string& what, int error_number = 0)
       : std::runtime_error(what), error_number_(error_number) {}
@@ -97,7 +98,7 @@ class CheckpointError : public std::runtime_error {
 
 // The checkpoint directory belongs to another job: its lock is held by a live process of another
 // job, or it holds only another job's checkpoints. The message names the owner.
-class CheckpointOwnerError : public CheckpointError {
+class TRUN_API CheckpointOwnerError : public CheckpointError {
  public:
   using CheckpointError::CheckpointError;
 };
@@ -118,7 +119,7 @@ struct SaveRequest {
   std::string metadata = "{}";  // user metadata: JSON text (validated)
 };
 
-struct LoadedTensor {
+struct TRUN_API LoadedTensor {
   std::string name;
   DataType dtype = DataType::kFloat32;
   std::vector<int64_t> shape;
@@ -126,7 +127,7 @@ struct LoadedTensor {
   size_t numel() const;
 };
 
-struct Checkpoint {
+struct TRUN_API Checkpoint {
   uint64_t step = 0;
   int world_size = 1;  // of the job that saved it
   std::string path;    // DIR/step_<n>
@@ -179,7 +180,7 @@ struct CheckpointerOptions {
   std::function<void(const char* phase)> on_phase;
 };
 
-class Checkpointer {
+class TRUN_API Checkpointer {
  public:
   // Rank 0: creates DIR (and parents), takes its lock, checks that it is writable and removes
   // temporary files of writers that are gone. Throws CheckpointError (e.g. a read-only
@@ -210,12 +211,12 @@ class Checkpointer {
   std::chrono::nanoseconds last_write() const;
 
  private:
-  struct State;
+  struct TRUN_HIDDEN State;
   std::unique_ptr<State> state_;
 };
 
 // CRC32C (Castagnoli) of `n` bytes, continuing from `crc` (0 to start). Uses SSE4.2 when the CPU
 // has it.
-uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
+TRUN_API uint32_t crc32c(const void* data, size_t n, uint32_t crc = 0);
 
 }  // namespace trun::worker

@@ -74,11 +74,12 @@
 #include <string>
 #include <vector>
 
-#include "trun/process_group.h"
+#include <trun/export.h>
+#include <trun/process_group.h>
 
 namespace trun::worker {
 
-class DdpError : public std::runtime_error {
+class TRUN_API DdpError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -168,7 +169,7 @@ struct GradBucket {
 // default Work counts as complete). An exception from either breaks the reducer: a
 // CollectiveError from finish() comes out of finalize() as is, anything else as DdpError naming
 // the hook, the bucket and the cause.
-class CommHook {
+class TRUN_API CommHook {
  public:
   virtual ~CommHook() = default;
   virtual Work launch(GradBucket& bucket) = 0;
@@ -177,13 +178,13 @@ class CommHook {
 };
 
 // The default: allreduce (kAvg, or kSum and a division when divisor != group size).
-std::shared_ptr<CommHook> allreduce_hook();
+TRUN_API std::shared_ptr<CommHook> allreduce_hook();
 // PyTorch's fp16_compress_hook / bf16_compress_hook: each gradient rounded to float16 (bfloat16)
 // in a scratch buffer and divided by `divisor` there (rounded again), allreduced (kSum) in that
 // dtype, and written back into the bucket. Halves the bytes sent. Host buckets only (the
 // conversion runs on the CPU): launch() on a CUDA bucket throws. Integer buckets throw.
-std::shared_ptr<CommHook> fp16_compress_hook();
-std::shared_ptr<CommHook> bf16_compress_hook();
+TRUN_API std::shared_ptr<CommHook> fp16_compress_hook();
+TRUN_API std::shared_ptr<CommHook> bf16_compress_hook();
 // PowerSGD (Vogels et al. 2019; PyTorch's powerSGD_hook): each parameter given a matrix shape in
 // `matrix_shapes` (rows x cols = numel) is approximated by P Q^T of rank
 // min(rank, rows, cols): P = M Q allreduced and orthogonalized (Gram-Schmidt), Q = M^T P
@@ -205,12 +206,12 @@ struct PowerSgdOptions {
   std::map<size_t, std::pair<size_t, size_t>> matrix_shapes;
 };
 // std::invalid_argument for bad options.
-std::shared_ptr<CommHook> powersgd_hook(PowerSgdOptions options);
+TRUN_API std::shared_ptr<CommHook> powersgd_hook(PowerSgdOptions options);
 
 // A hook from functions (finish may be empty).
-std::shared_ptr<CommHook> make_comm_hook(std::function<Work(GradBucket&)> launch,
-                                         std::function<void(GradBucket&)> finish = {},
-                                         std::string name = "user hook");
+TRUN_API std::shared_ptr<CommHook> make_comm_hook(std::function<Work(GradBucket&)> launch,
+                                                  std::function<void(GradBucket&)> finish = {},
+                                                  std::string name = "user hook");
 
 // The check of DdpOptions::check_parameters_across_ranks, for callers that build their own
 // reducer or know their parameters' shapes: collective over `group`; throws
@@ -219,11 +220,12 @@ std::shared_ptr<CommHook> make_comm_hook(std::function<Work(GradBucket&)> launch
 // rank whose parameter count differs. The same message on every rank. `shapes`: empty (each
 // parameter is [numel]) or one per parameter, each with product numel. (The reducer's own check
 // passes none; trun::libtorch passes the tensors' shapes.)
-void check_parameters_across_ranks(ProcessGroup& group, const std::vector<Parameter>& params,
-                                   std::chrono::milliseconds timeout = std::chrono::milliseconds{0},
-                                   const std::vector<std::vector<int64_t>>& shapes = {});
+TRUN_API void check_parameters_across_ranks(
+    ProcessGroup& group, const std::vector<Parameter>& params,
+    std::chrono::milliseconds timeout = std::chrono::milliseconds{0},
+    const std::vector<std::vector<int64_t>>& shapes = {});
 
-class DistributedDataParallel {
+class TRUN_API DistributedDataParallel {
  public:
   // Collective when options.broadcast_on_construction. `group` is not owned and must outlive
   // the reducer. Parameters and buffers are referenced, not copied.
@@ -303,7 +305,7 @@ class DistributedDataParallel {
   // Parameters not marked in the last synchronized iteration (find_unused_parameters only).
   std::vector<size_t> unused_parameters() const;
 
-  struct Impl;  // private
+  struct TRUN_HIDDEN Impl;  // private
 
  private:
   std::unique_ptr<Impl> impl_;

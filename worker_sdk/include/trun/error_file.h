@@ -9,17 +9,19 @@
 
 #include <string>
 
+#include <trun/export.h>
+
 namespace trun::worker {
 
 // Writes the error file at `path` (no-op when empty). Returns false (and logs on stderr) when it
 // cannot be written. Not async-signal-safe.
-bool write_error_file(const std::string& path, const std::string& message,
-                      const std::string& stack_trace);
+TRUN_API bool write_error_file(const std::string& path, const std::string& message,
+                               const std::string& stack_trace);
 
 // The calling thread's stack, one frame a line: "function at file:line" where addr2line (binutils)
 // finds the module's line tables, else backtrace(3)'s symbol text. Starts addr2line and waits for
 // it (2 s at most): not for a signal handler.
-std::string current_stack_trace(int skip_frames = 0);
+TRUN_API std::string current_stack_trace(int skip_frames = 0);
 
 // Installs, for `error_file_path` (default: $TORCHELASTIC_ERROR_FILE; nothing when unset):
 // - a std::terminate handler: an uncaught exception's type and what() plus the stack is
@@ -29,14 +31,14 @@ std::string current_stack_trace(int skip_frames = 0);
 //   with async-signal-safe calls only, then re-raise the signal with its default action, so the
 //   exit status still says which signal killed the worker.
 // Idempotent; the latest path wins. Returns false when no path was given or set.
-bool install_error_handler(const std::string& error_file_path = "");
+TRUN_API bool install_error_handler(const std::string& error_file_path = "");
 
 // Runs `fn`; on an exception writes the error file (like @record) and rethrows.
 template <typename Fn>
 auto record(Fn&& fn) -> decltype(fn());
 
 namespace detail {
-void record_current_exception();
+TRUN_API void record_current_exception();
 }
 
 template <typename Fn>

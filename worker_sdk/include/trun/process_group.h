@@ -50,7 +50,8 @@
 #include <string>
 #include <vector>
 
-#include "store/store.h"
+#include <trun/export.h>
+#include <trun/store/store.h>
 
 namespace trun::worker {
 
@@ -68,32 +69,32 @@ enum class DataType {
 enum class ReduceOp { kSum, kAvg, kMin, kMax, kProduct, kBand, kBor, kBxor };
 enum class Backend { kAuto, kCpu, kNccl };
 
-size_t dtype_size(DataType dtype);
-const char* dtype_name(DataType dtype);
-const char* reduce_op_name(ReduceOp op);
-const char* backend_name(Backend backend);
+TRUN_API size_t dtype_size(DataType dtype);
+TRUN_API const char* dtype_name(DataType dtype);
+TRUN_API const char* reduce_op_name(ReduceOp op);
+TRUN_API const char* backend_name(Backend backend);
 // Whether `op` may reduce `dtype` (see "Reductions" above); reduce_op_check throws
 // std::invalid_argument naming both when not.
-bool reduce_op_supports(ReduceOp op, DataType dtype);
-void reduce_op_check(ReduceOp op, DataType dtype, const char* what);
+TRUN_API bool reduce_op_supports(ReduceOp op, DataType dtype);
+TRUN_API void reduce_op_check(ReduceOp op, DataType dtype, const char* what);
 // "auto", "cpu", "nccl" (case-insensitive); std::invalid_argument otherwise.
-Backend parse_backend(const std::string& name);
+TRUN_API Backend parse_backend(const std::string& name);
 
 // A collective failed: a peer died, closed its connection, aborted, or a transport error. The
 // message names the operation, this rank and, when known, the peer.
-class CollectiveError : public std::runtime_error {
+class TRUN_API CollectiveError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
 
 // The collective's deadline passed (a peer stalled, or never arrived).
-class CollectiveTimeoutError : public CollectiveError {
+class TRUN_API CollectiveTimeoutError : public CollectiveError {
  public:
   using CollectiveError::CollectiveError;
 };
 
 // Handle on one queued collective. Cheap to copy; all copies share the state.
-class Work {
+class TRUN_API Work {
  public:
   Work() = default;
   // True once the collective finished, successfully or not. Never blocks.
@@ -104,7 +105,7 @@ class Work {
   // The failure, or nullptr while pending or after success. Never blocks.
   std::exception_ptr error() const;
 
-  struct State;  // private
+  struct TRUN_HIDDEN State;  // private
   explicit Work(std::shared_ptr<State> state) : state_(std::move(state)) {}
 
  private:
@@ -130,7 +131,7 @@ struct P2POp {
 // copies share the memory, which is freed (and its pages returned to the system) with the last
 // one. It stays valid after its group is destroyed, but only its own group takes the one-copy
 // path. See ProcessGroup::shared_buffer.
-class SharedBuffer {
+class TRUN_API SharedBuffer {
  public:
   SharedBuffer() = default;
   void* data() const;
@@ -143,7 +144,7 @@ class SharedBuffer {
   // ProcessGroup::shared_buffer): it works the same, with the usual two copies.
   bool shared() const;
 
-  struct Block;  // private
+  struct TRUN_HIDDEN Block;  // private
   explicit SharedBuffer(std::shared_ptr<Block> block) : block_(std::move(block)) {}
 
  private:
@@ -179,7 +180,7 @@ struct ProcessGroupOptions {
   std::string gloo_peer_hint;
 };
 
-class ProcessGroup {
+class TRUN_API ProcessGroup {
  public:
   // Collective over every rank: blocks until all ranks constructed their group (bounded by
   // options.timeout). Throws std::invalid_argument for bad options, CollectiveError (or a
@@ -310,13 +311,13 @@ class ProcessGroup {
   // True once a collective failed or abort() was called.
   bool broken() const;
 
-  struct Impl;  // private
+  struct TRUN_HIDDEN Impl;  // private
 
  private:
   std::unique_ptr<Impl> impl_;
 };
 
 // True when this build includes the NCCL backend and the process sees at least one CUDA device.
-bool nccl_available();
+TRUN_API bool nccl_available();
 
 }  // namespace trun::worker

@@ -29,6 +29,8 @@
 #include <string>
 #include <vector>
 
+#include <trun/export.h>
+
 namespace trun::worker {
 
 enum class TailPolicy { kPad, kDrop };
@@ -49,7 +51,7 @@ struct SamplerState {
   TailPolicy tail = TailPolicy::kPad;
 };
 
-class DistributedSampler {
+class TRUN_API DistributedSampler {
  public:
   // dataset_size >= 1, 0 <= rank < world_size.
   DistributedSampler(uint64_t dataset_size, int rank, int world_size, SamplerOptions options = {});
@@ -96,8 +98,8 @@ class DistributedSampler {
 
 // Serialized form used by checkpoints: a JSON object
 // {"epoch":..,"offset":..,"dataset_size":..,"seed":..,"shuffle":..,"tail":"pad"|"drop"}.
-std::string sampler_state_to_json(const SamplerState& state);
+TRUN_API std::string sampler_state_to_json(const SamplerState& state);
 // std::invalid_argument naming the field when malformed.
-SamplerState sampler_state_from_json(const std::string& json);
+TRUN_API SamplerState sampler_state_from_json(const std::string& json);
 
 }  // namespace trun::worker

@@ -46,44 +46,45 @@
 #include <string>
 #include <vector>
 
-#include "trun/process_group.h"
+#include <trun/export.h>
+#include <trun/process_group.h>
 
 namespace trun::worker {
 
 // Installs the stop-signal handlers (see the header comment) unless installed already. Returns
 // the signals watched. Never throws for a bad TORCHELASTIC_SIGNALS_TO_HANDLE (unknown names are
 // reported on stderr and skipped); throws std::system_error when a pipe or thread cannot be made.
-std::vector<int> watch_stop_signals();
+TRUN_API std::vector<int> watch_stop_signals();
 
 // True once a stop signal arrived (installs the handlers on first use). Lock-free, cheap.
-bool stop_requested();
+TRUN_API bool stop_requested();
 // The first stop signal received (e.g. SIGTERM), 0 if none (installs the handlers on first use).
-int stop_signal();
+TRUN_API int stop_signal();
 // Runs `callback(signal)` once, on the SDK's stop-watcher thread (never inside the signal
 // handler), when the first stop signal arrives; at once (on that thread) when it already
 // arrived. Several callbacks may be registered; each runs once, in registration order. The
 // callback must not block for long (it delays the others) and must not throw (an exception is
 // reported on stderr and dropped). Installs the handlers on first use.
-void on_stop_requested(std::function<void(int signal)> callback);
+TRUN_API void on_stop_requested(std::function<void(int signal)> callback);
 
 // The signals named by `text` (TORCHELASTIC_SIGNALS_TO_HANDLE's syntax), in order, without
 // duplicates; names that are not known are appended to `unknown` when it is given.
-std::vector<int> parse_stop_signals(const std::string& text,
-                                    std::vector<std::string>* unknown = nullptr);
+TRUN_API std::vector<int> parse_stop_signals(const std::string& text,
+                                             std::vector<std::string>* unknown = nullptr);
 // The signals watched when TORCHELASTIC_SIGNALS_TO_HANDLE is unset or empty.
-std::vector<int> default_stop_signals(bool slurm_job);
+TRUN_API std::vector<int> default_stop_signals(bool slurm_job);
 // "SIGTERM" for SIGTERM; "signal N" for a number not in the table above.
-std::string stop_signal_name(int signal);
+TRUN_API std::string stop_signal_name(int signal);
 
 // Ends the process by its stop signal with that signal's default action, as if no handler had
 // been installed (trun then counts the worker as stopped, not failed, and it writes no error
 // file): for a worker that was asked to stop but cannot honour it, e.g. its group broke because
 // a peer was stopped first. Falls back to _exit(128 + signal) when the default action does not
 // end the process (SIGCONT, SIGWINCH), and to _exit(1) when no stop signal arrived.
-[[noreturn]] void exit_by_stop_signal();
+[[noreturn]] TRUN_API void exit_by_stop_signal();
 
 // Test seam: records `signal` as if its handler had run (same path, same idempotence).
-void request_stop_for_testing(int signal);
+TRUN_API void request_stop_for_testing(int signal);
 
 // Lets every rank of a group agree on the same step to stop at, even when the stop signal
 // reached only some ranks (or reached them at different steps).
@@ -103,7 +104,7 @@ void request_stop_for_testing(int signal);
 // worker.new_group(Backend::kCpu). The group must outlive the StopAgreement. Throws
 // std::invalid_argument (an NCCL group, check_every 0); should_stop throws CollectiveError as the
 // group does. Not thread-safe: one thread (the training loop) uses it.
-class StopAgreement {
+class TRUN_API StopAgreement {
  public:
   explicit StopAgreement(ProcessGroup& group, uint64_t check_every = 1);
   bool should_stop(uint64_t step);

@@ -53,14 +53,15 @@
 #include <string>
 #include <vector>
 
-#include "store/store.h"
-#include "store/tcp_store.h"
-#include "trun/process_group.h"
+#include <trun/export.h>
+#include <trun/process_group.h>
+#include <trun/store/dialect.h>
+#include <trun/store/store.h>
 
 namespace trun::worker {
 
 // A missing, partial or malformed environment. The message names the variable and its value.
-class EnvError : public std::runtime_error {
+class TRUN_API EnvError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
@@ -71,7 +72,7 @@ struct InitOptions;
 // Terms as in torchrun: `rank` is global, `local_rank` within this node, `group_rank` is the
 // node's index among the nodes (group_world_size of them).
 
-struct WorkerEnv {
+struct TRUN_API WorkerEnv {
   bool standalone = true;  // no launcher environment and env://: a world of size 1
   // Where rank and world size came from: "torch" (RANK, WORLD_SIZE, ...), "slurm", "mpi", "tcp" /
   // "file" (InitOptions::rank/world_size or the init method's URL query), or "standalone".
@@ -137,7 +138,7 @@ struct InitOptions {
   void* cuda_stream = nullptr;
 };
 
-class Worker {
+class TRUN_API Worker {
  public:
   const WorkerEnv& env() const { return env_; }
   int rank() const { return env_.rank; }
@@ -181,7 +182,7 @@ class Worker {
   std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when it hosts the store
   std::shared_ptr<store::Store> store_;
   std::shared_ptr<ProcessGroup> default_group_;
-  struct Groups;  // new_group's numbering and lock, shared by copies (worker.cpp)
+  struct TRUN_HIDDEN Groups;  // new_group's numbering and lock, shared by copies (worker.cpp)
   std::unique_ptr<ProcessGroup> build_group(int n, const std::vector<int>& ranks, Backend backend);
   std::shared_ptr<Groups> groups_;
 };
@@ -189,6 +190,6 @@ class Worker {
 // Reads the environment, connects to the store (bounded by options.timeout) and builds the
 // default group. Throws EnvError, store::StoreError (StoreTimeoutError when the store never
 // answered), CollectiveError.
-Worker init(const InitOptions& options = {});
+TRUN_API Worker init(const InitOptions& options = {});
 
 }  // namespace trun::worker

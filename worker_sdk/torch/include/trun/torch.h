@@ -71,10 +71,10 @@
 #include <string>
 #include <vector>
 
-#include "trun/checkpoint.h"
-#include "trun/ddp.h"
-#include "trun/process_group.h"
-#include "trun/sampler.h"
+#include <trun/checkpoint.h>
+#include <trun/ddp.h>
+#include <trun/process_group.h>
+#include <trun/sampler.h>
 
 namespace trun::libtorch {
 
