@@ -11,18 +11,14 @@
 #include <utility>
 #include <vector>
 
+#include "base/splitmix64.h"
 #include "trun/ddp.h"
 
 namespace trun::worker {
 
 namespace {
 
-uint64_t splitmix64(uint64_t& x) {
-  uint64_t z = (x += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using base::splitmix64;
 
 // Standard normal values (Box-Muller), the same for the same seed on every platform.
 void fill_normal(float* out, size_t n, uint64_t seed) {

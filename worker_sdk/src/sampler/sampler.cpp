@@ -4,29 +4,11 @@
 
 #include <stdexcept>
 
+#include "base/splitmix64.h"
+
 namespace trun::worker {
 
 namespace {
-
-// SplitMix64: tiny, fast, and fully specified (std::shuffle and the standard distributions are
-// not, so their output differs between standard libraries).
-struct SplitMix64 {
-  uint64_t s;
-  uint64_t next() {
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, bound) without modulo bias (Lemire's method with rejection).
-  uint64_t below(uint64_t bound) {
-    for (;;) {
-      unsigned __int128 m = static_cast<unsigned __int128>(next()) * bound;
-      uint64_t low = static_cast<uint64_t>(m);
-      if (low >= bound || low >= (-bound) % bound) return static_cast<uint64_t>(m >> 64);
-    }
-  }
-};
 
 const char* tail_name(TailPolicy t) { return t == TailPolicy::kPad ? "pad" : "drop"; }
 
@@ -51,7 +33,7 @@ void DistributedSampler::build_order() {
   order_.resize(dataset_size_);
   for (uint64_t i = 0; i < dataset_size_; ++i) order_[i] = i;
   // The stream depends on (seed, epoch) only.
-  SplitMix64 rng{options_.seed ^ (0xD1B54A32D192ED03ull * (epoch_ + 1))};
+  base::SplitMix64 rng{options_.seed ^ (0xD1B54A32D192ED03ull * (epoch_ + 1))};
   for (uint64_t i = dataset_size_ - 1; i > 0; --i) std::swap(order_[i], order_[rng.below(i + 1)]);
 }
 
