@@ -10,7 +10,9 @@ target_sources(trun_worker PRIVATE
   src/ddp/powersgd_hook.cpp
   src/ddp/ddp.cpp
   src/ddp/host_staging.cpp
+  src/ddp/join.cpp
   src/ddp/param_check.cpp
+  src/ddp/reducer.cpp
   src/sampler/sampler.cpp
   src/stop.cpp)
 if(TRUN_HAVE_NCCL)
