@@ -5,6 +5,8 @@ target_sources(trun_worker PRIVATE
   src/checkpoint/crc32c.cpp
   src/checkpoint/directory.cpp
   src/checkpoint/format.cpp
+  src/checkpoint/resume.cpp
+  src/checkpoint/save.cpp
   src/ddp/bucket_plan.cpp
   src/ddp/comm_hooks.cpp
   src/ddp/powersgd_hook.cpp
