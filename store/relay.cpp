@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "store/acceptor.h"
 #include "store/log_limiter.h"
 #include "store/store.h"
 
@@ -21,7 +22,6 @@ using asio::ip::tcp;
 using wire::Op;
 
 constexpr size_t kReadChunk = 64 * 1024;
-constexpr int kAcceptBurst = 256;
 // A client with a request passed to the store (or a wait) stops being read once this much
 // unprocessed input has piled up behind it.
 constexpr size_t kMaxBufferedBehindRequest = 1 << 20;
@@ -146,7 +146,8 @@ class Client : public std::enable_shared_from_this<Client> {
 
 class RelayImpl : public StoreRelay {
  public:
-  explicit RelayImpl(const StoreRelayOptions& o) : options_(o), acceptor_(io_), up_(io_) {}
+  explicit RelayImpl(const StoreRelayOptions& o)
+      : options_(o), acceptor_(io_, "store relay"), up_(io_) {}
   ~RelayImpl() override { stop(); }
 
   void listen() {
@@ -169,18 +170,12 @@ class RelayImpl : public StoreRelay {
     if (ec || local.empty()) {
       throw StoreError("store relay: cannot resolve '" + options_.host + "': " + ec.message());
     }
-    tcp::endpoint endpoint = local.begin()->endpoint();
-    acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(options_.backlog, ec);
-    if (!ec) acceptor_.non_blocking(true, ec);
+    port_ = acceptor_.listen(local.begin()->endpoint(), options_.backlog, /*dual_stack=*/false, ec);
     if (ec) {
       throw StoreError("store relay: cannot listen on " + options_.host + ":" +
                        std::to_string(options_.port) + ": " + ec.message());
     }
-    port_ = acceptor_.local_endpoint().port();
-    accept();
+    acceptor_.start([this](tcp::socket socket) { adopt(std::move(socket)); });
     read_up();
     thread_ = std::thread([this] { run(); });
   }
@@ -299,26 +294,6 @@ class RelayImpl : public StoreRelay {
     }
   }
 
-  void accept() {
-    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      if (ec) {
-        warn("accept failed: " + ec.message());
-        auto timer = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(50));
-        timer->async_wait([this, timer](const boost::system::error_code&) { accept(); });
-        return;
-      }
-      adopt(std::move(socket));
-      for (int i = 1; i < kAcceptBurst; ++i) {
-        boost::system::error_code more;
-        tcp::socket next(io_);
-        acceptor_.accept(next, more);
-        if (more) break;
-        adopt(std::move(next));
-      }
-      accept();
-    });
-  }
   void adopt(tcp::socket socket) {
     auto c = std::make_shared<Client>(this, std::move(socket), next_client_id_++);
     clients_.emplace(c->id(), c);
@@ -477,8 +452,8 @@ class RelayImpl : public StoreRelay {
     shut_down();
   }
   void shut_down() {
+    acceptor_.close();
     boost::system::error_code ec;
-    acceptor_.close(ec);
     auto clients = clients_;
     for (auto& [id, c] : clients) c->close("");
     up_.close(ec);
@@ -492,7 +467,7 @@ class RelayImpl : public StoreRelay {
 
   StoreRelayOptions options_;
   asio::io_context io_{1};
-  tcp::acceptor acceptor_;
+  Acceptor acceptor_;
   tcp::socket up_;
   tcp::endpoint upstream_;
   std::string up_in_, up_out_, up_writing_;

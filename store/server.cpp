@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "store/acceptor.h"
 #include "store/auth.h"
 #include "store/kv_state.h"
 #include "store/lease.h"
@@ -27,8 +28,6 @@ using wire::Op;
 
 constexpr size_t kReadChunk =
     64 * 1024;  // one read; the buffer is the server's, not per connection
-// Connections taken per wake-up of the listening socket (a crowd connecting at once).
-constexpr int kAcceptBurst = 256;
 // While a connection is blocked in a wait it keeps reading (to see CANCEL_WAIT and disconnects),
 // but stops once this much unprocessed input has piled up.
 constexpr size_t kMaxBufferedWhileBlocked = 1 << 20;
@@ -98,7 +97,7 @@ class ServerImpl : public StoreServer {
   explicit ServerImpl(const StoreServerOptions& options)
       : options_(options),
         kv_(options.limits, [this](KvState::Waiter id) { wake(id); }),
-        acceptor_(io_),
+        acceptor_(io_, "store server"),
         signals_guard_(asio::make_work_guard(io_)) {}
 
   ~ServerImpl() override { stop(); }
@@ -112,24 +111,15 @@ class ServerImpl : public StoreServer {
       throw StoreError("store server: cannot resolve bind address '" + options_.host +
                        "': " + ec.message());
     }
-    tcp::endpoint endpoint = results.begin()->endpoint();
-    acceptor_.open(endpoint.protocol(), ec);
-    if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
-    if (!ec && endpoint.protocol() == tcp::v6()) {
-      acceptor_.set_option(asio::ip::v6_only(false), ec);  // dual-stack where allowed
-      ec.clear();
-    }
-    if (!ec) acceptor_.bind(endpoint, ec);
-    if (!ec) acceptor_.listen(options_.backlog, ec);
-    if (!ec) acceptor_.non_blocking(true, ec);  // the accept burst must not block
+    port_ =
+        acceptor_.listen(results.begin()->endpoint(), options_.backlog, /*dual_stack=*/true, ec);
     if (ec) {
       throw StoreError("store server: cannot listen on " + options_.host + ":" +
                        std::to_string(options_.port) + ": " + ec.message());
     }
-    port_ = acceptor_.local_endpoint().port();
     for (auto& [key, value] : options_.seed) kv_.set(key, value);  // before the loop runs
     raise_fd_limit();
-    accept();
+    acceptor_.start([this](tcp::socket socket) { adopt(std::move(socket)); });
     thread_ = std::thread([this] { run(); });
   }
 
@@ -143,8 +133,7 @@ class ServerImpl : public StoreServer {
   void stop() override {
     if (stopped_.exchange(true)) return;
     asio::post(io_, [this] {
-      boost::system::error_code ec;
-      acceptor_.close(ec);
+      acceptor_.close();
       auto conns = connections_;
       for (auto& [id, c] : conns) c->going_away();  // quietly: stopping is not a client's fault
       signals_guard_.reset();
@@ -208,47 +197,6 @@ class ServerImpl : public StoreServer {
     }
   }
 
-  void accept() {
-    acceptor_.async_accept([this](const boost::system::error_code& ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
-      if (ec) {
-        // EMFILE and friends: nothing can be accepted until a descriptor frees up, and the
-        // listening socket stays readable meanwhile. Back off (10 ms, doubling up to 1 s) rather
-        // than spin, and log one line per 5 s that says how many failures it stands for.
-        ++accept_failures_;
-        uint64_t held = 0;
-        if (accept_log_.allow(std::chrono::steady_clock::now(), &held)) {
-          spdlog::warn(
-              "store server: accept failed: {} ({} in a row{}); retrying in {} ms, existing "
-              "connections are still served",
-              ec.message(), accept_failures_,
-              held ? ", " + std::to_string(held) + " not logged" : std::string(),
-              accept_backoff_.count());
-        }
-        auto timer = std::make_shared<asio::steady_timer>(io_, accept_backoff_);
-        accept_backoff_ = std::min(accept_backoff_ * 2, kMaxAcceptBackoff);
-        timer->async_wait([this, timer](const boost::system::error_code&) { accept(); });
-        return;
-      }
-      if (accept_failures_ > 0) {
-        spdlog::warn("store server: accepting connections again after {} failed accept(s)",
-                     accept_failures_);
-        accept_failures_ = 0;
-        accept_backoff_ = kMinAcceptBackoff;
-      }
-      adopt(std::move(socket));
-      // More may be waiting in the backlog: take them without a round trip through the loop.
-      for (int i = 1; i < kAcceptBurst; ++i) {
-        boost::system::error_code more;
-        tcp::socket next(io_);
-        acceptor_.accept(next, more);
-        if (more) break;
-        adopt(std::move(next));
-      }
-      accept();
-    });
-  }
-
   void adopt(tcp::socket socket) {
     auto conn = std::make_shared<Connection>(this, std::move(socket), next_conn_id_++);
     connections_.emplace(conn->id(), conn);
@@ -267,17 +215,12 @@ class ServerImpl : public StoreServer {
   StoreServerOptions options_;
   KvState kv_;
   asio::io_context io_{1};
-  tcp::acceptor acceptor_;
+  Acceptor acceptor_;
   asio::executor_work_guard<asio::io_context::executor_type> signals_guard_;
   std::unordered_map<uint64_t, std::shared_ptr<Connection>> connections_;
   std::atomic<size_t> num_connections_{0};
   std::atomic<uint64_t> num_requests_{0};
   uint64_t next_conn_id_ = 1;
-  static constexpr std::chrono::milliseconds kMinAcceptBackoff{10};
-  static constexpr std::chrono::milliseconds kMaxAcceptBackoff{1000};
-  std::chrono::milliseconds accept_backoff_ = kMinAcceptBackoff;  // event-loop thread only
-  uint64_t accept_failures_ = 0;                                  // in a row
-  LogLimiter accept_log_{std::chrono::seconds(5)};
   LogLimiter client_log_{std::chrono::seconds(5), 10};
   std::array<char, kReadChunk> read_buffer_;
   uint16_t port_ = 0;
