@@ -12,6 +12,7 @@
 
 #include "store/acceptor.h"
 #include "store/log_limiter.h"
+#include "store/relay_client.h"
 #include "store/store.h"
 
 namespace trun::store {
@@ -19,17 +20,14 @@ namespace {
 
 namespace asio = boost::asio;
 using asio::ip::tcp;
+using relay_detail::Answer;
+using relay_detail::Client;
+using relay_detail::kReadChunk;
 using wire::Op;
 
-constexpr size_t kReadChunk = 64 * 1024;
-// A client with a request passed to the store (or a wait) stops being read once this much
-// unprocessed input has piled up behind it.
-constexpr size_t kMaxBufferedBehindRequest = 1 << 20;
 // An upstream wait is renewed at this interval while clients still wait (each client's own
 // timeout is kept by the relay).
 constexpr int64_t kUpstreamWaitMs = 60 * 1000;
-
-class RelayImpl;
 
 // `op` (LEASE_ARM or LEASE_FIRE) with a client lease's notification keys, nothing to set, no ttl.
 std::string lease_request(Op op, const wire::Request& lease) {
@@ -55,16 +53,6 @@ bool skip_bytes(std::string_view in, size_t* pos) {
   *pos += 8 + n;
   return true;
 }
-
-// The shape of a passed-through request's answer, to cut it out of the upstream stream.
-struct Answer {
-  // kStatusValue: a GET_TIMEOUT's (a status, then the value when it is STOP_WAITING).
-  // kU32: a PING's (the relay's fences).
-  enum class Kind : uint8_t { kBytes, kI64, kU8, kU32, kList, kStatusValue } kind = Kind::kU8;
-  size_t count = 0;     // kList: that many byte strings
-  uint64_t client = 0;  // 0: the relay's own request (its lease): the answer is dropped
-  bool fence = false;   // a PING behind the client's writes: the client's wait may go out now
-};
 
 // How many bytes at the front of `in` form the answer `a`; 0 while incomplete.
 size_t answer_size(std::string_view in, const Answer& a) {
@@ -92,59 +80,7 @@ size_t answer_size(std::string_view in, const Answer& a) {
   return 0;
 }
 
-class Client : public std::enable_shared_from_this<Client> {
- public:
-  Client(RelayImpl* relay, tcp::socket socket, uint64_t id);
-  void start() { read(); }
-  void close(const std::string& why);
-  // The answer to the request being served (passed through, or a wait's). `in_order`: it came
-  // over the relay's one upstream connection, behind every write the client sent before.
-  void answer(std::string_view bytes, bool in_order = false);
-  // The fence behind this client's writes came back: its parked wait may go upstream now.
-  void fenced();
-  // The shared wait `wait_id` of this client ended with `bytes` (status [+ value]).
-  void wait_done(uint64_t wait_id, std::string_view bytes);
-  uint64_t id() const { return id_; }
-  bool closed() const { return closed_; }
-
- private:
-  void read();
-  void on_read(boost::system::error_code ec);
-  void process();
-  // Serves one request; false when the client now waits for an answer (or closed).
-  bool execute(wire::Request& r, std::string_view raw);
-  void flush();
-  void arm_lease_timer();
-  void fire_lease();
-  void end_wait();
-
-  RelayImpl* relay_;
-  tcp::socket socket_;
-  uint64_t id_;
-  std::string in_, out_, writing_;
-  bool reading_ = false, writing_now_ = false, closed_ = false;
-  bool busy_ = false;  // a passed-through request is unanswered
-  bool output_full() const;
-  // The client sent writes (answered by nothing) since its last answer that came in order: a wait
-  // (on another upstream connection) could overtake them, so it waits for a fence first.
-  bool unfenced_writes_ = false;
-  wire::Request fenced_wait_;  // the wait held back for the fence
-  // Joins (or starts) the shared wait for `r`; false when the client was closed.
-  bool start_wait(const wire::Request& r);
-  wire::Dialect dialect_ = wire::Dialect::kUnknown;
-  // A wait shared upstream (RelayImpl::waits_): its key and this client's id for it.
-  std::string wait_sig_;
-  uint64_t wait_id_ = 0;
-  asio::steady_timer wait_timer_;
-  // The client's lease, kept here: keys/values as LEASE_ARM sent them.
-  bool lease_armed_ = false;
-  wire::Request lease_;
-  int64_t lease_ttl_ = 0;
-  uint64_t lease_generation_ = 0;
-  asio::steady_timer lease_timer_;
-};
-
-class RelayImpl : public StoreRelay {
+class RelayImpl : public StoreRelay, private relay_detail::RelayHost {
  public:
   explicit RelayImpl(const StoreRelayOptions& o)
       : options_(o), acceptor_(io_, "store relay"), up_(io_) {}
@@ -191,31 +127,31 @@ class RelayImpl : public StoreRelay {
     if (thread_.joinable()) thread_.join();
   }
 
-  const StoreRelayOptions& options() const { return options_; }
-  asio::io_context& io() { return io_; }
-  std::array<char, kReadChunk>& buffer() { return buffer_; }
-  void count_request() { num_requests_.fetch_add(1, std::memory_order_relaxed); }
-  void forget(uint64_t id) {
+  const StoreRelayOptions& options() const override { return options_; }
+  asio::io_context& io() override { return io_; }
+  std::array<char, kReadChunk>& buffer() override { return buffer_; }
+  void count_request() override { num_requests_.fetch_add(1, std::memory_order_relaxed); }
+  void forget(uint64_t id) override {
     if (clients_.erase(id)) num_connections_.fetch_sub(1);
   }
-  void warn(const std::string& text) {
+  void warn(const std::string& text) override {
     uint64_t held = 0;
     if (log_.allow(std::chrono::steady_clock::now(), &held)) spdlog::warn("store relay: {}", text);
   }
 
   // Sends `raw` (one request in the store's protocol) upstream; its answer goes to `client`.
-  void pass(uint64_t client, std::string_view raw, Answer a) {
+  void pass(uint64_t client, std::string_view raw, Answer a) override {
     a.client = client;
     send_up(raw);
     answers_.push_back(a);
   }
   // Sends a request that has no answer (SET, APPEND, MULTI_SET).
-  void pass_unanswered(std::string_view raw) { send_up(raw); }
+  void pass_unanswered(std::string_view raw) override { send_up(raw); }
 
   // The client waits for `keys` (GET_WAIT when `get`): joins the wait other clients share, or
   // starts it upstream. Returns this wait's id; the client hears wait_done(id, answer).
   uint64_t wait(uint64_t client, bool get, const std::vector<std::string>& keys,
-                std::string* sig_out) {
+                std::string* sig_out) override {
     std::string sig = get ? "g" : "w";
     for (auto& k : keys) {
       sig += std::to_string(k.size()) + ":" + k;
@@ -236,7 +172,7 @@ class RelayImpl : public StoreRelay {
     }
     return id;
   }
-  void leave_wait(const std::string& sig, uint64_t client) {
+  void leave_wait(const std::string& sig, uint64_t client) override {
     auto it = waits_.find(sig);
     if (it == waits_.end()) return;
     auto& list = it->second.waiters;
@@ -250,7 +186,7 @@ class RelayImpl : public StoreRelay {
   }
 
   // A PING behind `client`'s writes on the upstream connection; its answer calls fenced().
-  void fence(uint64_t client) {
+  void fence(uint64_t client) override {
     std::string req;
     wire::Encoder(&req).query(Op::kPing).u32(0);
     Answer a;
@@ -258,15 +194,15 @@ class RelayImpl : public StoreRelay {
     a.fence = true;
     pass(client, req, a);
   }
-  bool stopping() const { return stopped_.load(); }
+  bool stopping() const override { return stopped_.load(); }
 
   // The relay's own lease upstream follows the newest round its clients arm leases for.
-  void cover(const wire::Request& lease) {
+  void cover(const wire::Request& lease) override {
     if (lease.keys[2] == covered_) return;
     covered_ = lease.keys[2];
     pass(0, lease_request(Op::kLeaseArm, lease), {Answer::Kind::kU8});
   }
-  void fire(const wire::Request& lease) {
+  void fire(const wire::Request& lease) override {
     pass(0, lease_request(Op::kLeaseFire, lease), {Answer::Kind::kU8});
   }
 
@@ -295,7 +231,8 @@ class RelayImpl : public StoreRelay {
   }
 
   void adopt(tcp::socket socket) {
-    auto c = std::make_shared<Client>(this, std::move(socket), next_client_id_++);
+    auto c = std::make_shared<Client>(static_cast<relay_detail::RelayHost*>(this),
+                                      std::move(socket), next_client_id_++);
     clients_.emplace(c->id(), c);
     num_connections_.fetch_add(1);
     c->start();
@@ -489,303 +426,6 @@ class RelayImpl : public StoreRelay {
   std::atomic<bool> stopped_{false};
   std::thread thread_;
 };
-
-Client::Client(RelayImpl* relay, tcp::socket socket, uint64_t id)
-    : relay_(relay),
-      socket_(std::move(socket)),
-      id_(id),
-      wait_timer_(relay->io()),
-      lease_timer_(relay->io()) {
-  boost::system::error_code ec;
-  socket_.set_option(tcp::no_delay(true), ec);
-  socket_.non_blocking(true, ec);
-}
-
-bool Client::output_full() const {
-  return out_.size() + writing_.size() > relay_->options().max_pending_output;
-}
-
-void Client::read() {
-  if (closed_ || reading_) return;
-  // Back-pressure, as the store's: a client that does not read its replies, or that pipelines
-  // requests faster than they come back from the store, stops being read from.
-  if (output_full()) return;
-  if (in_.size() > kMaxBufferedBehindRequest && (busy_ || wait_id_ != 0)) return;
-  reading_ = true;
-  socket_.async_wait(
-      tcp::socket::wait_read,
-      [self = shared_from_this()](const boost::system::error_code& ec) { self->on_read(ec); });
-}
-
-void Client::on_read(boost::system::error_code ec) {
-  reading_ = false;
-  if (closed_) return;
-  if (!ec) {
-    auto& buffer = relay_->buffer();
-    size_t n = socket_.read_some(asio::buffer(buffer), ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) {
-      read();
-      return;
-    }
-    if (!ec) in_.append(buffer.data(), n);
-  }
-  if (ec) {
-    close(ec == asio::error::eof || ec == asio::error::connection_reset ? ""
-                                                                        : "read: " + ec.message());
-    return;
-  }
-  process();
-  read();
-}
-
-void Client::process() {
-  size_t offset = 0;
-  while (!closed_ && !busy_) {
-    std::string_view pending(in_.data() + offset, in_.size() - offset);
-    if (pending.empty()) break;
-    // Per request: nothing more is passed on while the client's unsent replies are over the
-    // limit; the write completion goes on from here.
-    if (output_full()) break;
-    if (dialect_ == wire::Dialect::kUnknown) {
-      dialect_ = wire::detect_dialect(pending);
-      if (dialect_ == wire::Dialect::kUnknown) break;
-      if (dialect_ != wire::Dialect::kV2) {
-        close("PyTorch 1.13's dialect is not relayed (connect to the store itself)");
-        break;
-      }
-    }
-    wire::Request r;
-    auto result = wire::decode(pending, dialect_, relay_->options().limits, &r);
-    if (result.status == wire::Status::kNeedMore) break;
-    if (result.status == wire::Status::kMalformed) {
-      close("malformed request: " + result.error);
-      break;
-    }
-    // Behind a wait only its cancellation is read.
-    if (wait_id_ != 0 && r.op != Op::kCancelWait) break;
-    offset += result.consumed;
-    if (r.op != Op::kValidate) relay_->count_request();
-    if (!execute(r, pending.substr(0, result.consumed))) break;
-  }
-  in_.erase(0, offset);
-  flush();
-}
-
-bool Client::execute(wire::Request& r, std::string_view raw) {
-  wire::Encoder enc(&out_);
-  auto pass = [&](Answer::Kind kind, size_t count = 0) {
-    busy_ = true;
-    Answer a;
-    a.kind = kind;
-    a.count = count;
-    relay_->pass(id_, raw, a);
-    return false;
-  };
-  switch (r.op) {
-    case Op::kValidate:
-      if (static_cast<uint32_t>(r.number) != wire::kValidationMagic) {
-        close("bad validation magic");
-        return false;
-      }
-      return true;
-    case Op::kPing:
-      enc.u32(static_cast<uint32_t>(r.number));
-      return true;
-    case Op::kSet:
-    case Op::kAppend:
-    case Op::kMultiSet:
-      relay_->pass_unanswered(raw);
-      unfenced_writes_ = true;
-      return true;
-    case Op::kCompareSet:
-    case Op::kGet:
-      return pass(Answer::Kind::kBytes);
-    case Op::kAdd:
-    case Op::kDeleteKey:
-    case Op::kNumKeys:
-      return pass(Answer::Kind::kI64);
-    case Op::kCheck:
-      return pass(Answer::Kind::kU8);
-    case Op::kMultiGet:
-      if (r.keys.empty()) return true;  // nothing to answer
-      return pass(Answer::Kind::kList, r.keys.size());
-    case Op::kWait:
-    case Op::kWaitKeys:
-    case Op::kGetWait: {
-      if (r.op == Op::kGetWait && r.keys.size() != 1) {
-        close("GET_TIMEOUT with " + std::to_string(r.keys.size()) + " keys");
-        return false;
-      }
-      if (r.op != Op::kWait && r.number == 0) {  // a look, not a wait: the store answers it
-        return pass(r.op == Op::kGetWait ? Answer::Kind::kStatusValue : Answer::Kind::kU8);
-      }
-      if (unfenced_writes_) {
-        busy_ = true;
-        fenced_wait_ = r;
-        relay_->fence(id_);
-        return false;
-      }
-      if (!start_wait(r)) return false;
-      return true;  // parked: process() reads only a CANCEL_WAIT behind it
-    }
-    case Op::kCancelWait:
-      if (wait_id_ != 0) end_wait();
-      enc.u8(wire::kWaitCanceled);
-      return true;
-    case Op::kLeaseArm:
-      if (r.number < 0) {
-        close("LEASE_ARM with a negative ttl");
-        return false;
-      }
-      if (!r.keys[0].empty()) {
-        std::string set;
-        wire::Encoder(&set).query(Op::kSet).bytes(r.keys[0]).bytes(r.values[0]);
-        relay_->pass_unanswered(set);
-        unfenced_writes_ = true;
-      }
-      lease_ = std::move(r);
-      lease_ttl_ = lease_.number;
-      lease_armed_ = true;
-      relay_->cover(lease_);
-      arm_lease_timer();
-      enc.u8(1);
-      return true;
-    case Op::kLeaseRenew:
-      if (lease_armed_ && r.number > 0) lease_ttl_ = r.number;
-      if (lease_armed_) arm_lease_timer();
-      enc.u8(lease_armed_ ? 1 : 0);
-      return true;
-    case Op::kLeaseRelease: {
-      const bool was = lease_armed_;
-      lease_armed_ = false;
-      ++lease_generation_;
-      boost::system::error_code ec;
-      lease_timer_.cancel(ec);
-      enc.u8(was ? 1 : 0);
-      return true;
-    }
-    default:
-      close(std::string("a relay does not serve ") + wire::op_name(r.op) +
-            " (connect to the store itself)");
-      return false;
-  }
-}
-
-bool Client::start_wait(const wire::Request& r) {
-  wait_id_ = relay_->wait(id_, r.op == Op::kGetWait, r.keys, &wait_sig_);
-  if (wait_id_ == 0) {
-    close("the store does not take another wait connection");
-    return false;
-  }
-  // A timeout over kMaxWaitTimeoutMs means none (a deadline that far out would overflow).
-  if (r.op != Op::kWait && r.number > 0 && r.number <= wire::kMaxWaitTimeoutMs) {
-    wait_timer_.expires_after(std::chrono::milliseconds(r.number));
-    wait_timer_.async_wait(
-        [self = shared_from_this(), id = wait_id_](const boost::system::error_code& ec) {
-          if (ec || self->closed_ || self->wait_id_ != id) return;
-          self->end_wait();
-          const uint8_t timed_out = wire::kWaitTimedOut;
-          self->answer(std::string_view(reinterpret_cast<const char*>(&timed_out), 1));
-        });
-  }
-  return true;
-}
-
-void Client::fenced() {
-  if (closed_) return;
-  busy_ = false;
-  unfenced_writes_ = false;
-  if (!start_wait(fenced_wait_)) return;
-  process();
-  flush();
-  read();
-}
-
-void Client::end_wait() {
-  relay_->leave_wait(wait_sig_, id_);
-  wait_id_ = 0;
-  wait_sig_.clear();
-  boost::system::error_code ec;
-  wait_timer_.cancel(ec);
-}
-
-void Client::answer(std::string_view bytes, bool in_order) {
-  if (closed_) return;
-  busy_ = false;
-  if (in_order) unfenced_writes_ = false;
-  out_.append(bytes);
-  process();  // what queued up behind the request
-  flush();
-  read();
-}
-
-void Client::wait_done(uint64_t wait_id, std::string_view bytes) {
-  if (closed_ || wait_id != wait_id_) return;
-  wait_id_ = 0;
-  wait_sig_.clear();
-  boost::system::error_code ec;
-  wait_timer_.cancel(ec);
-  const bool going_away = !bytes.empty() && static_cast<uint8_t>(bytes[0]) == wire::kWaitGoingAway;
-  answer(bytes);
-  if (going_away) close("");
-}
-
-void Client::arm_lease_timer() {
-  const uint64_t generation = ++lease_generation_;
-  boost::system::error_code ec;
-  lease_timer_.cancel(ec);
-  if (lease_ttl_ <= 0) return;  // bound to the connection only
-  lease_timer_.expires_after(std::chrono::milliseconds(lease_ttl_));
-  lease_timer_.async_wait(
-      [self = shared_from_this(), generation](const boost::system::error_code& ec) {
-        if (ec || self->closed_ || !self->lease_armed_ || self->lease_generation_ != generation) {
-          return;
-        }
-        self->fire_lease();
-      });
-}
-
-void Client::fire_lease() {
-  if (!lease_armed_) return;
-  lease_armed_ = false;
-  ++lease_generation_;
-  relay_->fire(lease_);
-}
-
-void Client::flush() {
-  if (closed_ || writing_now_ || out_.empty()) return;
-  writing_now_ = true;
-  writing_.swap(out_);
-  out_.clear();
-  asio::async_write(socket_, asio::buffer(writing_),
-                    [self = shared_from_this()](const boost::system::error_code& ec, size_t) {
-                      self->writing_now_ = false;
-                      self->writing_.clear();
-                      if (self->closed_) return;
-                      if (ec) {
-                        self->close("write: " + ec.message());
-                        return;
-                      }
-                      self->process();  // what back-pressure held back (flushes)
-                      self->flush();
-                      self->read();
-                    });
-}
-
-void Client::close(const std::string& why) {
-  if (closed_) return;
-  closed_ = true;
-  if (!why.empty())
-    relay_->warn("closing the connection of client " + std::to_string(id_) + ": " + why);
-  if (wait_id_ != 0) end_wait();
-  // The agent is gone: the store hears it as from a closed connection. Not when the relay stops:
-  // its own lease tells the store once for all of them.
-  if (!relay_->stopping()) fire_lease();
-  boost::system::error_code ec;
-  lease_timer_.cancel(ec);
-  socket_.close(ec);
-  relay_->forget(id_);
-}
 
 }  // namespace
 
