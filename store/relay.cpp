@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "store/acceptor.h"
+#include "store/event_loop.h"
 #include "store/log_limiter.h"
 #include "store/relay_client.h"
 #include "store/store.h"
@@ -113,7 +114,7 @@ class RelayImpl : public StoreRelay, private relay_detail::RelayHost {
     }
     acceptor_.start([this](tcp::socket socket) { adopt(std::move(socket)); });
     read_up();
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] { run_event_loop(io_, "store relay"); });
   }
 
   uint16_t port() const override { return port_; }
@@ -218,17 +219,6 @@ class RelayImpl : public StoreRelay, private relay_detail::RelayHost {
     std::vector<std::pair<uint64_t, uint64_t>> waiters;  // client, wait id
     std::shared_ptr<WaitConn> conn;
   };
-
-  void run() {
-    for (;;) {
-      try {
-        io_.run();
-        return;
-      } catch (const std::exception& e) {
-        spdlog::error("store relay: unexpected error in event loop: {}", e.what());
-      }
-    }
-  }
 
   void adopt(tcp::socket socket) {
     auto c = std::make_shared<Client>(static_cast<relay_detail::RelayHost*>(this),

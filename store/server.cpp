@@ -13,6 +13,7 @@
 #include "base/check.h"
 #include "store/acceptor.h"
 #include "store/auth.h"
+#include "store/event_loop.h"
 #include "store/kv_state.h"
 #include "store/lease.h"
 #include "store/log_limiter.h"
@@ -120,7 +121,7 @@ class ServerImpl : public StoreServer {
     for (auto& [key, value] : options_.seed) kv_.set(key, value);  // before the loop runs
     raise_fd_limit();
     acceptor_.start([this](tcp::socket socket) { adopt(std::move(socket)); });
-    thread_ = std::thread([this] { run(); });
+    thread_ = std::thread([this] { run_event_loop(io_, "store server"); });
   }
 
   uint16_t port() const override { return port_; }
@@ -183,18 +184,6 @@ class ServerImpl : public StoreServer {
     if (it == connections_.end()) return;
     auto conn = it->second;  // it may close, and leave connections_, while resuming
     conn->on_keys_ready();
-  }
-
-  void run() {
-    for (;;) {
-      try {
-        io_.run();
-        return;
-      } catch (const std::exception& e) {
-        // A handler must never throw; if one does, log it and keep serving the others.
-        spdlog::error("store server: unexpected error in event loop: {}", e.what());
-      }
-    }
   }
 
   void adopt(tcp::socket socket) {
