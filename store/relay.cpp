@@ -5,6 +5,7 @@
 #include <array>
 #include <atomic>
 #include <boost/asio.hpp>
+#include <cstring>
 #include <deque>
 #include <thread>
 #include <unordered_map>

@@ -1,7 +1,5 @@
 #include "store/relay_client.h"
 
-#include <spdlog/spdlog.h>
-
 #include <utility>
 
 namespace trun::store::relay_detail {
