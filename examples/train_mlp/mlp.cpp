@@ -4,14 +4,22 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "base/splitmix64.h"
-
 namespace trun::examples {
 
 namespace {
 
+// SplitMix64, as base/splitmix64.h: an example includes only the SDK's public headers (<trun/...>,
+// scripts/check-layering.sh), so it carries its own copy of the generator. The same constants:
+// the weights, and so the tests' expected losses, stay the same.
+uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 float uniform(uint64_t& s) {  // [-1, 1)
-  return static_cast<float>(static_cast<double>(base::splitmix64(s) >> 11) * 0x1.0p-52 - 1.0);
+  return static_cast<float>(static_cast<double>(splitmix(s) >> 11) * 0x1.0p-52 - 1.0);
 }
 
 // Eight partial sums, so the compiler can vectorize without reassociating (-ffast-math); the
