@@ -33,6 +33,15 @@ std::vector<json> events_named(const std::string& path, const std::string& name)
   return out;
 }
 
+// A worker script: `text` split at spaces, "DIR" at the start of a word replaced by `dir` (a
+// temporary directory: no spaces).
+std::vector<std::string> words(const std::string& text, const std::string& dir) {
+  std::vector<std::string> out;
+  std::istringstream in(text);
+  for (std::string w; in >> w;) out.push_back(w.rfind("DIR", 0) == 0 ? dir + w.substr(3) : w);
+  return out;
+}
+
 size_t count(const std::string& text, const std::string& what) {
   size_t n = 0;
   for (size_t pos = text.find(what); pos != std::string::npos; pos = text.find(what, pos + 1)) ++n;
@@ -58,16 +67,22 @@ TEST_CASE("the earliest failure across two nodes is the root cause, not the firs
     argv.insert(argv.end(), script.begin(), script.end());
     return argv;
   };
-  // b (the store host): local rank 0 writes its pid file and dies by SIGKILL (in attempt 1 once
-  // the test says go); local rank 1 ignores SIGTERM, so b's stop takes --shutdown-timeout.
+  // b (the store host): local rank 1 ignores SIGTERM (so b's stop takes --shutdown-timeout)
+  // and then writes its pid file; local rank 0 waits for that, writes its own pid file and dies by
+  // SIGKILL (in attempt 1 once the test says go).
   Child b(node(true, db,
-               {"on-attempt", "1", "wait-file", db / "go", "on-rank", "0", "pidfile", db.path(),
-                "on-rank", "0", "signal", "9", "on-rank", "1", "ignore-term", "sleep", "60"}));
+               words("on-attempt 1 wait-file DIR/go "  // attempt 1: on the test's cue
+                     "on-rank 1 ignore-term on-rank 1 pidfile DIR "
+                     "on-attempt 0 on-rank 0 wait-file DIR/pid_0_1 "
+                     "on-attempt 1 on-rank 0 wait-file DIR/pid_1_1 "
+                     "on-rank 0 pidfile DIR on-rank 0 signal 9 sleep 60",
+                     db.path())));
   // a: local rank 0 exits 1 300 ms after b's rank 0 died (its connection closed); rank 1 sleeps.
-  Child a(node(false, da, {"on-attempt", "0", "on-rank", "0",   "wait-file", db / "pid_0_0",
-                           "on-attempt", "1", "on-rank", "0",   "wait-file", db / "pid_1_0",
-                           "on-rank",    "0", "sleep",   "0.3", "on-rank",   "0",
-                           "exit",       "1", "sleep",   "60"}));
+  Child a(node(false, da,
+               words("on-attempt 0 on-rank 0 wait-file DIR/pid_0_0 "
+                     "on-attempt 1 on-rank 0 wait-file DIR/pid_1_0 "
+                     "on-rank 0 sleep 0.3 on-rank 0 exit 1 sleep 60",
+                     db.path())));
 
   // Round 0 failed; both agents resolved its root cause and formed round 1.
   auto resolved = [&](const TempDir& d) {

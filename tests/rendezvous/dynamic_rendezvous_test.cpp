@@ -337,6 +337,49 @@ DYNAMIC_TEST(worker_failure_ends_round, "a worker failure anywhere ends the roun
   b->set_round_over_callback(nullptr);
 }
 
+DYNAMIC_TEST(late_failure_report_is_root_cause,
+             "a failure reported after the round ended is still read, and the earliest one is the "
+             "root cause",
+             "[root-cause]") {
+  Cluster c(backend, 3, 3);
+  auto a = c.make("a"), b = c.make("b"), d = c.make("d");
+  join_all({a.get(), b.get(), d.get()});
+  // a (a secondary failure at t=2000) reports first and ends the round; b (the first failure, at
+  // t=1000) reports once it has seen that.
+  a->report_worker_failure("rank 0 exited with 1", 2000);
+  auto eb = b->wait_round_over(30s);
+  REQUIRE(eb);
+  CHECK(eb->node_id == "a");
+  b->report_worker_failure("rank 1 exited with SIGKILL", 1000);
+  // a and b have stopped; d has not yet: a waits for it, within its grace.
+  auto fa = std::async(std::launch::async, [&] { return a->round_failures(30s); });
+  CHECK(b->round_failures(0s).size() == 2);  // says it stopped, waits for nobody
+  CHECK(fa.wait_for(300ms) == std::future_status::timeout);
+  auto reports_d = d->round_failures(30s);
+  REQUIRE(fa.wait_for(30s) == std::future_status::ready);
+  auto reports_a = fa.get();
+  for (const auto* reports : {&reports_a, &reports_d}) {
+    REQUIRE(reports->size() == 2);
+    CHECK((*reports)[0].node_id == "a");  // in the order they were made
+    CHECK((*reports)[0].failed_at_ms == 2000);
+    auto root = root_cause(*reports);
+    REQUIRE(root);
+    CHECK(root->node_id == "b");
+    CHECK(root->detail == "rank 1 exited with SIGKILL");
+    CHECK(root->failed_at_ms == 1000);
+  }
+  CHECK(a->round_failures(30s).empty());  // once per round
+  // A member that left counts as stopped: the next round's reports need no grace for it.
+  join_all({a.get(), b.get(), d.get()});
+  a->report_worker_failure("x", 5);
+  REQUIRE(b->wait_round_over(30s));
+  d->shutdown();
+  b->round_failures(0s);
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(a->round_failures(30s).size() == 1);
+  CHECK(std::chrono::steady_clock::now() - t0 < 20s);
+}
+
 DYNAMIC_TEST(mid_round_restart, "calling next_rendezvous mid-round restarts the others", "") {
   Cluster c(backend, 2, 2);
   auto a = c.make("a"), b = c.make("b");
