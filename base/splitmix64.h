@@ -1,8 +1,9 @@
 // SplitMix64 (Steele, Lea and Flood 2014; the constants of Vigna's reference code): trun's one
 // pseudo-random generator where the numbers must be the same everywhere. Tiny, fast and fully
 // specified, unlike std::shuffle and the standard distributions, whose output differs between
-// standard libraries. The sampler's permutations, PowerSGD's initial matrices and the example
-// MLP's weights all come from it, so its sequence must never change.
+// standard libraries. The sampler's permutations and PowerSGD's initial matrices come from it (and
+// examples/train_mlp, which may include only <trun/...>, carries the same generator), so its
+// sequence must never change.
 //
 // Not thread-safe (one state per user); header-only, no allocation.
 #pragma once
