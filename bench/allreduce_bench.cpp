@@ -48,8 +48,9 @@
 #include <thread>
 #include <vector>
 
+#include <trun/worker.h>
+
 #include "store/server.h"
-#include "trun/worker.h"
 
 using Clock = std::chrono::steady_clock;
 using namespace trun::worker;

@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "trun/checkpoint.h"
+#include <trun/checkpoint.h>
 
 using Clock = std::chrono::steady_clock;
 using namespace trun::worker;

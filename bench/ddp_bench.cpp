@@ -28,10 +28,11 @@
 #include <string>
 #include <vector>
 
+#include <trun/ddp.h>
+#include <trun/worker.h>
+
 #include "examples/train_mlp/mlp.h"
 #include "store/server.h"
-#include "trun/ddp.h"
-#include "trun/worker.h"
 
 using Clock = std::chrono::steady_clock;
 using namespace trun::worker;

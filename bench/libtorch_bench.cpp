@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "trun/torch.h"
-#include "trun/worker.h"
+#include <trun/torch.h>
+#include <trun/worker.h>
 
 int main(int argc, char** argv) {
   std::vector<int64_t> sizes = {1024, 2560, 2048, 1024};

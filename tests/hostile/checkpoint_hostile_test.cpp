@@ -22,10 +22,11 @@
 #include <string>
 #include <vector>
 
+#include <trun/checkpoint.h>
+
 #include "tests/launcher/process_util.h"
 #include "tests/skip.h"
 #include "tests/worker_sdk/checkpoint/ckpt_content.h"
-#include "trun/checkpoint.h"
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;

@@ -58,8 +58,9 @@
 #include <thread>
 #include <vector>
 
+#include <trun/process_group.h>
+
 #include "tests/simgpu/sim.h"
-#include "trun/process_group.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace {

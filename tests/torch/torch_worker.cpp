@@ -9,9 +9,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "trun/checkpoint.h"
-#include "trun/torch.h"
-#include "trun/worker.h"
+#include <trun/checkpoint.h>
+#include <trun/torch.h>
+#include <trun/worker.h>
 
 namespace {
 

@@ -5,8 +5,9 @@
 #include <map>
 #include <string>
 
+#include <trun/worker.h>
+
 #include "base/slurm.h"
-#include "trun/worker.h"
 
 using namespace trun::worker;
 

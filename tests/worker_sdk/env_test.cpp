@@ -4,8 +4,9 @@
 #include <map>
 #include <string>
 
+#include <trun/worker.h>
+
 #include "store/server.h"
-#include "trun/worker.h"
 
 using namespace trun::worker;
 

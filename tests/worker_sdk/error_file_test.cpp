@@ -16,9 +16,10 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include "tests/worker_sdk/error_file_helpers.h"
 
-#include "trun/error_file.h"
+#include <trun/error_file.h>
+
+#include "tests/worker_sdk/error_file_helpers.h"
 
 using namespace trun::worker::test;
 

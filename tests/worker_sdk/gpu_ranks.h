@@ -13,9 +13,10 @@
 #include <thread>
 #include <vector>
 
+#include <trun/process_group.h>
+
 #include "store/in_memory_store.h"
 #include "tests/skip.h"
-#include "trun/process_group.h"
 
 namespace trun::worker::test {
 

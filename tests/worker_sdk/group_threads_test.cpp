@@ -9,8 +9,9 @@
 #include <thread>
 #include <vector>
 
+#include <trun/worker.h>
+
 #include "tests/worker_sdk/job.h"
-#include "trun/worker.h"
 
 using namespace trun::worker;
 using namespace trun::worker::test;

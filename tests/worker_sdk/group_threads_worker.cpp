@@ -18,7 +18,7 @@
 #include <thread>
 #include <vector>
 
-#include "trun/worker.h"
+#include <trun/worker.h>
 
 using namespace trun::worker;
 

@@ -13,11 +13,12 @@
 #include <string>
 #include <vector>
 
+#include <trun/worker.h>
+
 #include "base/slurm.h"
 #include "tests/launcher/free_port.h"
 #include "tests/skip.h"
 #include "tests/worker_sdk/job.h"
-#include "trun/worker.h"
 
 using namespace trun::worker;
 using namespace trun::worker::test;

@@ -10,11 +10,12 @@
 #include <string>
 #include <thread>
 
+#include <trun/config.h>
+#include <trun/process_group.h>
+
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/worker_sdk/job.h"
-#include "trun/config.h"
-#include "trun/process_group.h"
 
 #if TRUN_HAVE_NCCL
 #include "tests/worker_sdk/gpu_ranks.h"

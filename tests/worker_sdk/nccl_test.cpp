@@ -9,9 +9,10 @@
 #include <thread>
 #include <vector>
 
+#include <trun/config.h>
+#include <trun/process_group.h>
+
 #include "tests/skip.h"
-#include "trun/config.h"
-#include "trun/process_group.h"
 
 #if TRUN_HAVE_NCCL
 #include <cuda_runtime.h>

@@ -115,9 +115,10 @@
 #include <thread>
 #include <vector>
 
-#include "trun/config.h"
-#include "trun/error_file.h"
-#include "trun/worker.h"
+#include <trun/config.h>
+#include <trun/error_file.h>
+#include <trun/worker.h>
+
 #include "worker_sdk/src/reduce.h"
 
 #if TRUN_HAVE_NCCL

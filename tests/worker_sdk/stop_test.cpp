@@ -12,11 +12,12 @@
 #include <string>
 #include <vector>
 
+#include <trun/stop.h>
+
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/worker_sdk/job.h"
 #include "tests/worker_sdk/signal_pending.h"
-#include "trun/stop.h"
 
 using namespace trun::worker;
 using namespace std::chrono_literals;

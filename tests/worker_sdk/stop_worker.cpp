@@ -32,8 +32,8 @@
 #include <string>
 #include <thread>
 
-#include "trun/stop.h"
-#include "trun/worker.h"
+#include <trun/stop.h>
+#include <trun/worker.h>
 
 using namespace trun::worker;
 using namespace std::chrono_literals;

@@ -18,10 +18,11 @@
 #include <string>
 #include <vector>
 
+#include <trun/checkpoint.h>
+
 #include "tests/skip.h"
 #include "tests/worker_sdk/checkpoint/ckpt_content.h"
 #include "tests/worker_sdk/checkpoint/ckpt_test_util.h"
-#include "trun/checkpoint.h"
 
 using namespace trun::worker;
 using namespace trun::test;

@@ -15,9 +15,10 @@
 #include <string>
 #include <thread>
 
+#include <trun/checkpoint.h>
+
 #include "tests/worker_sdk/checkpoint/ckpt_content.h"
 #include "tests/worker_sdk/checkpoint/ckpt_test_util.h"
-#include "trun/checkpoint.h"
 
 using namespace trun::worker;
 using namespace trun::test;

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "trun/checkpoint.h"
+#include <trun/checkpoint.h>
 
 namespace trun::test {
 

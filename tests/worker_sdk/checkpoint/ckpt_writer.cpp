@@ -23,8 +23,9 @@
 #include <cstring>
 #include <string>
 
+#include <trun/checkpoint.h>
+
 #include "tests/worker_sdk/checkpoint/ckpt_content.h"
-#include "trun/checkpoint.h"
 
 using namespace trun::worker;
 

@@ -10,9 +10,10 @@
 #include <string>
 #include <vector>
 
+#include <trun/config.h>
+#include <trun/ddp.h>
+
 #include "tests/skip.h"
-#include "trun/config.h"
-#include "trun/ddp.h"
 
 #if TRUN_HAVE_NCCL
 #include <cuda_runtime.h>

@@ -12,9 +12,10 @@
 #include <string>
 #include <vector>
 
+#include <trun/sampler.h>
+
 #include "examples/train_mlp/mlp.h"
 #include "tests/worker_sdk/run_job.h"
-#include "trun/sampler.h"
 
 using namespace trun::worker;
 using trun::examples::Mlp;

@@ -66,11 +66,12 @@
 #include <thread>
 #include <vector>
 
+#include <trun/checkpoint.h>
+#include <trun/ddp.h>
+#include <trun/sampler.h>
+#include <trun/worker.h>
+
 #include "examples/train_mlp/mlp.h"
-#include "trun/checkpoint.h"
-#include "trun/ddp.h"
-#include "trun/sampler.h"
-#include "trun/worker.h"
 
 using namespace trun::worker;
 using trun::examples::Mlp;

@@ -4,7 +4,7 @@
 #include <map>
 #include <set>
 
-#include "trun/sampler.h"
+#include <trun/sampler.h>
 
 using namespace trun::worker;
 
