@@ -481,8 +481,10 @@ Agent::Next Agent::after_round_over() {
   using Kind = rendezvous::RoundEvent::Kind;
   if (e.kind == Kind::kWorkerFailed) {
     resolve_root_cause(std::nullopt);
-  } else if (e.kind != Kind::kStoreLost && e.kind != Kind::kClosed) {
-    session_->round_failures(std::chrono::milliseconds(0));  // only: this node stopped
+  } else if (e.kind == Kind::kNodeJoined || e.kind == Kind::kNodeLeft || e.kind == Kind::kRestart) {
+    // Only says that this node stopped (a failure reported in this round waits for it). Not
+    // when the store may be out of reach (store lost, this node declared dead) or the job ended.
+    session_->round_failures(std::chrono::milliseconds(0));
   }
   // The round's first report, unless the others' reports name an earlier failure.
   const std::string root_line = root_cause_ ? root_cause_line(*root_cause_) : e.detail;
