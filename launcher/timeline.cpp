@@ -676,11 +676,13 @@ class Builder {
              " (" + secs(b.end - b.start) + ")";
       if (!b.raw_error.empty()) tip += "\n" + b.raw_error;
       if (b.root_cause) tip = "ROOT CAUSE (the first failure of its round across nodes)\n" + tip;
-      bars << "<g class=\"bar " << outcome_class(b.outcome) << (b.root_cause ? " root-cause" : "")
-           << "\" data-node=\"" << esc(n.label()) << "\" data-local-rank=\"" << lr << "\"><title>"
-           << esc(tip) << "</title><rect x=\"" << x0 << "\" y=\"" << y + 4 << "\" width=\""
-           << x1 - x0 << "\" height=\"" << h - 8 << "\" fill=\"" << outcome_color(b.outcome)
-           << "\"";
+      // The class stays the outcome's (tests and styles select bars by it); the mark is an
+      // attribute, an outline and a label.
+      bars << "<g class=\"bar " << outcome_class(b.outcome) << "\""
+           << (b.root_cause ? " data-root-cause=\"true\"" : "") << " data-node=\"" << esc(n.label())
+           << "\" data-local-rank=\"" << lr << "\"><title>" << esc(tip) << "</title><rect x=\""
+           << x0 << "\" y=\"" << y + 4 << "\" width=\"" << x1 - x0 << "\" height=\"" << h - 8
+           << "\" fill=\"" << outcome_color(b.outcome) << "\"";
       if (b.root_cause) bars << " stroke=\"" << col::kRootCause << "\" stroke-width=\"2\"";
       bars << "/>";
       std::string text;

@@ -106,8 +106,9 @@ inline constexpr const char* kUnknown = "#e3c800";   // the log ends while it ru
 inline constexpr const char* kRestart = "#ff7f0e";   // a restart after a failure (counted)
 inline constexpr const char* kReform = "#17becf";    // a membership change re-formed the group
 inline constexpr const char* kRound = "#1f4fd1";     // a round formed
-// The outline of the root cause: per round (and restart count), the worker that failed first
-// across every node (exited with a code or by a signal, not stopped by trun), by exit time.
+// The outline of the root cause (its bar also has data-root-cause="true" and a "root cause"
+// label): per round (and restart count), the worker that failed first across every node (exited
+// with a code or by a signal, not stopped by trun), by exit time.
 inline constexpr const char* kRootCause = "#000000";
 }  // namespace timeline_colors
 

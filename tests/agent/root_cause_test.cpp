@@ -167,7 +167,8 @@ TEST_CASE("the earliest failure across two nodes is the root cause, not the firs
       run_trun({"timeline", da / "events.jsonl", db / "events.jsonl", "-o", html}, {}, 20s);
   REQUIRE(t.exit_code == 0);
   const std::string page = read_file(html);
-  CHECK(count(page, "class=\"bar signaled root-cause\" data-node=\"" + b_id + "\"") == 2);
-  CHECK(count(page, "root-cause\" data-node=\"" + a_id + "\"") == 0);
-  CHECK(count(page, "class=\"bar failed\" data-node=\"" + a_id + "\"") == 2);
+  CHECK(count(page, "class=\"bar signaled\" data-root-cause=\"true\" data-node=\"" + b_id +
+                        "\" data-local-rank=\"0\">") == 2);
+  CHECK(count(page, "data-root-cause") == 2);
+  CHECK(count(page, "class=\"bar failed\" data-node=\"" + a_id + "\" data-local-rank=\"0\">") == 2);
 }

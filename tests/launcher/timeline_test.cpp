@@ -117,7 +117,11 @@ TEST_CASE("a timeline draws a lane per agent and per local rank and a bar per wo
   CHECK(count(html, "class=\"lane worker\"") == 3);  // 10: local ranks 0 and 1; 20: 0
   CHECK(count(html, "class=\"bar ") == 4);  // 10: stopped and could not start on 0, killed on 1
   // The SIGKILL (1500) is the first failure of round 0: the root cause, the exit 127 is not.
-  CHECK(count(html, "class=\"bar signaled root-cause\"") == 1);
+  CHECK(count(html, "class=\"bar signaled\"") == 1);
+  CHECK(count(html,
+              "class=\"bar signaled\" data-root-cause=\"true\" data-node=\"n10\" "
+              "data-local-rank=\"1\">") == 1);
+  CHECK(count(html, "data-root-cause") == 1);
   CHECK(count(html, "class=\"root-cause-label\"") == 1);
   CHECK(count(html, "class=\"bar stopped\"") == 1);
   CHECK(count(html, "class=\"bar failed\"") == 1);
@@ -164,8 +168,11 @@ TEST_CASE("a timeline marks the earliest failure across nodes as the round's roo
                        {"state", "FAILED"},
                        {"agent_restarts", 0}}));
   const std::string html = render_timeline_html(events, "t");
-  CHECK(count(html, "class=\"bar signaled root-cause\" data-node=\"b\"") == 1);
-  CHECK(count(html, "class=\"bar failed\" data-node=\"a\"") == 1);
+  CHECK(count(html,
+              "class=\"bar signaled\" data-root-cause=\"true\" data-node=\"b\" "
+              "data-local-rank=\"0\">") == 1);
+  CHECK(count(html, "class=\"bar failed\" data-node=\"a\" data-local-rank=\"0\">") == 1);
+  CHECK(count(html, "data-root-cause") == 1);
   CHECK(count(html, "root-cause") == 3);  // the bar, its label and the legend's key
   CHECK(count(html, "ROOT CAUSE (the first failure of its round across nodes)") == 1);
   CHECK(count(html, "root cause (first failure across nodes)") == 1);  // the legend
@@ -180,7 +187,7 @@ TEST_CASE("a timeline marks the earliest failure across nodes as the round's roo
                        {"state", "STOPPED"},
                        {"agent_restarts", 0}}));
   CHECK(count(render_timeline_html(events, "t"),
-              "class=\"bar signaled root-cause\" data-node=\"b\"") == 1);
+              "data-root-cause=\"true\" data-node=\"b\" data-local-rank=\"0\">") == 1);
 }
 
 TEST_CASE("a timeline escapes what the event logs hold") {
