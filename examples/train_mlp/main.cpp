@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -255,6 +256,245 @@ double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// What the steps of run() share: the objects run() sets up, and where training is.
+struct Training {
+  const Args& args;
+  Mlp& model;
+  Sgd& opt;
+  DistributedSampler& sampler;
+  DistributedDataParallel& ddp;
+  StopAgreement& stop;
+  const WorkerEnv& env;
+  int rank;
+  int world;
+  std::string group{};             // the sample log's group id ("" without --sample-log)
+  std::string resumed_from = "-";  // the group that saved the checkpoint resumed from
+  std::unique_ptr<Checkpointer> ckpt{};
+  uint64_t step = 0;
+  uint64_t saved_step = UINT64_MAX;  // the step of the last checkpoint saved (or resumed from)
+  bool own_dir = false;              // the default directory of a run without a run id
+  std::string dir{};                 // the checkpoint directory
+  std::FILE* sample_log = nullptr;
+};
+
+// Opens the checkpoint directory (the default one unless --ckpt-dir) and resumes from its newest
+// valid checkpoint, if any.
+void resume_from_checkpoint(Training& t, Worker& worker, ProcessGroup& pg, ProcessGroup& host_pg) {
+  const Args& args = t.args;
+  Mlp& model = t.model;
+  t.dir = args.ckpt_dir;
+  if (t.dir.empty()) {
+    t.dir = default_ckpt_dir(worker, host_pg, &t.own_dir);
+    if (t.own_dir && t.rank == 0)
+      std::printf(
+          "[%d] checkpoints in %s (no run id from a launcher: this run's own directory; "
+          "pass --ckpt-dir to be able to resume)\n",
+          static_cast<int>(::getpid()), t.dir.c_str());
+  }
+  CheckpointerOptions co;
+  co.group = &pg;
+  co.keep_last = args.keep;
+  co.async = args.async_ckpt;
+  co.start_fresh_if_damaged = args.fresh_start;
+  co.set_aside_other_jobs = args.fresh_start;
+  t.ckpt = std::make_unique<Checkpointer>(t.dir, co);
+  if (auto c = t.ckpt->load_latest()) {
+    for (size_t i = 0; i < model.num_params(); ++i) {
+      c->copy_to("model", model.param_name(i), model.param(i), model.param_numel(i),
+                 DataType::kFloat32);
+      c->copy_to("optimizer", model.param_name(i) + ".momentum", t.opt.momentum_buffers()[i].data(),
+                 model.param_numel(i), DataType::kFloat32);
+    }
+    if (c->sampler) t.sampler.load_state(*c->sampler);
+    t.step = c->step;
+    t.saved_step = t.step;
+    t.resumed_from = metadata_group(c->metadata);
+    if (t.rank == 0)
+      std::printf("[%d] resumed from %s (step %" PRIu64 ", epoch %" PRIu64
+                  ", sample offset %" PRIu64 ", saved at world size %d, now %d)\n",
+                  static_cast<int>(::getpid()), c->path.c_str(), t.step, t.sampler.epoch(),
+                  t.sampler.offset(), c->world_size, t.world);
+  } else if (t.rank == 0) {
+    std::printf("[%d] no checkpoint in %s: starting from scratch\n", static_cast<int>(::getpid()),
+                t.dir.c_str());
+  }
+}
+
+// Opens PREFIX.<pid> for --sample-log and writes its "start" line. False (said on stderr) if it
+// cannot be opened.
+bool open_sample_log(Training& t) {
+  const std::string path = t.args.sample_log + "." + std::to_string(::getpid());
+  t.sample_log = std::fopen(path.c_str(), "a");
+  if (!t.sample_log) {
+    std::fprintf(stderr, "train_mlp: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
+    return false;
+  }
+  std::fprintf(t.sample_log,
+               "start group %s world %d rank %d restart %d step %" PRIu64
+               " resumed_from %s time %.6f\n",
+               t.group.c_str(), t.world, t.rank, t.env.restart_count, t.step,
+               t.resumed_from.c_str(), unix_seconds());
+  std::fflush(t.sample_log);
+  return true;
+}
+
+// Saves a checkpoint of the current step. A periodic save that fails (a full or read-only disk)
+// does not stop training: the error is reported and the next period tries again. The final save
+// must succeed.
+void save(Training& t, bool final_save) {
+  if (!t.ckpt) return;
+  Mlp& model = t.model;
+  SaveRequest req;
+  req.step = t.step;
+  for (size_t i = 0; i < model.num_params(); ++i) {
+    req.model.push_back(
+        {model.param_name(i), DataType::kFloat32, model.param_shape(i), model.param(i)});
+    req.optimizer.push_back({model.param_name(i) + ".momentum", DataType::kFloat32,
+                             model.param_shape(i), t.opt.momentum_buffers()[i].data()});
+  }
+  req.sampler = t.sampler.state();
+  req.metadata = "{\"sizes\": \"" + t.args.sizes +
+                 "\", \"world_size\": " + std::to_string(t.world) +
+                 (t.group.empty() ? "" : ", \"group\": \"" + t.group + "\"") + "}";
+  try {
+    t.ckpt->save(req);
+    t.saved_step = t.step;
+    if (final_save) t.ckpt->wait();
+  } catch (const CheckpointOwnerError&) {
+    throw;
+  } catch (const CheckpointError& e) {
+    if (final_save) throw;
+    std::fprintf(stderr,
+                 "[%d] checkpoint of step %" PRIu64
+                 " failed, training goes on and tries again at step %" PRIu64 ": %s\n",
+                 static_cast<int>(::getpid()), t.step, t.step + t.args.ckpt_every, e.what());
+  }
+}
+
+// Appends the sample indices of the next step to the sample log.
+void log_samples(const Training& t, const std::vector<uint64_t>& idx) {
+  std::fprintf(t.sample_log,
+               "epoch %" PRIu64 " step %" PRIu64 " world %d rank %d group %s time %.6f idx",
+               t.sampler.epoch(), t.step + 1, t.world, t.rank, t.group.c_str(), unix_seconds());
+  for (uint64_t v : idx) std::fprintf(t.sample_log, " %" PRIu64, v);
+  std::fprintf(t.sample_log, "\n");
+  std::fflush(t.sample_log);
+}
+
+// Every rank agreed to stop at this step: makes sure it is saved, says so and returns the exit
+// code.
+int stop_on_request(Training& t) {
+  if (t.ckpt) {
+    if (t.saved_step == t.step)
+      t.ckpt->wait();  // the periodic save of this step; it must succeed
+    else
+      save(t, true);
+  }
+  if (t.sample_log) std::fclose(t.sample_log);
+  if (t.rank == 0) {
+    const std::string what = t.ckpt ? "checkpoint step_" + std::to_string(t.step) + " saved"
+                                    : "no checkpoint (--no-ckpt)";
+    std::printf("[%d] stopped on request (%s) at step %" PRIu64 ": %s\n",
+                static_cast<int>(::getpid()), stop_signal_name(t.stop.agreed_signal()).c_str(),
+                t.step, what.c_str());
+    if (t.ckpt && t.own_dir)
+      std::printf("[%d] resume with --ckpt-dir %s\n", static_cast<int>(::getpid()), t.dir.c_str());
+  }
+  std::fflush(stdout);
+  return kExitStoppedOnRequest;
+}
+
+// Trains to the end of the last epoch. Returns the exit code if the run ends before that (a stop
+// request, --stop-after-steps), nullopt once training is complete.
+std::optional<int> train(Training& t) {
+  const Args& args = t.args;
+  Mlp& model = t.model;
+  DistributedSampler& sampler = t.sampler;
+  std::vector<float> x, target;
+  std::vector<float*> grads(model.num_params());
+  std::vector<const float*> cgrads(model.num_params());
+  for (size_t i = 0; i < model.num_params(); ++i) {
+    grads[i] = t.ddp.grad_as<float>(i);
+    cgrads[i] = grads[i];
+  }
+  uint64_t steps_this_run = 0;
+  if (sampler.epoch_done()) sampler.set_epoch(sampler.epoch() + 1);
+  while (sampler.epoch() < args.epochs) {
+    double loss_sum = 0.0;
+    uint64_t loss_n = 0;
+    while (!sampler.epoch_done()) {
+      const std::vector<uint64_t> idx = sampler.next_batch(args.batch_size);
+      if (t.sample_log) log_samples(t, idx);
+      model.make_batch(idx, x, target);
+      t.ddp.zero_grad();
+      loss_sum += model.forward(x.data(), target.data(), idx.size());
+      ++loss_n;
+      model.backward(grads, [&](size_t i) { t.ddp.mark_ready(i); });
+      t.ddp.finalize();
+      t.opt.step(model, cgrads);
+      ++t.step;
+      ++steps_this_run;
+      if (args.crash_at_step >= 0 && t.step == static_cast<uint64_t>(args.crash_at_step) &&
+          t.rank == args.crash_rank && t.env.restart_count == 0) {
+        std::fprintf(stderr, "[%d] rank %d crashing at step %" PRIu64 " (--crash-at-step)\n",
+                     static_cast<int>(::getpid()), t.rank, t.step);
+        std::exit(1);
+      }
+      if (t.step % args.ckpt_every == 0) save(t, false);
+      if (args.step_sleep_ms > 0)
+        std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
+      if (t.stop.should_stop(t.step)) return stop_on_request(t);  // the same step on every rank
+      if (args.stop_after_steps && steps_this_run >= args.stop_after_steps) {
+        if (t.ckpt) t.ckpt->wait();
+        std::printf("[%d] stopping after %" PRIu64 " steps (--stop-after-steps), at step %" PRIu64
+                    "\n",
+                    static_cast<int>(::getpid()), steps_this_run, t.step);
+        return 0;
+      }
+    }
+    std::printf("[%d] epoch %" PRIu64 " (rank %d, local_rank %d) loss %.6f\n",
+                static_cast<int>(::getpid()), sampler.epoch(), t.rank, t.env.local_rank,
+                loss_n ? loss_sum / static_cast<double>(loss_n) : 0.0);
+    std::fflush(stdout);
+    sampler.set_epoch(sampler.epoch() + 1);
+  }
+  return std::nullopt;
+}
+
+// Training is complete: saves the last step, writes --final-params, removes a run's own
+// directory. Returns the exit code.
+int finish(Training& t) {
+  const Args& args = t.args;
+  Mlp& model = t.model;
+  if (t.ckpt && t.saved_step != t.step) save(t, true);
+  if (t.ckpt) t.ckpt->wait();
+  if (t.sample_log) std::fclose(t.sample_log);
+  if (!args.final_params.empty() && t.rank == 0) {
+    std::ofstream out(args.final_params, std::ios::binary | std::ios::trunc);
+    for (size_t i = 0; i < model.num_params(); ++i)
+      out.write(reinterpret_cast<const char*>(model.param(i)),
+                static_cast<std::streamsize>(model.param_numel(i) * sizeof(float)));
+    for (size_t i = 0; i < model.num_params(); ++i)
+      out.write(reinterpret_cast<const char*>(t.opt.momentum_buffers()[i].data()),
+                static_cast<std::streamsize>(model.param_numel(i) * sizeof(float)));
+    if (!out.flush()) {
+      std::fprintf(stderr, "train_mlp: cannot write %s\n", args.final_params.c_str());
+      return 1;
+    }
+  }
+  // A run's own directory (no run id) cannot be resumed by a later run: do not leave it behind
+  // once training is complete.
+  if (t.own_dir && t.rank == 0) {
+    t.ckpt.reset();  // releases the directory's lock
+    std::error_code ec;
+    std::filesystem::remove_all(t.dir, ec);
+  }
+  if (t.rank == 0)
+    std::printf("[%d] done: %" PRIu64 " steps, world size %d\n", static_cast<int>(::getpid()),
+                t.step, t.world);
+  return 0;
+}
+
 int run(int argc, char** argv) {
   const Args args = parse(argc, argv);
   // Before init(): a stop signal that arrives while the group forms or the checkpoint loads is
@@ -266,7 +506,6 @@ int run(int argc, char** argv) {
   io.backend = parse_backend(args.backend);
   Worker worker = init(io);
   ProcessGroup& pg = worker.process_group();
-  const WorkerEnv& env = worker.env();
   const int rank = worker.rank(), world = worker.world_size();
 
   // Each rank starts from its own random weights; DDP broadcasts rank 0's.
@@ -290,199 +529,14 @@ int run(int argc, char** argv) {
   if (pg.backend() == Backend::kNccl) cpu_group = worker.new_group(Backend::kCpu);
   ProcessGroup& host_pg = cpu_group ? *cpu_group : pg;
   StopAgreement stop(host_pg, args.stop_check_every);
-  const std::string group = args.sample_log.empty() ? "" : sample_log_group(worker, host_pg);
-  std::string resumed_from = "-";  // the group that saved the checkpoint resumed from
-  std::unique_ptr<Checkpointer> ckpt;
-  uint64_t step = 0;
-  uint64_t saved_step = UINT64_MAX;  // the step of the last checkpoint saved (or resumed from)
-  bool own_dir = false;              // the default directory of a run without a run id
-  std::string dir = args.ckpt_dir;
-  if (!args.no_ckpt) {
-    if (dir.empty()) {
-      dir = default_ckpt_dir(worker, host_pg, &own_dir);
-      if (own_dir && rank == 0)
-        std::printf(
-            "[%d] checkpoints in %s (no run id from a launcher: this run's own directory; "
-            "pass --ckpt-dir to be able to resume)\n",
-            static_cast<int>(::getpid()), dir.c_str());
-    }
-    CheckpointerOptions co;
-    co.group = &pg;
-    co.keep_last = args.keep;
-    co.async = args.async_ckpt;
-    co.start_fresh_if_damaged = args.fresh_start;
-    co.set_aside_other_jobs = args.fresh_start;
-    ckpt = std::make_unique<Checkpointer>(dir, co);
-    if (auto c = ckpt->load_latest()) {
-      for (size_t i = 0; i < model.num_params(); ++i) {
-        c->copy_to("model", model.param_name(i), model.param(i), model.param_numel(i),
-                   DataType::kFloat32);
-        c->copy_to("optimizer", model.param_name(i) + ".momentum", opt.momentum_buffers()[i].data(),
-                   model.param_numel(i), DataType::kFloat32);
-      }
-      if (c->sampler) sampler.load_state(*c->sampler);
-      step = c->step;
-      saved_step = step;
-      resumed_from = metadata_group(c->metadata);
-      if (rank == 0)
-        std::printf("[%d] resumed from %s (step %" PRIu64 ", epoch %" PRIu64
-                    ", sample offset %" PRIu64 ", saved at world size %d, now %d)\n",
-                    static_cast<int>(::getpid()), c->path.c_str(), step, sampler.epoch(),
-                    sampler.offset(), c->world_size, world);
-    } else if (rank == 0) {
-      std::printf("[%d] no checkpoint in %s: starting from scratch\n", static_cast<int>(::getpid()),
-                  dir.c_str());
-    }
-  }
+
+  Training t{args, model, opt, sampler, ddp, stop, worker.env(), rank, world};
+  if (!args.sample_log.empty()) t.group = sample_log_group(worker, host_pg);
+  if (!args.no_ckpt) resume_from_checkpoint(t, worker, pg, host_pg);
   std::fflush(stdout);
-
-  std::FILE* sample_log = nullptr;
-  if (!args.sample_log.empty()) {
-    const std::string path = args.sample_log + "." + std::to_string(::getpid());
-    sample_log = std::fopen(path.c_str(), "a");
-    if (!sample_log) {
-      std::fprintf(stderr, "train_mlp: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
-      return 1;
-    }
-    std::fprintf(
-        sample_log,
-        "start group %s world %d rank %d restart %d step %" PRIu64 " resumed_from %s time %.6f\n",
-        group.c_str(), world, rank, env.restart_count, step, resumed_from.c_str(), unix_seconds());
-    std::fflush(sample_log);
-  }
-
-  // A periodic save that fails (a full or read-only disk) does not stop training: the error is
-  // reported and the next period tries again. The final save must succeed.
-  auto save = [&](bool final_save) {
-    if (!ckpt) return;
-    SaveRequest req;
-    req.step = step;
-    for (size_t i = 0; i < model.num_params(); ++i) {
-      req.model.push_back(
-          {model.param_name(i), DataType::kFloat32, model.param_shape(i), model.param(i)});
-      req.optimizer.push_back({model.param_name(i) + ".momentum", DataType::kFloat32,
-                               model.param_shape(i), opt.momentum_buffers()[i].data()});
-    }
-    req.sampler = sampler.state();
-    req.metadata = "{\"sizes\": \"" + args.sizes + "\", \"world_size\": " + std::to_string(world) +
-                   (group.empty() ? "" : ", \"group\": \"" + group + "\"") + "}";
-    try {
-      ckpt->save(req);
-      saved_step = step;
-      if (final_save) ckpt->wait();
-    } catch (const CheckpointOwnerError&) {
-      throw;
-    } catch (const CheckpointError& e) {
-      if (final_save) throw;
-      std::fprintf(stderr,
-                   "[%d] checkpoint of step %" PRIu64
-                   " failed, training goes on and tries again at step %" PRIu64 ": %s\n",
-                   static_cast<int>(::getpid()), step, step + args.ckpt_every, e.what());
-    }
-  };
-
-  std::vector<float> x, target;
-  std::vector<float*> grads(model.num_params());
-  std::vector<const float*> cgrads(model.num_params());
-  for (size_t i = 0; i < model.num_params(); ++i) {
-    grads[i] = ddp.grad_as<float>(i);
-    cgrads[i] = grads[i];
-  }
-  uint64_t steps_this_run = 0;
-  if (sampler.epoch_done()) sampler.set_epoch(sampler.epoch() + 1);
-  while (sampler.epoch() < args.epochs) {
-    double loss_sum = 0.0;
-    uint64_t loss_n = 0;
-    while (!sampler.epoch_done()) {
-      const std::vector<uint64_t> idx = sampler.next_batch(args.batch_size);
-      if (sample_log) {
-        std::fprintf(sample_log,
-                     "epoch %" PRIu64 " step %" PRIu64 " world %d rank %d group %s time %.6f idx",
-                     sampler.epoch(), step + 1, world, rank, group.c_str(), unix_seconds());
-        for (uint64_t v : idx) std::fprintf(sample_log, " %" PRIu64, v);
-        std::fprintf(sample_log, "\n");
-        std::fflush(sample_log);
-      }
-      model.make_batch(idx, x, target);
-      ddp.zero_grad();
-      loss_sum += model.forward(x.data(), target.data(), idx.size());
-      ++loss_n;
-      model.backward(grads, [&](size_t i) { ddp.mark_ready(i); });
-      ddp.finalize();
-      opt.step(model, cgrads);
-      ++step;
-      ++steps_this_run;
-      if (args.crash_at_step >= 0 && step == static_cast<uint64_t>(args.crash_at_step) &&
-          rank == args.crash_rank && env.restart_count == 0) {
-        std::fprintf(stderr, "[%d] rank %d crashing at step %" PRIu64 " (--crash-at-step)\n",
-                     static_cast<int>(::getpid()), rank, step);
-        std::exit(1);
-      }
-      if (step % args.ckpt_every == 0) save(false);
-      if (args.step_sleep_ms > 0)
-        std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
-      if (stop.should_stop(step)) {  // the same step on every rank
-        if (ckpt) {
-          if (saved_step == step)
-            ckpt->wait();  // the periodic save of this step; it must succeed
-          else
-            save(true);
-        }
-        if (sample_log) std::fclose(sample_log);
-        if (rank == 0) {
-          const std::string what = ckpt ? "checkpoint step_" + std::to_string(step) + " saved"
-                                        : "no checkpoint (--no-ckpt)";
-          std::printf("[%d] stopped on request (%s) at step %" PRIu64 ": %s\n",
-                      static_cast<int>(::getpid()), stop_signal_name(stop.agreed_signal()).c_str(),
-                      step, what.c_str());
-          if (ckpt && own_dir)
-            std::printf("[%d] resume with --ckpt-dir %s\n", static_cast<int>(::getpid()),
-                        dir.c_str());
-        }
-        std::fflush(stdout);
-        return kExitStoppedOnRequest;
-      }
-      if (args.stop_after_steps && steps_this_run >= args.stop_after_steps) {
-        if (ckpt) ckpt->wait();
-        std::printf("[%d] stopping after %" PRIu64 " steps (--stop-after-steps), at step %" PRIu64
-                    "\n",
-                    static_cast<int>(::getpid()), steps_this_run, step);
-        return 0;
-      }
-    }
-    std::printf("[%d] epoch %" PRIu64 " (rank %d, local_rank %d) loss %.6f\n",
-                static_cast<int>(::getpid()), sampler.epoch(), rank, env.local_rank,
-                loss_n ? loss_sum / static_cast<double>(loss_n) : 0.0);
-    std::fflush(stdout);
-    sampler.set_epoch(sampler.epoch() + 1);
-  }
-  if (ckpt && saved_step != step) save(true);
-  if (ckpt) ckpt->wait();
-  if (sample_log) std::fclose(sample_log);
-  if (!args.final_params.empty() && rank == 0) {
-    std::ofstream out(args.final_params, std::ios::binary | std::ios::trunc);
-    for (size_t i = 0; i < model.num_params(); ++i)
-      out.write(reinterpret_cast<const char*>(model.param(i)),
-                static_cast<std::streamsize>(model.param_numel(i) * sizeof(float)));
-    for (size_t i = 0; i < model.num_params(); ++i)
-      out.write(reinterpret_cast<const char*>(opt.momentum_buffers()[i].data()),
-                static_cast<std::streamsize>(model.param_numel(i) * sizeof(float)));
-    if (!out.flush()) {
-      std::fprintf(stderr, "train_mlp: cannot write %s\n", args.final_params.c_str());
-      return 1;
-    }
-  }
-  // A run's own directory (no run id) cannot be resumed by a later run: do not leave it behind
-  // once training is complete.
-  if (own_dir && rank == 0) {
-    ckpt.reset();  // releases the directory's lock
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-  if (rank == 0)
-    std::printf("[%d] done: %" PRIu64 " steps, world size %d\n", static_cast<int>(::getpid()), step,
-                world);
-  return 0;
+  if (!args.sample_log.empty() && !open_sample_log(t)) return 1;
+  if (std::optional<int> code = train(t)) return *code;
+  return finish(t);
 }
 
 }  // namespace
