@@ -14,6 +14,8 @@
 #include <mutex>
 #include <system_error>
 
+#include "base/write_all.h"
+
 namespace trun::agent {
 namespace {
 
@@ -24,22 +26,15 @@ int64_t steady_ns() {
 }
 
 // Writes everything; gives up on an error other than EINTR (EPIPE: the reader went away, and
-// there is nobody to tell).
+// there is nobody to tell). The counters move once the piece is written (or fails part way):
+// run()'s pieces are at most kPiece (PIPE_BUF) bytes, one write(2) on a pipe.
 void write_fully(int fd, const char* data, size_t size, std::atomic<uint64_t>* written = nullptr,
                  std::atomic<int64_t>* progress_ns = nullptr) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n > 0) {
-      data += n;
-      size -= static_cast<size_t>(n);
-      if (written) *written += static_cast<uint64_t>(n);
-      if (progress_ns) *progress_ns = steady_ns();
-    } else if (n < 0 && errno == EINTR) {
-      continue;
-    } else {
-      return;
-    }
-  }
+  size_t n = 0;
+  (void)base::write_all(fd, data, size, &n);
+  if (n == 0) return;
+  if (written) *written += static_cast<uint64_t>(n);
+  if (progress_ns) *progress_ns = steady_ns();
 }
 
 uint64_t count_lines(std::string_view s) {
