@@ -586,8 +586,10 @@ std::vector<FailureReport> RoundRendezvous::round_failures(std::chrono::millisec
   try {
     int64_t stopped = backend_->add(stopped_key, 1);
     std::vector<dynamic::OverRecord> records;
-    // Bounded by `grace` (20 ms apart); a member that left (its lease lapsed, it shut down) never
-    // says it stopped, and counts as done.
+    // Bounded by `grace`; polls 20 ms apart at first, then less often (up to 500 ms), so that a
+    // large round's nodes waiting for a slow one do not flood the store. A member that left (its
+    // lease lapsed, it shut down) never says it stopped, and counts as done.
+    auto pause = std::chrono::milliseconds(20);
     for (;;) {
       const auto log = backend_->try_get(over);
       records = log ? dynamic::parse_over(*log) : std::vector<dynamic::OverRecord>{};
@@ -601,8 +603,9 @@ std::vector<FailureReport> RoundRendezvous::round_failures(std::chrono::millisec
       }
       {
         std::unique_lock<std::mutex> lock(mu_);
-        if (cv_.wait_for(lock, std::chrono::milliseconds(20), [&] { return shut_down_; })) break;
+        if (cv_.wait_for(lock, pause, [&] { return shut_down_; })) break;
       }
+      pause = std::min<std::chrono::milliseconds>(pause * 2, std::chrono::milliseconds(500));
       stopped = backend_->add(stopped_key, 0);
     }
     return dynamic::failure_reports(records);
