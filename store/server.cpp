@@ -10,7 +10,6 @@
 #include <utility>
 #include <vector>
 
-#include "base/check.h"
 #include "store/acceptor.h"
 #include "store/auth.h"
 #include "store/event_loop.h"
