@@ -287,7 +287,9 @@ TEST_CASE(
   REQUIRE(fs::exists(dir + "/step_10"));
 
   // Run again: it continues the first job (whose processes are gone) at step 10, in one line.
-  auto again = run({"--stop-after-steps", "5", "--step-sleep-ms", "100"});
+  // Its 5 steps take 5 s, the window in which the third run must find it alive (with 100 ms
+  // steps a loaded machine let the third run arrive after it had finished).
+  auto again = run({"--stop-after-steps", "5", "--step-sleep-ms", "1000"});
   // Meanwhile a third run on the same directory is refused at once, naming the live owner.
   REQUIRE(wait_until([&] { return again->out().find("resumed from") != std::string::npos; }, 60s));
   auto third = run({});
