@@ -193,7 +193,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         std::string hs;
         wire::Encoder(&hs).query(Op::kValidate).u32(wire::kValidationMagic);
         wire::Encoder(&hs).query(Op::kAuthHello);
-        wire::Encoder(&hs).query(Op::kAuthProof).bytes(store::auth::hmac_sha256(kToken, kChallenge));
+        wire::Encoder(&hs)
+            .query(Op::kAuthProof)
+            .bytes(store::auth::hmac_sha256(kToken, kChallenge));
         c.feed(hs);
         c.process(kv, limits);
         break;
