@@ -64,7 +64,7 @@ int64_t unix_ms() {
       .count();
 }
 
-struct Worker {
+struct WorkerProcess {
   int local_rank = 0;
   int rank = 0;
   int role_rank = 0;
@@ -80,7 +80,7 @@ class Agent {
  public:
   // `temp_dir`: the temporary log directory, already made (empty: made when needed).
   Agent(const LaunchConfig& c, Clock& clock, ProcessSpawner& spawner, std::string temp_dir = {})
-      : cfg_(c),
+      : config_(c),
         clock_(clock),
         sup_(spawner),
         loop_(clock),
@@ -149,7 +149,7 @@ class Agent {
   void finish(GroupOutcome outcome);
   void cleanup();
 
-  const LaunchConfig& cfg_;
+  const LaunchConfig& config_;
   Clock& clock_;
   ProcessSpawner& sup_;
   EventLoop loop_;
@@ -168,7 +168,7 @@ class Agent {
   std::string hostname_;
 
   int restart_count_ = 0;  // incremented in one place: prepare_next_attempt()
-  std::vector<Worker> workers_;
+  std::vector<WorkerProcess> workers_;
   std::unordered_map<pid_t, size_t> by_pid_;
   std::unique_ptr<LogMux> logs_;
   GroupPhase phase_ = GroupPhase::kRunning;
@@ -195,7 +195,7 @@ bool Agent::on_round_over(const rendezvous::RoundEvent& e) {
 
 // The signals are already blocked (ElasticAgent::run); the signalfd takes them from here on.
 void Agent::setup_signals() {
-  const sigset_t set = agent_signal_set(cfg_);
+  const sigset_t set = agent_signal_set(config_);
   sigfd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
   if (sigfd_ < 0) throw std::system_error(errno, std::generic_category(), "signalfd");
   // Writes to a closed console or to the guardian must fail with EPIPE, not kill trun. Workers
@@ -208,7 +208,7 @@ void Agent::setup_signals() {
 bool Agent::make_base_dir() {
   if (temp_base_) return true;  // made before the guardian was forked (ElasticAgent::run)
   try {
-    base_dir_ = make_log_dir(cfg_.log_dir, run_id_, &temp_base_);
+    base_dir_ = make_log_dir(config_.log_dir, run_id_, &temp_base_);
   } catch (const std::exception& e) {
     spdlog::error("cannot create the log directory: {}", e.what());
     return false;
@@ -230,10 +230,10 @@ int Agent::run() {
     return kExitAgentError;
   }
   hostname_ = host_name();
-  run_id_ = cfg_.standalone ? generate_run_id() : cfg_.run_id;
-  if (!cfg_.event_log.empty()) {
+  run_id_ = config_.standalone ? generate_run_id() : config_.run_id;
+  if (!config_.event_log.empty()) {
     try {
-      events_ = EventLog::open(cfg_.event_log);
+      events_ = EventLog::open(config_.event_log);
     } catch (const std::exception& e) {
       spdlog::error("{}", e.what());
       std::fprintf(stderr, "trun: error: %s\n", e.what());
@@ -242,12 +242,12 @@ int Agent::run() {
     events_->set_common("run_id", run_id_);
     events_->set_common("hostname", hostname_);
     events_->set_common("pid", int64_t{getpid()});
-    events_->set_common("role", cfg_.role);
-    event("trun.agent.start", {{"nproc_per_node", int64_t{cfg_.nproc_per_node}},
-                               {"max_restarts", int64_t{cfg_.max_restarts}},
-                               {"entrypoint", cfg_.entrypoint_name}});
+    events_->set_common("role", config_.role);
+    event("trun.agent.start", {{"nproc_per_node", int64_t{config_.nproc_per_node}},
+                               {"max_restarts", int64_t{config_.max_restarts}},
+                               {"entrypoint", config_.entrypoint_name}});
   }
-  const bool served = cfg_.metrics_port < 0 || start_metrics();
+  const bool served = config_.metrics_port < 0 || start_metrics();
   int code = kExitAgentError;
   try {
     if (served) code = run_job();
@@ -270,7 +270,7 @@ int Agent::run() {
 
 bool Agent::start_metrics() {
   try {
-    metrics_ = MetricsServer::start(static_cast<uint16_t>(cfg_.metrics_port));
+    metrics_ = MetricsServer::start(static_cast<uint16_t>(config_.metrics_port));
   } catch (const std::exception& e) {
     std::fprintf(stderr,
                  "trun: error: %s (--metrics-port / TORCHELASTIC_HEALTH_CHECK_PORT; 0 picks a "
@@ -294,7 +294,7 @@ bool Agent::start_metrics() {
     });
   }
   snap_.run_id = run_id_;
-  snap_.max_restarts = cfg_.max_restarts;
+  snap_.max_restarts = config_.max_restarts;
   snap_.round_seconds_buckets = {0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600};
   snap_.round_seconds_counts.assign(snap_.round_seconds_buckets.size() + 1, 0);
   snap_.phase = "rendezvous";
@@ -384,9 +384,9 @@ void Agent::publish_status(const char* state) {
   if (static_cast<size_t>(info.group_rank) < info.participants.size()) {
     status_.addr = info.participants.at(static_cast<size_t>(info.group_rank)).addr;
   }
-  status_.local_world_size = cfg_.nproc_per_node;
+  status_.local_world_size = config_.nproc_per_node;
   status_.restarts = restart_count_;
-  status_.max_restarts = cfg_.max_restarts;
+  status_.max_restarts = config_.max_restarts;
   status_.state = state;
   status_.updated_at = unix_seconds();
   session_->publish_status(encode_node_status(status_));
@@ -400,7 +400,7 @@ void Agent::set_worker_state(size_t i, const char* state) {
 
 int Agent::run_job() {
   session_ = std::make_unique<RendezvousSession>(
-      cfg_, run_id_, loop_, clock_,
+      config_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
   session_->set_event_log(events_.get());
   if (metrics_)
@@ -440,12 +440,12 @@ int Agent::run_job() {
   if (!make_base_dir()) return kExitAgentError;
 
   bool omp_defaulted = false;
-  base_env_ = base_worker_env(env_map(environ), cfg_.nproc_per_node, &omp_defaulted);
+  base_env_ = base_worker_env(env_map(environ), config_.nproc_per_node, &omp_defaulted);
   if (omp_defaulted) {
     spdlog::warn(
         "setting OMP_NUM_THREADS=1 for each worker (it is unset and there are {} "
         "workers); set it yourself to tune performance",
-        cfg_.nproc_per_node);
+        config_.nproc_per_node);
   }
 
   for (;;) {
@@ -489,7 +489,7 @@ Agent::Next Agent::after_round_over() {
   // The round's first report, unless the others' reports name an earlier failure.
   const std::string root_line = root_cause_ ? root_cause_line(*root_cause_) : e.detail;
   const RoundAction action =
-      decide_after_round(e.kind, session_->dynamic(), restart_count_, cfg_.max_restarts);
+      decide_after_round(e.kind, session_->dynamic(), restart_count_, config_.max_restarts);
   switch (action) {
     case RoundAction::kRejoin: {
       // The rejoin forms the next round itself.
@@ -512,7 +512,7 @@ Agent::Next Agent::after_round_over() {
                    "trun: error: the worker group failed on node %s and no restarts are "
                    "left (%d/%d)\n%s\n",
                    root_cause_ ? root_cause_->node_id.c_str() : e.node_id.c_str(), restart_count_,
-                   cfg_.max_restarts,
+                   config_.max_restarts,
                    root_cause_ ? root_line.c_str() : ("root cause: " + e.detail).c_str());
       std::fflush(stderr);
       session_->close_job();
@@ -533,7 +533,7 @@ Agent::Next Agent::after_round_over() {
 Agent::Next Agent::after_stop(GroupOutcome outcome) {
   if (outcome == GroupOutcome::kRoundOver) return after_round_over();
   const AfterStop next =
-      decide_after_stop(outcome, received_signal_, restart_count_, cfg_.max_restarts);
+      decide_after_stop(outcome, received_signal_, restart_count_, config_.max_restarts);
   // Ends the round on every node: they restart too, or give up with this root cause.
   if (outcome == GroupOutcome::kFailed) {
     const std::string line = failure_line(failures_, hostname_);
@@ -572,11 +572,12 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
 bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
   if (next.counted) {
     ++restart_count_;
-    spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_, cfg_.max_restarts);
+    spdlog::warn("restarting the worker group ({}/{} restarts)", restart_count_,
+                 config_.max_restarts);
   }
   event("trun.agent.restart",
         {{"counted", next.counted},
-         {"max_restarts", int64_t{cfg_.max_restarts}},
+         {"max_restarts", int64_t{config_.max_restarts}},
          {"reason", std::string(after_round ? "round over" : "worker failure")}});
   snap_.restarts = restart_count_;
   const bool same_round = next.kind == Next::kAgainNow || !session_->multi_node();
@@ -612,7 +613,7 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
 
 const RootCause& Agent::resolve_root_cause(const std::optional<rendezvous::FailureReport>& own) {
   std::vector<rendezvous::FailureReport> reports =
-      session_->round_failures(cfg_.shutdown_timeout + kReportGrace);
+      session_->round_failures(config_.shutdown_timeout + kReportGrace);
   if (own) {
     // A single node, or the store did not answer: this node's own report still counts.
     bool found = false;
@@ -657,7 +658,7 @@ const RootCause& Agent::resolve_root_cause(const std::optional<rendezvous::Failu
 void Agent::finish(GroupOutcome outcome) {
   if (outcome == GroupOutcome::kFailed && !failures_.empty()) {
     const bool across = root_cause_ && session_->multi_node();
-    std::string summary = format_summary(cfg_.entrypoint_name, failures_, hostname_,
+    std::string summary = format_summary(config_.entrypoint_name, failures_, hostname_,
                                          across ? &*root_cause_ : nullptr);
     if (across) summary += "trun: " + root_cause_line(*root_cause_) + "\n";
     std::fputs(summary.c_str(), stderr);
@@ -674,7 +675,7 @@ void Agent::finish(GroupOutcome outcome) {
   } else if (outcome == GroupOutcome::kSucceeded) {
     set_phase("exit_barrier");
     try {
-      session_->exit_barrier(cfg_.exit_barrier_timeout);
+      session_->exit_barrier(config_.exit_barrier_timeout);
     } catch (const std::exception& e) {
       spdlog::warn("exit barrier: {}", e.what());
     }
@@ -683,9 +684,9 @@ void Agent::finish(GroupOutcome outcome) {
 }
 
 StreamMode Agent::stream_mode(int local_rank, int stream) const {
-  bool redirect = (cfg_.redirects.for_rank(local_rank) & stream) != 0;
-  bool tee = (cfg_.tee.for_rank(local_rank) & stream) != 0;
-  bool hidden = cfg_.local_ranks_filter && !cfg_.local_ranks_filter->count(local_rank);
+  bool redirect = (config_.redirects.for_rank(local_rank) & stream) != 0;
+  bool tee = (config_.tee.for_rank(local_rank) & stream) != 0;
+  bool hidden = config_.local_ranks_filter && !config_.local_ranks_filter->count(local_rank);
   if (tee && !hidden) return StreamMode::kTee;
   if (tee || redirect) return StreamMode::kFile;
   return hidden ? StreamMode::kDiscard : StreamMode::kInherit;
@@ -699,7 +700,7 @@ void Agent::start_workers() {
   failures_.clear();
   root_cause_.reset();
   by_pid_.clear();
-  workers_.assign(static_cast<size_t>(cfg_.nproc_per_node), Worker{});
+  workers_.assign(static_cast<size_t>(config_.nproc_per_node), WorkerProcess{});
   logs_.reset();
   logs_ = std::make_unique<LogMux>(loop_);
 
@@ -710,13 +711,13 @@ void Agent::start_workers() {
     fs::remove_all(attempt_dir, ec);
   }
   fs::create_directories(attempt_dir);
-  if (!cfg_.duplicate_stdout_filters.empty()) {
+  if (!config_.duplicate_stdout_filters.empty()) {
     logs_->duplicate(STDOUT_FILENO, attempt_dir + "/filtered_stdout.log",
-                     cfg_.duplicate_stdout_filters);
+                     config_.duplicate_stdout_filters);
   }
-  if (!cfg_.duplicate_stderr_filters.empty()) {
+  if (!config_.duplicate_stderr_filters.empty()) {
     logs_->duplicate(STDERR_FILENO, attempt_dir + "/filtered_stderr.log",
-                     cfg_.duplicate_stderr_filters);
+                     config_.duplicate_stderr_filters);
   }
   const rendezvous::RendezvousInfo& info = session_->info();
   AttemptEnv attempt;
@@ -731,7 +732,7 @@ void Agent::start_workers() {
   attempt.use_agent_store = info.use_agent_store;
   std::vector<SpawnRequest> requests(workers_.size());
   for (size_t i = 0; i < workers_.size(); ++i) {
-    Worker& w = workers_[i];
+    WorkerProcess& w = workers_[i];
     w.local_rank = static_cast<int>(i);
     w.rank = session_->ranks().global[i];
     w.role_rank = session_->ranks().role[i];
@@ -739,15 +740,15 @@ void Agent::start_workers() {
     fs::create_directories(dir);
     w.error_file = dir + "/error.json";
     SpawnRequest& req = requests[i];
-    req.argv = worker_argv(cfg_.entrypoint, w.local_rank);
-    req.env = worker_env(base_env_, cfg_, attempt,
-                         WorkerEnv{w.local_rank, w.rank, w.role_rank, w.error_file});
-    if (i < cfg_.numa_bindings.size()) {
-      req.cpus = cfg_.numa_bindings[i].cpus;
-      req.memory_node = cfg_.numa_bindings[i].memory_node;
+    req.argv = worker_argv(config_.entrypoint, w.local_rank);
+    req.env = worker_env(base_env_, config_, attempt,
+                         WorkerIdentity{w.local_rank, w.rank, w.role_rank, w.error_file});
+    if (i < config_.numa_bindings.size()) {
+      req.cpus = config_.numa_bindings[i].cpus;
+      req.memory_node = config_.numa_bindings[i].memory_node;
     }
     const std::string prefix =
-        line_prefix(cfg_.log_line_prefix_template, cfg_.role, w.rank, w.local_rank);
+        line_prefix(config_.log_line_prefix_template, config_.role, w.rank, w.local_rank);
     req.stdout_fd = logs_->prepare(stream_mode(w.local_rank, kStdOut), STDOUT_FILENO,
                                    dir + "/stdout.log", prefix);
     req.stderr_fd = logs_->prepare(stream_mode(w.local_rank, kStdErr), STDERR_FILENO,
@@ -757,7 +758,7 @@ void Agent::start_workers() {
   logs_->close_child_ends();
   bool spawn_failed = false;
   for (size_t i = 0; i < workers_.size(); ++i) {
-    Worker& w = workers_[i];
+    WorkerProcess& w = workers_[i];
     if (results[i].pid > 0) {
       w.pid = results[i].pid;
       w.started = clock_.now();
@@ -828,7 +829,7 @@ GroupOutcome Agent::supervise() {
     if (deadline && phase_ == GroupPhase::kStopping && clock_.now() >= *deadline) {
       if (!killed_) {
         spdlog::warn("workers still running {} ms after the stop signal; sending SIGKILL",
-                     cfg_.shutdown_timeout.count());
+                     config_.shutdown_timeout.count());
         kill_all();
       } else {
         throw std::runtime_error("workers did not exit " + std::to_string(kAfterKillGrace.count()) +
@@ -874,7 +875,7 @@ void Agent::on_children() {
   // the shutdown (128+N), not a restart.
   bool failed = false;
   for (const auto& e : exits) {
-    Worker& w = workers_[by_pid_.at(e.pid)];
+    WorkerProcess& w = workers_[by_pid_.at(e.pid)];
     w.running = false;
     w.exitcode = e.exitcode();
     spdlog::debug("worker local_rank={} pid={} exited with {}", w.local_rank, w.pid, w.exitcode);
@@ -910,7 +911,7 @@ void Agent::on_children() {
           read_failure(w.local_rank, w.rank, w.pid, w.exitcode, w.error_file, failure_seq_++);
       f.exited_at_ms = reaped_at_ms;
       const char* path = std::getenv("PATH");
-      f.hint = python_start_hint(cfg_.python_interpreter, path ? path : "",
+      f.hint = python_start_hint(config_.python_interpreter, path ? path : "",
                                  std::chrono::duration<double>(clock_.now() - w.started).count(),
                                  w.exitcode, f.message);
       failures_.push_back(std::move(f));
@@ -963,11 +964,11 @@ void Agent::on_agent_signal(int sig) {
 void Agent::begin_stop(int sig) {
   phase_ = GroupPhase::kStopping;
   set_phase("stopping");
-  kill_at_ = clock_.now() + cfg_.shutdown_timeout;
+  kill_at_ = clock_.now() + config_.shutdown_timeout;
   for (auto& w : workers_) {
     if (w.group_live) sup_.signal_group(w.pid, sig);
   }
-  if (cfg_.shutdown_timeout.count() == 0) kill_all();
+  if (config_.shutdown_timeout.count() == 0) kill_all();
 }
 
 void Agent::kill_all() {

@@ -112,7 +112,7 @@ class SignalWatch {
 
 RendezvousSession::RendezvousSession(const LaunchConfig& config, std::string run_id,
                                      EventLoop& loop, Clock& clock, RoundOverCallback on_round_over)
-    : cfg_(config),
+    : config_(config),
       run_id_(std::move(run_id)),
       loop_(loop),
       clock_(clock),
@@ -121,8 +121,8 @@ RendezvousSession::RendezvousSession(const LaunchConfig& config, std::string run
 RendezvousSession::~RendezvousSession() { shutdown(); }
 
 std::string RendezvousSession::backend() const {
-  if (cfg_.standalone) return "standalone";
-  return rdzv_ ? rdzv_->backend() : cfg_.rdzv_backend;
+  if (config_.standalone) return "standalone";
+  return rdzv_ ? rdzv_->backend() : config_.rdzv_backend;
 }
 
 // Creating a handler may wait for the store to come up (a static node > 0 before node 0, a c10d
@@ -130,7 +130,8 @@ std::string RendezvousSession::backend() const {
 template <typename F>
 auto RendezvousSession::create_watched(F create) {
   check_stop_signal();
-  SignalWatch watch(cfg_.signals_to_handle, [] { rendezvous::abandon_store_connection_retries(); });
+  SignalWatch watch(config_.signals_to_handle,
+                    [] { rendezvous::abandon_store_connection_retries(); });
   try {
     auto handler = create();
     watch.stop();
@@ -144,16 +145,16 @@ auto RendezvousSession::create_watched(F create) {
 }
 
 void RendezvousSession::create_handler() {
-  if (cfg_.rdzv_backend != "static" && !cfg_.standalone) {  // c10d, etcd: dynamic membership
+  if (config_.rdzv_backend != "static" && !config_.standalone) {  // c10d, etcd: dynamic membership
     rendezvous::RendezvousOptions o;
     o.run_id = run_id_;
-    if (current_endpoint_.empty()) current_endpoint_ = cfg_.rdzv_endpoint;
+    if (current_endpoint_.empty()) current_endpoint_ = config_.rdzv_endpoint;
     o.endpoint = current_endpoint_;
-    o.min_nodes = cfg_.min_nodes;
-    o.max_nodes = cfg_.max_nodes;
-    o.local_addr = cfg_.local_addr;
+    o.min_nodes = config_.min_nodes;
+    o.max_nodes = config_.max_nodes;
+    o.local_addr = config_.local_addr;
     if (const char* t = std::getenv("TRUN_STORE_TOKEN")) o.store_token = t;
-    rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &o);
+    rendezvous::apply_rdzv_conf(config_.rdzv_conf, &o);
     o.first_round_deadline = rejoin_deadline_;
     if (!info_.participants.empty()) {
       // A rejoin: this node was a member of that round, under the same id (the quorum counts the
@@ -172,22 +173,22 @@ void RendezvousSession::create_handler() {
     timeout_ = o.join_timeout;
     store_endpoint_ = o.endpoint;
     dynamic_ = true;
-    auto handler =
-        create_watched([&] { return rendezvous::create_rendezvous_handler(cfg_.rdzv_backend, o); });
+    auto handler = create_watched(
+        [&] { return rendezvous::create_rendezvous_handler(config_.rdzv_backend, o); });
     if (!handler->store_endpoint().empty()) store_endpoint_ = handler->store_endpoint();
     std::lock_guard<std::mutex> lock(handler_mu_);
     rdzv_ = std::move(handler);
   } else {
     rendezvous::StaticRendezvousOptions ro;
     ro.run_id = run_id_;
-    ro.host = cfg_.standalone ? "127.0.0.1" : cfg_.master_addr;
-    ro.port = cfg_.standalone ? 0 : static_cast<uint16_t>(cfg_.master_port);
-    ro.rank = cfg_.node_rank;
-    ro.world_size = cfg_.max_nodes;
-    if (!cfg_.rdzv_conf.empty()) {
+    ro.host = config_.standalone ? "127.0.0.1" : config_.master_addr;
+    ro.port = config_.standalone ? 0 : static_cast<uint16_t>(config_.master_port);
+    ro.rank = config_.node_rank;
+    ro.world_size = config_.max_nodes;
+    if (!config_.rdzv_conf.empty()) {
       rendezvous::RendezvousOptions parsed;  // validated by the command line already
-      rendezvous::apply_rdzv_conf(cfg_.rdzv_conf, &parsed);
-      if (cfg_.rdzv_conf.count("timeout") || cfg_.rdzv_conf.count("join_timeout"))
+      rendezvous::apply_rdzv_conf(config_.rdzv_conf, &parsed);
+      if (config_.rdzv_conf.count("timeout") || config_.rdzv_conf.count("join_timeout"))
         ro.timeout = parsed.join_timeout;
       ro.progress_interval = parsed.progress_interval;
     }
@@ -233,8 +234,8 @@ void RendezvousSession::form_round() {
   if (events_) {
     events_->record("trun.rdzv.join", {{"rdzv_backend", backend()},
                                        {"node_id", rdzv_->node_id()},
-                                       {"min_nodes", int64_t{cfg_.min_nodes}},
-                                       {"max_nodes", int64_t{cfg_.max_nodes}}});
+                                       {"min_nodes", int64_t{config_.min_nodes}},
+                                       {"max_nodes", int64_t{config_.max_nodes}}});
   }
   const auto began = clock_.now();
   check_stop_signal();
@@ -246,7 +247,7 @@ void RendezvousSession::form_round() {
           {{"rdzv_backend", backend()}, {"node_id", rdzv_->node_id()}, {"error_trace", trace}});
     }
   };
-  SignalWatch watch(cfg_.signals_to_handle, [handler] { handler->shutdown(); });
+  SignalWatch watch(config_.signals_to_handle, [handler] { handler->shutdown(); });
   try {
     info_ = rdzv_->next_rendezvous();
     member_id_ = rdzv_->node_id();
@@ -269,7 +270,7 @@ void RendezvousSession::form_round() {
     throw;
   }
   round_over_.reset();
-  ranks_ = assign_ranks(info_, cfg_.role, cfg_.nproc_per_node, timeout_);
+  ranks_ = assign_ranks(info_, config_.role, config_.nproc_per_node, timeout_);
   if (on_round_formed_) on_round_formed_(clock_.now() - began);
   if (events_) {
     events_->record(
@@ -323,20 +324,20 @@ void RendezvousSession::on_event_fd() {
 RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::string& why,
                                                                 bool store_stopped,
                                                                 Clock::TimePoint deadline) {
-  namespace rdzv = rendezvous;
   const std::string lost_endpoint = store_endpoint_;
-  rdzv::RendezvousOptions o;
-  rdzv::apply_rdzv_conf(cfg_.rdzv_conf, &o);
-  if (cfg_.rdzv_backend != "c10d" || !o.failover || info_.round < 0 || info_.participants.empty()) {
+  rendezvous::RendezvousOptions o;
+  rendezvous::apply_rdzv_conf(config_.rdzv_conf, &o);
+  if (config_.rdzv_backend != "c10d" || !o.failover || info_.round < 0 ||
+      info_.participants.empty()) {
     return FailoverOutcome::kNotNeeded;
   }
   std::pair<std::string, uint16_t> lost;
   try {
-    lost = rdzv::parse_c10d_endpoints(store_endpoint_).front();
+    lost = rendezvous::parse_c10d_endpoints(store_endpoint_).front();
   } catch (const std::exception&) {
     return FailoverOutcome::kNotNeeded;
   }
-  const rdzv::dynamic::Keys keys(run_id_);
+  const rendezvous::dynamic::Keys keys(run_id_);
   store::TcpStoreOptions probe;
   probe.dialect = store::StoreDialect::kTrun;
   if (const char* t = std::getenv("TRUN_STORE_TOKEN")) probe.token = t;
@@ -351,7 +352,8 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   if (!store_stopped && store::probe_store_key(probe, keys.round(), std::chrono::seconds(1))) {
     return FailoverOutcome::kNotNeeded;
   }
-  auto plan = rdzv::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
+  auto plan =
+      rendezvous::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
   if (static_cast<int>(info_.participants.size()) < info_.group_world_size) {
     // A large round's nodes know only its first members (docs/rendezvous.md, "Scale"): not
     // enough to seed a store that checks the quorum.
@@ -370,8 +372,9 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   // partition is noticed when keep-alives fail (each bounded by read_timeout), so two nodes
   // notice it up to a lease's ttl plus one read_timeout apart; plus slack. (A candidate that is
   // alive and noticed first answers at once: this is only spent on dead candidates.)
-  const auto window = rdzv::dynamic::lease_ttl(o.keep_alive_interval, o.keep_alive_max_attempt) +
-                      o.read_timeout + std::chrono::seconds(2);
+  const auto window =
+      rendezvous::dynamic::lease_ttl(o.keep_alive_interval, o.keep_alive_max_attempt) +
+      o.read_timeout + std::chrono::seconds(2);
   const std::string host_id =
       plan.lost_host_rank >= 0 ? info_.participants.at(plan.lost_host_rank).node_id : "";
   spdlog::warn(
@@ -384,13 +387,14 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   const int my_rank = info_.group_rank;
   for (int c : plan.candidates) {
     const auto member = members.at(c);
-    const std::string endpoint = rdzv::endpoint_text(member.addr, lost.second);
+    const std::string endpoint = rendezvous::endpoint_text(member.addr, lost.second);
     StoreTarget target;
     target.endpoint = endpoint;
     if (c == my_rank) {
       if (old_store_answers()) return FailoverOutcome::kNotNeeded;  // healed while we looked
       target.host = true;
-      target.seed = rdzv::dynamic::failover_seed(keys, round, members, endpoint, store_stopped);
+      target.seed =
+          rendezvous::dynamic::failover_seed(keys, round, members, endpoint, store_stopped);
     } else {
       probe.host = member.addr;
       probe.port = lost.second;
@@ -417,7 +421,7 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
       form_round();
     } catch (const RendezvousInterrupted&) {
       throw;
-    } catch (const rdzv::RendezvousClosedError&) {
+    } catch (const rendezvous::RendezvousClosedError&) {
       throw;
     } catch (const std::exception& e) {
       spdlog::warn("failover to {} failed: {}", endpoint, e.what());
@@ -519,7 +523,7 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
   std::fprintf(stderr,
                "trun: error: lost the rendezvous store at %s (%s) and could not rejoin within "
                "%g s (%d attempt(s)): %s\n",
-               store_endpoint_.c_str(), cfg_.rdzv_backend.c_str(), timeout_.count() / 1000.0,
+               store_endpoint_.c_str(), config_.rdzv_backend.c_str(), timeout_.count() / 1000.0,
                attempts, last.c_str());
   std::fflush(stderr);
   return false;
@@ -565,7 +569,7 @@ void RendezvousSession::exit_barrier(std::chrono::milliseconds timeout) {
 void RendezvousSession::check_stop_signal() {
   sigset_t pending;
   if (sigpending(&pending) != 0) return;
-  for (int s : cfg_.signals_to_handle) {
+  for (int s : config_.signals_to_handle) {
     if (s != SIGCHLD && sigismember(&pending, s) == 1) {
       interrupted_ = true;
       throw RendezvousInterrupted("a stop signal is pending");

@@ -152,7 +152,7 @@ class RendezvousSession {
   // Throws RendezvousInterrupted when a stop signal is pending for the process.
   void check_stop_signal();
 
-  const LaunchConfig& cfg_;
+  const LaunchConfig& config_;
   const std::string run_id_;
   EventLoop& loop_;
   Clock& clock_;

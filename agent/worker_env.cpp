@@ -27,7 +27,7 @@ EnvMap base_worker_env(EnvMap parent, int nproc_per_node, bool* omp_defaulted) {
 }
 
 std::vector<std::string> worker_env(const EnvMap& base, const LaunchConfig& config,
-                                    const AttemptEnv& attempt, const WorkerEnv& worker) {
+                                    const AttemptEnv& attempt, const WorkerIdentity& worker) {
   EnvMap env = base;
   env["LOCAL_RANK"] = std::to_string(worker.local_rank);
   env.erase("TRUN_LOCAL_RANK");  // a trun started by a worker of another must not pass it on

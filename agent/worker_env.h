@@ -39,7 +39,7 @@ struct AttemptEnv {
 };
 
 // One worker of the attempt.
-struct WorkerEnv {
+struct WorkerIdentity {
   int local_rank = 0;
   int rank = 0;
   int role_rank = 0;
@@ -52,7 +52,7 @@ struct WorkerEnv {
 // CUDA_VISIBLE_DEVICES names only the worker's own device; otherwise TRUN_LOCAL_RANK is removed.
 // Requires worker.local_rank < config.visible_devices.size() when that list is not empty.
 std::vector<std::string> worker_env(const EnvMap& base, const LaunchConfig& config,
-                                    const AttemptEnv& attempt, const WorkerEnv& worker);
+                                    const AttemptEnv& attempt, const WorkerIdentity& worker);
 
 // The argv of the worker with local rank `local_rank`: `entrypoint` with torchrun's macro
 // substitution (torch.distributed.elastic.utils.macros, Python's Template.safe_substitute) in

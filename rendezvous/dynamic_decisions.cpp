@@ -484,7 +484,7 @@ RoundEvent round_event(int64_t round, std::string_view log, const std::string& m
   return e;
 }
 
-std::vector<NodeDesc> assign_ranks(std::vector<NodeDesc> joined, int max_nodes) {
+std::vector<NodeDesc> assign_group_ranks(std::vector<NodeDesc> joined, int max_nodes) {
   std::sort(joined.begin(), joined.end(),
             [](const NodeDesc& a, const NodeDesc& b) { return a.ticket < b.ticket; });
   if (max_nodes >= 0 && joined.size() > static_cast<size_t>(max_nodes)) joined.resize(max_nodes);

@@ -144,7 +144,7 @@ RoundEvent round_event(int64_t round, std::string_view log, const std::string& m
 //     ticket wins a conflict);
 //  3. nodes of the latest previous round fill the free ranks in their old relative order;
 //  4. the remaining nodes fill the rest by ticket.
-std::vector<NodeDesc> assign_ranks(std::vector<NodeDesc> joined, int max_nodes);
+std::vector<NodeDesc> assign_group_ranks(std::vector<NodeDesc> joined, int max_nodes);
 
 // --- the leader (ticket 1 of a round) --------------------------------------------------------
 struct LeaderState {

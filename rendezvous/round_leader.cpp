@@ -183,7 +183,7 @@ bool RoundLeader::complete(int64_t j, int count, const Quorum* quorum) {
     held_ = check_quorum(*quorum->result, quorum->round, *quorum->over, joined);
     if (!held_.ok) return false;
   }
-  const std::vector<NodeDesc> ranked = assign_ranks(std::move(joined), options_.max_nodes);
+  const std::vector<NodeDesc> ranked = assign_group_ranks(std::move(joined), options_.max_nodes);
   std::string record = encode_complete(ranked, options_.max_inline_members);
   // A large round's result lists a few members and a rank map; the whole list goes under its
   // own key first, for the next round's leader and `trun status` (one reader each, not N).

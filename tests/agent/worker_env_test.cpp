@@ -70,7 +70,7 @@ TEST_CASE("a worker gets every rank variable torchrun sets, sorted, over the bas
   c.max_restarts = 5;
   c.signals_to_handle_text = "SIGTERM,SIGINT";
   EnvMap base = {{"HOME", "/root"}, {"RANK", "stale"}, {"TRUN_LOCAL_RANK", "9"}};
-  const auto env = worker_env(base, c, attempt(), WorkerEnv{3, 7, 6, "/logs/3/error.json"});
+  const auto env = worker_env(base, c, attempt(), WorkerIdentity{3, 7, 6, "/logs/3/error.json"});
   CHECK(std::is_sorted(env.begin(), env.end()));
   const EnvMap m = as_map(env);
   CHECK(m.at("HOME") == "/root");
@@ -97,7 +97,7 @@ TEST_CASE("a worker gets every rank variable torchrun sets, sorted, over the bas
 
   AttemptEnv own_store = attempt();
   own_store.use_agent_store = false;
-  CHECK(as_map(worker_env({}, c, own_store, WorkerEnv{})).at("TORCHELASTIC_USE_AGENT_STORE") ==
+  CHECK(as_map(worker_env({}, c, own_store, WorkerIdentity{})).at("TORCHELASTIC_USE_AGENT_STORE") ==
         "False");
 }
 
@@ -106,14 +106,14 @@ TEST_CASE("with virtual local ranks each worker sees only its own device, as dev
   LaunchConfig c;
   c.nproc_per_node = 2;
   c.virtual_local_rank = true;
-  EnvMap by_rank = as_map(worker_env({}, c, attempt(), WorkerEnv{1, 5, 5, "e"}));
+  EnvMap by_rank = as_map(worker_env({}, c, attempt(), WorkerIdentity{1, 5, 5, "e"}));
   CHECK(by_rank.at("LOCAL_RANK") == "0");
   CHECK(by_rank.at("TRUN_LOCAL_RANK") == "1");
   CHECK(by_rank.at("CUDA_VISIBLE_DEVICES") == "1");
 
   c.visible_devices = {"GPU-aaa", "GPU-bbb"};
   EnvMap listed = as_map(worker_env({{"CUDA_VISIBLE_DEVICES", "GPU-aaa,GPU-bbb"}}, c, attempt(),
-                                    WorkerEnv{1, 5, 5, "e"}));
+                                    WorkerIdentity{1, 5, 5, "e"}));
   CHECK(listed.at("CUDA_VISIBLE_DEVICES") == "GPU-bbb");
   CHECK(listed.at("LOCAL_RANK") == "0");
 }

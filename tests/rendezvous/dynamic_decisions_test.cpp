@@ -135,35 +135,36 @@ TEST_CASE("expected_after counts survivors and announced joiners", "[decisions]"
 }
 
 TEST_CASE("ranks: the store host gets rank 0", "[decisions][ranks]") {
-  auto r = assign_ranks({node("a", 1), node("b", 2), node("host", 3, -1, -1, true)}, 8);
+  auto r = assign_group_ranks({node("a", 1), node("b", 2), node("host", 3, -1, -1, true)}, 8);
   CHECK(ids(r) == std::vector<std::string>{"host", "a", "b"});
 }
 
 TEST_CASE("ranks: survivors keep their relative order, newcomers follow by ticket",
           "[decisions][ranks]") {
   // Round 4 had c(0) a(1) b(2); b died; d and e are new. Tickets are arrival order.
-  auto r = assign_ranks({node("e", 1), node("a", 2, 4, 1), node("d", 3), node("c", 4, 4, 0)}, 8);
+  auto r =
+      assign_group_ranks({node("e", 1), node("a", 2, 4, 1), node("d", 3), node("c", 4, 4, 0)}, 8);
   CHECK(ids(r) == std::vector<std::string>{"c", "a", "e", "d"});
 }
 
 TEST_CASE("ranks: only the latest previous round counts as survivors", "[decisions][ranks]") {
-  auto r = assign_ranks({node("old", 1, 2, 0), node("x", 2, 5, 1), node("y", 3, 5, 0)}, 8);
+  auto r = assign_group_ranks({node("old", 1, 2, 0), node("x", 2, 5, 1), node("y", 3, 5, 0)}, 8);
   CHECK(ids(r) == std::vector<std::string>{"y", "x", "old"});
 }
 
 TEST_CASE("ranks: hints are honoured when free and inside the world", "[decisions][ranks]") {
-  auto r = assign_ranks({node("a", 1, -1, -1, false, 2), node("b", 2, -1, -1, false, 0),
-                         node("c", 3, -1, -1, false, 2),   // conflict: a has the lower ticket
-                         node("d", 4, -1, -1, false, 9)},  // outside the world: ignored
-                        8);
+  auto r = assign_group_ranks({node("a", 1, -1, -1, false, 2), node("b", 2, -1, -1, false, 0),
+                               node("c", 3, -1, -1, false, 2),   // conflict: a has the lower ticket
+                               node("d", 4, -1, -1, false, 9)},  // outside the world: ignored
+                              8);
   CHECK(ids(r) == std::vector<std::string>{"b", "c", "a", "d"});
   // The host's rank 0 wins over a hint for 0.
-  auto h = assign_ranks({node("a", 1, -1, -1, false, 0), node("host", 2, -1, -1, true)}, 8);
+  auto h = assign_group_ranks({node("a", 1, -1, -1, false, 0), node("host", 2, -1, -1, true)}, 8);
   CHECK(ids(h) == std::vector<std::string>{"host", "a"});
 }
 
 TEST_CASE("ranks: at most max_nodes, lowest tickets first", "[decisions][ranks]") {
-  auto r = assign_ranks({node("d", 4), node("b", 2), node("a", 1), node("c", 3)}, 3);
+  auto r = assign_group_ranks({node("d", 4), node("b", 2), node("a", 1), node("c", 3)}, 3);
   CHECK(ids(r) == std::vector<std::string>{"a", "b", "c"});
 }
 
@@ -557,7 +558,7 @@ TEST_CASE("partial results: every member of a random large round finds its rank,
     const int limit = seed % 2 ? 4 : 8;
     RandomRound round = random_round(rng, n);
     INFO("seed " << seed << ": " << round.what << " inline_limit=" << limit);
-    const std::vector<NodeDesc> ranked = assign_ranks(round.joined, round.max_nodes);
+    const std::vector<NodeDesc> ranked = assign_group_ranks(round.joined, round.max_nodes);
     REQUIRE(ranked.size() == static_cast<size_t>(n));
     const std::string text = encode_complete(ranked, limit);
     INFO("header: " << header_line(text).substr(0, 300));
@@ -614,7 +615,7 @@ TEST_CASE("partial results: encode_result gives back the text a partial result w
     for (int t = 1; t <= n; ++t) {
       joined.push_back(node("n" + std::to_string(t), t, -1, -1, t == host));
     }
-    return assign_ranks(joined, n);
+    return assign_group_ranks(joined, n);
   };
   SECTION("one run") {
     const std::string x = encode_complete(first_round(20, 0), 4);
@@ -634,7 +635,7 @@ TEST_CASE("partial results: encode_result gives back the text a partial result w
       joined.push_back(node("n" + std::to_string(t), t, t <= 20 ? 6 : -1, t <= 3 ? 0 : 40 - t,
                             false, t > 25 ? t - 26 : -1));
     }
-    const std::string x = encode_complete(assign_ranks(joined, 30), 8);
+    const std::string x = encode_complete(assign_group_ranks(joined, 30), 8);
     INFO(header_line(x));
     CHECK(encode_result(decode_result(x)) == x);
   }
@@ -648,7 +649,7 @@ TEST_CASE("partial results: a first round without hints is at most 3 runs and no
       std::vector<NodeDesc> joined;
       for (int t = 1; t <= n; ++t)
         joined.push_back(node("n" + std::to_string(t), t, -1, -1, t == host));
-      auto ranked = assign_ranks(joined, n);
+      auto ranked = assign_group_ranks(joined, n);
       const std::string text = encode_complete(ranked, 8);
       INFO("header: " << header_line(text));
       auto r = decode_result(text);
@@ -678,7 +679,7 @@ TEST_CASE("partial results: the round after one node left is 2 or 3 runs", "[dec
           joined.push_back(node("n" + std::to_string(old), static_cast<int64_t>(i) + 1, 41, old,
                                 host && old == 0));
         }
-        auto ranked = assign_ranks(joined, n);
+        auto ranked = assign_group_ranks(joined, n);
         REQUIRE(ranked.size() == static_cast<size_t>(n - 1));
         const std::string text = encode_complete(ranked, kInlineMembers);
         INFO("header: " << header_line(text));
@@ -711,7 +712,7 @@ TEST_CASE("partial results: a round hinted 0..N-1 is one run", "[decisions][part
       const int hint = hints[t - 1];
       joined.push_back(node("n" + std::to_string(t), t, 3, t - 1, hint == 0, hint));
     }
-    auto ranked = assign_ranks(joined, n);
+    auto ranked = assign_group_ranks(joined, n);
     const std::string text = encode_complete(ranked, 8);
     INFO("header: " << header_line(text));
     auto r = decode_result(text);
@@ -738,7 +739,7 @@ TEST_CASE("partial results: rounds up to the inline limit (or 8) keep the whole 
       joined.push_back(node("n" + std::to_string(t), t, t % 2 ? 2 : -1, n - t, t == 2));
     }
     std::shuffle(joined.begin(), joined.end(), rng);
-    auto ranked = assign_ranks(joined, n);
+    auto ranked = assign_group_ranks(joined, n);
     const std::string text = encode_complete(ranked, limit);
     CHECK(header_line(text) == "complete " + std::to_string(n));
     auto r = decode_result(text);
@@ -762,13 +763,13 @@ TEST_CASE("partial results: rounds up to the inline limit (or 8) keep the whole 
   // The default limit: 257 members are partial.
   std::vector<NodeDesc> joined;
   for (int t = 1; t <= kInlineMembers + 1; ++t) joined.push_back(node("n" + std::to_string(t), t));
-  CHECK(decode_result(encode_complete(assign_ranks(joined, 1000))).partial());
+  CHECK(decode_result(encode_complete(assign_group_ranks(joined, 1000))).partial());
 }
 
 TEST_CASE("partial results: malformed headers are rejected", "[decisions][partial]") {
   std::vector<NodeDesc> joined;
   for (int t = 1; t <= 20; ++t) joined.push_back(node("n" + std::to_string(t), t));
-  const std::string good = encode_complete(assign_ranks(joined, 20), 4);
+  const std::string good = encode_complete(assign_group_ranks(joined, 20), 4);
   REQUIRE(header_line(good) == "complete 20 8 -1 t1=0+20");
   const std::string lines = good.substr(good.find('\n'));  // "\n" + the 8 member lines
   CHECK(decode_result("complete 20 8 -1 t1=0+20" + lines).partial());
