@@ -1,0 +1,220 @@
+#include "launcher/status_render.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
+
+#include "launcher/timeline.h"  // printable()
+
+namespace trun::launcher::status {
+
+// Text from the store, for the terminal: no control character reaches it (an OSC or CSI
+// sequence in a record would retitle the window or rewrite the screen).
+std::string safe(const std::string& text) { return printable(text); }
+
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A record's time (unix seconds) that can be one: after 1970 and at most a day ahead of this
+// clock (another node's clock may be a little ahead). A record holds whatever was written to the
+// store: -2^63, NaN or 1e300 is shown as invalid, never as a nonsense age.
+constexpr double kMaxClockAheadS = 86400;
+bool valid_time(double at) {
+  return std::isfinite(at) && at > 0 && at <= unix_now() + kMaxClockAheadS;
+}
+
+std::string ago(double at) {
+  if (!valid_time(at)) return "invalid time";
+  const double s = std::max(0.0, unix_now() - at);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f s ago", s);
+  return buf;
+}
+
+// A JSON text whose bytes are all printable ASCII but for its own newlines: \u escapes for the
+// control and non-ASCII characters of every string (nlohmann escapes C0 itself; ensure_ascii
+// the rest) and for DEL, which JSON leaves raw (it only occurs inside strings).
+std::string ascii_json(const nlohmann::json& j) {
+  std::string text =
+      j.dump(2, ' ', /*ensure_ascii=*/true, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    if (c == '\x7f') {
+      out += "\\u007f";
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
+// The most restarts any node counted (every node restarts together), the newest failure and
+// the root cause of the newest failed round (every node of it records the same one).
+struct Summary {
+  int restarts = 0;
+  int max_restarts = -1;
+  const agent::NodeStatus* last_failure = nullptr;
+  const agent::NodeStatus* root_cause = nullptr;
+};
+Summary summarize(const JobStatus& js) {
+  Summary s;
+  for (const auto& n : js.nodes) {
+    if (!n.record) continue;
+    s.restarts = std::max(s.restarts, n.record->restarts);
+    s.max_restarts = std::max(s.max_restarts, n.record->max_restarts);
+    // A failure with an invalid time is still shown, but never wins over one with a valid time.
+    const auto at = [](const agent::NodeStatus* r) {
+      return valid_time(r->last_failure_at) ? r->last_failure_at : -1.0;
+    };
+    if (!n.record->last_failure.empty() &&
+        (!s.last_failure || at(&*n.record) > at(s.last_failure))) {
+      s.last_failure = &*n.record;
+    }
+    if (!n.record->root_cause.empty() &&
+        (!s.root_cause || n.record->root_cause_round > s.root_cause->root_cause_round)) {
+      s.root_cause = &*n.record;
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string to_json(const JobStatus& js) {
+  using nlohmann::json;
+  const Summary sum = summarize(js);
+  json nodes = json::array();
+  for (const auto& n : js.nodes) {
+    json j = {{"node_id", n.node_id},
+              {"addr", n.addr},
+              {"group_rank", n.group_rank >= 0 ? json(n.group_rank) : json(nullptr)},
+              {"state", n.state}};
+    if (n.record) {
+      j["hostname"] = n.record->hostname;
+      j["pid"] = n.record->pid;
+      j["local_world_size"] = n.record->local_world_size;
+      j["agent_state"] = n.record->state;
+      j["restarts"] = n.record->restarts;
+      j["max_restarts"] = n.record->max_restarts;
+      j["record_round"] = n.record->round;
+      j["last_failure"] =
+          n.record->last_failure.empty() ? json(nullptr) : json(n.record->last_failure);
+      j["updated_at"] =
+          valid_time(n.record->updated_at) ? json(n.record->updated_at) : json(nullptr);
+    } else {
+      j["local_world_size"] = nullptr;
+      j["agent_state"] = nullptr;
+    }
+    nodes.push_back(std::move(j));
+  }
+  json out = {{"run_id", js.run_id},
+              {"backend", js.backend},
+              {"endpoint", js.endpoint},
+              {"round", js.round >= 0 ? json(js.round) : json(nullptr)},
+              {"round_state", js.round_state},
+              {"next_round", js.next_round >= 0 ? json(js.next_round) : json(nullptr)},
+              {"round_over_cause", js.over_cause.empty() ? json(nullptr) : json(js.over_cause)},
+              {"closed", js.closed},
+              {"restarts", sum.restarts},
+              {"max_restarts", sum.max_restarts >= 0 ? json(sum.max_restarts) : json(nullptr)},
+              {"waiting", js.waiting},
+              {"nodes", std::move(nodes)}};
+  if (sum.last_failure) {
+    out["last_failure"] = {{"node_id", sum.last_failure->node_id},
+                           {"message", sum.last_failure->last_failure},
+                           {"at", valid_time(sum.last_failure->last_failure_at)
+                                      ? json(sum.last_failure->last_failure_at)
+                                      : json(nullptr)}};
+  } else {
+    out["last_failure"] = nullptr;
+  }
+  if (sum.root_cause) {
+    const auto* r = sum.root_cause;
+    out["root_cause"] = {
+        {"node_id", r->root_cause_node},
+        {"message", r->root_cause},
+        {"round", r->root_cause_round},
+        {"at", valid_time(r->root_cause_at) ? json(r->root_cause_at) : json(nullptr)}};
+  } else {
+    out["root_cause"] = nullptr;
+  }
+  return ascii_json(out) + "\n";
+}
+
+std::string to_table(const JobStatus& js) {
+  const Summary sum = summarize(js);
+  std::string out =
+      "job '" + safe(js.run_id) + "' (" + js.backend + " at " + safe(js.endpoint) + ")\n";
+  out += "round:        ";
+  if (js.round < 0) {
+    out += "none formed yet";
+  } else {
+    out += std::to_string(js.round) + " (" + js.round_state + ")";
+  }
+  if (!js.over_cause.empty()) out += ": " + safe(js.over_cause);
+  if (js.next_round >= 0 && (js.round_state != "running" || js.waiting > 0)) {
+    out += "; nodes join round " + std::to_string(js.next_round);
+  }
+  out += "\nnodes:        " + std::to_string(js.nodes.size() - js.waiting) + " in the round, " +
+         std::to_string(js.waiting) + " waiting\n";
+  out += "restarts:     " + std::to_string(sum.restarts);
+  if (sum.max_restarts >= 0) {
+    out += " of " + std::to_string(sum.max_restarts) + " (" +
+           std::to_string(std::max(0, sum.max_restarts - sum.restarts)) + " left)";
+  }
+  out += "\nlast failure: ";
+  if (sum.last_failure) {
+    out += safe(sum.last_failure->last_failure) + " (node " + safe(sum.last_failure->node_id) +
+           ", " + ago(sum.last_failure->last_failure_at) + ")";
+  } else {
+    out += "none";
+  }
+  if (sum.root_cause) {
+    const auto* r = sum.root_cause;
+    out += "\nroot cause:   " + safe(r->root_cause) + " (node " + safe(r->root_cause_node) +
+           ", round " + std::to_string(r->root_cause_round) + ", " +
+           (valid_time(r->root_cause_at) ? ago(r->root_cause_at) : "time unknown") +
+           "; the earliest failure across nodes)";
+  }
+  out += "\n\n";
+  std::vector<std::vector<std::string>> rows = {
+      {"NODE", "ADDRESS", "RANK", "WORKERS", "STATE", "AGENT", "RESTARTS", "UPDATED"}};
+  for (const auto& n : js.nodes) {
+    std::vector<std::string> row = {safe(n.node_id), n.addr.empty() ? "-" : safe(n.addr),
+                                    n.group_rank >= 0 ? std::to_string(n.group_rank) : "-"};
+    if (n.record) {
+      row.push_back(std::to_string(n.record->local_world_size));
+      row.push_back(n.state);
+      row.push_back(safe(n.record->state));
+      row.push_back(std::to_string(n.record->restarts) + "/" +
+                    std::to_string(n.record->max_restarts));
+      row.push_back(ago(n.record->updated_at));
+    } else {
+      row.insert(row.end(), {"-", n.state, "-", "-", "-"});
+    }
+    rows.push_back(std::move(row));
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      line += row[c];
+      if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
+    }
+    out += line + "\n";
+  }
+  return out;
+}
+
+}  // namespace trun::launcher::status
