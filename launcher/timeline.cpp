@@ -1,20 +1,32 @@
+// Draws `trun timeline`'s page (launcher/timeline.h): the model (launcher/timeline_model.h)
+// as an inline SVG picture (legend, time axis, a lane group per node, round and restart lines)
+// and a table of the nodes, in one HTML page whose size is checked as it grows.
+
 #include "launcher/timeline.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <ctime>
-#include <map>
 #include <sstream>
 #include <stdexcept>
-#include <tuple>
+
+#include "launcher/timeline_model.h"
 
 namespace trun::launcher {
 
 namespace {
 
 namespace col = timeline_colors;
+using timeline_model::clip;
+using timeline_model::Mark;
+using timeline_model::Node;
+using timeline_model::Outcome;
+using timeline_model::Restart;
+using timeline_model::Round;
+using timeline_model::TimelineModel;
+using timeline_model::Wait;
+using timeline_model::WorkerBar;
 
 // Geometry of the picture (pixels).
 constexpr int kWidth = 1280;
@@ -29,37 +41,6 @@ constexpr int kWorkerLaneHeight = 24;
 constexpr int kNodeGap = 8;
 constexpr const char* kAgentBar = "#b8c4d6";  // the agent runs its group
 constexpr const char* kRdzvBar = "#e4e9f2";   // the agent waits in a rendezvous
-
-// `s` cut to at most `n` bytes (then ending in "..."), not inside a UTF-8 sequence.
-std::string clip(const std::string& s, size_t n) {
-  if (s.size() <= n) return s;
-  size_t cut = n - 3;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
-  return s.substr(0, cut) + "...";
-}
-
-// A string of the metadata, cut to `limit` bytes: what the page shows of an event is bounded
-// whatever the log holds (a label is repeated in every bar of its node).
-std::optional<std::string> get_str(const nlohmann::json& md, const char* key,
-                                   size_t limit = kMaxTextBytes) {
-  auto it = md.find(key);
-  if (it == md.end() || !it->is_string()) return std::nullopt;
-  return clip(it->get_ref<const std::string&>(), limit);
-}
-
-std::optional<int64_t> get_int(const nlohmann::json& md, const char* key) {
-  auto it = md.find(key);
-  if (it == md.end() || !it->is_number_integer()) return std::nullopt;
-  // An unsigned number above INT64_MAX would wrap: not a value trun writes.
-  if (it->is_number_unsigned() && it->get<uint64_t>() > uint64_t{INT64_MAX}) return std::nullopt;
-  return it->get<int64_t>();
-}
-
-std::optional<bool> get_bool(const nlohmann::json& md, const char* key) {
-  auto it = md.find(key);
-  if (it == md.end() || !it->is_boolean()) return std::nullopt;
-  return it->get<bool>();
-}
 
 // Printable (no control character reaches the page: they are not even allowed in XML) and
 // HTML-escaped.
@@ -109,8 +90,6 @@ std::string utc(int64_t ms) {
   return out;
 }
 
-enum class Outcome { kSucceeded, kFailed, kSignaled, kStopped, kUnknown };
-
 const char* outcome_class(Outcome o) {
   switch (o) {
     case Outcome::kSucceeded:
@@ -143,64 +122,6 @@ const char* outcome_color(Outcome o) {
   return col::kUnknown;
 }
 
-struct WorkerBar {
-  int64_t start = 0, end = 0;
-  bool ended = false;
-  bool root_cause = false;  // the earliest failure of its round across nodes (mark_root_causes)
-  Outcome outcome = Outcome::kUnknown;
-  std::optional<int64_t> global_rank, role_rank, pid, exitcode, round, attempt;
-  std::string signal, raw_error;
-};
-
-struct Mark {
-  int64_t ts = 0;
-  std::string text;  // the tooltip
-};
-
-struct Restart {
-  int64_t ts = 0;
-  bool counted = true;
-  std::string text;
-};
-
-struct Wait {
-  int64_t start = 0, end = 0;
-  bool open = true;
-  std::string text;
-};
-
-struct Node {
-  std::string run_id, hostname, node_id;
-  int64_t pid = 0;
-  int64_t first = 0, last = 0;
-  std::optional<int64_t> start, stop, exit_code, nproc, max_restarts, round, group_rank;
-  std::string stop_state, entrypoint;
-  std::vector<Wait> waits;
-  std::vector<Restart> restarts;
-  std::vector<Mark> round_ends;
-  std::map<int64_t, std::vector<WorkerBar>> workers;  // by local rank
-  std::map<int64_t, size_t> open_bars;                // worker pid -> index in workers[lr]
-  std::map<int64_t, int64_t> open_rank;               // worker pid -> local rank
-
-  std::string label() const {
-    if (!node_id.empty()) return node_id;
-    return hostname + ":" + std::to_string(pid);
-  }
-};
-
-struct RoundMember {
-  std::string node;
-  std::optional<int64_t> group_rank;
-};
-
-struct Round {
-  int64_t ts = 0;  // the earliest node's round_formed
-  std::string run_id;
-  int64_t number = 0;
-  std::optional<int64_t> group_world_size, world_size;
-  std::vector<RoundMember> members;
-};
-
 std::string describe_outcome(const WorkerBar& b) {
   switch (b.outcome) {
     case Outcome::kSucceeded:
@@ -218,176 +139,47 @@ std::string describe_outcome(const WorkerBar& b) {
   return "";
 }
 
-class Builder {
+// Writes the page of a finished model. One use: render() once.
+class Page {
  public:
-  explicit Builder(uint64_t max_page_bytes) : max_page_bytes_(max_page_bytes) {}
+  Page(const TimelineModel& model, uint64_t max_page_bytes)
+      : max_page_bytes_(max_page_bytes), nodes_(model.nodes()), rounds_(model.rounds()) {}
 
-  void add(const TimelineEvent& e) {
-    const auto& md = e.metadata;
-    // parse_timeline_event refuses other timestamps; an event made otherwise is clamped, so no
-    // difference of two can overflow.
-    const int64_t ts = std::clamp<int64_t>(e.timestamp_ms, 0, kMaxTimestampMs);
-    const std::string run_id = get_str(md, "run_id", kMaxLabelBytes).value_or("");
-    const std::string host = get_str(md, "hostname", kMaxLabelBytes).value_or("?");
-    const int64_t pid = get_int(md, "pid").value_or(0);
-    auto key = std::make_tuple(run_id, host, pid);
-    auto [it, inserted] = index_.emplace(key, nodes_.size());
-    if (inserted) {
-      nodes_.emplace_back();
-      Node& n = nodes_.back();
-      n.run_id = run_id;
-      n.hostname = host;
-      n.pid = pid;
-      n.first = n.last = ts;
-    }
-    Node& n = nodes_[it->second];
-    n.first = std::min(n.first, ts);
-    n.last = std::max(n.last, ts);
-    const std::string& name = e.name;
-    if (name == "trun.agent.start") {
-      n.start = ts;
-      n.nproc = get_int(md, "nproc_per_node");
-      n.max_restarts = get_int(md, "max_restarts");
-      n.entrypoint = get_str(md, "entrypoint").value_or("");
-    } else if (name == "trun.agent.stop") {
-      n.stop = ts;
-      n.exit_code = get_int(md, "exit_code");
-      n.stop_state = get_str(md, "state", kMaxLabelBytes).value_or("");
-    } else if (name == "trun.rdzv.join") {
-      if (auto id = get_str(md, "node_id", kMaxLabelBytes)) n.node_id = *id;
-      Wait w;
-      w.start = w.end = ts;
-      n.waits.push_back(w);
-    } else if (name == "trun.rdzv.round_formed" || name == "trun.rdzv.failed") {
-      if (auto id = get_str(md, "node_id", kMaxLabelBytes); id && n.node_id.empty()) {
-        n.node_id = *id;
-      }
-      if (n.waits.empty() || !n.waits.back().open) {
-        Wait w;
-        w.start = ts;
-        n.waits.push_back(w);
-      }
-      Wait& w = n.waits.back();
-      w.open = false;
-      w.end = ts;
-      if (name == "trun.rdzv.failed") {
-        w.text = "rendezvous failed: " + get_str(md, "error_trace").value_or("?");
-      } else {
-        n.round = get_int(md, "round");
-        n.group_rank = get_int(md, "group_rank");
-        w.text = "rendezvous for round " + (n.round ? std::to_string(*n.round) : "?");
-        const int64_t number = n.round.value_or(-1);
-        auto [rit, fresh] = round_index_.emplace(std::make_pair(run_id, number), rounds_.size());
-        if (fresh) {
-          rounds_.emplace_back();
-          rounds_.back().ts = ts;
-          rounds_.back().run_id = run_id;
-          rounds_.back().number = number;
-        }
-        Round& r = rounds_[rit->second];
-        r.ts = std::min(r.ts, ts);
-        if (!r.group_world_size) r.group_world_size = get_int(md, "group_world_size");
-        if (!r.world_size) r.world_size = get_int(md, "world_size");
-        r.members.push_back({n.label(), n.group_rank});
-      }
-    } else if (name.rfind("trun.rdzv.", 0) == 0) {
-      const std::string reason = clip(name.substr(10), kMaxLabelBytes);
-      std::string text =
-          "round " +
-          (get_int(md, "round") ? std::to_string(*get_int(md, "round")) : std::string("?")) +
-          " ended: " + reason;
-      if (auto who = get_str(md, "node_id", kMaxLabelBytes); who && !who->empty()) {
-        text += " (node " + *who + ")";
-      }
-      if (auto msg = get_str(md, "message"); msg && !msg->empty()) text += ": " + *msg;
-      n.round_ends.push_back({ts, text});
-    } else if (name == "trun.agent.restart") {
-      Restart r;
-      r.ts = ts;
-      r.counted = get_bool(md, "counted").value_or(true);
-      r.text = std::string(r.counted ? "restart after a failure" : "group re-formed") + ": " +
-               get_str(md, "reason").value_or("?");
-      if (auto used = get_int(md, "agent_restarts")) {
-        r.text += ", restarts used " + std::to_string(*used);
-        if (auto mx = get_int(md, "max_restarts")) r.text += " of " + std::to_string(*mx);
-      }
-      n.restarts.push_back(r);
-    } else if (name == "trun.agent.worker_started") {
-      const int64_t lr = get_int(md, "local_rank").value_or(-1);
-      WorkerBar b;
-      b.start = b.end = ts;
-      b.global_rank = get_int(md, "global_rank");
-      b.role_rank = get_int(md, "role_rank");
-      b.pid = get_int(md, "worker_pid");
-      b.attempt = get_int(md, "agent_restarts");
-      b.round = n.round;
-      auto& lane = n.workers[lr];
-      lane.push_back(b);
-      if (b.pid) {
-        n.open_bars[*b.pid] = lane.size() - 1;
-        n.open_rank[*b.pid] = lr;
-      }
-    } else if (name == "trun.agent.worker_exited") {
-      const int64_t lr = get_int(md, "local_rank").value_or(-1);
-      const auto pid = get_int(md, "worker_pid");
-      WorkerBar* b = nullptr;
-      if (pid && n.open_bars.count(*pid) && n.open_rank[*pid] == lr) {
-        b = &n.workers[lr][n.open_bars[*pid]];
-        n.open_bars.erase(*pid);
-        n.open_rank.erase(*pid);
-      } else {  // a worker that could not start: a bar of no length
-        auto& lane = n.workers[lr];
-        lane.emplace_back();
-        b = &lane.back();
-        b->start = ts;
-        b->pid = pid;
-        b->global_rank = get_int(md, "global_rank");
-        b->attempt = get_int(md, "agent_restarts");
-        b->round = n.round;
-      }
-      b->end = ts;
-      b->ended = true;
-      b->exitcode = get_int(md, "exitcode");
-      b->signal = get_str(md, "signal", kMaxLabelBytes).value_or("");
-      b->raw_error = get_str(md, "raw_error").value_or("");
-      const std::string state = get_str(md, "state").value_or("");
-      if (state == "SUCCEEDED") {
-        b->outcome = Outcome::kSucceeded;
-      } else if (state == "STOPPED") {
-        b->outcome = Outcome::kStopped;
-      } else if (!b->signal.empty() || (b->exitcode && *b->exitcode < 0)) {
-        b->outcome = Outcome::kSignaled;
-      } else {
-        b->outcome = Outcome::kFailed;
-      }
-    }
-    // Other events (trun.agent.failure, names a newer trun adds) only widen the node's span.
+  // The model holds at least one node.
+  std::string render(const std::string& title) {
+    set_time_span();
+    int height = kLanesTop;
+    for (const Node& n : nodes_) height += group_height(n) + kNodeGap;
+    const int lanes_bottom = height - kNodeGap;
+    height += 16;
+
+    svg_ << "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline\" width=\"" << kWidth
+         << "\" height=\"" << height << "\" viewBox=\"0 0 " << kWidth << ' ' << height
+         << "\" shape-rendering=\"crispEdges\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n";
+    svg_ << "<rect x=\"0\" y=\"0\" width=\"" << kWidth << "\" height=\"" << height
+         << "\" fill=\"#ffffff\"/>\n";
+    legend(svg_);
+
+    // Lane backgrounds first, then round lines, then bars, then restart lines on top.
+    node_groups();
+    svg_ << lanes_.str();
+    lanes_.str(std::string());
+    axis(svg_, lanes_bottom);  // its grid lines over the lane backgrounds, under the bars
+    for (const Round& r : rounds_) round_marker(r, lanes_bottom);
+    svg_ << bars_.str();
+    bars_.str(std::string());
+    svg_ << marks_.str() << "</svg>\n";
+    marks_.str(std::string());
+    const std::string table = summary();
+    return html_page(title, table);
   }
 
-  std::string render(const std::string& title) {
-    if (nodes_.empty()) throw std::invalid_argument("a timeline needs at least one event");
-    for (Node& n : nodes_) {
-      const int64_t end = n.stop.value_or(n.last);
-      for (auto& [lr, lane] : n.workers) {
-        for (auto& b : lane) {
-          if (!b.ended) b.end = std::max(b.start, end);
-        }
-      }
-      for (auto& w : n.waits) {
-        if (w.open) {
-          w.end = std::max(w.start, end);
-          w.text = "rendezvous still waiting when the log ends";
-        }
-      }
-    }
-    std::stable_sort(nodes_.begin(), nodes_.end(), [](const Node& a, const Node& b) {
-      return std::tie(a.first, a.run_id, a.hostname, a.pid) <
-             std::tie(b.first, b.run_id, b.hostname, b.pid);
-    });
-    mark_root_causes();
-    std::stable_sort(rounds_.begin(), rounds_.end(),
-                     [](const Round& a, const Round& b) { return a.ts < b.ts; });
+ private:
+  static int group_height(const Node& n) {
+    return kNodeLaneHeight + kWorkerLaneHeight * static_cast<int>(n.workers.size());
+  }
 
+  void set_time_span() {
     t0_ = nodes_.front().first;
     int64_t t1 = nodes_.front().last;
     for (const Node& n : nodes_) {
@@ -395,84 +187,72 @@ class Builder {
       t1 = std::max(t1, n.last);
     }
     span_ = std::max<int64_t>(t1 - t0_, 1);
+  }
 
-    int height = kLanesTop;
-    for (const Node& n : nodes_) {
-      height += kNodeLaneHeight + kWorkerLaneHeight * static_cast<int>(n.workers.size()) + kNodeGap;
-    }
-    const int lanes_bottom = height - kNodeGap;
-    height += 16;
+  int xpos(int64_t ts) const {
+    const double f = static_cast<double>(ts - t0_) / static_cast<double>(span_);
+    return kLabelWidth + static_cast<int>(std::lround(f * (kWidth - kLabelWidth - kRightPad)));
+  }
+  std::string rel(int64_t ts) const { return "+" + secs(ts - t0_); }
 
-    std::ostringstream& svg = svg_;
-    svg << "<svg xmlns=\"http://www.w3.org/2000/svg\" id=\"timeline\" width=\"" << kWidth
-        << "\" height=\"" << height << "\" viewBox=\"0 0 " << kWidth << ' ' << height
-        << "\" shape-rendering=\"crispEdges\" font-family=\"DejaVu Sans, Arial, sans-serif\">\n";
-    svg << "<rect x=\"0\" y=\"0\" width=\"" << kWidth << "\" height=\"" << height
-        << "\" fill=\"#ffffff\"/>\n";
-    legend(svg);
-
-    // Lane backgrounds first, then round lines, then bars, then restart lines on top.
-    std::ostringstream &lanes = lanes_, &bars = bars_, &restarts = marks_;
+  // Per node: its group's background, its lane, its workers' lanes and its restart lines.
+  void node_groups() {
     int y = kLanesTop;
     size_t index = 0;
     for (const Node& n : nodes_) {
       const int group_top = y;
-      const int group_height =
-          kNodeLaneHeight + kWorkerLaneHeight * static_cast<int>(n.workers.size());
-      lanes << "<rect class=\"group-bg\" x=\"0\" y=\"" << group_top << "\" width=\"" << kWidth
-            << "\" height=\"" << group_height << "\" fill=\""
-            << (index % 2 == 0 ? "#f5f7fb" : "#fdfdfd") << "\"/>\n";
-      node_lane(lanes, bars, n, y);
+      lanes_ << "<rect class=\"group-bg\" x=\"0\" y=\"" << group_top << "\" width=\"" << kWidth
+             << "\" height=\"" << group_height(n) << "\" fill=\""
+             << (index % 2 == 0 ? "#f5f7fb" : "#fdfdfd") << "\"/>\n";
+      node_lane(lanes_, bars_, n, y);
       y += kNodeLaneHeight;
       for (const auto& [lr, lane] : n.workers) {
-        worker_lane(lanes, bars, n, lr, lane, y);
+        worker_lane(lanes_, bars_, n, lr, lane, y);
         y += kWorkerLaneHeight;
       }
-      for (const Restart& r : n.restarts) {
-        const int x = xpos(r.ts);
-        restarts << "<g class=\"marker " << (r.counted ? "restart" : "reform") << "\" data-node=\""
-                 << esc(n.label()) << "\"><title>" << esc(n.label()) << " at " << esc(rel(r.ts))
-                 << ": " << esc(r.text) << "</title><rect x=\"" << x - 1 << "\" y=\"" << group_top
-                 << "\" width=\"2\" height=\"" << group_height << "\" fill=\""
-                 << (r.counted ? col::kRestart : col::kReform) << "\"/><rect x=\"" << x - 4
-                 << "\" y=\"" << group_top << "\" width=\"8\" height=\"" << group_height
-                 << "\" fill=\"transparent\"/></g>\n";
-        check_size();
-      }
+      for (const Restart& r : n.restarts) restart_marker(n, r, group_top);
       y += kNodeGap;
       ++index;
     }
-    svg << lanes.str();
-    lanes.str(std::string());
-    axis(svg, lanes_bottom);  // its grid lines over the lane backgrounds, under the bars
-    for (const Round& r : rounds_) {
-      const int x = xpos(r.ts);
-      std::string members;
-      for (const auto& m : r.members) {
-        if (!members.empty()) members += ", ";
-        members += m.node;
-        if (m.group_rank) members += " (group rank " + std::to_string(*m.group_rank) + ")";
-      }
-      svg << "<g class=\"marker round\" data-round=\"" << r.number << "\"><title>round " << r.number
-          << (r.run_id.empty() ? "" : " of run " + esc(r.run_id)) << " formed at "
-          << esc(rel(r.ts));
-      if (r.group_world_size) svg << ": " << *r.group_world_size << " node(s)";
-      if (r.world_size) svg << ", " << *r.world_size << " worker(s)";
-      svg << "; members: " << esc(members) << "</title><rect x=\"" << x - 1 << "\" y=\"" << kAxisY
-          << "\" width=\"2\" height=\"" << lanes_bottom - kAxisY << "\" fill=\"" << col::kRound
-          << "\"/><rect x=\"" << x - 4 << "\" y=\"" << kAxisY << "\" width=\"8\" height=\""
-          << lanes_bottom - kAxisY << "\" fill=\"transparent\"/><text x=\"" << x + 3 << "\" y=\""
-          << kRoundLabelY << "\" font-size=\"10\" fill=\"" << col::kRound << "\">r" << r.number;
-      if (r.group_world_size) svg << " \xC2\xB7 " << *r.group_world_size << "n";
-      svg << "</text></g>\n";
-      check_size();
-    }
-    svg << bars.str();
-    bars.str(std::string());
-    svg << restarts.str() << "</svg>\n";
-    restarts.str(std::string());
-    const std::string table = summary();
+  }
 
+  void restart_marker(const Node& n, const Restart& r, int group_top) {
+    const int x = xpos(r.ts);
+    const int height = group_height(n);
+    marks_ << "<g class=\"marker " << (r.counted ? "restart" : "reform") << "\" data-node=\""
+           << esc(n.label()) << "\"><title>" << esc(n.label()) << " at " << esc(rel(r.ts)) << ": "
+           << esc(r.text) << "</title><rect x=\"" << x - 1 << "\" y=\"" << group_top
+           << "\" width=\"2\" height=\"" << height << "\" fill=\""
+           << (r.counted ? col::kRestart : col::kReform) << "\"/><rect x=\"" << x - 4 << "\" y=\""
+           << group_top << "\" width=\"8\" height=\"" << height
+           << "\" fill=\"transparent\"/></g>\n";
+    check_size();
+  }
+
+  void round_marker(const Round& r, int lanes_bottom) {
+    const int x = xpos(r.ts);
+    std::string members;
+    for (const auto& m : r.members) {
+      if (!members.empty()) members += ", ";
+      members += m.node;
+      if (m.group_rank) members += " (group rank " + std::to_string(*m.group_rank) + ")";
+    }
+    std::ostringstream& svg = svg_;
+    svg << "<g class=\"marker round\" data-round=\"" << r.number << "\"><title>round " << r.number
+        << (r.run_id.empty() ? "" : " of run " + esc(r.run_id)) << " formed at " << esc(rel(r.ts));
+    if (r.group_world_size) svg << ": " << *r.group_world_size << " node(s)";
+    if (r.world_size) svg << ", " << *r.world_size << " worker(s)";
+    svg << "; members: " << esc(members) << "</title><rect x=\"" << x - 1 << "\" y=\"" << kAxisY
+        << "\" width=\"2\" height=\"" << lanes_bottom - kAxisY << "\" fill=\"" << col::kRound
+        << "\"/><rect x=\"" << x - 4 << "\" y=\"" << kAxisY << "\" width=\"8\" height=\""
+        << lanes_bottom - kAxisY << "\" fill=\"transparent\"/><text x=\"" << x + 3 << "\" y=\""
+        << kRoundLabelY << "\" font-size=\"10\" fill=\"" << col::kRound << "\">r" << r.number;
+    if (r.group_world_size) svg << " \xC2\xB7 " << *r.group_world_size << "n";
+    svg << "</text></g>\n";
+    check_size();
+  }
+
+  std::string html_page(const std::string& title, const std::string& table) {
     std::ostringstream html;
     html << "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>"
          << esc(title) << "</title>\n<style>\n"
@@ -487,38 +267,10 @@ class Builder {
          << nodes_.size() << " node(s), " << rounds_.size() << " round(s); time 0 is "
          << esc(utc(t0_)) << ", spanning " << esc(secs(span_))
          << ". Each node's events carry its own clock. Hover for details.</p>\n"
-         << svg.str();
-    svg.str(std::string());
+         << svg_.str();
+    svg_.str(std::string());
     html << table << "</body>\n</html>\n";
     return html.str();
-  }
-
- private:
-  int xpos(int64_t ts) const {
-    const double f = static_cast<double>(ts - t0_) / static_cast<double>(span_);
-    return kLabelWidth + static_cast<int>(std::lround(f * (kWidth - kLabelWidth - kRightPad)));
-  }
-  std::string rel(int64_t ts) const { return "+" + secs(ts - t0_); }
-
-  // The root cause of each failed round: of the workers that failed in it (exited with a code or
-  // by a signal; not those trun stopped) on every node, the one that exited first (ties: the
-  // node drawn first). A peer that failed because of it (a connection closed by the dead rank)
-  // stays an ordinary failure. Rounds are told apart by run id, round and restart count.
-  void mark_root_causes() {
-    std::map<std::tuple<std::string, int64_t, int64_t>, WorkerBar*> first;
-    for (Node& n : nodes_) {
-      for (auto& [lr, lane] : n.workers) {
-        for (auto& b : lane) {
-          if (!b.ended || (b.outcome != Outcome::kFailed && b.outcome != Outcome::kSignaled)) {
-            continue;
-          }
-          auto key = std::make_tuple(n.run_id, b.round.value_or(-1), b.attempt.value_or(-1));
-          auto [it, fresh] = first.emplace(key, &b);
-          if (!fresh && b.end < it->second->end) it->second = &b;
-        }
-      }
-    }
-    for (auto& [key, b] : first) b->root_cause = true;
   }
 
   void legend(std::ostringstream& svg) const {
@@ -744,217 +496,16 @@ class Builder {
     }
   }
 
-  uint64_t max_page_bytes_;
+  const uint64_t max_page_bytes_;
+  const std::vector<Node>& nodes_;
+  const std::vector<Round>& rounds_;
   // The parts of the page (mutable: check_size() reads their sizes from const members).
   mutable std::ostringstream svg_, lanes_, bars_, marks_, table_;
-  std::vector<Node> nodes_;
-  std::map<std::tuple<std::string, std::string, int64_t>, size_t> index_;
-  std::vector<Round> rounds_;
-  std::map<std::pair<std::string, int64_t>, size_t> round_index_;
   int64_t t0_ = 0;
   int64_t span_ = 1;
 };
 
 }  // namespace
-
-namespace {
-
-// Whether arrays and objects nest deeper than `limit` in `line` (brackets inside strings do not
-// count). Checked before parsing: a line of a million "[" is refused in one pass, without
-// building a million nested values.
-bool nested_deeper_than(const std::string& line, int limit) {
-  int depth = 0;
-  bool in_string = false, escaped = false;
-  for (char c : line) {
-    if (in_string) {
-      if (escaped) {
-        escaped = false;
-      } else if (c == '\\') {
-        escaped = true;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if ((c == ']' || c == '}') && depth > 0) {
-      --depth;
-    }
-  }
-  return false;
-}
-
-}  // namespace
-
-std::optional<TimelineEvent> parse_timeline_event(const std::string& line, std::string* error) {
-  if (line.size() > kMaxEventLineBytes) {
-    *error = "longer than " + std::to_string(kMaxEventLineBytes >> 20) + " MiB";
-    return std::nullopt;
-  }
-  if (nested_deeper_than(line, kMaxEventNesting)) {
-    *error = "nested deeper than " + std::to_string(kMaxEventNesting) + " levels";
-    return std::nullopt;
-  }
-  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    *error = "not a JSON value";
-    return std::nullopt;
-  }
-  if (!j.is_object()) {
-    *error = "not a JSON object";
-    return std::nullopt;
-  }
-  TimelineEvent e;
-  auto name = j.find("name");
-  if (name == j.end() || !name->is_string()) {
-    *error = "no string \"name\"";
-    return std::nullopt;
-  }
-  e.name = name->get<std::string>();
-  auto ts = j.find("timestamp");
-  if (ts == j.end() || !ts->is_number_integer()) {
-    *error = "no integer \"timestamp\"";
-    return std::nullopt;
-  }
-  // Milliseconds since the epoch, up to the year 9999: anything else (negative, -2^63, a
-  // number that does not fit int64_t) is not a time trun wrote, and would make the spans
-  // computed from it overflow.
-  const bool in_range = ts->is_number_unsigned()
-                            ? ts->get<uint64_t>() <= static_cast<uint64_t>(kMaxTimestampMs)
-                            : ts->get<int64_t>() >= 0 && ts->get<int64_t>() <= kMaxTimestampMs;
-  if (!in_range) {
-    *error = "\"timestamp\" " + ts->dump() + " out of range (0.." +
-             std::to_string(kMaxTimestampMs) + " ms since the epoch)";
-    return std::nullopt;
-  }
-  e.timestamp_ms = ts->get<int64_t>();
-  auto md = j.find("metadata");
-  if (md == j.end() || !md->is_object()) {
-    *error = "no object \"metadata\"";
-    return std::nullopt;
-  }
-  e.metadata = std::move(*md);
-  return e;
-}
-
-EventLogParser::EventLogParser(uint32_t file, std::vector<TimelineEvent>* events, OnSkip on_skip)
-    : file_(file), events_(events), on_skip_(std::move(on_skip)) {}
-
-void EventLogParser::feed(const char* data, size_t size) {
-  const char* end = data + size;
-  while (data < end) {
-    const char* nl = static_cast<const char*>(std::memchr(data, '\n', end - data));
-    const char* stop = nl != nullptr ? nl : end;
-    const size_t n = static_cast<size_t>(stop - data);
-    if (!overlong_) {
-      if (line_.size() + n > kMaxEventLineBytes) {
-        overlong_ = true;  // the rest of this line is dropped as it comes
-        line_.clear();
-        line_.shrink_to_fit();
-      } else {
-        line_.append(data, n);
-      }
-    }
-    data = stop;
-    if (nl != nullptr) {
-      ++data;
-      end_line();
-    }
-  }
-}
-
-void EventLogParser::finish() {
-  if (overlong_ || !line_.empty()) end_line();
-}
-
-void EventLogParser::end_line() {
-  ++line_no_;
-  const bool overlong = overlong_;
-  overlong_ = false;
-  std::string line;
-  line.swap(line_);
-  if (!line.empty() && line.back() == '\r') line.pop_back();
-  std::string error;
-  std::optional<TimelineEvent> e;
-  if (overlong) {
-    error = "longer than " + std::to_string(kMaxEventLineBytes >> 20) + " MiB";
-  } else if (line.find_first_not_of(" \t") == std::string::npos) {
-    return;
-  } else {
-    e = parse_timeline_event(line, &error);
-  }
-  if (!e) {
-    if (on_skip_) on_skip_(line_no_, error);
-    return;
-  }
-  e->file = file_;
-  e->line = line_no_;
-  events_->push_back(std::move(*e));
-  ++found_;
-}
-
-std::string printable(std::string_view text, bool keep_newlines) {
-  // Most text is plain ASCII: kept as it is.
-  if (std::all_of(text.begin(), text.end(), [](char c) { return c >= 0x20 && c < 0x7F; })) {
-    return std::string(text);
-  }
-  std::string out;
-  out.reserve(text.size());
-  auto hex = [&](const char* prefix, unsigned v, int digits) {
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%s%0*X", prefix, digits, v);
-    out += buf;
-  };
-  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
-  const size_t n = text.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    if (c < 0x80) {
-      if ((c >= 0x20 && c != 0x7F) || (keep_newlines && (c == '\n' || c == '\t'))) {
-        out += static_cast<char>(c);
-      } else {
-        hex("\\x", c, 2);
-      }
-      ++i;
-      continue;
-    }
-    // A UTF-8 sequence: its length, the smallest code point of that length (shorter encodings
-    // are invalid), and its continuation bytes.
-    size_t len = 0;
-    uint32_t cp = 0, min = 0;
-    if ((c & 0xE0) == 0xC0) {
-      len = 2, cp = c & 0x1F, min = 0x80;
-    } else if ((c & 0xF0) == 0xE0) {
-      len = 3, cp = c & 0x0F, min = 0x800;
-    } else if ((c & 0xF8) == 0xF0) {
-      len = 4, cp = c & 0x07, min = 0x10000;
-    }
-    bool ok = len != 0 && i + len <= n;
-    for (size_t k = 1; ok && k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) {
-        ok = false;
-      } else {
-        cp = (cp << 6) | (p[i + k] & 0x3F);
-      }
-    }
-    ok = ok && cp >= min && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
-    if (!ok) {
-      hex("\\x", c, 2);  // this byte only; the next one starts afresh
-      ++i;
-      continue;
-    }
-    const bool c1 = cp >= 0x80 && cp <= 0x9F;
-    const bool bidi = (cp >= 0x202A && cp <= 0x202E) || (cp >= 0x2066 && cp <= 0x2069);
-    if (c1 || bidi) {
-      hex("\\u", cp, 4);
-    } else {
-      out.append(text.data() + i, len);
-    }
-    i += len;
-  }
-  return out;
-}
 
 std::string render_timeline_html(const std::vector<TimelineEvent>& events, const std::string& title,
                                  uint64_t max_page_bytes) {
@@ -963,9 +514,11 @@ std::string render_timeline_html(const std::vector<TimelineEvent>& events, const
   for (const auto& e : events) sorted.push_back(&e);
   std::stable_sort(sorted.begin(), sorted.end(),
                    [](const auto* a, const auto* b) { return a->timestamp_ms < b->timestamp_ms; });
-  Builder b(max_page_bytes);
-  for (const auto* e : sorted) b.add(*e);
-  return b.render(title);
+  TimelineModel model;
+  for (const auto* e : sorted) model.add(*e);
+  if (model.nodes().empty()) throw std::invalid_argument("a timeline needs at least one event");
+  model.finish();
+  return Page(model, max_page_bytes).render(title);
 }
 
 }  // namespace trun::launcher

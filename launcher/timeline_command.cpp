@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -164,16 +165,21 @@ bool write_file(const std::string& path, const std::string& data, std::string* e
   return true;
 }
 
-int run(int argc, char** argv, uint64_t* bytes_read, size_t* events_read) {
+struct Options {
   std::vector<Input> inputs;
   std::string output, title;
   uint64_t max_input = kDefaultMaxInputBytes;
+};
+
+// The command line into *o. Returns the exit code when the command ends here (--help, a
+// command-line error), nullopt to go on.
+std::optional<int> parse_args(int argc, char** argv, Options* o) {
   bool only_files = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     auto value = [&]() -> const char* { return i + 1 < argc ? argv[++i] : nullptr; };
     if (only_files) {
-      inputs.push_back({a});
+      o->inputs.push_back({a});
     } else if (a == "--") {
       only_files = true;
     } else if (a == "-h" || a == "--help") {
@@ -182,45 +188,49 @@ int run(int argc, char** argv, uint64_t* bytes_read, size_t* events_read) {
     } else if (a == "-o" || a == "--output") {
       const char* v = value();
       if (v == nullptr) return usage_error(a + " needs a file name");
-      output = v;
+      o->output = v;
     } else if (a.rfind("--output=", 0) == 0) {
-      output = a.substr(9);
+      o->output = a.substr(9);
     } else if (a == "--title") {
       const char* v = value();
       if (v == nullptr) return usage_error("--title needs a text");
-      title = v;
+      o->title = v;
     } else if (a.rfind("--title=", 0) == 0) {
-      title = a.substr(8);
+      o->title = a.substr(8);
     } else if (a == "--max-input-size" || a.rfind("--max-input-size=", 0) == 0) {
       const char* v = a.size() > 16 ? a.c_str() + 17 : value();
       if (v == nullptr) return usage_error("--max-input-size needs a size");
-      if (!parse_size(v, &max_input)) {
+      if (!parse_size(v, &o->max_input)) {
         return usage_error("--max-input-size=" + std::string(v) +
                            ": expected a positive number of bytes, with K, M or G");
       }
     } else if (a.size() > 1 && a[0] == '-') {
       return usage_error("unknown option " + a);
     } else {
-      inputs.push_back({a});
+      o->inputs.push_back({a});
     }
   }
-  if (inputs.empty()) return usage_error("no event log given (trun timeline EVENTLOG... -o FILE)");
-  if (output.empty()) return usage_error("no output file given (-o FILE)");
+  if (o->inputs.empty()) {
+    return usage_error("no event log given (trun timeline EVENTLOG... -o FILE)");
+  }
+  if (o->output.empty()) return usage_error("no output file given (-o FILE)");
+  return std::nullopt;
+}
 
-  // The output: new, or a regular file that is none of the inputs (`-o run.jsonl` by mistake
-  // must not replace the log with HTML). A symbolic link, a device, a FIFO are refused: the
-  // rename would replace the link or the device node itself.
+// The output: new, or a regular file that is none of the inputs (`-o run.jsonl` by mistake
+// must not replace the log with HTML). A symbolic link, a device, a FIFO are refused: the
+// rename would replace the link or the device node itself. Every input is looked at before any
+// is read: only regular files, their sizes together within --max-input-size, none of them the
+// output. Fills in the inputs' stat. Returns the exit code when one is refused.
+std::optional<int> check_files(Options* o) {
   struct stat out_st {};
-  const bool out_exists = ::lstat(output.c_str(), &out_st) == 0;
+  const bool out_exists = ::lstat(o->output.c_str(), &out_st) == 0;
   if (out_exists && !S_ISREG(out_st.st_mode)) {
-    return refuse("-o " + output + " is " + kind_of(out_st.st_mode) +
+    return refuse("-o " + o->output + " is " + kind_of(out_st.st_mode) +
                   ": the page is written only to a new or a regular file");
   }
-
-  // Every input is looked at before any is read: only regular files, their sizes together
-  // within --max-input-size, none of them the output.
   uint64_t total = 0;
-  for (Input& in : inputs) {
+  for (Input& in : o->inputs) {
     if (::stat(in.path.c_str(), &in.st) != 0) {
       return input_error("cannot read the event log " + in.path + ": " + std::strerror(errno));
     }
@@ -229,103 +239,134 @@ int run(int argc, char** argv, uint64_t* bytes_read, size_t* events_read) {
                          ", not a regular file");
     }
     if (out_exists && in.st.st_dev == out_st.st_dev && in.st.st_ino == out_st.st_ino) {
-      return refuse("-o " + output + " is the event log " + in.path +
+      return refuse("-o " + o->output + " is the event log " + in.path +
                     " (the same file): refusing to overwrite an input");
     }
     const uint64_t size = static_cast<uint64_t>(in.st.st_size);
     total += size;
-    if (total > max_input) {
+    if (total > o->max_input) {
       return input_error(
           "the event log " + in.path + " is " + size_text(size) +
-          (inputs.size() > 1 ? ", " + size_text(total) + " with the files before it" : "") +
-          ": over --max-input-size " + size_text(max_input) + " (raise it to draw larger logs)");
+          (o->inputs.size() > 1 ? ", " + size_text(total) + " with the files before it" : "") +
+          ": over --max-input-size " + size_text(o->max_input) + " (raise it to draw larger logs)");
     }
   }
+  return std::nullopt;
+}
 
+// What has been read of all the inputs so far: the events, and the counts that an
+// out-of-memory message reports.
+struct Reading {
   std::vector<TimelineEvent> events;
   std::vector<std::string> run_ids;  // the first few, for the default title
   bool more_run_ids = false;
-  std::vector<char> buf(1 << 16);
-  for (size_t f = 0; f < inputs.size(); ++f) {
-    const Input& in = inputs[f];
-    std::string error;
-    const int fd = open_regular(in, &error);
-    if (fd < 0) return input_error("cannot read the event log " + in.path + ": " + error);
-    int skipped = 0;
-    const size_t first_event = events.size();
-    EventLogParser parser(
-        static_cast<uint32_t>(f), &events, [&](uint64_t line, const std::string& reason) {
-          if (++skipped <= kMaxLineWarnings) {
-            std::fprintf(stderr,
-                         "trun timeline: warning: %s:%llu: not an event (%s); "
-                         "skipped\n",
-                         printable(in.path).c_str(), static_cast<unsigned long long>(line),
-                         printable(reason).c_str());
-          }
-        });
-    for (;;) {
-      const ssize_t n = ::read(fd, buf.data(), buf.size());
-      if (n > 0) {
-        *bytes_read += static_cast<uint64_t>(n);
-        if (*bytes_read > max_input) {  // it grows while read (a running agent's log)
-          ::close(fd);
-          return input_error("the event log " + in.path + " grew while read: over " +
-                             "--max-input-size " + size_text(max_input) + " in all");
+  uint64_t* bytes_read;
+  size_t* events_read;
+};
+
+// The run ids of events[first...], added to those the default title names.
+void note_run_ids(Reading* r, size_t first) {
+  for (size_t i = first; i < r->events.size(); ++i) {
+    auto it = r->events[i].metadata.find("run_id");
+    if (it == r->events[i].metadata.end() || !it->is_string()) continue;
+    const std::string& id = it->get_ref<const std::string&>();
+    if (std::find(r->run_ids.begin(), r->run_ids.end(), id) != r->run_ids.end()) continue;
+    if (r->run_ids.size() < kMaxTitleRunIds) {
+      r->run_ids.push_back(id);
+    } else {
+      r->more_run_ids = true;
+    }
+  }
+}
+
+// Reads the input `f` into r->events, warning about the lines that are not events. Returns the
+// exit code when it cannot be read or the input grows past --max-input-size.
+std::optional<int> read_input(const Options& o, size_t f, std::vector<char>& buf, Reading* r) {
+  const Input& in = o.inputs[f];
+  std::string error;
+  const int fd = open_regular(in, &error);
+  if (fd < 0) return input_error("cannot read the event log " + in.path + ": " + error);
+  int skipped = 0;
+  const size_t first_event = r->events.size();
+  EventLogParser parser(
+      static_cast<uint32_t>(f), &r->events, [&](uint64_t line, const std::string& reason) {
+        if (++skipped <= kMaxLineWarnings) {
+          std::fprintf(stderr,
+                       "trun timeline: warning: %s:%llu: not an event (%s); "
+                       "skipped\n",
+                       printable(in.path).c_str(), static_cast<unsigned long long>(line),
+                       printable(reason).c_str());
         }
-        parser.feed(buf.data(), static_cast<size_t>(n));
-        *events_read = events.size();
-      } else if (n == 0) {
-        break;
-      } else if (errno != EINTR) {
-        error = std::strerror(errno);
+      });
+  for (;;) {
+    const ssize_t n = ::read(fd, buf.data(), buf.size());
+    if (n > 0) {
+      *r->bytes_read += static_cast<uint64_t>(n);
+      if (*r->bytes_read > o.max_input) {  // it grows while read (a running agent's log)
         ::close(fd);
-        return input_error("cannot read the event log " + in.path + ": " + error);
+        return input_error("the event log " + in.path + " grew while read: over " +
+                           "--max-input-size " + size_text(o.max_input) + " in all");
       }
-    }
-    ::close(fd);
-    parser.finish();
-    *events_read = events.size();
-    for (size_t i = first_event; i < events.size(); ++i) {
-      auto it = events[i].metadata.find("run_id");
-      if (it == events[i].metadata.end() || !it->is_string()) continue;
-      const std::string& id = it->get_ref<const std::string&>();
-      if (std::find(run_ids.begin(), run_ids.end(), id) != run_ids.end()) continue;
-      if (run_ids.size() < kMaxTitleRunIds) {
-        run_ids.push_back(id);
-      } else {
-        more_run_ids = true;
-      }
-    }
-    if (skipped > kMaxLineWarnings) {
-      std::fprintf(stderr, "trun timeline: warning: %s: %d more line(s) skipped\n",
-                   printable(in.path).c_str(), skipped - kMaxLineWarnings);
-    }
-    if (parser.events_found() == 0 && inputs.size() > 1) {
-      std::fprintf(stderr, "trun timeline: warning: %s holds no event\n",
-                   printable(in.path).c_str());
+      parser.feed(buf.data(), static_cast<size_t>(n));
+      *r->events_read = r->events.size();
+    } else if (n == 0) {
+      break;
+    } else if (errno != EINTR) {
+      error = std::strerror(errno);
+      ::close(fd);
+      return input_error("cannot read the event log " + in.path + ": " + error);
     }
   }
-  if (events.empty()) {
+  ::close(fd);
+  parser.finish();
+  *r->events_read = r->events.size();
+  note_run_ids(r, first_event);
+  if (skipped > kMaxLineWarnings) {
+    std::fprintf(stderr, "trun timeline: warning: %s: %d more line(s) skipped\n",
+                 printable(in.path).c_str(), skipped - kMaxLineWarnings);
+  }
+  if (parser.events_found() == 0 && o.inputs.size() > 1) {
+    std::fprintf(stderr, "trun timeline: warning: %s holds no event\n", printable(in.path).c_str());
+  }
+  return std::nullopt;
+}
+
+// "trun timeline" and the first run ids.
+std::string default_title(const Reading& r) {
+  std::string title = "trun timeline";
+  for (size_t i = 0; i < r.run_ids.size(); ++i) title += (i == 0 ? ": " : ", ") + r.run_ids[i];
+  if (r.more_run_ids) title += ", ...";
+  return title;
+}
+
+int run(int argc, char** argv, uint64_t* bytes_read, size_t* events_read) {
+  Options o;
+  if (auto code = parse_args(argc, argv, &o)) return *code;
+  if (auto code = check_files(&o)) return *code;
+  Reading r;
+  r.bytes_read = bytes_read;
+  r.events_read = events_read;
+  std::vector<char> buf(1 << 16);
+  for (size_t f = 0; f < o.inputs.size(); ++f) {
+    if (auto code = read_input(o, f, buf, &r)) return *code;
+  }
+  if (r.events.empty()) {
     return input_error("no event in " +
-                       (inputs.size() == 1 ? inputs[0].path : "any of the files given"));
+                       (o.inputs.size() == 1 ? o.inputs[0].path : "any of the files given"));
   }
-  if (title.empty()) {
-    title = "trun timeline";
-    for (size_t i = 0; i < run_ids.size(); ++i) title += (i == 0 ? ": " : ", ") + run_ids[i];
-    if (more_run_ids) title += ", ...";
-  }
+  const std::string title = o.title.empty() ? default_title(r) : o.title;
   std::string html;
   try {
-    html = render_timeline_html(events, title, std::max(kMinMaxPageBytes, 2 * max_input));
+    html = render_timeline_html(r.events, title, std::max(kMinMaxPageBytes, 2 * o.max_input));
   } catch (const TimelinePageTooLarge& e) {
-    return input_error(std::string("cannot draw ") + std::to_string(events.size()) +
+    return input_error(std::string("cannot draw ") + std::to_string(r.events.size()) +
                        " events: " + e.what() + "; nothing written");
   }
-  events.clear();
-  events.shrink_to_fit();
+  r.events.clear();
+  r.events.shrink_to_fit();
   std::string error;
-  if (!write_file(output, html, &error)) {
-    return input_error("cannot write " + output + ": " + error);
+  if (!write_file(o.output, html, &error)) {
+    return input_error("cannot write " + o.output + ": " + error);
   }
   return 0;
 }
