@@ -27,6 +27,7 @@
 #include "agent/process_supervisor.h"
 #include "agent/rendezvous_session.h"
 #include "agent/worker_env.h"
+#include "base/check.h"
 #include "rendezvous/handler.h"
 
 extern char** environ;
@@ -479,15 +480,16 @@ int Agent::run_job() {
 Agent::Next Agent::after_round_over() {
   const rendezvous::RoundEvent e = *session_->round_over();
   using Kind = rendezvous::RoundEvent::Kind;
+  // Set for a worker failure, the only round end decide_after_round restarts (counted) or gives
+  // up on: the earliest failure across nodes, the round's first report when none could be read.
+  const RootCause* root = nullptr;
   if (e.kind == Kind::kWorkerFailed) {
-    resolve_root_cause(std::nullopt);
+    root = &resolve_root_cause(std::nullopt);
   } else if (e.kind == Kind::kNodeJoined || e.kind == Kind::kNodeLeft || e.kind == Kind::kRestart) {
     // Only says that this node stopped (a failure reported in this round waits for it). Not
     // when the store may be out of reach (store lost, this node declared dead) or the job ended.
     session_->round_failures(std::chrono::milliseconds(0));
   }
-  // The round's first report, unless the others' reports name an earlier failure.
-  const std::string root_line = root_cause_ ? root_cause_line(*root_cause_) : e.detail;
   const RoundAction action =
       decide_after_round(e.kind, session_->dynamic(), restart_count_, config_.max_restarts);
   switch (action) {
@@ -508,18 +510,18 @@ Agent::Next Agent::after_round_over() {
       spdlog::error("the job was closed by node {}: {}", e.node_id, e.detail);
       return Next{kExitWorkersFailed};
     case RoundAction::kNoRestartsLeft:
+      TRUN_CHECK(root != nullptr, "no restarts left after a " << e.describe());
       std::fprintf(stderr,
                    "trun: error: the worker group failed on node %s and no restarts are "
                    "left (%d/%d)\n%s\n",
-                   root_cause_ ? root_cause_->node_id.c_str() : e.node_id.c_str(), restart_count_,
-                   config_.max_restarts,
-                   root_cause_ ? root_line.c_str() : ("root cause: " + e.detail).c_str());
+                   root->node_id.c_str(), restart_count_, config_.max_restarts,
+                   root_cause_line(*root).c_str());
       std::fflush(stderr);
       session_->close_job();
       return Next{kExitWorkersFailed};
     case RoundAction::kRestart:
-      spdlog::warn("worker failure on node {}; {}", root_cause_ ? root_cause_->node_id : e.node_id,
-                   root_line);
+      TRUN_CHECK(root != nullptr, "a counted restart after a " << e.describe());
+      spdlog::warn("worker failure on node {}; {}", root->node_id, root_cause_line(*root));
       return Next{Next::kAgain, true};
     case RoundAction::kReform:
       spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
@@ -540,7 +542,7 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
     const int64_t at =
         failures_.empty() ? unix_ms() : failures_[root_cause_index(failures_)].exited_at_ms;
     session_->report_worker_failure(line, at);
-    snap_.last_failure = failure_line(failures_, hostname_);
+    snap_.last_failure = line;
     status_.last_failure = snap_.last_failure;
     status_.last_failure_at = unix_seconds();
     if (!failures_.empty()) {
