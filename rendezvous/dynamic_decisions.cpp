@@ -1,7 +1,6 @@
 #include "rendezvous/dynamic_decisions.h"
 
 #include <algorithm>
-#include <charconv>
 #include <map>
 
 #include "base/check.h"
@@ -425,8 +424,7 @@ void take_failure_time(OverRecord* r) {
   if (d.size() < 3 || d.compare(0, 2, "t=") != 0) return;
   const size_t end = std::min(d.find(' '), d.size());
   int64_t ms = 0;
-  auto [p, ec] = std::from_chars(d.data() + 2, d.data() + end, ms);
-  if (ec != std::errc() || p != d.data() + end || ms < 0) return;
+  if (!parse_decimal(std::string_view(d).substr(2, end - 2), &ms) || ms < 0) return;
   r->failed_at_ms = ms;
   r->detail = end < d.size() ? d.substr(end + 1) : std::string();
 }
