@@ -3,6 +3,10 @@
 // clock reads (callers pass `now`), no threads. dynamic_rendezvous.cpp is the executor that reads
 // and writes the backend and acts on these decisions. docs/rendezvous.md describes the protocol.
 //
+// Three files implement it: dynamic_records.cpp (the records: nodes, round results and their rank
+// map, the round key, the over-log), dynamic_decisions.cpp (ranks, the leader, a joining node,
+// keep-alive, the waiting line) and dynamic_failover.cpp (quorum and store failover).
+//
 // Thread safety: everything here is a pure function or a plain value.
 
 #include <chrono>

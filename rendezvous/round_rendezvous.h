@@ -3,6 +3,11 @@
 // RendezvousBackend: the keep-alive thread, the per-round "over" key that pushes round ends to
 // every node, the callback thread, closing and shutdown. Subclasses implement join_round().
 //
+// Three files implement it: round_setup.cpp (the free functions below, up to host_store:
+// endpoints, node ids, options, the first round's clock, hosting the store), round_rendezvous.cpp
+// (the handler: joining, the lease, keep-alives, closing, shutdown) and round_over.cpp (the
+// round-over side: wait_round_over, the callback thread, failure reports).
+//
 // Locking: mu_ guards the round state below; no backend call is made while holding it.
 
 #include <atomic>
