@@ -4,6 +4,8 @@
 #include <climits>
 #include <cstdint>
 #include <cstdlib>
+#include <functional>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -340,58 +342,70 @@ void parse_host_port(const std::string& rest, const std::string& from, const std
   *port = static_cast<int>(parse_int(from + " port", p, 1, 65535));
 }
 
-}  // namespace
-
-WorkerEnv WorkerEnv::parse(const Lookup& lookup) { return parse(lookup, InitOptions{}); }
-
-WorkerEnv WorkerEnv::parse(const Lookup& lookup, const InitOptions& options) {
-  WorkerEnv env;
-  if (const char* v = lookup("TORCHELASTIC_ERROR_FILE")) env.error_file = v;
-  if (const char* v = lookup("TRUN_STORE_TOKEN")) env.store_token = v;
+// The store's client settings: the error file, the token and the dialect.
+void read_client_settings(const Lookup& lookup, WorkerEnv* env) {
+  if (const char* v = lookup("TORCHELASTIC_ERROR_FILE")) env->error_file = v;
+  if (const char* v = lookup("TRUN_STORE_TOKEN")) env->store_token = v;
   if (const char* v = lookup("TRUN_STORE_DIALECT")) {
     auto d = store::parse_store_dialect(v);
     if (!d) {
       throw EnvError(std::string("TRUN_STORE_DIALECT='") + v +
                      "': expected auto, trun, torch2 or torch1.13");
     }
-    env.store_dialect = *d;
+    env->store_dialect = *d;
   }
+}
 
-  // The init method: the program's, else TRUN_INIT_METHOD, else env://.
-  std::string url = options.init_method;
-  std::string url_from = "InitOptions::init_method";
-  if (url.empty() || url == "env://") {
-    url = "env://";
+// The init method in effect and the rank and world size the program (or its URL) gives.
+struct InitMethod {
+  std::string url;   // as given
+  std::string from;  // where it came from, for messages
+  Url u;
+  int given_rank = -1, given_world = -1;  // -1: not given
+};
+
+// The init method: the program's, else TRUN_INIT_METHOD, else env://. Then the rank and world
+// size: InitOptions' or the URL's query, never both, always together.
+InitMethod read_init_method(const Lookup& lookup, const InitOptions& options) {
+  InitMethod m;
+  m.url = options.init_method;
+  m.from = "InitOptions::init_method";
+  if (m.url.empty() || m.url == "env://") {
+    m.url = "env://";
     if (const char* v = lookup("TRUN_INIT_METHOD")) {
-      url = v;
-      url_from = "TRUN_INIT_METHOD";
-      if (url.empty()) throw EnvError("TRUN_INIT_METHOD is set but empty");
+      m.url = v;
+      m.from = "TRUN_INIT_METHOD";
+      if (m.url.empty()) throw EnvError("TRUN_INIT_METHOD is set but empty");
     }
   }
-  Url u = parse_url(url, url_from);
-  if ((options.rank >= 0 || options.world_size > 0) && (u.rank >= 0 || u.world_size > 0))
-    throw EnvError(url_from + "='" + url +
+  m.u = parse_url(m.url, m.from);
+  if ((options.rank >= 0 || options.world_size > 0) && (m.u.rank >= 0 || m.u.world_size > 0))
+    throw EnvError(m.from + "='" + m.url +
                    "' has rank/world_size in its query, and InitOptions::rank/world_size are set "
                    "too: give them one way");
-  const int given_rank = options.rank >= 0 ? options.rank : u.rank;
-  const int given_world = options.world_size > 0 ? options.world_size : u.world_size;
+  m.given_rank = options.rank >= 0 ? options.rank : m.u.rank;
+  m.given_world = options.world_size > 0 ? options.world_size : m.u.world_size;
   const std::string given_from = options.rank >= 0 || options.world_size > 0
                                      ? "InitOptions::rank/world_size"
-                                     : url_from + "'s query";
-  if ((given_rank >= 0) != (given_world > 0))
+                                     : m.from + "'s query";
+  if ((m.given_rank >= 0) != (m.given_world > 0))
     throw EnvError(given_from + ": rank and world_size go together (rank " +
-                   std::to_string(given_rank) + ", world_size " + std::to_string(given_world) +
+                   std::to_string(m.given_rank) + ", world_size " + std::to_string(m.given_world) +
                    ")");
-  if (given_rank >= given_world && given_world > 0)
-    throw EnvError(given_from + ": rank " + std::to_string(given_rank) +
-                   " is not below world_size " + std::to_string(given_world));
+  if (m.given_rank >= m.given_world && m.given_world > 0)
+    throw EnvError(given_from + ": rank " + std::to_string(m.given_rank) +
+                   " is not below world_size " + std::to_string(m.given_world));
+  return m;
+}
 
-  // The launcher environment: torch > slurm > mpi > none.
-  const bool is_env = u.scheme == "env";
+// The launcher environment: torch > slurm > mpi > none. nullopt: standalone (env:// and no
+// launcher at all), a world of size 1.
+std::optional<Launch> read_launch(const Lookup& lookup, const InitMethod& m) {
+  const bool is_env = m.u.scheme == "env";
   Launch l;
   if (const char* first = first_set(
           lookup, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK"})) {
-    l = torch_launch(lookup, first, is_env && given_world < 0);
+    l = torch_launch(lookup, first, is_env && m.given_world < 0);
   } else if (const char* step = lookup("SLURM_STEP_ID");
              step && base::is_srun_step_id(step) && !mpirun_in_allocation(lookup)) {
     l = slurm_launch(lookup);
@@ -399,103 +413,138 @@ WorkerEnv WorkerEnv::parse(const Lookup& lookup, const InitOptions& options) {
     l = mpi_launch(lookup, true);
   } else if (lookup("PMI_RANK") || lookup("PMI_SIZE")) {
     l = mpi_launch(lookup, false);
-  } else if (is_env && given_world < 0) {
-    if (const char* m = first_set(lookup, {"MASTER_ADDR", "MASTER_PORT"}))
-      throw EnvError(std::string("RANK is not set, but ") + m +
+  } else if (is_env && m.given_world < 0) {
+    if (const char* v = first_set(lookup, {"MASTER_ADDR", "MASTER_PORT"}))
+      throw EnvError(std::string("RANK is not set, but ") + v +
                      " is: the launcher environment is incomplete (need RANK, WORLD_SIZE, "
                      "MASTER_ADDR and MASTER_PORT), and there is no srun or mpirun environment");
-    return env;  // standalone: a world of size 1
+    return std::nullopt;
   } else {
     parse_master_vars(lookup, &l);
   }
+  return l;
+}
 
-  env.standalone = false;
-  if (given_world > 0) {
-    // The program's (or the URL's) numbers win, as in PyTorch; the launcher's placement only
-    // when it describes the same world.
-    const bool same = l.world_size == given_world && l.rank == given_rank;
+// Rank, world size and placement: the program's (or the URL's) numbers win, as in PyTorch; the
+// launcher's placement only when it describes the same world.
+void set_identity(const InitMethod& m, Launch l, WorkerEnv* env) {
+  if (m.given_world > 0) {
+    const bool same = l.world_size == m.given_world && l.rank == m.given_rank;
     if (!same) l.placement = false;
-    l.rank = given_rank;
-    l.world_size = given_world;
-    if (l.launcher == "standalone" || !same) l.launcher = is_env ? "torch" : u.scheme;
+    l.rank = m.given_rank;
+    l.world_size = m.given_world;
+    if (l.launcher == "standalone" || !same)
+      l.launcher = m.u.scheme == "env" ? "torch" : m.u.scheme;
   } else if (l.world_size < 0) {
-    throw EnvError(url_from + "='" + url +
+    throw EnvError(m.from + "='" + m.url +
                    "' needs a rank and a world size: set InitOptions::rank and world_size, add "
                    "?rank=R&world_size=N, or set RANK and WORLD_SIZE");
   }
-  env.launcher = l.launcher;
-  env.rank = l.rank;
-  env.world_size = l.world_size;
+  env->launcher = l.launcher;
+  env->rank = l.rank;
+  env->world_size = l.world_size;
   if (l.placement) {
-    env.local_rank = l.local_rank;
-    env.local_world_size = l.local_world_size;
-    env.group_rank = l.group_rank;
-    env.group_world_size = l.group_world_size;
+    env->local_rank = l.local_rank;
+    env->local_world_size = l.local_world_size;
+    env->group_rank = l.group_rank;
+    env->group_world_size = l.group_world_size;
   } else {
     // Placement unknown: every rank is treated as a node of its own.
-    env.local_rank = 0;
-    env.local_world_size = 1;
-    env.group_rank = env.rank;
-    env.group_world_size = env.world_size;
+    env->local_rank = 0;
+    env->local_world_size = 1;
+    env->group_rank = env->rank;
+    env->group_world_size = env->world_size;
   }
-  env.role_rank = env.rank;
-  if (lookup("ROLE_RANK"))
-    env.role_rank = parse_int_var(lookup, "ROLE_RANK", 0, env.world_size - 1);
-  if (const char* v = lookup("ROLE_NAME")) env.role_name = v;
-  if (lookup("TORCHELASTIC_RESTART_COUNT"))
-    env.restart_count = parse_int_var(lookup, "TORCHELASTIC_RESTART_COUNT", 0, INT_MAX);
-  bool agent_store = false;
-  if (const char* v = lookup("TORCHELASTIC_USE_AGENT_STORE")) {
-    std::string s = v;
-    if (s == "True" || s == "true" || s == "1") {
-      agent_store = true;
-    } else if (s != "False" && s != "false" && s != "0") {
-      throw EnvError("TORCHELASTIC_USE_AGENT_STORE='" + s + "': expected True or False");
-    }
-  }
-  if (const char* v = lookup("TORCHELASTIC_RUN_ID")) {
-    env.run_id = v;
-    if (env.run_id.empty()) throw EnvError("TORCHELASTIC_RUN_ID is set but empty");
-  } else if (!l.run_id.empty()) {
-    env.run_id = l.run_id;
-  }
+}
 
-  // Where the store is.
-  env.init_method = u.scheme + "://" + u.rest;
+// The role and the restart count.
+void read_role(const Lookup& lookup, WorkerEnv* env) {
+  env->role_rank = env->rank;
+  if (lookup("ROLE_RANK"))
+    env->role_rank = parse_int_var(lookup, "ROLE_RANK", 0, env->world_size - 1);
+  if (const char* v = lookup("ROLE_NAME")) env->role_name = v;
+  if (lookup("TORCHELASTIC_RESTART_COUNT"))
+    env->restart_count = parse_int_var(lookup, "TORCHELASTIC_RESTART_COUNT", 0, INT_MAX);
+}
+
+// TORCHELASTIC_USE_AGENT_STORE, as PyTorch reads it (unset: false).
+bool read_use_agent_store(const Lookup& lookup) {
+  const char* v = lookup("TORCHELASTIC_USE_AGENT_STORE");
+  if (!v) return false;
+  const std::string s = v;
+  if (s == "True" || s == "true" || s == "1") return true;
+  if (s != "False" && s != "false" && s != "0")
+    throw EnvError("TORCHELASTIC_USE_AGENT_STORE='" + s + "': expected True or False");
+  return false;
+}
+
+// TORCHELASTIC_RUN_ID, else the launcher's (srun's step, mpirun's job).
+void read_run_id(const Lookup& lookup, const Launch& l, WorkerEnv* env) {
+  if (const char* v = lookup("TORCHELASTIC_RUN_ID")) {
+    env->run_id = v;
+    if (env->run_id.empty()) throw EnvError("TORCHELASTIC_RUN_ID is set but empty");
+  } else if (!l.run_id.empty()) {
+    env->run_id = l.run_id;
+  }
+}
+
+// Where the store is: env:// from the launcher's MASTER_ADDR/PORT (or its fallbacks), tcp://
+// from the URL, file:// a path.
+void set_store_location(const InitMethod& m, const Launch& l, bool agent_store, WorkerEnv* env) {
+  const Url& u = m.u;
+  env->init_method = u.scheme + "://" + u.rest;
   if (u.scheme == "env") {
     if (l.master_addr.empty())
       throw EnvError(
           "env:// needs the store's address: " +
           (l.no_addr_reason.empty() ? std::string("MASTER_ADDR is not set") : l.no_addr_reason));
     if (l.master_port == 0) throw EnvError("env:// needs the store's port: MASTER_PORT is not set");
-    env.master_addr = l.master_addr;
-    env.master_port = static_cast<uint16_t>(l.master_port);
-    env.use_agent_store = agent_store;
+    env->master_addr = l.master_addr;
+    env->master_port = static_cast<uint16_t>(l.master_port);
+    env->use_agent_store = agent_store;
     const std::string where = l.addr_origin == "MASTER_ADDR" && l.port_origin == "MASTER_PORT"
                                   ? std::string("MASTER_ADDR/MASTER_PORT")
                                   : l.addr_origin + ", " + l.port_origin;
-    env.store_origin =
+    env->store_origin =
         where + (agent_store ? "; the agent's store: TORCHELASTIC_USE_AGENT_STORE=True"
                              : "; rank 0 hosts it: TORCHELASTIC_USE_AGENT_STORE is not True");
   } else if (u.scheme == "tcp") {
     std::string host;
     int port = 0;
-    parse_host_port(u.rest, url_from, url, &host, &port);
-    env.master_addr = host;
-    env.master_port = static_cast<uint16_t>(port);
-    env.use_agent_store = false;
-    env.store_origin = url_from + "=" + env.init_method + "; rank 0 hosts it";
+    parse_host_port(u.rest, m.from, m.url, &host, &port);
+    env->master_addr = host;
+    env->master_port = static_cast<uint16_t>(port);
+    env->use_agent_store = false;
+    env->store_origin = m.from + "=" + env->init_method + "; rank 0 hosts it";
   } else {
-    std::string path = u.rest;
+    const std::string& path = u.rest;
     // file:///abs/path -> /abs/path; file://host/path is not supported (PyTorch ignores the host
     // too, but a host there is almost certainly a mistake).
     if (path.empty() || path[0] != '/')
-      throw EnvError(url_from + "='" + url + "': expected file:///absolute/path");
-    env.store_path = path;
-    env.store_origin = url_from + "=" + env.init_method + "; every rank opens the file";
+      throw EnvError(m.from + "='" + m.url + "': expected file:///absolute/path");
+    env->store_path = path;
+    env->store_origin = m.from + "=" + env->init_method + "; every rank opens the file";
     // master_addr stays empty: Gloo's peers find their own addresses.
-    if (!l.master_addr.empty()) env.master_addr = l.master_addr;
+    if (!l.master_addr.empty()) env->master_addr = l.master_addr;
   }
+}
+
+}  // namespace
+
+WorkerEnv WorkerEnv::parse(const Lookup& lookup) { return parse(lookup, InitOptions{}); }
+
+WorkerEnv WorkerEnv::parse(const Lookup& lookup, const InitOptions& options) {
+  WorkerEnv env;
+  read_client_settings(lookup, &env);
+  const InitMethod m = read_init_method(lookup, options);
+  const std::optional<Launch> l = read_launch(lookup, m);
+  if (!l) return env;  // standalone: a world of size 1
+  env.standalone = false;
+  set_identity(m, *l, &env);
+  read_role(lookup, &env);
+  const bool agent_store = read_use_agent_store(lookup);
+  read_run_id(lookup, *l, &env);
+  set_store_location(m, *l, agent_store, &env);
   return env;
 }
 
