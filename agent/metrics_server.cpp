@@ -10,6 +10,8 @@
 #include <cstdio>
 #include <sstream>
 
+#include "base/build_info.h"
+
 namespace trun::agent {
 
 namespace asio = boost::asio;
@@ -180,8 +182,12 @@ void MetricsServer::publish(const AgentSnapshot& snapshot) {
 MetricsServer::Response MetricsServer::metrics(const AgentSnapshot& s,
                                                AgentSnapshot::TimePoint now) {
   std::ostringstream out;
-  family(out, "trun_build_info", "gauge", "trun's version (always 1).");
-  out << "trun_build_info{version=\"0.1.0\"} 1\n";
+  const base::BuildInfo& build = base::build_info();
+  family(out, "trun_build_info", "gauge",
+         "trun's version, commit and compiled-in features (always 1).");
+  out << "trun_build_info{version=\"" << build.version << "\",commit=\"" << base::commit_text()
+      << "\",nccl=\"" << (build.nccl ? "yes" : "no") << "\",libtorch=\""
+      << (build.libtorch ? "yes" : "no") << "\"} 1\n";
   family(out, "trun_agent_phase", "gauge",
          "The agent's phase: rendezvous, running, stopping, exit_barrier, succeeded, failed or "
          "signaled.");

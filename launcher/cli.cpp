@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "base/build_info.h"
 #include "launcher/argparse_compat.h"
 #include "launcher/cli_config.h"
 #include "launcher/cli_options.h"
@@ -69,7 +70,9 @@ struct Declared {
 void declare_options(CLI::App& app, Formatter& formatter, Declared& d) {
   app.footer(kFooter);
   app.prefix_command();  // everything from TRAINING_SCRIPT on belongs to the worker
-  app.set_version_flag("--version", "trun 0.1.0 (torchrun-compatible)");
+  std::string version = base::version_text();  // base/build_info.h
+  version.pop_back();                          // CLI11 adds the final newline
+  app.set_version_flag("--version", version);
   formatter.column_width(44);
   for (const OptionDecl& decl : option_table()) {
     const size_t i = static_cast<size_t>(decl.id);

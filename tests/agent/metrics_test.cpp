@@ -159,7 +159,11 @@ TEST_CASE("the metrics endpoint serves the job's state and survives bad clients"
   CHECK_THAT(metrics,
              Catch::Contains("trun_rendezvous_round_duration_seconds_bucket{le=\"+Inf\"} 1\n"));
   CHECK_THAT(metrics, Catch::Contains("trun_group_world_size 1\n"));
-  CHECK_THAT(metrics, Catch::Contains("trun_build_info{version="));
+  // The same version, commit and features as `trun --version` (tests/launcher/version_test.cpp).
+  const std::regex build_info(
+      "trun_build_info[{]version=\"[0-9]+[.][0-9]+[.][0-9]+\","
+      "commit=\"([0-9a-f]{12}(-modified)?|unknown)\",nccl=\"(yes|no)\",libtorch=\"(yes|no)\"[}] 1");
+  CHECK(std::regex_search(metrics, build_info));
   CHECK_THAT(metrics, Catch::Contains("trun_seconds_since_last_round "));
 
   const Reply health = get(port, "/healthz");

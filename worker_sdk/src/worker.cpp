@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <mutex>
 
+#include "base/build_info.h"
 #include "base/shm_names.h"
 #include "store/file_store.h"
 #include "store/prefix_store.h"
@@ -188,5 +189,7 @@ std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>&
   o.cuda_stream = options_.cuda_stream;
   return std::make_unique<ProcessGroup>(std::move(o));
 }
+
+std::string version() { return base::version_text(); }
 
 }  // namespace trun::worker

@@ -192,4 +192,9 @@ class TRUN_API Worker {
 // answered), CollectiveError.
 TRUN_API Worker init(const InitOptions& options = {});
 
+// What `trun --version` prints, for this build of libtrun_worker: the version (TRUN_VERSION in
+// trun/config.h), the git commit it was built from and the features compiled in (NCCL, the
+// libtorch adapter), several lines ending in a newline. For a bug report from a worker program.
+TRUN_API std::string version();
+
 }  // namespace trun::worker

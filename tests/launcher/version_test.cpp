@@ -1,0 +1,63 @@
+// `trun --version` and trun::worker::version(): the version, the commit the binary was built from
+// and the features compiled in, the same text from the launcher and the SDK.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <string>
+
+#include "tests/launcher/process_util.h"
+#include "trun/config.h"
+#include "trun/worker.h"
+
+namespace {
+
+using trun::testing::lines_of;
+using trun::testing::run_trun;
+
+// The first line `cmd` prints, "" when it fails.
+std::string first_line_of(const std::string& cmd) {
+  std::string out;
+  if (FILE* p = popen(cmd.c_str(), "r")) {
+    char buf[256];
+    if (fgets(buf, sizeof buf, p)) out = buf;
+    pclose(p);
+  }
+  while (!out.empty() && (out.back() == '\n' || out.back() == '\r')) out.pop_back();
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("trun --version names the version, the commit and the compiled-in features",
+          "[cli][version]") {
+  const auto r = run_trun({"--version"});
+  REQUIRE(r.finished);
+  REQUIRE(r.exit_code == 0);
+  const auto lines = lines_of(r.out);
+  REQUIRE(lines.size() == 4);
+  CHECK(lines[0] == std::string("trun ") + TRUN_VERSION + " (torchrun-compatible)");
+
+  // The commit of the checkout this test was built from (the build writes it at every build, so
+  // a test binary and trun built together agree), with -modified when tracked files differed.
+  REQUIRE(lines[1].rfind("commit: ", 0) == 0);
+  const std::string commit = lines[1].substr(8);
+  const std::string head = first_line_of(std::string("git -C '") + TRUN_SOURCE_DIR +
+                                         "' rev-parse --short=12 HEAD 2>/dev/null");
+  if (head.empty()) {
+    CHECK(commit == "unknown");  // not a git checkout and no TRUN_GIT_COMMIT given
+  } else {
+    INFO("HEAD is " << head << ": rebuild if trun was built from another commit");
+    CHECK((commit == head || commit == head + "-modified"));
+  }
+
+  CHECK_THAT(lines[2], Catch::StartsWith("features: rendezvous c10d etcd static; "));
+  CHECK_THAT(lines[2], Catch::Contains(TRUN_HAVE_NCCL ? "NCCL yes" : "NCCL no"));
+  CHECK_THAT(lines[2], Catch::Matches(".*; libtorch adapter (yes|no)"));
+  CHECK_THAT(lines[3], Catch::StartsWith("build: "));
+  CHECK(r.err.empty());
+}
+
+TEST_CASE("libtrun_worker's version() is what trun --version prints", "[cli][version]") {
+  const auto r = run_trun({"--version"});
+  REQUIRE(r.exit_code == 0);
+  CHECK(trun::worker::version() == r.out);
+}
