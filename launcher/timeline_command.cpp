@@ -6,14 +6,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include "base/decimal.h"
 #include "launcher/timeline.h"
 
 namespace trun::launcher {
@@ -82,23 +85,25 @@ std::string kind_of(mode_t mode) {
 // SIZE: a positive number of bytes with an optional K, M or G (powers of 1024). False when it is
 // not one or does not fit.
 bool parse_size(const std::string& text, uint64_t* out) {
-  if (text.empty() || text.find_first_not_of("0123456789") == 0) return false;
   size_t digits = text.find_first_not_of("0123456789");
   if (digits == std::string::npos) digits = text.size();
-  if (digits > 15) return false;  // with a G suffix still below 2^64
-  uint64_t v = std::strtoull(text.substr(0, digits).c_str(), nullptr, 10);
+  if (digits > 15) return false;
+  uint64_t v = 0;
+  if (!base::parse_decimal(std::string_view(text).substr(0, digits), &v)) return false;
   const std::string suffix = text.substr(digits);
+  int shift = 0;
   if (suffix == "K" || suffix == "k") {
-    v <<= 10;
+    shift = 10;
   } else if (suffix == "M" || suffix == "m") {
-    v <<= 20;
+    shift = 20;
   } else if (suffix == "G" || suffix == "g") {
-    v <<= 30;
+    shift = 30;
   } else if (!suffix.empty()) {
     return false;
   }
-  if (v == 0) return false;
-  *out = v;
+  // 15 digits with a G do not fit in 64 bits: refused, not wrapped.
+  if (v == 0 || v > (UINT64_MAX >> shift)) return false;
+  *out = v << shift;
   return true;
 }
 

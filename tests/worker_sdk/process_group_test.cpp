@@ -340,6 +340,41 @@ TEST_CASE("a malformed shared-memory size variable fails init on every rank, nam
   }
 }
 
+TEST_CASE("a malformed shared-memory tuning variable warns once per rank and keeps the default",
+          "[worker_sdk][shm]") {
+  struct Case {
+    const char* name;
+    const char* value;
+    const char* says;
+  };
+  // Before, std::atoi made each of these 0 (or 12) without a word.
+  for (const Case& c : {Case{"TRUN_SHM_SPIN", "abc", "TRUN_SHM_SPIN='abc' is not an integer"},
+                        Case{"TRUN_SHM_SPIN", "12x", "TRUN_SHM_SPIN='12x' is not an integer"},
+                        Case{"TRUN_SHM_SPIN", "-5", "TRUN_SHM_SPIN=-5 is outside [0, 2147483647]"},
+                        Case{"TRUN_SHM_YIELD_US", "", "TRUN_SHM_YIELD_US='' is not an integer"}}) {
+    DYNAMIC_SECTION(c.name << "=" << c.value) {
+      Job job;
+      JobSpec spec;
+      spec.argv = {worker_binary(), "matrix", "1"};
+      spec.nodes = {2};
+      spec.run_id = unique_run_id("shm-tune");
+      spec.env["PG_WORKER_TIMEOUT_MS"] = "20000";
+      spec.env[c.name] = c.value;
+      job.start(spec);
+      auto results = job.wait(120s);
+      INFO(job.describe(results));
+      for (auto& r : results) {
+        REQUIRE(r.exited);
+        CHECK(r.exit_code == 0);
+        const std::string out = job.output(r.rank);
+        CHECK(out.find(std::string("[trun.worker] ") + c.says + "; using the default, ") !=
+              std::string::npos);
+      }
+      CHECK(shm_segments(spec.run_id).empty());
+    }
+  }
+}
+
 // The default segment is an unnamed memfd handed over a Unix socket: while the group runs, every
 // local rank maps "memfd:trun-<run id>..." and /dev/shm holds nothing of the job, so a SIGKILL at
 // any moment cannot leave a segment behind.

@@ -14,10 +14,12 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "base/decimal.h"
 #include "trun/checkpoint.h"
 #include "worker_sdk/src/checkpoint/format.h"
 
@@ -201,9 +203,9 @@ void remove_stale_temporaries(int dirfd, const std::string& dir, bool include_ow
       host = name.substr(at + 1);
       rest = name.substr(0, at);
     }
-    long pid = 0;
+    long pid = 0;  // not a number after the dash: no writer to wait for
     if (const size_t dash = rest.rfind('-'); dash != std::string::npos)
-      pid = std::strtol(rest.c_str() + dash + 1, nullptr, 10);
+      base::parse_decimal(std::string_view(rest).substr(dash + 1), &pid);
     bool gone = host != me_host || (pid != me_pid && !process_alive(pid));
     if (host == me_host && pid == me_pid) gone = include_own;
     if (!gone) {

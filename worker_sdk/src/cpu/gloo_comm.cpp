@@ -26,6 +26,7 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "base/decimal.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace trun::worker::detail {
@@ -97,10 +98,9 @@ int shutdown_sockets(const std::vector<sockaddr_storage>& locals) {
   int done = 0;
   const int dir_fd = ::dirfd(dir);
   while (dirent* e = ::readdir(dir)) {
-    char* end = nullptr;
-    long fd = std::strtol(e->d_name, &end, 10);
-    if (end == e->d_name || *end != '\0' || fd == dir_fd) continue;
-    int dup = ::fcntl(static_cast<int>(fd), F_DUPFD_CLOEXEC, 0);
+    int fd = -1;  // "." and ".." are not numbers
+    if (!base::parse_decimal(e->d_name, &fd) || fd == dir_fd) continue;
+    int dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
     if (dup < 0) continue;
     sockaddr_storage self{}, peer{};
     socklen_t self_len = sizeof self, peer_len = sizeof peer;

@@ -11,12 +11,15 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
+#include <string>
 #include <thread>
 
+#include "base/decimal.h"
 #include "base/shm_names.h"
 #include "worker_sdk/src/cpu/shm_area.h"
 #include "worker_sdk/src/cpu/shm_handover.h"
@@ -39,6 +42,20 @@ int pidfd_open(int pid) {
 uint64_t pid_namespace() {
   struct stat st {};
   return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+// A tuning variable (TRUN_SHM_SPIN, TRUN_SHM_YIELD_US): a count in [0, INT_MAX], as strtol
+// reads it but the whole text. Unset: `fallback`. Anything else: one warning line, and
+// `fallback`, since a mistyped tuning knob is no reason to fail the job.
+long long tuning_from_env(const char* name, long long fallback) {
+  const char* v = std::getenv(name);
+  if (!v) return fallback;
+  std::string error;
+  if (auto x = base::parse_decimal_in(v, 0, INT_MAX, &error, base::DecimalSyntax{true, true}))
+    return *x;
+  std::fprintf(stderr, "[trun.worker] %s=%s; using the default, %lld\n", name, error.c_str(),
+               fallback);
+  return fallback;
 }
 
 }  // namespace
@@ -159,9 +176,10 @@ void ShmComm::tune_waits() {
   // spinning rank steals the core its peer needs.
   core_each_ = cpus >= static_cast<unsigned>(n_);
   spin_limit_ = core_each_ ? 1000 : 64;
-  if (const char* v = std::getenv("TRUN_SHM_SPIN")) spin_limit_ = std::atoi(v);  // tuning
-  if (const char* v = std::getenv("TRUN_SHM_YIELD_US"))                          // tuning
-    yield_for_ = std::chrono::microseconds(std::atoi(v));
+  spin_limit_ = static_cast<int>(tuning_from_env("TRUN_SHM_SPIN", spin_limit_));
+  yield_for_ = std::chrono::microseconds(
+      tuning_from_env("TRUN_SHM_YIELD_US",
+                      std::chrono::duration_cast<std::chrono::microseconds>(yield_for_).count()));
 }
 
 // Once every rank has registered: the peers' pids, and a pidfd for each to watch it exit.

@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/decimal.h"
+
 namespace trun::worker::detail {
 
 namespace {
@@ -55,9 +57,10 @@ size_t default_buffer_bytes(int local_size, bool named) {
 std::optional<size_t> bytes_from_env(const char* name, size_t lowest, int highest_log2 = 30) {
   const char* v = std::getenv(name);
   if (!v) return std::nullopt;
-  char* end = nullptr;
-  unsigned long long x = std::strtoull(v, &end, 10);
-  if (*v && *v != '-' && end && *end == '\0' && x >= lowest && x <= (1ull << highest_log2))
+  // strtoull's syntax as before (leading whitespace, a '+'), but never a '-'.
+  unsigned long long x = 0;
+  if (base::parse_decimal(v, &x, base::DecimalSyntax{true, true}) && x >= lowest &&
+      x <= (1ull << highest_log2))
     return x;
   throw std::invalid_argument(std::string(name) + ": expected bytes in [" + std::to_string(lowest) +
                               ", 2^" + std::to_string(highest_log2) + "], got '" + v + "'");
