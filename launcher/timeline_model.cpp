@@ -3,6 +3,11 @@
 #include "launcher/timeline_model.h"
 
 #include <algorithm>
+#include <string>
+#include <vector>
+
+#include "base/decimal.h"
+#include "rendezvous/handler.h"
 
 namespace trun::launcher::timeline_model {
 
@@ -255,23 +260,37 @@ void TimelineModel::finish() {
 
 // The root cause of each failed round: of the workers that failed in it (exited with a code or
 // by a signal; not those trun stopped) on every node, the one that exited first (ties: the
-// node drawn first). A peer that failed because of it (a connection closed by the dead rank)
-// stays an ordinary failure. Rounds are told apart by run id, round and restart count.
+// node drawn first), chosen by the agent's own rule, rendezvous::root_cause, so that the page
+// marks the worker the agents' logs and `trun status` name. Each failed bar is one report, its
+// exit time the failure time (never unknown here: timestamps are clamped to >= 0), listed in
+// drawing order, so root_cause's "earliest, ties to the first listed" is the same choice. A peer
+// that failed because of it (a connection closed by the dead rank) stays an ordinary failure.
+// Rounds are told apart by run id, round and restart count.
 void TimelineModel::mark_root_causes() {
-  std::map<std::tuple<std::string, int64_t, int64_t>, WorkerBar*> first;
+  using RoundKey = std::tuple<std::string, int64_t, int64_t>;
+  std::map<RoundKey, std::vector<WorkerBar*>> failed;
   for (Node& n : nodes_) {
     for (auto& [lr, lane] : n.workers) {
       for (auto& b : lane) {
         if (!b.ended || (b.outcome != Outcome::kFailed && b.outcome != Outcome::kSignaled)) {
           continue;
         }
-        auto key = std::make_tuple(n.run_id, b.round.value_or(-1), b.attempt.value_or(-1));
-        auto [it, fresh] = first.emplace(key, &b);
-        if (!fresh && b.end < it->second->end) it->second = &b;
+        failed[std::make_tuple(n.run_id, b.round.value_or(-1), b.attempt.value_or(-1))].push_back(
+            &b);
       }
     }
   }
-  for (auto& [key, b] : first) b->root_cause = true;
+  for (auto& [key, bars] : failed) {
+    std::vector<rendezvous::FailureReport> reports;
+    reports.reserve(bars.size());
+    // The report's detail is the bar's index in `bars`: root_cause returns a copy.
+    for (size_t i = 0; i < bars.size(); ++i)
+      reports.push_back({std::string(), std::to_string(i), bars[i]->end});
+    const auto root = rendezvous::root_cause(reports);
+    size_t i = 0;
+    if (root && base::parse_decimal(root->detail, &i) && i < bars.size())
+      bars[i]->root_cause = true;
+  }
 }
 
 }  // namespace trun::launcher::timeline_model

@@ -1,4 +1,6 @@
-// fuzz-sources: launcher/timeline.cpp launcher/timeline_event.cpp launcher/timeline_model.cpp
+// clang-format off
+// fuzz-sources: launcher/timeline.cpp launcher/timeline_event.cpp launcher/timeline_model.cpp rendezvous/handler.cpp
+// clang-format on
 // libFuzzer target for the event-log reader of `trun timeline` (launcher/timeline.h), built and
 // run by scripts/fuzz.sh. The input is the bytes of one event-log file: it goes through the
 // EventLogParser that `trun timeline` reads files with, fed in chunks whose size the first input

@@ -190,6 +190,53 @@ TEST_CASE("a timeline marks the earliest failure across nodes as the round's roo
               "data-root-cause=\"true\" data-node=\"b\" data-local-rank=\"0\">") == 1);
 }
 
+TEST_CASE(
+    "a timeline breaks a tie of failure times as the agents do, and marks each attempt's own "
+    "root cause") {
+  std::vector<TimelineEvent> events;
+  // Nodes a (pid 10, its first event at 1000: drawn first) and b (pid 20, at 1001). In attempt
+  // 0 both workers exit 1 at 2000: rendezvous::root_cause keeps the one listed first, a's. In
+  // attempt 1 b's worker fails first (2600), then a's (2700).
+  for (int64_t pid : {10, 20}) {
+    const std::string id = pid == 10 ? "a" : "b";
+    events.push_back(ev("trun.rdzv.round_formed", 1000 + pid / 10 - 1, pid,
+                        {{"node_id", id}, {"round", 0}, {"group_rank", pid / 10 - 1}}));
+  }
+  auto worker = [&](int64_t agent, int64_t attempt, int64_t start, int64_t end) {
+    const int64_t wpid = agent * 10 + attempt;
+    events.push_back(ev("trun.agent.worker_started", start, agent,
+                        {{"local_rank", 0}, {"worker_pid", wpid}, {"agent_restarts", attempt}}));
+    events.push_back(ev("trun.agent.worker_exited", end, agent,
+                        {{"local_rank", 0},
+                         {"worker_pid", wpid},
+                         {"exitcode", 1},
+                         {"state", "FAILED"},
+                         {"agent_restarts", attempt}}));
+  };
+  worker(20, 0, 1100, 2000);
+  worker(10, 0, 1100, 2000);
+  worker(10, 1, 2500, 2700);
+  worker(20, 1, 2500, 2600);
+  std::stable_sort(events.begin(), events.end(),
+                   [](const TimelineEvent& x, const TimelineEvent& y) {
+                     return x.timestamp_ms < y.timestamp_ms;
+                   });
+  const std::string html = render_timeline_html(events, "t");
+  CHECK(count(html, "data-root-cause=\"true\"") == 2);
+  CHECK(count(html, "data-root-cause=\"true\" data-node=\"a\" data-local-rank=\"0\">") == 1);
+  CHECK(count(html, "data-root-cause=\"true\" data-node=\"b\" data-local-rank=\"0\">") == 1);
+  CHECK(count(html, "class=\"bar failed\"") == 4);
+  // Which bar of each node (worker pid = agent pid * 10 + attempt): a's of attempt 0, b's of
+  // attempt 1.
+  auto marked_tooltip = [&](const std::string& node) {
+    const size_t at = html.find("data-root-cause=\"true\" data-node=\"" + node + "\"");
+    if (at == std::string::npos) return std::string();
+    return html.substr(at, html.find("</title>", at) - at);
+  };
+  CHECK(count(marked_tooltip("a"), "pid 100, round 0, restarts used 0") == 1);
+  CHECK(count(marked_tooltip("b"), "pid 201, round 0, restarts used 1") == 1);
+}
+
 TEST_CASE("a timeline escapes what the event logs hold") {
   std::vector<TimelineEvent> events;
   events.push_back(ev("trun.rdzv.join", 5, 1, {{"node_id", "<script>alert(1)</script>&\""}}));
