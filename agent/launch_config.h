@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "agent/numa_binding.h"
+#include "rendezvous/options.h"
 
 namespace trun::agent {
 
@@ -54,15 +55,13 @@ struct LaunchConfig {
   std::vector<NumaBinding> numa_bindings;
 
   // --- rendezvous ---------------------------------------------------------------------------
-  bool standalone = false;  // embedded store on 127.0.0.1, free port, generated run id
-  std::string rdzv_backend = "static";
-  std::string rdzv_endpoint;  // host:port; for static, defaults to master_addr:master_port
-  std::string run_id = "none";
-  std::map<std::string, std::string> rdzv_conf;
-  int node_rank = 0;
-  std::string master_addr = "127.0.0.1";
-  int master_port = 29500;  // 0: pick a free port (trun extension, single node only)
-  std::string local_addr;   // this node's address as others see it; empty: hostname
+  // --standalone: the static backend with its store on 127.0.0.1 at a free port
+  // (rendezvous::standalone_config), and a run id the agent generates (`run_id` is empty).
+  bool standalone = false;
+  std::string run_id = "none";  // TORCHELASTIC_RUN_ID, and the rendezvous' job id
+  // The backend, its endpoint, the store token and --rdzv-conf, parsed and checked
+  // (rendezvous/options.h); rendezvous::handler_options() turns it into a handler's options.
+  rendezvous::RendezvousConfig rdzv;
 
   // --- what to run --------------------------------------------------------------------------
   // The worker's argv: program first. For Python scripts this is {python, "-u", script, ...}.

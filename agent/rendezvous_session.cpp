@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <system_error>
@@ -21,7 +20,6 @@
 #include "agent/node_status.h"
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/dynamic_rendezvous.h"
-#include "rendezvous/static_rendezvous.h"
 #include "store/store.h"
 #include "store/tcp_store.h"
 
@@ -122,7 +120,7 @@ RendezvousSession::~RendezvousSession() { shutdown(); }
 
 std::string RendezvousSession::backend() const {
   if (config_.standalone) return "standalone";
-  return rdzv_ ? rdzv_->backend() : config_.rdzv_backend;
+  return rdzv_ ? rdzv_->backend() : rendezvous::backend_name(config_.rdzv.backend);
 }
 
 // Creating a handler may wait for the store to come up (a static node > 0 before node 0, a c10d
@@ -145,16 +143,14 @@ auto RendezvousSession::create_watched(F create) {
 }
 
 void RendezvousSession::create_handler() {
-  if (config_.rdzv_backend != "static" && !config_.standalone) {  // c10d, etcd: dynamic membership
-    rendezvous::RendezvousOptions o;
-    o.run_id = run_id_;
-    if (current_endpoint_.empty()) current_endpoint_ = config_.rdzv_endpoint;
+  const auto& rdzv =
+      config_.standalone ? rendezvous::standalone_config(config_.rdzv) : config_.rdzv;
+  rendezvous::RendezvousOptions o =
+      rendezvous::handler_options(rdzv, run_id_, config_.min_nodes, config_.max_nodes);
+  dynamic_ = rdzv.backend != rendezvous::BackendKind::kStatic;  // c10d, etcd
+  if (dynamic_) {
+    if (current_endpoint_.empty()) current_endpoint_ = o.endpoint;
     o.endpoint = current_endpoint_;
-    o.min_nodes = config_.min_nodes;
-    o.max_nodes = config_.max_nodes;
-    o.local_addr = config_.local_addr;
-    if (const char* t = std::getenv("TRUN_STORE_TOKEN")) o.store_token = t;
-    rendezvous::apply_rdzv_conf(config_.rdzv_conf, &o);
     o.first_round_deadline = rejoin_deadline_;
     if (!info_.participants.empty()) {
       // A rejoin: this node was a member of that round, under the same id (the quorum counts the
@@ -170,31 +166,15 @@ void RendezvousSession::create_handler() {
       o.store_seed = target_->seed;
       target_.reset();
     }
-    timeout_ = o.join_timeout;
     store_endpoint_ = o.endpoint;
-    dynamic_ = true;
-    auto handler = create_watched(
-        [&] { return rendezvous::create_rendezvous_handler(config_.rdzv_backend, o); });
-    if (!handler->store_endpoint().empty()) store_endpoint_ = handler->store_endpoint();
-    std::lock_guard<std::mutex> lock(handler_mu_);
-    rdzv_ = std::move(handler);
   } else {
-    rendezvous::StaticRendezvousOptions ro;
-    ro.run_id = run_id_;
-    ro.host = config_.standalone ? "127.0.0.1" : config_.master_addr;
-    ro.port = config_.standalone ? 0 : static_cast<uint16_t>(config_.master_port);
-    ro.rank = config_.node_rank;
-    ro.world_size = config_.max_nodes;
-    if (!config_.rdzv_conf.empty()) {
-      rendezvous::RendezvousOptions parsed;  // validated by the command line already
-      rendezvous::apply_rdzv_conf(config_.rdzv_conf, &parsed);
-      if (config_.rdzv_conf.count("timeout") || config_.rdzv_conf.count("join_timeout"))
-        ro.timeout = parsed.join_timeout;
-      ro.progress_interval = parsed.progress_interval;
-    }
-    timeout_ = ro.timeout;
-    store_endpoint_ = ro.host + ":" + std::to_string(ro.port);
-    auto handler = create_watched([&] { return rendezvous::create_static_rendezvous(ro); });
+    store_endpoint_ = o.master_addr + ":" + std::to_string(o.master_port);
+  }
+  timeout_ = o.join_timeout;
+  auto handler =
+      create_watched([&] { return rendezvous::create_rendezvous_handler(rdzv.backend, o); });
+  if (!handler->store_endpoint().empty()) store_endpoint_ = handler->store_endpoint();
+  {
     std::lock_guard<std::mutex> lock(handler_mu_);
     rdzv_ = std::move(handler);
   }
@@ -325,10 +305,10 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
                                                                 bool store_stopped,
                                                                 Clock::TimePoint deadline) {
   const std::string lost_endpoint = store_endpoint_;
-  rendezvous::RendezvousOptions o;
-  rendezvous::apply_rdzv_conf(config_.rdzv_conf, &o);
-  if (config_.rdzv_backend != "c10d" || !o.failover || info_.round < 0 ||
-      info_.participants.empty()) {
+  const rendezvous::RendezvousOptions o =
+      rendezvous::handler_options(config_.rdzv, run_id_, config_.min_nodes, config_.max_nodes);
+  if (config_.standalone || config_.rdzv.backend != rendezvous::BackendKind::kC10d || !o.failover ||
+      info_.round < 0 || info_.participants.empty()) {
     return FailoverOutcome::kNotNeeded;
   }
   std::pair<std::string, uint16_t> lost;
@@ -340,7 +320,7 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
   const rendezvous::dynamic::Keys keys(run_id_);
   store::TcpStoreOptions probe;
   probe.dialect = store::StoreDialect::kTrun;
-  if (const char* t = std::getenv("TRUN_STORE_TOKEN")) probe.token = t;
+  probe.token = o.store_token;
   probe.host = lost.first;
   probe.port = lost.second;
   store::TcpStoreOptions old_store = probe;
@@ -523,8 +503,8 @@ bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
   std::fprintf(stderr,
                "trun: error: lost the rendezvous store at %s (%s) and could not rejoin within "
                "%g s (%d attempt(s)): %s\n",
-               store_endpoint_.c_str(), config_.rdzv_backend.c_str(), timeout_.count() / 1000.0,
-               attempts, last.c_str());
+               store_endpoint_.c_str(), rendezvous::backend_name(config_.rdzv.backend),
+               timeout_.count() / 1000.0, attempts, last.c_str());
   std::fflush(stderr);
   return false;
 }

@@ -96,26 +96,26 @@ void worker_group(const ResolvedOptions& o, const Environment& env, const HostPr
 // (etcd's endpoint list), so that a bad entry is a usage error before anything runs.
 void rendezvous_conf(const ResolvedOptions& o, LaunchConfig& c, Notes& notes) {
   const std::string& backend = o.text(Opt::kRdzvBackend);
-  static const char* kKnownBackends[] = {"static", "c10d", "etcd", "etcd-v2"};
-  bool known = false;
-  for (const char* b : kKnownBackends) known = known || backend == b;
-  if (!known) {
+  const auto kind = rendezvous::parse_backend_kind(backend);
+  if (!kind) {
     throw CliError("--rdzv-backend=" + backend +
                    ": unknown backend; expected one of static, c10d, etcd, etcd-v2");
   }
+  c.rdzv.backend = *kind;
+  auto& entries = c.rdzv.conf_entries;
   try {
-    c.rdzv_conf = rendezvous::parse_rdzv_conf(o.text(Opt::kRdzvConf));
+    entries = rendezvous::parse_rdzv_conf(o.text(Opt::kRdzvConf));
     // As torchrun, which hands the whole map to the backend and lets it read what it knows
     // (a Kubeflow elasticPolicy passes keys of its own): unknown keys are dropped, with one
     // warning naming them, so that a typo does not go unnoticed.
     std::string unknown;
-    for (auto it = c.rdzv_conf.begin(); it != c.rdzv_conf.end();) {
+    for (auto it = entries.begin(); it != entries.end();) {
       if (rendezvous::is_rdzv_conf_key(it->first)) {
         ++it;
         continue;
       }
       unknown += (unknown.empty() ? "'" : ", '") + it->first + "'";
-      it = c.rdzv_conf.erase(it);
+      it = entries.erase(it);
     }
     if (!unknown.empty()) {
       notes.push_back("--rdzv-conf: ignoring unknown key(s) " + unknown +
@@ -124,8 +124,9 @@ void rendezvous_conf(const ResolvedOptions& o, LaunchConfig& c, Notes& notes) {
                       "failover, store_type, "
                       "use_libuv, etcd_prefix, protocol)");
     }
+    c.rdzv.conf = rendezvous::read_rdzv_conf(entries);
     rendezvous::RendezvousOptions checked;
-    rendezvous::apply_rdzv_conf(c.rdzv_conf, &checked);
+    rendezvous::apply_rdzv_conf(c.rdzv.conf, &checked);
     checked.endpoint = o.text(Opt::kRdzvEndpoint);
     // --standalone means static.
     rendezvous::check_backend_options(o.flag(Opt::kStandalone) ? "static" : backend, checked);
@@ -139,14 +140,12 @@ void rendezvous_backend(const ResolvedOptions& o, LaunchConfig& c) {
   const std::string& backend = o.text(Opt::kRdzvBackend);
   const std::string& endpoint = o.text(Opt::kRdzvEndpoint);
   const std::string& nnodes = o.text(Opt::kNnodes);
-  c.rdzv_backend = backend;
-  c.rdzv_endpoint = endpoint;
+  c.rdzv.endpoint = endpoint;
   c.run_id = o.text(Opt::kRdzvId);
-  const bool dynamic = backend != "static";  // c10d, etcd, etcd-v2
-  if (backend == "etcd-v2") c.rdzv_backend = "etcd";
+  const bool dynamic = c.rdzv.backend != rendezvous::BackendKind::kStatic;  // c10d, etcd
   if (dynamic) {
     if (endpoint.empty()) {
-      throw CliError(backend == "c10d"
+      throw CliError(c.rdzv.backend == rendezvous::BackendKind::kC10d
                          ? "--rdzv-backend=c10d needs --rdzv-endpoint=HOST[:PORT] (the store is "
                            "hosted by the node whose address matches it)"
                          : "--rdzv-backend=" + backend +
@@ -163,11 +162,11 @@ void rendezvous_backend(const ResolvedOptions& o, LaunchConfig& c) {
     throw CliError("--nnodes=" + nnodes +
                    ": the static backend needs a fixed node count, not a range");
   }
-  if (c.node_rank >= c.max_nodes) {
+  if (c.rdzv.node_rank >= c.max_nodes) {
     throw CliError("--node-rank=" + o.text(Opt::kNodeRank) + ": expected 0.." +
                    std::to_string(c.max_nodes - 1) + " for --nnodes=" + nnodes);
   }
-  if (!endpoint.empty() && backend == "static") {
+  if (!endpoint.empty() && !dynamic) {
     auto colon = endpoint.rfind(':');
     long long port;
     if (colon == std::string::npos || colon == 0 || !parse_int(endpoint.substr(colon + 1), port) ||
@@ -178,10 +177,10 @@ void rendezvous_backend(const ResolvedOptions& o, LaunchConfig& c) {
     if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
       host = host.substr(1, host.size() - 2);
     }
-    c.master_addr = host;
-    c.master_port = static_cast<int>(port);
+    c.rdzv.master_addr = host;
+    c.rdzv.master_port = static_cast<int>(port);
   }
-  if (backend == "static" && c.master_port == 0 && c.max_nodes > 1) {
+  if (!dynamic && c.rdzv.master_port == 0 && c.max_nodes > 1) {
     throw CliError("--master-port=0 picks a free port and only works with --nnodes=1");
   }
 }
@@ -210,16 +209,17 @@ void check_run_id(const std::string& run_id) {
   }
 }
 
-void rendezvous(const ResolvedOptions& o, LaunchConfig& c, Notes& notes) {
+void rendezvous(const ResolvedOptions& o, const Environment& env, LaunchConfig& c, Notes& notes) {
   rendezvous_conf(o, c, notes);
-  c.master_port = static_cast<int>(
+  c.rdzv.master_port = static_cast<int>(
       whole_number("--master-port", o.text(Opt::kMasterPort), 0, 65535, "a port number 0..65535"));
   if (o.text(Opt::kMasterAddr).empty()) {
     throw CliError("--master-addr=: expected a host name or address");
   }
-  c.master_addr = o.text(Opt::kMasterAddr);
-  c.local_addr = o.text(Opt::kLocalAddr);
-  c.node_rank = static_cast<int>(
+  c.rdzv.master_addr = o.text(Opt::kMasterAddr);
+  c.rdzv.local_addr = o.text(Opt::kLocalAddr);
+  c.rdzv.store_token = variable(env, "TRUN_STORE_TOKEN").value_or("");
+  c.rdzv.node_rank = static_cast<int>(
       whole_number("--node-rank", o.text(Opt::kNodeRank), 0, 1000000, "a node rank >= 0"));
   c.standalone = o.flag(Opt::kStandalone);
   if (c.standalone) {
@@ -227,8 +227,8 @@ void rendezvous(const ResolvedOptions& o, LaunchConfig& c, Notes& notes) {
     if (c.max_nodes != 1) {
       throw CliError("--standalone runs on one node; got --nnodes=" + o.text(Opt::kNnodes));
     }
-    c.rdzv_backend = "static";
-    c.node_rank = 0;
+    c.rdzv.backend = rendezvous::BackendKind::kStatic;
+    c.rdzv.node_rank = 0;
     c.run_id.clear();  // generated by the agent
   } else {
     rendezvous_backend(o, c);
@@ -393,7 +393,7 @@ BuiltConfig build_launch_config(const ResolvedOptions& options, std::vector<std:
   check_script_given(rest);
   BuiltConfig out;
   worker_group(options, env, host, out.config);
-  rendezvous(options, out.config, out.notes);
+  rendezvous(options, env, out.config, out.notes);
   supervision(options, env, host, out.config, out.notes);
   logs(options, out.config, out.notes);
   entrypoint(options, rest, env, host, out.config);

@@ -3,6 +3,7 @@
 #include <nlohmann/json.hpp>
 
 #include "agent/failure_report.h"
+#include "rendezvous/options.h"
 
 namespace trun::launcher {
 namespace {
@@ -54,14 +55,14 @@ std::string dry_run_json(const CliResult& cli) {
   j["numa_binding"] = {{"mode", agent::numa_mode_name(c.numa_binding)}, {"workers", bindings}};
   j["rendezvous"] = {
       {"standalone", c.standalone},
-      {"backend", c.rdzv_backend},
-      {"endpoint", c.rdzv_endpoint},
+      {"backend", rendezvous::backend_name(c.rdzv.backend)},
+      {"endpoint", c.rdzv.endpoint},
       {"run_id", c.standalone ? json(nullptr) : json(c.run_id)},  // null: generated at start
-      {"conf", c.rdzv_conf},
-      {"node_rank", c.node_rank},
-      {"master_addr", c.master_addr},
-      {"master_port", c.master_port},
-      {"local_addr", c.local_addr},
+      {"conf", c.rdzv.conf_entries},
+      {"node_rank", c.rdzv.node_rank},
+      {"master_addr", c.rdzv.master_addr},
+      {"master_port", c.rdzv.master_port},
+      {"local_addr", c.rdzv.local_addr},
   };
   j["entrypoint"] = c.entrypoint;
   j["entrypoint_name"] = c.entrypoint_name;

@@ -1,7 +1,7 @@
 #pragma once
 // RendezvousHandler: what the agent sees of a rendezvous (torchelastic's RendezvousHandler, plus
-// push notifications). The module's contract: the handler interface, the options every backend
-// takes, and the registry that creates a backend by name.
+// push notifications). The module's contract: the handler interface, the registry that creates a
+// backend, and (options.h) the options every backend takes.
 //
 // A rendezvous gathers the nodes of one job into rounds. Each completed round gives every node
 // its group rank, the group world size, the ordered list of participants, MASTER_ADDR/PORT and a
@@ -38,6 +38,7 @@
 #include <string_view>
 #include <vector>
 
+#include "rendezvous/options.h"
 #include "store/store.h"
 
 namespace trun::rendezvous {
@@ -233,76 +234,6 @@ class RendezvousHandler {
   virtual void shutdown() = 0;
 };
 
-// Options every backend accepts. Validated by create_rendezvous_handler (RendezvousOptionError).
-struct RendezvousOptions {
-  std::string run_id;  // required, [A-Za-z0-9._-]+ (torchrun's silent default "none" collides)
-  // c10d: HOST[:PORT] of the store (port 29400 by default); etcd: HOST[:PORT] of a client URL
-  // (port 2379 by default, "http://" allowed) or several separated by commas; static: where
-  // node 0 hosts the store when master_addr/master_port are unset.
-  std::string endpoint;
-  int min_nodes = 1;
-  int max_nodes = 1;
-  std::string node_id;     // unique per agent; empty: "<hostname>-<pid>-<random>"
-  std::string local_addr;  // how other nodes reach this one (MASTER_ADDR); empty: hostname
-  int node_rank = -1;      // c10d: a hint for the group rank; static: required
-  // static: where node 0 hosts the store; the static backend uses endpoint when these are empty.
-  std::string master_addr;
-  int master_port = -1;
-  std::chrono::milliseconds join_timeout{std::chrono::seconds(600)};
-  std::chrono::milliseconds last_call_timeout{std::chrono::seconds(30)};
-  std::chrono::milliseconds close_timeout{std::chrono::seconds(30)};  // validated; see docs
-  std::chrono::milliseconds keep_alive_interval{std::chrono::seconds(5)};
-  int keep_alive_max_attempt = 3;
-  std::chrono::milliseconds read_timeout{std::chrono::seconds(60)};  // each store operation
-  // While a node waits for a round to complete it logs a progress line this often (joined /
-  // min / max, last call or join timeout remaining); 0: only the final line.
-  std::chrono::milliseconds progress_interval{std::chrono::seconds(5)};
-  // When the first round must have completed: creating the handler (hosting and connecting to
-  // the store, each connection retrying no longer than what is left) and its first
-  // next_rendezvous() share this one deadline. Unset: join_timeout from the creation. An agent
-  // rejoining after losing its store passes the end of its rejoin window.
-  std::optional<std::chrono::steady_clock::time_point> first_round_deadline;
-  // c10d: unset hosts the store when the endpoint is this machine; etcd ignores it (warning).
-  std::optional<bool> is_host;
-  // c10d: when the store is lost, the survivors of the last round move it to one of them and
-  // carry on (RendezvousSession; docs/rendezvous.md), and every round after an unplanned loss
-  // needs a majority of the previous round (dynamic::check_quorum), so that a partition never
-  // leaves two groups. false: neither (a lost store ends the job, as in torchrun). Ignored by etcd
-  // and static.
-  bool failover = true;
-  // Rounds of more than this many nodes list only a few members in the result every node reads
-  // (RendezvousInfo::participants then holds the first 8; docs/rendezvous.md, "Scale"). Tests
-  // lower it to reach that path with a few nodes.
-  int max_inline_members = 256;
-  // The last round this node completed under an earlier handler (a rejoin after a lost store or
-  // membership) and its group rank there: the first join reports them, so that the node counts as
-  // a member of that round (quorum, rank order). -1: none.
-  int64_t previous_round = -1;
-  int previous_rank = -1;
-  // c10d, when this node hosts the store: keys it starts with (a failover store:
-  // dynamic::failover_seed).
-  std::vector<std::pair<std::string, std::string>> store_seed;
-  // Shared secret for the store (TRUN_STORE_TOKEN); etcd does not use it (warning).
-  std::string store_token;
-  // etcd: every key starts with it (--rdzv-conf etcd_prefix; empty: "/"). Other backends refuse
-  // it.
-  std::string etcd_prefix;
-};
-
-// Parses a --rdzv-conf value "key1=value1,key2=value2" into a map (empty input: empty map).
-// Throws RendezvousOptionError on a malformed entry or a repeated key.
-std::map<std::string, std::string> parse_rdzv_conf(const std::string& text);
-// Applies --rdzv-conf entries: join_timeout, last_call_timeout, close_timeout,
-// keep_alive_interval, read_timeout, progress_interval (seconds, fractions allowed),
-// keep_alive_max_attempt (integer), is_host and failover (true/false/1/0/yes/no), timeout (alias of
-// join_timeout, as torchrun's static backend), use_libuv (true/false, accepted and ignored),
-// store_type (tcp only), and for etcd: etcd_prefix, protocol (http only; https and the certificate
-// keys are refused). Throws RendezvousOptionError naming the key for unknown keys and bad values.
-void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* options);
-// Whether apply_rdzv_conf knows `key` (including the TLS keys it refuses). The launcher drops
-// unknown keys with a warning, as torchrun ignores them, before calling apply_rdzv_conf.
-bool is_rdzv_conf_key(const std::string& key);
-
 // Creates the backend called `name` ("c10d", "etcd" (alias "etcd-v2") or "static") and validates
 // `options` for it before any I/O. Then hosts the store when this node should (c10d: the endpoint
 // is this machine or is_host=true; static: node_rank 0; etcd: never) and connects to it, or to
@@ -311,6 +242,9 @@ bool is_rdzv_conf_key(const std::string& key);
 // unreachable network fails at once). Throws RendezvousOptionError (unknown backend, bad options)
 // or RendezvousError (cannot host or reach the store).
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
+                                                             const RendezvousOptions& options);
+// The same for a backend kind (an agent: handler_options() gives `options`).
+std::unique_ptr<RendezvousHandler> create_rendezvous_handler(BackendKind kind,
                                                              const RendezvousOptions& options);
 // What create_rendezvous_handler checks of one backend's own options before the common ones, for
 // a command line to check early (no I/O): etcd_prefix only with etcd; etcd's endpoint list and

@@ -1,4 +1,5 @@
-// RendezvousOptions: --rdzv-conf parsing, validation and the backend registry.
+// The rendezvous options (options.h): --rdzv-conf parsing, validation, handler_options, and
+// the backend registry (handler.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -116,26 +117,28 @@ std::map<std::string, std::string> parse_rdzv_conf(const std::string& text) {
   return out;
 }
 
-void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* o) {
+RdzvConf read_rdzv_conf(const std::map<std::string, std::string>& conf) {
+  RdzvConf c;
+  // In key order: with both join_timeout and timeout given, timeout's value stays.
   for (auto& [key, value] : conf) {
     if (key == "join_timeout" || key == "timeout") {
-      o->join_timeout = parse_seconds(key, value);
+      c.join_timeout = parse_seconds(key, value);
     } else if (key == "last_call_timeout") {
-      o->last_call_timeout = parse_seconds(key, value, "no last call");
+      c.last_call_timeout = parse_seconds(key, value, "no last call");
     } else if (key == "close_timeout") {
-      o->close_timeout = parse_seconds(key, value);
+      c.close_timeout = parse_seconds(key, value);
     } else if (key == "keep_alive_interval") {
-      o->keep_alive_interval = parse_seconds(key, value);
+      c.keep_alive_interval = parse_seconds(key, value);
     } else if (key == "read_timeout") {
-      o->read_timeout = parse_seconds(key, value);
+      c.read_timeout = parse_seconds(key, value);
     } else if (key == "progress_interval") {
-      o->progress_interval = parse_seconds(key, value, "no progress lines");
+      c.progress_interval = parse_seconds(key, value, "no progress lines");
     } else if (key == "keep_alive_max_attempt") {
-      o->keep_alive_max_attempt = parse_count(key, value);
+      c.keep_alive_max_attempt = parse_count(key, value);
     } else if (key == "is_host") {
-      o->is_host = parse_bool(key, value);
+      c.is_host = parse_bool(key, value);
     } else if (key == "failover") {
-      o->failover = parse_bool(key, value);
+      c.failover = parse_bool(key, value);
     } else if (key == "store_type") {
       // torchrun's c10d also offers a FileStore on a shared file system; trun's is TCP only.
       if (lowercase(value) != "tcp") {
@@ -144,7 +147,7 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       }
     } else if (key == "etcd_prefix") {
       if (value.empty()) throw RendezvousOptionError("--rdzv-conf etcd_prefix: must not be empty");
-      o->etcd_prefix = value;
+      c.etcd_prefix = value;
     } else if (key == "protocol") {
       // torchrun's etcd backends take http or https; trun speaks plain HTTP to etcd.
       if (lowercase(value) != "http") {
@@ -163,6 +166,75 @@ void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousO
       throw RendezvousOptionError("--rdzv-conf: unknown key '" + key + "' (known: " + known + ")");
     }
   }
+  return c;
+}
+
+void apply_rdzv_conf(const RdzvConf& c, RendezvousOptions* o) {
+  if (c.join_timeout) o->join_timeout = *c.join_timeout;
+  if (c.last_call_timeout) o->last_call_timeout = *c.last_call_timeout;
+  if (c.close_timeout) o->close_timeout = *c.close_timeout;
+  if (c.keep_alive_interval) o->keep_alive_interval = *c.keep_alive_interval;
+  if (c.keep_alive_max_attempt) o->keep_alive_max_attempt = *c.keep_alive_max_attempt;
+  if (c.read_timeout) o->read_timeout = *c.read_timeout;
+  if (c.progress_interval) o->progress_interval = *c.progress_interval;
+  if (c.is_host) o->is_host = *c.is_host;
+  if (c.failover) o->failover = *c.failover;
+  if (c.etcd_prefix) o->etcd_prefix = *c.etcd_prefix;
+}
+
+void apply_rdzv_conf(const std::map<std::string, std::string>& conf, RendezvousOptions* o) {
+  apply_rdzv_conf(read_rdzv_conf(conf), o);
+}
+
+RendezvousConfig standalone_config(RendezvousConfig config) {
+  config.backend = BackendKind::kStatic;
+  config.node_rank = 0;
+  config.master_addr = "127.0.0.1";
+  config.master_port = 0;
+  return config;
+}
+
+const char* backend_name(BackendKind kind) {
+  switch (kind) {
+    case BackendKind::kStatic:
+      return "static";
+    case BackendKind::kC10d:
+      return "c10d";
+    case BackendKind::kEtcd:
+      return "etcd";
+  }
+  return "static";
+}
+
+std::optional<BackendKind> parse_backend_kind(std::string_view name) {
+  if (name == "static") return BackendKind::kStatic;
+  if (name == "c10d") return BackendKind::kC10d;
+  if (name == "etcd" || name == "etcd-v2") return BackendKind::kEtcd;  // torchrun's two names
+  return std::nullopt;
+}
+
+RendezvousOptions handler_options(const RendezvousConfig& config, const std::string& run_id,
+                                  int min_nodes, int max_nodes) {
+  RendezvousOptions o;
+  o.run_id = run_id;
+  if (config.backend != BackendKind::kStatic) {
+    o.endpoint = config.endpoint;
+    o.min_nodes = min_nodes;
+    o.max_nodes = max_nodes;
+    o.local_addr = config.local_addr;
+    o.store_token = config.store_token;
+    apply_rdzv_conf(config.conf, &o);
+    return o;
+  }
+  // torchrun's static backend has one timeout, for joining and for the store alike.
+  o.min_nodes = o.max_nodes = max_nodes;
+  o.node_rank = config.node_rank;
+  o.master_addr = config.master_addr;
+  o.master_port = config.master_port;
+  o.join_timeout = config.conf.join_timeout.value_or(std::chrono::seconds(300));
+  o.read_timeout = o.join_timeout;
+  if (config.conf.progress_interval) o.progress_interval = *config.conf.progress_interval;
+  return o;
 }
 
 bool is_rdzv_conf_key(const std::string& key) {
@@ -190,13 +262,36 @@ void check_backend_options(const std::string& name, const RendezvousOptions& opt
   if (name == "c10d" && !options.endpoint.empty()) parse_c10d_endpoints(options.endpoint);
 }
 
+namespace {
+
+// After check_backend_options.
+std::unique_ptr<RendezvousHandler> create_checked(BackendKind kind,
+                                                  const RendezvousOptions& options) {
+  switch (kind) {
+    case BackendKind::kC10d:
+      return create_c10d_rendezvous(options);
+    case BackendKind::kEtcd:
+      return create_etcd_rendezvous(options);
+    case BackendKind::kStatic:
+      break;
+  }
+  return create_static_rendezvous(options);
+}
+
+}  // namespace
+
+std::unique_ptr<RendezvousHandler> create_rendezvous_handler(BackendKind kind,
+                                                             const RendezvousOptions& options) {
+  check_backend_options(backend_name(kind), options);
+  return create_checked(kind, options);
+}
+
 std::unique_ptr<RendezvousHandler> create_rendezvous_handler(const std::string& name,
                                                              const RendezvousOptions& options) {
-  check_backend_options(name, options);
-  const bool etcd = name == "etcd" || name == "etcd-v2";
-  if (name == "c10d") return create_c10d_rendezvous(options);
-  if (etcd) return create_etcd_rendezvous(options);
-  if (name == "static") return create_static_rendezvous(options);
+  if (const auto kind = parse_backend_kind(name)) {
+    check_backend_options(name, options);  // its messages name the backend as given
+    return create_checked(*kind, options);
+  }
   std::string known;
   for (auto& n : rendezvous_backend_names()) known += (known.empty() ? "" : ", ") + n;
   throw RendezvousOptionError("--rdzv-backend=" + name +

@@ -62,11 +62,12 @@ TEST_CASE("a c10d session sees its store's loss on the loop and cannot rejoin pa
   so.host = "127.0.0.1";
   auto server = trun::store::StoreServer::start(so);
   LaunchConfig c;
-  c.rdzv_backend = "c10d";
-  c.rdzv_endpoint = "127.0.0.1:" + std::to_string(server->port());
+  c.rdzv.backend = trun::rendezvous::BackendKind::kC10d;
+  c.rdzv.endpoint = "127.0.0.1:" + std::to_string(server->port());
   c.run_id = "session-test";
   c.nproc_per_node = 2;
-  c.rdzv_conf = {{"join_timeout", "2"}, {"keep_alive_interval", "0.2"}, {"is_host", "false"}};
+  c.rdzv.conf = trun::rendezvous::read_rdzv_conf(
+      {{"join_timeout", "2"}, {"keep_alive_interval", "0.2"}, {"is_host", "false"}});
   EventLoop loop;
   std::vector<RoundEvent> seen;
   bool accept = false;
@@ -78,7 +79,7 @@ TEST_CASE("a c10d session sees its store's loss on the loop and cannot rejoin pa
   CHECK(s.backend() == "c10d");
   CHECK(s.dynamic());
   CHECK(s.multi_node());
-  CHECK(s.store_endpoint() == c.rdzv_endpoint);
+  CHECK(s.store_endpoint() == c.rdzv.endpoint);
   CHECK(s.ranks().global == std::vector<int>{0, 1});
 
   SECTION("an event the agent does not take leaves the round running") {

@@ -317,19 +317,19 @@ TEST_CASE("a value from torchrun's variable is named by the variable in errors",
 TEST_CASE("the rendezvous checks follow the backend", "[cli_steps]") {
   const FakeHost host = host_with_train_py();
   const BuiltConfig b = build({{Opt::kRdzvEndpoint, "[::1]:5"}}, {"train.py"}, {}, host);
-  CHECK(b.config.master_addr == "::1");
-  CHECK(b.config.master_port == 5);
+  CHECK(b.config.rdzv.master_addr == "::1");
+  CHECK(b.config.rdzv.master_port == 5);
   CHECK(build_error({{Opt::kRdzvBackend, "c10d"}, {Opt::kRdzvEndpoint, "h:1"}, {Opt::kNnodes, "2"}},
                     {"train.py"}, {}, host)
             .rfind("--rdzv-id is required for a multi-node c10d job (--nnodes=2)", 0) == 0);
   const BuiltConfig s =
       build({{Opt::kStandalone, "true"}, {Opt::kRdzvId, "x"}}, {"train.py"}, {}, host);
-  CHECK(s.config.rdzv_backend == "static");
+  CHECK(s.config.rdzv.backend == trun::rendezvous::BackendKind::kStatic);
   CHECK(s.config.run_id.empty());
   const BuiltConfig e = build(
       {{Opt::kRdzvBackend, "etcd-v2"}, {Opt::kRdzvEndpoint, "h:2379"}, {Opt::kRdzvConf, "bogus=1"}},
       {"train.py"}, {}, host);
-  CHECK(e.config.rdzv_backend == "etcd");
+  CHECK(e.config.rdzv.backend == trun::rendezvous::BackendKind::kEtcd);
   REQUIRE(e.notes.size() == 1);
   CHECK(e.notes[0].rfind("--rdzv-conf: ignoring unknown key(s) 'bogus'", 0) == 0);
 }

@@ -173,3 +173,62 @@ TEST_CASE("static options are validated", "[options]") {
   o.master_port = 0;
   CHECK_THROWS_WITH(create_rendezvous_handler("static", o), Contains("single node"));
 }
+
+TEST_CASE("rdzv-conf reads into its types and leaves what was not given unset", "[options]") {
+  const RdzvConf c = read_rdzv_conf({{"timeout", "7"},
+                                     {"join_timeout", "3"},
+                                     {"failover", "no"},
+                                     {"keep_alive_max_attempt", "4"}});
+  CHECK(c.join_timeout == std::optional<std::chrono::milliseconds>(7s));  // timeout comes last
+  CHECK(c.failover == std::optional<bool>(false));
+  CHECK(c.keep_alive_max_attempt == std::optional<int>(4));
+  CHECK_FALSE(c.read_timeout);
+  CHECK_FALSE(c.is_host);
+  CHECK_FALSE(c.etcd_prefix);
+  CHECK_THROWS_WITH(read_rdzv_conf({{"read_timeout", "0"}}), Contains("read_timeout=0"));
+}
+
+TEST_CASE("backend kinds: torchrun's names, etcd-v2 is etcd", "[options]") {
+  CHECK(parse_backend_kind("static") == BackendKind::kStatic);
+  CHECK(parse_backend_kind("c10d") == BackendKind::kC10d);
+  CHECK(parse_backend_kind("etcd-v2") == BackendKind::kEtcd);
+  CHECK_FALSE(parse_backend_kind("zookeeper"));
+  CHECK(std::string(backend_name(BackendKind::kEtcd)) == "etcd");
+}
+
+TEST_CASE("handler options follow the backend", "[options]") {
+  RendezvousConfig c;
+  c.backend = BackendKind::kC10d;
+  c.endpoint = "h:1";
+  c.node_rank = 3;
+  c.local_addr = "10.0.0.1";
+  c.store_token = "secret";
+  c.conf = read_rdzv_conf({{"join_timeout", "9"}, {"read_timeout", "2"}, {"is_host", "1"}});
+  RendezvousOptions d = handler_options(c, "job", 1, 4);
+  CHECK(d.run_id == "job");
+  CHECK(d.endpoint == "h:1");
+  CHECK((d.min_nodes == 1 && d.max_nodes == 4));
+  CHECK(d.node_rank == -1);  // not a rank hint: as torchrun's c10d, --node-rank is not used
+  CHECK(d.local_addr == "10.0.0.1");
+  CHECK(d.store_token == "secret");
+  CHECK(d.join_timeout == 9s);
+  CHECK(d.read_timeout == 2s);
+  CHECK(d.is_host == std::optional<bool>(true));
+
+  c.backend = BackendKind::kStatic;
+  c.master_addr = "n0";
+  c.master_port = 7;
+  RendezvousOptions s = handler_options(c, "job", 4, 4);
+  CHECK(s.node_rank == 3);
+  CHECK((s.master_addr == "n0" && s.master_port == 7));
+  CHECK(s.join_timeout == 9s);
+  CHECK(s.read_timeout == 9s);  // static's one timeout
+  CHECK(s.store_token.empty());
+  CHECK(s.local_addr.empty());
+  CHECK_FALSE(s.is_host);
+  c.conf = {};
+  CHECK(handler_options(c, "job", 4, 4).join_timeout == 300s);
+
+  const RendezvousOptions alone = handler_options(standalone_config(c), "gen", 1, 1);
+  CHECK((alone.master_addr == "127.0.0.1" && alone.master_port == 0 && alone.node_rank == 0));
+}
