@@ -35,6 +35,26 @@ inline std::string shm_group_tag(std::string_view run_id, int restart, int group
   return std::string(run_id) + "-r" + std::to_string(restart) + "-pg" + std::to_string(group);
 }
 
+// The number n of a tag made by shm_group_tag (its "-pg<n>" suffix), or -1 for another tag.
+inline int shm_group_number(std::string_view tag) {
+  const size_t at = tag.rfind("-pg");
+  if (at == std::string_view::npos || at + 3 == tag.size() || tag.size() - at - 3 > 9) return -1;
+  int n = 0;
+  for (size_t i = at + 3; i < tag.size(); ++i) {
+    if (tag[i] < '0' || tag[i] > '9') return -1;
+    n = n * 10 + (tag[i] - '0');
+  }
+  return n;
+}
+
+// The progress board of one agent (base/progress_board.h, agent/progress_monitor.h), without
+// the leading '/': shm_segment_stem("progress-<agent pid>-<run id>"). It is outside
+// shm_run_prefix's rule on purpose: the agent creates and unlinks it itself, and removing what
+// dead workers left must not remove it.
+inline std::string shm_progress_name(std::string_view run_id, long agent_pid) {
+  return shm_segment_stem("progress-" + std::to_string(agent_pid) + "-" + std::string(run_id));
+}
+
 // What every named segment of a run starts with (no leading '/').
 inline std::string shm_run_prefix(std::string_view run_id) {
   return shm_segment_stem(std::string(run_id) + "-r");

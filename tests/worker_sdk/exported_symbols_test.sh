@@ -15,7 +15,8 @@ fail=0
 
 # The API must be there (an empty table would pass every check below).
 for want in 'trun::worker::init(trun::worker::InitOptions const&)' \
-  'trun::worker::ProcessGroup::allreduce(' 'typeinfo for trun::worker::CollectiveError'; do
+  'trun::worker::ProcessGroup::allreduce(' 'typeinfo for trun::worker::CollectiveError' \
+  'trun::worker::heartbeat()' 'trun::worker::Section::Section(char const*)'; do
   if ! grep -qF -- "$want" <<<"$symbols"; then
     echo "FAIL: not exported: $want"
     fail=1

@@ -18,6 +18,7 @@
 #include "worker_sdk/src/backend.h"
 #include "worker_sdk/src/collective_calls.h"
 #include "worker_sdk/src/collective_queue.h"
+#include "worker_sdk/src/progress/progress.h"
 
 namespace trun::worker {
 
@@ -31,6 +32,8 @@ struct ProcessGroup::Impl {
   std::unique_ptr<detail::BackendImpl> backend;
   std::string description;
   std::atomic<int> monitored_barriers{0};  // how many this rank started (their store keys)
+  // The group's collectives on the agent's progress board; nullptr when not under trun.
+  std::unique_ptr<detail::progress::GroupProgress> progress;
   // Runs the collectives on `backend`: destroyed first (ProcessGroup's destructor).
   std::unique_ptr<detail::CollectiveQueue> queue;
 };
@@ -57,9 +60,35 @@ ProcessGroup::ProcessGroup(ProcessGroupOptions options) : impl_(std::make_unique
                                           : detail::make_cpu_backend(o, deadline);
   impl_->description = impl_->backend->description();
   impl_->options = std::move(options);
+  impl_->progress = detail::progress::GroupProgress::make(impl_->options.tag, impl_->options.rank,
+                                                          impl_->options.world_size);
   impl_->queue =
       std::make_unique<detail::CollectiveQueue>(impl_->options.rank, impl_->options.timeout);
 }
+
+namespace {
+
+using Op = base::progress::Op;
+
+// `c`, reported on the progress board: issued now, started and finished around its run.
+Call tracked(ProcessGroup::Impl& im, Call c, Op op, DataType dtype, size_t count) {
+  detail::progress::GroupProgress* p = im.progress.get();
+  if (!p) return c;
+  const uint64_t seq = p->issue(op, static_cast<uint32_t>(dtype) + 1, count);
+  c.run = [p, seq, run = std::move(c.run)](Deadline deadline) {
+    p->start(seq);
+    try {
+      run(deadline);
+    } catch (...) {
+      p->finish(seq, false);
+      throw;
+    }
+    p->finish(seq, true);
+  };
+  return c;
+}
+
+}  // namespace
 
 ProcessGroup::~ProcessGroup() {
   // Runs what is still queued and joins the communication thread, before the backend goes.
@@ -68,120 +97,160 @@ ProcessGroup::~ProcessGroup() {
 
 Work ProcessGroup::allreduce_async(void* data, size_t count, DataType dtype, ReduceOp op,
                                    Timeout timeout) {
-  Call c = detail::allreduce_call(impl_->backend.get(), data, count, dtype, op);
+  Call c = tracked(*impl_, detail::allreduce_call(impl_->backend.get(), data, count, dtype, op),
+                   Op::kAllreduce, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::allreduce(void* data, size_t count, DataType dtype, ReduceOp op,
                              Timeout timeout) {
-  Call c = detail::allreduce_call(impl_->backend.get(), data, count, dtype, op);
+  Call c = tracked(*impl_, detail::allreduce_call(impl_->backend.get(), data, count, dtype, op),
+                   Op::kAllreduce, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::broadcast_async(void* data, size_t count, DataType dtype, int root,
                                    Timeout timeout) {
-  Call c = detail::broadcast_call(impl_->backend.get(), size(), data, count, dtype, root);
+  Call c = tracked(*impl_,
+                   detail::broadcast_call(impl_->backend.get(), size(), data, count, dtype, root),
+                   Op::kBroadcast, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::broadcast(void* data, size_t count, DataType dtype, int root, Timeout timeout) {
-  Call c = detail::broadcast_call(impl_->backend.get(), size(), data, count, dtype, root);
+  Call c = tracked(*impl_,
+                   detail::broadcast_call(impl_->backend.get(), size(), data, count, dtype, root),
+                   Op::kBroadcast, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::allgather_async(const void* send, void* recv, size_t count, DataType dtype,
                                    Timeout timeout) {
-  Call c = detail::allgather_call(impl_->backend.get(), size(), send, recv, count, dtype);
+  Call c = tracked(*impl_,
+                   detail::allgather_call(impl_->backend.get(), size(), send, recv, count, dtype),
+                   Op::kAllgather, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::allgather(const void* send, void* recv, size_t count, DataType dtype,
                              Timeout timeout) {
-  Call c = detail::allgather_call(impl_->backend.get(), size(), send, recv, count, dtype);
+  Call c = tracked(*impl_,
+                   detail::allgather_call(impl_->backend.get(), size(), send, recv, count, dtype),
+                   Op::kAllgather, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::reduce_scatter_async(const void* send, void* recv, size_t count, DataType dtype,
                                         ReduceOp op, Timeout timeout) {
-  Call c = detail::reduce_scatter_call(impl_->backend.get(), size(), send, recv, count, dtype, op);
+  Call c = tracked(
+      *impl_,
+      detail::reduce_scatter_call(impl_->backend.get(), size(), send, recv, count, dtype, op),
+      Op::kReduceScatter, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::reduce_scatter(const void* send, void* recv, size_t count, DataType dtype,
                                   ReduceOp op, Timeout timeout) {
-  Call c = detail::reduce_scatter_call(impl_->backend.get(), size(), send, recv, count, dtype, op);
+  Call c = tracked(
+      *impl_,
+      detail::reduce_scatter_call(impl_->backend.get(), size(), send, recv, count, dtype, op),
+      Op::kReduceScatter, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::barrier_async(Timeout timeout) {
-  Call c = detail::barrier_call(impl_->backend.get());
+  Call c =
+      tracked(*impl_, detail::barrier_call(impl_->backend.get()), Op::kBarrier, DataType(-1), 0);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::barrier(Timeout timeout) {
-  Call c = detail::barrier_call(impl_->backend.get());
+  Call c =
+      tracked(*impl_, detail::barrier_call(impl_->backend.get()), Op::kBarrier, DataType(-1), 0);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::reduce_async(void* data, size_t count, DataType dtype, ReduceOp op, int root,
                                 Timeout timeout) {
-  Call c = detail::reduce_call(impl_->backend.get(), size(), data, count, dtype, op, root);
+  Call c = tracked(*impl_,
+                   detail::reduce_call(impl_->backend.get(), size(), data, count, dtype, op, root),
+                   Op::kReduce, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
                           Timeout timeout) {
-  Call c = detail::reduce_call(impl_->backend.get(), size(), data, count, dtype, op, root);
+  Call c = tracked(*impl_,
+                   detail::reduce_call(impl_->backend.get(), size(), data, count, dtype, op, root),
+                   Op::kReduce, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::gather_async(const void* send, void* recv, size_t count, DataType dtype,
                                 int root, Timeout timeout) {
-  Call c =
-      detail::gather_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  Call c = tracked(
+      *impl_,
+      detail::gather_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root),
+      Op::kGather, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::gather(const void* send, void* recv, size_t count, DataType dtype, int root,
                           Timeout timeout) {
-  Call c =
-      detail::gather_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  Call c = tracked(
+      *impl_,
+      detail::gather_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root),
+      Op::kGather, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::scatter_async(const void* send, void* recv, size_t count, DataType dtype,
                                  int root, Timeout timeout) {
-  Call c =
-      detail::scatter_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  Call c = tracked(
+      *impl_,
+      detail::scatter_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root),
+      Op::kScatter, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::scatter(const void* send, void* recv, size_t count, DataType dtype, int root,
                            Timeout timeout) {
-  Call c =
-      detail::scatter_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root);
+  Call c = tracked(
+      *impl_,
+      detail::scatter_call(impl_->backend.get(), rank(), size(), send, recv, count, dtype, root),
+      Op::kScatter, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::all_to_all_async(const void* send, void* recv, size_t count, DataType dtype,
                                     Timeout timeout) {
   std::vector<size_t> counts(size(), count);
-  Call c = detail::all_to_all_v_call(impl_->backend.get(), size(), send, counts, recv, counts,
-                                     dtype, "all_to_all");
+  Call c = tracked(*impl_,
+                   detail::all_to_all_v_call(impl_->backend.get(), size(), send, counts, recv,
+                                             counts, dtype, "all_to_all"),
+                   Op::kAllToAll, dtype, count);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::all_to_all(const void* send, void* recv, size_t count, DataType dtype,
                               Timeout timeout) {
   std::vector<size_t> counts(size(), count);
-  Call c = detail::all_to_all_v_call(impl_->backend.get(), size(), send, counts, recv, counts,
-                                     dtype, "all_to_all");
+  Call c = tracked(*impl_,
+                   detail::all_to_all_v_call(impl_->backend.get(), size(), send, counts, recv,
+                                             counts, dtype, "all_to_all"),
+                   Op::kAllToAll, dtype, count);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
 Work ProcessGroup::all_to_all_v_async(const void* send, const std::vector<size_t>& send_counts,
                                       void* recv, const std::vector<size_t>& recv_counts,
                                       DataType dtype, Timeout timeout) {
-  Call c = detail::all_to_all_v_call(impl_->backend.get(), size(), send, send_counts, recv,
-                                     recv_counts, dtype, "all_to_all_v");
+  // Counts differ by rank: the board records none (the verdict compares op and dtype only).
+  Call c = tracked(*impl_,
+                   detail::all_to_all_v_call(impl_->backend.get(), size(), send, send_counts, recv,
+                                             recv_counts, dtype, "all_to_all_v"),
+                   Op::kAllToAllV, dtype, 0);
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::all_to_all_v(const void* send, const std::vector<size_t>& send_counts,
                                 void* recv, const std::vector<size_t>& recv_counts, DataType dtype,
                                 Timeout timeout) {
-  Call c = detail::all_to_all_v_call(impl_->backend.get(), size(), send, send_counts, recv,
-                                     recv_counts, dtype, "all_to_all_v");
+  // Counts differ by rank: the board records none (the verdict compares op and dtype only).
+  Call c = tracked(*impl_,
+                   detail::all_to_all_v_call(impl_->backend.get(), size(), send, send_counts, recv,
+                                             recv_counts, dtype, "all_to_all_v"),
+                   Op::kAllToAllV, dtype, 0);
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
@@ -196,6 +265,7 @@ Work ProcessGroup::recv_async(void* data, size_t count, DataType dtype, int peer
 }
 Work ProcessGroup::batch_isend_irecv(const std::vector<P2POp>& ops, Timeout timeout) {
   Call c = detail::p2p_call(impl_->backend.get(), rank(), size(), ops, "batch_isend_irecv");
+  detail::progress::heartbeat();  // not in the group's sequence: other ranks do not issue it
   return impl_->queue->submit(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::send(const void* data, size_t count, DataType dtype, int peer, int tag,
@@ -203,12 +273,14 @@ void ProcessGroup::send(const void* data, size_t count, DataType dtype, int peer
   Call c = detail::p2p_call(impl_->backend.get(), rank(), size(),
                             {P2POp{P2POp::kSend, const_cast<void*>(data), count, dtype, peer, tag}},
                             "send");
+  detail::progress::heartbeat();  // not in the group's sequence: other ranks do not issue it
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 void ProcessGroup::recv(void* data, size_t count, DataType dtype, int peer, int tag,
                         Timeout timeout) {
   Call c = detail::p2p_call(impl_->backend.get(), rank(), size(),
                             {P2POp{P2POp::kRecv, data, count, dtype, peer, tag}}, "recv");
+  detail::progress::heartbeat();  // not in the group's sequence: other ranks do not issue it
   impl_->queue->run_now(std::move(c.what), timeout, std::move(c.run));
 }
 
@@ -222,7 +294,7 @@ void ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
   std::exception_ptr verdict;
   // Through run_now, so that it runs after the queued work; its failure is returned, not
   // thrown, so that it does not break the group.
-  im.queue->run_now("monitored_barrier", timeout + std::chrono::seconds(5), [&](Deadline) {
+  auto body = [&](Deadline) {
     const std::string result_key = base + "result";
     const std::string ms = std::to_string(timeout.count()) + " ms";
     try {
@@ -260,7 +332,9 @@ void ProcessGroup::monitored_barrier(Timeout timeout, bool wait_all_ranks) {
           "monitored_barrier on rank " + std::to_string(rank) + ": rank 0 gave no verdict within " +
           std::to_string(2 * timeout.count() + 1000) + " ms (rank 0 did not arrive)"));
     }
-  });
+  };
+  Call c = tracked(im, Call{"monitored_barrier", body}, Op::kMonitoredBarrier, DataType(-1), 0);
+  im.queue->run_now(std::move(c.what), timeout + std::chrono::seconds(5), std::move(c.run));
   if (verdict) std::rethrow_exception(verdict);
 }
 

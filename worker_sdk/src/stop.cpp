@@ -20,6 +20,7 @@
 #include <thread>
 #include <utility>
 
+#include "worker_sdk/src/progress/progress.h"
 #include "worker_sdk/src/stop_scope.h"
 
 namespace trun::worker {
@@ -278,7 +279,10 @@ bool StopAgreement::should_stop(uint64_t step) {
   if (stopped_) return true;
   if (step % check_every_ != 0) return false;
   int32_t flag = stop_signal();
-  group_->allreduce(&flag, 1, DataType::kInt32, ReduceOp::kMax);
+  {
+    detail::progress::PhaseScope phase(base::progress::Phase::kStopCheck);
+    group_->allreduce(&flag, 1, DataType::kInt32, ReduceOp::kMax);
+  }
   if (flag == 0) return false;
   stopped_ = true;
   agreed_signal_ = flag;

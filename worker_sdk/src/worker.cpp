@@ -12,6 +12,7 @@
 #include "store/server.h"
 #include "store/tcp_store.h"
 #include "trun/error_file.h"
+#include "worker_sdk/src/progress/progress.h"
 #include "worker_sdk/src/stop_scope.h"
 #include "worker_sdk/src/waiting_store.h"
 
@@ -86,6 +87,7 @@ struct Worker::Groups {
 Worker init(const InitOptions& options) {
   // Connecting and waiting for the peers: a stop signal now ends the process (nothing to save).
   detail::DieOnStopScope die_on_stop;
+  detail::progress::init_begin();  // maps the agent's progress board (TRUN_PROGRESS_SHM)
   Worker w;
   w.env_ = WorkerEnv::from_environment(options);
   w.options_ = options;
@@ -101,6 +103,7 @@ Worker init(const InitOptions& options) {
   }
   w.groups_ = std::make_shared<Worker::Groups>();
   if (options.create_default_group) w.default_group_ = w.new_group(options.backend);
+  detail::progress::init_end();
   return w;
 }
 

@@ -18,6 +18,7 @@
 #include "worker_sdk/src/checkpoint/checkpointer_state.h"
 #include "worker_sdk/src/checkpoint/directory.h"
 #include "worker_sdk/src/checkpoint/format.h"
+#include "worker_sdk/src/progress/progress.h"
 #include "worker_sdk/src/reduce.h"
 
 namespace trun::worker {
@@ -164,6 +165,7 @@ std::chrono::nanoseconds Checkpointer::last_write() const { return state_->last_
 
 void Checkpointer::save(const SaveRequest& req) {
   State& s = *state_;
+  detail::progress::PhaseScope phase(base::progress::Phase::kCheckpointSave);
   const auto t0 = Clock::now();
   size_t total = 0;
   json metadata = check_save_request(req, &total);

@@ -11,6 +11,7 @@
 #include "worker_sdk/src/ddp/bucket_plan.h"
 #include "worker_sdk/src/ddp/device_memory.h"
 #include "worker_sdk/src/ddp/reducer.h"
+#include "worker_sdk/src/progress/progress.h"
 
 namespace trun::worker {
 
@@ -150,6 +151,7 @@ void DistributedDataParallel::finalize() {
     m.marked_count = 0;
     for (auto& b : m.buckets) b.pending = b.info.params.size();
     m.apply_premarks_locked();
+    detail::progress::step();
     return;
   }
   m.unused.clear();
@@ -164,6 +166,7 @@ void DistributedDataParallel::finalize() {
   const Impl::SyncOutcome outcome = m.wait_buckets(works);
   lock.lock();
   m.end_sync_locked(outcome);
+  detail::progress::step();
 }
 
 DistributedDataParallel::NoSync::NoSync(DistributedDataParallel* ddp) : ddp_(ddp) {

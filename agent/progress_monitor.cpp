@@ -1,0 +1,206 @@
+// ProgressMonitor (progress_monitor.h): the board's creator and reader.
+
+#include "agent/progress_monitor.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+
+namespace trun::agent {
+
+namespace board = base::progress;
+using std::memory_order_acquire;
+using std::memory_order_relaxed;
+using std::memory_order_release;
+
+std::unique_ptr<ProgressMonitor> ProgressMonitor::create(const std::string& name, int slots) {
+  if (slots < 1 || slots > board::kMaxSlots)
+    throw std::invalid_argument("progress board: " + std::to_string(slots) +
+                                " slots is outside [1, " + std::to_string(board::kMaxSlots) + "]");
+  if (name.empty() || name.find('/') != std::string::npos)
+    throw std::invalid_argument("progress board: bad name '" + name + "'");
+  std::unique_ptr<ProgressMonitor> m(new ProgressMonitor());
+  m->shm_name_ = "/" + name;
+  m->slots_ = slots;
+  m->bytes_ = board::board_bytes(static_cast<uint32_t>(slots));
+  int fd = ::shm_open(m->shm_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0 && errno == EEXIST) {
+    // Left by a dead agent that had our pid (the name holds it): ours now.
+    ::shm_unlink(m->shm_name_.c_str());
+    fd = ::shm_open(m->shm_name_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  }
+  if (fd < 0) throw std::system_error(errno, std::generic_category(), "shm_open " + m->shm_name_);
+  if (::ftruncate(fd, static_cast<off_t>(m->bytes_)) != 0) {
+    const int e = errno;
+    ::close(fd);
+    ::shm_unlink(m->shm_name_.c_str());
+    throw std::system_error(e, std::generic_category(), "ftruncate " + m->shm_name_);
+  }
+  void* p = ::mmap(nullptr, m->bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int e = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    ::shm_unlink(m->shm_name_.c_str());
+    throw std::system_error(e, std::generic_category(), "mmap " + m->shm_name_);
+  }
+  m->base_ = p;  // zero-filled by ftruncate
+  auto* h = static_cast<board::Header*>(p);
+  h->version.store(board::kVersion, memory_order_relaxed);
+  h->slots.store(static_cast<uint32_t>(slots), memory_order_relaxed);
+  h->record_size.store(sizeof(board::RankRecord), memory_order_relaxed);
+  h->max_groups.store(board::kMaxGroups, memory_order_relaxed);
+  h->ring_size.store(board::kRingSize, memory_order_relaxed);
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  h->created_ns.store(static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec,
+                      memory_order_relaxed);
+  h->magic.store(board::kMagic, memory_order_release);
+  return m;
+}
+
+ProgressMonitor::~ProgressMonitor() {
+  if (base_) ::munmap(base_, bytes_);
+  ::shm_unlink(shm_name_.c_str());
+}
+
+board::RankRecord* ProgressMonitor::record_for_testing(int slot) const {
+  return board::record_at(base_, static_cast<uint32_t>(slot));
+}
+
+void ProgressMonitor::reset() {
+  for (int i = 0; i < slots_; ++i) {
+    board::RankRecord* r = board::record_at(base_, static_cast<uint32_t>(i));
+    std::memset(static_cast<void*>(r), 0, sizeof(*r));
+  }
+}
+
+namespace {
+
+hang::CollectiveRecord read_entry(const board::CollectiveEntry& e, bool* ok) {
+  hang::CollectiveRecord c;
+  const uint64_t s1 = e.seq.load(memory_order_acquire);
+  const uint32_t op = e.op.load(memory_order_relaxed);
+  c.op =
+      op < static_cast<uint32_t>(board::Op::kCount) ? static_cast<board::Op>(op) : board::Op::kNone;
+  c.dtype = e.dtype.load(memory_order_relaxed);
+  c.count = e.count.load(memory_order_relaxed);
+  const uint32_t st = e.state.load(memory_order_relaxed);
+  c.state = st <= static_cast<uint32_t>(board::State::kFailed) ? static_cast<board::State>(st)
+                                                               : board::State::kEmpty;
+  c.issued_ns = e.issued_ns.load(memory_order_relaxed);
+  c.started_ns = e.started_ns.load(memory_order_relaxed);
+  c.finished_ns = e.finished_ns.load(memory_order_relaxed);
+  std::atomic_thread_fence(memory_order_acquire);
+  const uint64_t s2 = e.seq.load(memory_order_relaxed);
+  c.seq = s1;
+  *ok = s1 != 0 && s1 == s2;
+  return c;
+}
+
+hang::RankProgress read_record(const board::RankRecord& rec) {
+  hang::RankProgress r;
+  r.pid = rec.pid.load(memory_order_relaxed);
+  r.attached = r.pid > 0;
+  r.rank = rec.rank.load(memory_order_relaxed);
+  r.local_rank = rec.local_rank.load(memory_order_relaxed);
+  const uint32_t phase = rec.phase.load(memory_order_relaxed);
+  r.phase = phase <= static_cast<uint32_t>(board::Phase::kSection)
+                ? static_cast<board::Phase>(phase)
+                : board::Phase::kNone;
+  r.last_progress_ns = rec.last_progress_ns.load(memory_order_relaxed);
+  r.attached_ns = rec.attached_ns.load(memory_order_relaxed);
+  r.steps = rec.steps.load(memory_order_relaxed);
+  const uint64_t init_end = rec.init_end_heartbeat.load(memory_order_relaxed);
+  r.heartbeat = rec.heartbeat.load(memory_order_relaxed);
+  r.starting = r.phase == board::Phase::kInit || init_end == 0 || r.heartbeat == init_end;
+  if (r.phase == board::Phase::kSection) {
+    const uint32_t n =
+        std::min<uint32_t>(rec.num_sections.load(memory_order_acquire), board::kMaxSections);
+    const uint32_t s = rec.section.load(memory_order_relaxed);
+    if (s >= 1 && s <= n)
+      r.section.assign(rec.section_names[s - 1],
+                       strnlen(rec.section_names[s - 1], board::kNameMax - 1));
+    else
+      r.section = s == board::kMaxSections + 1 ? "other" : "?";
+  }
+  const uint32_t groups =
+      std::min<uint32_t>(rec.num_groups.load(memory_order_acquire), board::kMaxGroups);
+  for (uint32_t i = 0; i < groups; ++i) {
+    const board::GroupRecord& g = rec.groups[i];
+    hang::GroupProgress gp;
+    gp.key = g.key.load(memory_order_relaxed);
+    gp.number = g.number.load(memory_order_relaxed);
+    gp.group_rank = g.group_rank.load(memory_order_relaxed);
+    gp.group_size = g.group_size.load(memory_order_relaxed);
+    gp.completed = g.completed.load(memory_order_acquire);
+    gp.issued = g.issued.load(memory_order_acquire);
+    gp.completed = std::min(gp.completed, gp.issued);
+    for (const auto& e : g.ring) {
+      bool ok = false;
+      hang::CollectiveRecord c = read_entry(e, &ok);
+      // Only what the ring may hold for this issued count (a scribbled seq is dropped).
+      if (ok && c.seq <= gp.issued && c.seq + board::kRingSize > gp.issued) gp.recent.push_back(c);
+    }
+    std::sort(gp.recent.begin(), gp.recent.end(),
+              [](const auto& a, const auto& b) { return a.seq < b.seq; });
+    r.groups.push_back(std::move(gp));
+  }
+  return r;
+}
+
+}  // namespace
+
+hang::RankProgress ProgressMonitor::snapshot(int slot) const {
+  if (slot < 0 || slot >= slots_)
+    throw std::out_of_range("progress board: no slot " + std::to_string(slot));
+  const board::RankRecord& rec = *board::record_at(base_, static_cast<uint32_t>(slot));
+  hang::RankProgress r;
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const uint64_t before = rec.heartbeat.load(memory_order_acquire);
+    r = read_record(rec);
+    std::atomic_thread_fence(memory_order_acquire);
+    if (rec.heartbeat.load(memory_order_relaxed) == before) return r;
+  }
+  r.moving = true;  // it kept changing under us: progressing
+  return r;
+}
+
+std::vector<hang::RankProgress> ProgressMonitor::snapshot_all(const std::string& node) const {
+  std::vector<hang::RankProgress> out;
+  for (int i = 0; i < slots_; ++i) {
+    hang::RankProgress r = snapshot(i);
+    r.node = node;
+    if (r.attached) r.process = process_state(r.pid);
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+hang::ProcessState ProgressMonitor::process_state(int pid) {
+  if (pid <= 0) return hang::ProcessState::kUnknown;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!in || !std::getline(in, line)) return hang::ProcessState::kGone;
+  const size_t paren = line.rfind(')');
+  if (paren == std::string::npos || paren + 2 >= line.size()) return hang::ProcessState::kUnknown;
+  switch (line[paren + 2]) {
+    case 'T':
+    case 't':
+      return hang::ProcessState::kStopped;
+    case 'Z':
+    case 'X':
+      return hang::ProcessState::kGone;
+    default:
+      return hang::ProcessState::kRunning;
+  }
+}
+
+}  // namespace trun::agent

@@ -1,0 +1,63 @@
+#pragma once
+// ProgressMonitor: the agent's side of the progress board (base/progress_board.h, issue 36,
+// docs/hangs.md). It creates one shared-memory segment per agent for `slots` local ranks
+// before the workers are spawned (its name goes to them in TRUN_PROGRESS_SHM), reads the
+// workers' records as snapshots for the hang rules (hang_rules.h), and unlinks the segment when
+// destroyed.
+//
+// Reading never blocks a worker and never waits for one: a worker writes with atomic stores and
+// takes no lock the monitor could hold; a snapshot copies a record and retries (a few times) when
+// the record changed meanwhile, then marks it "moving". Everything read is untrusted: counts and
+// indices are clamped, names bounded, so a worker that scribbles over the board can make its own
+// snapshot wrong but cannot harm the agent.
+//
+// Thread safety: snapshot() and process_state() from any thread; reset() only while no worker is
+// attached (before a group is spawned); the rest is immutable after create().
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/hang_rules.h"
+#include "base/progress_board.h"
+
+namespace trun::agent {
+
+class ProgressMonitor {
+ public:
+  // Creates and maps the board "/<name>" (base::shm_progress_name) for `slots` local ranks
+  // (1..kMaxSlots). A segment of that name left by a dead agent of the same pid is replaced.
+  // Throws std::system_error (shm_open, ftruncate, mmap) or std::invalid_argument.
+  static std::unique_ptr<ProgressMonitor> create(const std::string& name, int slots);
+  ~ProgressMonitor();  // unmaps and unlinks
+  ProgressMonitor(const ProgressMonitor&) = delete;
+  ProgressMonitor& operator=(const ProgressMonitor&) = delete;
+
+  // The value of TRUN_PROGRESS_SHM for the workers: "/<name>".
+  const std::string& shm_name() const { return shm_name_; }
+  int slots() const { return slots_; }
+
+  // Clears every record (call before spawning a group: a worker clears its own on attach too).
+  void reset();
+
+  // The record of local rank `slot`, as hang::RankProgress (node left empty, process kUnknown).
+  hang::RankProgress snapshot(int slot) const;
+  // Every slot's, with `node` set and each attached rank's process state read from /proc.
+  std::vector<hang::RankProgress> snapshot_all(const std::string& node) const;
+
+  // What /proc/<pid>/stat says of a process: T or t (stopped, traced) -> kStopped, Z or X or no
+  // such process -> kGone, else kRunning.
+  static hang::ProcessState process_state(int pid);
+
+  // The raw mapping, for tests that play the worker without libtrun_worker.
+  base::progress::RankRecord* record_for_testing(int slot) const;
+
+ private:
+  ProgressMonitor() = default;
+  std::string shm_name_;
+  int slots_ = 0;
+  size_t bytes_ = 0;
+  void* base_ = nullptr;
+};
+
+}  // namespace trun::agent

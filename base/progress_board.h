@@ -1,0 +1,220 @@
+#pragma once
+// The progress board: one shared-memory segment per node in which each local worker reports its
+// progress, and from which its agent reads it (issue 36, docs/hangs.md). Header-only; the layout
+// is the contract between libtrun_worker (worker_sdk/src/progress/, the writer) and the agent
+// (agent/progress_monitor.*, the creator and reader), so it lives here, where both may look.
+//
+// Layout: a Header, then `slots` RankRecords (one per local rank), each cache-line aligned. A
+// record holds the rank's heartbeat counter and time of last progress, its phase, its section
+// names and, per process group, the last issued and completed collective sequence numbers and
+// a ring of the most recent kRingSize collectives (PyTorch's flight recorder idea).
+//
+// Writing is plain atomic stores (and one fetch_add for the heartbeat) into a mapped page: no
+// system call, no lock. Every field is a lock-free std::atomic, so that the reader in another
+// process (or thread) never sees a torn value; the reader must treat everything as untrusted
+// (a worker may write anything here): it clamps counts and indices, and a name is at most
+// kNameMax bytes with its terminator forced.
+//
+// Ordering (what makes a snapshot of a stalled rank consistent): a writer stores an event's
+// fields first, then the counter that publishes them (the entry's seq, the group's issued or
+// completed, num_groups, num_sections) with release, and bumps `heartbeat` last, with release.
+// A reader loads `heartbeat` (acquire), copies the record, and loads `heartbeat` again: equal
+// means no event was published in between. A rank that is not moving always passes.
+//
+// Versioning: `magic` and `version` are checked by the worker before it writes anything; a
+// layout change bumps kVersion (a worker built against another layout then reports nothing).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+namespace trun::base::progress {
+
+inline constexpr uint64_t kMagic = 0x3142524f47525054ULL;  // "TPRGROB1", little-endian
+inline constexpr uint32_t kVersion = 1;
+inline constexpr int kMaxGroups = 8;     // process groups tracked per rank (later ones: not)
+inline constexpr int kRingSize = 16;     // recent collectives kept per group
+inline constexpr int kMaxSections = 16;  // distinct section names per rank (later ones: "other")
+inline constexpr int kNameMax = 32;      // bytes of a section name, with its terminator
+inline constexpr int kMaxSlots = 1024;   // local ranks one board may hold
+// The variable that carries the board's name ("/trun-progress-...") to the workers. A worker
+// without it (run outside trun, or under torchrun) reports nothing and pays nothing.
+inline constexpr const char* kEnvVar = "TRUN_PROGRESS_SHM";
+
+// What the rank is doing, as its main thread last said. A collective in flight is not a phase:
+// it is read from the groups (issued > completed).
+enum class Phase : uint32_t {
+  kNone = 0,            // not attached
+  kInit = 1,            // inside trun::worker::init()
+  kRunning = 2,         // after init(): the training loop (steps, collectives, user code)
+  kStopCheck = 3,       // inside StopAgreement::should_stop's agreement
+  kCheckpointSave = 4,  // inside Checkpointer::save (the blocking part)
+  kSection = 5,         // inside a trun::worker::Section (RankRecord::section names it)
+};
+
+// Collective kinds, as the board stores them.
+enum class Op : uint32_t {
+  kNone = 0,
+  kAllreduce,
+  kBroadcast,
+  kAllgather,
+  kReduceScatter,
+  kBarrier,
+  kReduce,
+  kGather,
+  kScatter,
+  kAllToAll,
+  kAllToAllV,
+  kSend,
+  kRecv,
+  kBatchP2P,
+  kMonitoredBarrier,
+  kCount,  // not an op: the number of codes
+};
+
+inline const char* op_name(Op op) {
+  switch (op) {
+    case Op::kAllreduce:
+      return "allreduce";
+    case Op::kBroadcast:
+      return "broadcast";
+    case Op::kAllgather:
+      return "allgather";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kBarrier:
+      return "barrier";
+    case Op::kReduce:
+      return "reduce";
+    case Op::kGather:
+      return "gather";
+    case Op::kScatter:
+      return "scatter";
+    case Op::kAllToAll:
+      return "all_to_all";
+    case Op::kAllToAllV:
+      return "all_to_all_v";
+    case Op::kSend:
+      return "send";
+    case Op::kRecv:
+      return "recv";
+    case Op::kBatchP2P:
+      return "batch_isend_irecv";
+    case Op::kMonitoredBarrier:
+      return "monitored_barrier";
+    default:
+      return "collective";
+  }
+}
+
+// Data types: 0 is none (barrier), 1 + trun::worker::DataType's value otherwise (the worker side
+// checks the correspondence at compile time).
+inline const char* dtype_name(uint32_t code) {
+  static const char* const kNames[] = {"none",  "float32", "float64", "float16", "bfloat16",
+                                       "int32", "int64",   "int8",    "uint8",   "bool"};
+  return code < sizeof(kNames) / sizeof(kNames[0]) ? kNames[code] : "unknown";
+}
+
+enum class State : uint32_t {
+  kEmpty = 0,
+  kIssued = 1,     // the program called it; queued, or running on the caller's thread soon
+  kStarted = 2,    // the backend runs it (this rank waits for its peers in here)
+  kCompleted = 3,  // returned successfully
+  kFailed = 4,     // threw (a CollectiveError)
+};
+
+inline const char* state_name(State s) {
+  switch (s) {
+    case State::kIssued:
+      return "issued";
+    case State::kStarted:
+      return "started";
+    case State::kCompleted:
+      return "completed";
+    case State::kFailed:
+      return "failed";
+    default:
+      return "empty";
+  }
+}
+
+// One collective of a group's ring, at index seq % kRingSize. `seq` (1-based) is stored last on
+// issue; a reader that finds another seq than the one it looks for has lost that entry (more
+// than kRingSize collectives since).
+struct alignas(64) CollectiveEntry {
+  std::atomic<uint64_t> seq;
+  std::atomic<uint32_t> op;     // Op
+  std::atomic<uint32_t> dtype;  // see dtype_name
+  std::atomic<uint64_t> count;  // elements
+  std::atomic<uint32_t> state;  // State
+  std::atomic<int64_t> issued_ns;
+  std::atomic<int64_t> started_ns;
+  std::atomic<int64_t> finished_ns;  // completed or failed
+};
+
+struct alignas(64) GroupRecord {
+  // FNV-1a of the group's tag (ProcessGroupOptions::tag): the same group on every rank.
+  std::atomic<uint64_t> key;
+  std::atomic<int32_t> number;  // Worker::new_group's number (shm_group_number), -1: unknown
+  std::atomic<int32_t> group_rank;
+  std::atomic<int32_t> group_size;
+  std::atomic<uint64_t> issued;     // the last issued seq (0: none)
+  std::atomic<uint64_t> completed;  // the last finished seq (completed or failed)
+  CollectiveEntry ring[kRingSize];
+};
+
+struct alignas(64) RankRecord {
+  std::atomic<int32_t> pid;  // 0: no worker attached
+  std::atomic<int32_t> rank;
+  std::atomic<int32_t> local_rank;
+  std::atomic<uint32_t> phase;    // Phase
+  std::atomic<uint32_t> section;  // kSection: index + 1 into section_names; 0 none
+  std::atomic<uint32_t> num_groups;
+  std::atomic<uint32_t> num_sections;
+  std::atomic<uint32_t> untracked_groups;  // groups beyond kMaxGroups
+  std::atomic<uint64_t> heartbeat;         // every progress event adds 1
+  std::atomic<int64_t> last_progress_ns;   // CLOCK_MONOTONIC of the last event
+  std::atomic<int64_t> attached_ns;
+  std::atomic<int64_t> phase_since_ns;
+  // `heartbeat` when init() returned (0: it has not): no progress since means "starting up".
+  std::atomic<uint64_t> init_end_heartbeat;
+  std::atomic<uint64_t> steps;  // DDP steps finished (finalize) and explicit heartbeats
+  // Written once each, before num_sections publishes them (release).
+  char section_names[kMaxSections][kNameMax];
+  GroupRecord groups[kMaxGroups];
+};
+
+struct alignas(64) Header {
+  std::atomic<uint64_t> magic;  // stored last by the creator (release)
+  std::atomic<uint32_t> version;
+  std::atomic<uint32_t> slots;        // RankRecords that follow
+  std::atomic<uint32_t> record_size;  // sizeof(RankRecord), checked by the worker
+  std::atomic<uint32_t> max_groups;
+  std::atomic<uint32_t> ring_size;
+  std::atomic<int64_t> created_ns;
+};
+
+static_assert(std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<int64_t>::is_always_lock_free,
+              "the board is shared between processes: its atomics must be lock-free");
+static_assert(sizeof(CollectiveEntry) == 64, "one cache line per ring entry");
+
+inline constexpr size_t board_bytes(uint32_t slots) {
+  return sizeof(Header) + static_cast<size_t>(slots) * sizeof(RankRecord);
+}
+
+inline RankRecord* record_at(void* board, uint32_t slot) {
+  return reinterpret_cast<RankRecord*>(static_cast<char*>(board) + sizeof(Header)) + slot;
+}
+
+// FNV-1a 64, the group's key (never 0: 0 marks an unused slot).
+inline uint64_t group_key(const char* data, size_t size) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < size; ++i) {
+    h ^= static_cast<unsigned char>(data[i]);
+    h *= 0x100000001b3ULL;
+  }
+  return h ? h : 1;
+}
+
+}  // namespace trun::base::progress

@@ -1,0 +1,89 @@
+#pragma once
+// The worker's side of the progress board (base/progress_board.h; private to libtrun_worker).
+// attach() maps the board named by TRUN_PROGRESS_SHM (the agent created it) and takes the record
+// of this process's LOCAL_RANK; without the variable, or with a board this build cannot read, it
+// does nothing and every hook below is one load of a null pointer and a branch.
+//
+// Cost of a hook when attached: a clock read (vDSO, no system call) and a few relaxed or release
+// stores into this rank's record; a collective costs three of those (issued, started, finished).
+//
+// Thread safety: every function from any thread. The phase is the process's, as its main
+// thread's scopes (init, stop check, checkpoint save, Section) last set it.
+
+#include <cstdint>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include "base/progress_board.h"
+
+namespace trun::worker::detail::progress {
+
+namespace board = base::progress;
+
+// This process's record; nullptr when not attached.
+board::RankRecord* record();
+
+inline int64_t now_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+// One progress event on `r`: its time, then the heartbeat that publishes it.
+inline void bump(board::RankRecord* r) {
+  r->last_progress_ns.store(now_ns(), std::memory_order_relaxed);
+  r->heartbeat.fetch_add(1, std::memory_order_release);
+}
+
+// Maps the board from the environment, once per process (later calls do nothing). Never throws;
+// a board that cannot be used is reported once on stderr.
+void attach();
+// For tests: use `r` (a record of a board the test mapped itself) as this process's record, or
+// detach with nullptr.
+void attach_record_for_testing(board::RankRecord* r, int rank, int local_rank);
+
+void init_begin();  // attach(), phase kInit
+void init_end();    // phase kRunning; remembers the heartbeat as the end of start-up
+void step();        // a DDP step finished
+void heartbeat();   // trun::worker::heartbeat()
+
+// Sets a phase for its lifetime and restores the previous one after (nesting works).
+class PhaseScope {
+ public:
+  explicit PhaseScope(board::Phase phase, uint32_t section = 0);
+  ~PhaseScope();
+  PhaseScope(const PhaseScope&) = delete;
+  PhaseScope& operator=(const PhaseScope&) = delete;
+
+ private:
+  board::RankRecord* r_;
+  uint32_t prev_phase_ = 0;
+  uint32_t prev_section_ = 0;
+};
+
+// The section index for `name` (1-based; kMaxSections + 1 when the table is full), registered in
+// the record on first use; 0 when not attached.
+uint32_t section_index(const char* name);
+
+// One process group's collectives on the board: issue() when the program calls one (returns its
+// sequence number), start() when the backend begins it, finish() when it returns.
+class GroupProgress {
+ public:
+  // nullptr when not attached (or every group slot of the record is taken: counted there).
+  static std::unique_ptr<GroupProgress> make(const std::string& tag, int group_rank,
+                                             int group_size);
+
+  uint64_t issue(board::Op op, uint32_t dtype, uint64_t count);
+  void start(uint64_t seq);
+  void finish(uint64_t seq, bool ok);
+
+  explicit GroupProgress(board::RankRecord* r, board::GroupRecord* g) : r_(r), g_(g) {}
+
+ private:
+  board::RankRecord* r_;
+  board::GroupRecord* g_;
+  std::atomic<uint64_t> next_{0};
+};
+
+}  // namespace trun::worker::detail::progress
