@@ -1,0 +1,223 @@
+#pragma once
+// Agent: the executor behind ElasticAgent::run (agent/elastic_agent.h), one object per job on
+// this node. Internal to trun_agent: not installed, included only by agent/agent*.cpp and
+// agent/elastic_agent.cpp.
+//
+// Its phases, and the file that holds each:
+//   start      agent_start.cpp      run(): signals, the event log, /metrics, then run_job(): the
+//                                   first round (rendezvous join), the log directory, the
+//                                   workers' base environment, and one attempt after another:
+//                                   start_workers() (named steps: reset_group, make_attempt_dir,
+//                                   spawn_requests, record_spawn_results).
+//   supervise  agent_supervise.cpp  supervise(): the event loop until the group has stopped;
+//                                   the signalfd (worker exits, signals to trun), the round-over
+//                                   event, the SIGKILL deadline.
+//   restart    agent_restart.cpp    after the group stopped: after_stop() / after_round_over()
+//                                   (agent/decisions.h decides), resolve_root_cause() across
+//                                   nodes, prepare_next_attempt() (counts the restart, forms
+//                                   the next round).
+//   stop       agent_stop.cpp       stopping the group (begin_stop, kill_all), finish() (the
+//                                   failure summary, the exit barrier, closing the job) and
+//                                   cleanup() (the destructor).
+//   publish    agent_publish.cpp    what operators see, fed from the agent's thread: the event
+//                                   log, the /metrics snapshot (and its publication while a
+//                                   rendezvous blocks) and the status record for `trun status`.
+//
+// Thread safety: everything runs on the thread that called run(), except publish_while_waiting()
+// (the rendezvous session's sampler thread), which reads snap_ only under waiting_mu_.
+
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "agent/clock.h"
+#include "agent/decisions.h"
+#include "agent/event_log.h"
+#include "agent/event_loop.h"
+#include "agent/failure_report.h"
+#include "agent/launch_config.h"
+#include "agent/log_mux.h"
+#include "agent/metrics_server.h"
+#include "agent/node_status.h"
+#include "agent/process_spawner.h"
+#include "agent/rendezvous_session.h"
+#include "agent/worker_env.h"
+#include "rendezvous/handler.h"
+
+namespace trun::agent {
+
+// The signals the agent takes through its signalfd: SIGCHLD and config.signals_to_handle.
+inline sigset_t agent_signal_set(const LaunchConfig& config) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  for (int s : config.signals_to_handle) sigaddset(&set, s);
+  return set;
+}
+
+inline double unix_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+inline int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+struct WorkerProcess {
+  int local_rank = 0;
+  int rank = 0;
+  int role_rank = 0;
+  pid_t pid = -1;
+  bool running = false;     // started and not yet reaped
+  bool group_live = false;  // its process group may still have members
+  int exitcode = 0;
+  std::string error_file;
+  Clock::TimePoint started{};  // when it was spawned (the agent's clock)
+};
+
+class Agent {
+ public:
+  // `temp_dir`: the temporary log directory, already made (empty: made when needed).
+  Agent(const LaunchConfig& c, Clock& clock, ProcessSpawner& spawner, std::string temp_dir = {})
+      : config_(c),
+        clock_(clock),
+        sup_(spawner),
+        loop_(clock),
+        base_dir_(std::move(temp_dir)),
+        temp_base_(!base_dir_.empty()) {}
+  ~Agent() { cleanup(); }
+
+  int run();
+
+ private:
+  // --- start (agent_start.cpp) ---
+  int run_job();
+  void setup_signals();
+  bool make_base_dir();
+  void start_workers();
+  // start_workers' steps, in order.
+  void reset_group();
+  std::string make_attempt_dir();
+  std::vector<SpawnRequest> spawn_requests(const std::string& attempt_dir);
+  // Returns false when a worker could not be started (its failure is recorded).
+  bool record_spawn_results(const std::vector<SpawnResult>& results);
+  StreamMode stream_mode(int local_rank, int stream) const;
+
+  // --- publish (agent_publish.cpp) ---
+  // Records an event in --event-log (no-op without one), with the restart count.
+  void event(const std::string& name, EventMetadata md);
+  // --metrics-port: starts the endpoint and its heartbeat; false (after the error line) when the
+  // port cannot be served.
+  bool start_metrics();
+  // Publishes snap_ to the endpoint (no-op without one), as alive now.
+  void publish();
+  void refresh_live(AgentSnapshot* s) const;
+  void set_phase(const char* phase);
+  // While this thread waits in a blocking rendezvous call the loop does not run, and /metrics
+  // would stand still exactly when an operator looks: the session's sampler thread publishes
+  // then (publish_while_waiting), from a copy of the snapshot taken under waiting_mu_. The
+  // snapshot is written only outside such a window, or after end_waiting().
+  class WaitingWindow;
+  void begin_waiting();
+  void end_waiting();
+  void publish_while_waiting();
+  // Writes this node's status record for `trun status` (agent/node_status.h) in `state`.
+  void publish_status(const char* state);
+  void set_worker_state(size_t i, const char* state);
+
+  // --- supervise (agent_supervise.cpp) ---
+  GroupOutcome supervise();
+  void on_signalfd();
+  void read_signals(bool reap_children);
+  void on_children();
+  void on_agent_signal(int sig);
+  bool on_round_over(const rendezvous::RoundEvent& e);
+  // A stop signal ended a wait in the rendezvous (which this node has left): takes the signal
+  // from the signalfd and returns 128+N.
+  int after_interrupted_rendezvous();
+  void update_groups();
+  bool all_groups_gone() const;
+  int running_count() const;
+
+  // --- restart (agent_restart.cpp) ---
+  // After a round ended by a worker failure (this node's, `own`, or another's) and this node's
+  // workers stopped: chooses the root cause among every node's report (root_cause_), records it
+  // (status, event log) and returns it.
+  const RootCause& resolve_root_cause(const std::optional<rendezvous::FailureReport>& own);
+  // What follows a stopped group: exit with exit_code, or another attempt (counted or not
+  // against max_restarts; kAgainNow: the round is already formed).
+  struct Next {
+    enum Kind { kExit, kAgain, kAgainNow } kind = kExit;
+    bool counted = false;
+    int exit_code = kExitAgentError;
+    explicit Next(int code) : exit_code(code) {}
+    explicit Next(Kind k, bool counts = false) : kind(k), counted(counts) {}
+  };
+  Next after_stop(GroupOutcome outcome);
+  Next after_round_over();
+  bool prepare_next_attempt(const Next& next, bool after_round);
+
+  // --- stop (agent_stop.cpp) ---
+  void begin_stop(int sig);
+  void kill_all();
+  void finish(GroupOutcome outcome);
+  void cleanup();
+
+  const LaunchConfig& config_;
+  Clock& clock_;
+  ProcessSpawner& sup_;
+  EventLoop loop_;
+  int sigfd_ = -1;
+  std::unique_ptr<EventLog> events_;  // --event-log; outlives session_ (declared before it)
+  std::unique_ptr<RendezvousSession> session_;
+  std::unique_ptr<MetricsServer> metrics_;
+  AgentSnapshot snap_;
+  std::mutex waiting_mu_;
+  bool waiting_ = false;   // guarded by waiting_mu_
+  int heartbeat_fd_ = -1;  // a timerfd while the endpoint runs
+  std::string run_id_;
+  std::string base_dir_;  // DIR/<run id>, or a temporary directory
+  bool temp_base_ = false;
+  EnvMap base_env_;
+  std::string hostname_;
+
+  int restart_count_ = 0;  // incremented in one place: prepare_next_attempt()
+  std::vector<WorkerProcess> workers_;
+  std::unordered_map<pid_t, size_t> by_pid_;
+  std::unique_ptr<LogMux> logs_;
+  GroupPhase phase_ = GroupPhase::kRunning;
+  std::optional<GroupOutcome> outcome_;
+  std::optional<Clock::TimePoint> kill_at_;
+  bool killed_ = false;
+  Clock::TimePoint killed_at_;
+  int received_signal_ = 0;
+  uint64_t failure_seq_ = 0;
+  std::vector<WorkerFailure> failures_;  // of the current attempt
+  std::optional<RootCause> root_cause_;  // of the current attempt, across nodes, once known
+  NodeStatus status_;                    // the last record publish_status wrote
+};
+
+// Marks a blocking rendezvous call for publish_while_waiting (see begin_waiting).
+class Agent::WaitingWindow {
+ public:
+  explicit WaitingWindow(Agent& agent) : agent_(agent) { agent_.begin_waiting(); }
+  ~WaitingWindow() { agent_.end_waiting(); }
+  WaitingWindow(const WaitingWindow&) = delete;
+  WaitingWindow& operator=(const WaitingWindow&) = delete;
+
+ private:
+  Agent& agent_;
+};
+
+}  // namespace trun::agent

@@ -1,0 +1,128 @@
+// What operators see of the agent (agent/agent.h), fed from the agent's thread: the event log
+// (--event-log), the /metrics snapshot (--metrics-port) and the status record (`trun status`).
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <mutex>
+
+#include "agent/agent.h"
+
+namespace trun::agent {
+
+void Agent::event(const std::string& name, EventMetadata md) {
+  if (!events_) return;
+  md.emplace("agent_restarts", int64_t{restart_count_});
+  events_->record(name, std::move(md));
+}
+
+bool Agent::start_metrics() {
+  try {
+    metrics_ = MetricsServer::start(static_cast<uint16_t>(config_.metrics_port));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr,
+                 "trun: error: %s (--metrics-port / TORCHELASTIC_HEALTH_CHECK_PORT; 0 picks a "
+                 "free port)\n",
+                 e.what());
+    return false;
+  }
+  std::fprintf(stderr, "trun: metrics on http://0.0.0.0:%u/metrics and /healthz\n",
+               static_cast<unsigned>(metrics_->port()));
+  std::fflush(stderr);
+  // The heartbeat: the loop republishes every second, so /healthz sees it answer.
+  heartbeat_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+  if (heartbeat_fd_ >= 0) {
+    itimerspec every{{1, 0}, {1, 0}};
+    timerfd_settime(heartbeat_fd_, 0, &every, nullptr);
+    loop_.add(heartbeat_fd_, EPOLLIN, [this](uint32_t) {
+      uint64_t ticks;
+      while (read(heartbeat_fd_, &ticks, sizeof ticks) > 0) {
+      }
+      publish();
+    });
+  }
+  snap_.run_id = run_id_;
+  snap_.max_restarts = config_.max_restarts;
+  snap_.round_seconds_buckets = {0.1, 0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600};
+  snap_.round_seconds_counts.assign(snap_.round_seconds_buckets.size() + 1, 0);
+  snap_.phase = "rendezvous";
+  snap_.phase_since = std::chrono::steady_clock::now();
+  publish();
+  return true;
+}
+
+void Agent::publish() {
+  if (!metrics_) return;
+  refresh_live(&snap_);
+  metrics_->publish(snap_);
+}
+
+// What moves without the agent's loop: the heartbeat, and the session's sample and counters.
+void Agent::refresh_live(AgentSnapshot* s) const {
+  s->heartbeat = std::chrono::steady_clock::now();
+  if (!session_) return;
+  s->nodes_waiting = session_->nodes_waiting();
+  const auto stats = session_->store_stats();
+  s->store_requests = stats.requests_sent;
+  s->store_errors = stats.errors;
+  s->store_requests_served = stats.requests_served;
+}
+
+void Agent::begin_waiting() {
+  std::lock_guard<std::mutex> lock(waiting_mu_);
+  waiting_ = true;
+}
+
+void Agent::end_waiting() {
+  std::lock_guard<std::mutex> lock(waiting_mu_);
+  waiting_ = false;
+}
+
+// The sampler thread, after each sample.
+void Agent::publish_while_waiting() {
+  AgentSnapshot copy;
+  {
+    std::lock_guard<std::mutex> lock(waiting_mu_);
+    if (!waiting_ || !metrics_) return;
+    copy = snap_;
+  }
+  refresh_live(&copy);
+  metrics_->publish(copy);
+}
+
+void Agent::set_phase(const char* phase) {
+  if (!metrics_ || snap_.phase == phase) return;
+  snap_.phase = phase;
+  snap_.phase_since = std::chrono::steady_clock::now();
+  publish();
+}
+
+void Agent::publish_status(const char* state) {
+  if (!session_) return;
+  const auto& info = session_->info();
+  status_.node_id = session_->node_id();
+  if (status_.node_id.empty()) return;  // no round yet
+  status_.hostname = hostname_;
+  status_.pid = getpid();
+  status_.round = info.round;
+  status_.group_rank = info.group_rank;
+  status_.group_world_size = info.group_world_size;
+  if (static_cast<size_t>(info.group_rank) < info.participants.size()) {
+    status_.addr = info.participants.at(static_cast<size_t>(info.group_rank)).addr;
+  }
+  status_.local_world_size = config_.nproc_per_node;
+  status_.restarts = restart_count_;
+  status_.max_restarts = config_.max_restarts;
+  status_.state = state;
+  status_.updated_at = unix_seconds();
+  session_->publish_status(encode_node_status(status_));
+}
+
+void Agent::set_worker_state(size_t i, const char* state) {
+  if (!metrics_) return;
+  if (snap_.worker_states.size() <= i) snap_.worker_states.resize(i + 1);
+  snap_.worker_states[i] = state;
+}
+
+}  // namespace trun::agent

@@ -1,0 +1,87 @@
+// Stopping the agent's worker group and ending the job on this node (agent/agent.h): the stop
+// signal and SIGKILL, the failure summary and exit barrier, and the cleanup.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "agent/agent.h"
+#include "agent/job_local.h"
+
+namespace trun::agent {
+
+namespace fs = std::filesystem;
+
+// The job ends on this node: the failure summary, the exit barrier, closing the rendezvous.
+void Agent::finish(GroupOutcome outcome) {
+  if (outcome == GroupOutcome::kFailed && !failures_.empty()) {
+    const bool across = root_cause_ && session_->multi_node();
+    std::string summary = format_summary(config_.entrypoint_name, failures_, hostname_,
+                                         across ? &*root_cause_ : nullptr);
+    if (across) summary += "trun: " + root_cause_line(*root_cause_) + "\n";
+    std::fputs(summary.c_str(), stderr);
+    std::fflush(stderr);
+    const auto& root = failures_[root_cause_index(failures_)];
+    if (const char* ef = std::getenv("TORCHELASTIC_ERROR_FILE"); ef && *ef) {
+      if (!write_root_cause(ef, root)) {
+        spdlog::error("cannot write the root cause to TORCHELASTIC_ERROR_FILE={}", ef);
+      }
+    }
+  } else if (outcome == GroupOutcome::kSignaled) {
+    spdlog::warn("stopped the workers after {}; exiting with {}", signal_name(received_signal_),
+                 kExitSignalBase + received_signal_);
+  } else if (outcome == GroupOutcome::kSucceeded) {
+    set_phase("exit_barrier");
+    try {
+      session_->exit_barrier(config_.exit_barrier_timeout);
+    } catch (const std::exception& e) {
+      spdlog::warn("exit barrier: {}", e.what());
+    }
+  }
+  if (outcome != GroupOutcome::kSignaled) session_->close_job();
+}
+
+void Agent::begin_stop(int sig) {
+  phase_ = GroupPhase::kStopping;
+  set_phase("stopping");
+  kill_at_ = clock_.now() + config_.shutdown_timeout;
+  for (auto& w : workers_) {
+    if (w.group_live) sup_.signal_group(w.pid, sig);
+  }
+  if (config_.shutdown_timeout.count() == 0) kill_all();
+}
+
+void Agent::kill_all() {
+  for (auto& w : workers_) {
+    if (w.group_live) sup_.signal_group(w.pid, SIGKILL);
+  }
+  killed_ = true;
+  killed_at_ = clock_.now();
+}
+
+void Agent::cleanup() {
+  logs_.reset();
+  if (session_) session_->shutdown();
+  remove_worker_shm_segments(run_id_);
+  if (temp_base_ && !base_dir_.empty()) {
+    std::error_code ec;
+    fs::remove_all(base_dir_, ec);
+  }
+  if (heartbeat_fd_ >= 0) {
+    loop_.remove(heartbeat_fd_);
+    close(heartbeat_fd_);
+    heartbeat_fd_ = -1;
+  }
+  metrics_.reset();
+  if (sigfd_ >= 0) {
+    loop_.remove(sigfd_);
+    close(sigfd_);
+    sigfd_ = -1;
+  }
+}
+
+}  // namespace trun::agent
