@@ -1,23 +1,20 @@
 #include "agent/rendezvous_session.h"
 
-#include <poll.h>
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/signalfd.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <system_error>
 #include <thread>
 #include <vector>
 
 #include "agent/node_status.h"
+#include "agent/signal_watch.h"
 #include "rendezvous/dynamic_decisions.h"
 #include "rendezvous/dynamic_rendezvous.h"
 #include "store/store.h"
@@ -49,62 +46,6 @@ const char* round_event_name(rendezvous::RoundEvent::Kind kind) {
   }
   return "round_over";
 }
-
-// While a round forms: a thread that waits (poll, not read) for one of `signals` to be pending
-// and then runs `on_signal` once. The signal stays pending for the agent's own signalfd.
-class SignalWatch {
- public:
-  SignalWatch(const std::vector<int>& signals, std::function<void()> on_signal) {
-    sigset_t set;
-    sigemptyset(&set);
-    for (int s : signals) {
-      if (s != SIGCHLD) sigaddset(&set, s);
-    }
-    if (sigisemptyset(&set)) return;
-    sig_fd_ = signalfd(-1, &set, SFD_CLOEXEC | SFD_NONBLOCK);
-    stop_fd_ = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-    if (sig_fd_ < 0 || stop_fd_ < 0) {
-      spdlog::debug("cannot watch for stop signals during the rendezvous: {}",
-                    std::strerror(errno));
-      return;
-    }
-    thread_ = std::thread([this, on_signal = std::move(on_signal)] {
-      pollfd fds[2] = {{sig_fd_, POLLIN, 0}, {stop_fd_, POLLIN, 0}};
-      for (int i = 0; i < 1000; ++i) {  // bounded: only EINTR repeats
-        const int n = poll(fds, 2, -1);
-        if (n < 0 && errno == EINTR) continue;
-        if (n > 0 && (fds[0].revents & POLLIN) && !(fds[1].revents & POLLIN)) {
-          fired_ = true;
-          on_signal();
-        }
-        return;
-      }
-    });
-  }
-  ~SignalWatch() { stop(); }
-  SignalWatch(const SignalWatch&) = delete;
-  SignalWatch& operator=(const SignalWatch&) = delete;
-
-  // Ends the watch (joins the thread). Idempotent.
-  void stop() {
-    if (thread_.joinable()) {
-      uint64_t one = 1;
-      ssize_t n = write(stop_fd_, &one, sizeof one);
-      (void)n;
-      thread_.join();
-    }
-    if (sig_fd_ >= 0) close(sig_fd_);
-    if (stop_fd_ >= 0) close(stop_fd_);
-    sig_fd_ = stop_fd_ = -1;
-  }
-  bool fired() const { return fired_; }
-
- private:
-  int sig_fd_ = -1;
-  int stop_fd_ = -1;
-  std::atomic<bool> fired_{false};
-  std::thread thread_;
-};
 
 }  // namespace
 
