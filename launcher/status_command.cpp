@@ -14,17 +14,16 @@
 #include "base/decimal.h"
 #include "launcher/status_read.h"
 #include "launcher/status_render.h"
-#include "rendezvous/dynamic_decisions.h"
-#include "rendezvous/dynamic_rendezvous.h"
-#include "rendezvous/etcd/backend.h"
-#include "rendezvous/etcd/kv.h"
-#include "store/tcp_store.h"
+#include "rendezvous/job_status.h"
+#include "rendezvous/options.h"
+#include "store/store.h"
 
 namespace trun::launcher {
 namespace {
 
+using rendezvous::BackendKind;
+using rendezvous::JobReader;
 using status::JobStatus;
-using status::Reader;
 using status::safe;
 using store::StoreError;
 using Duration = std::chrono::milliseconds;
@@ -37,6 +36,7 @@ constexpr int kExitUnreachable = 3;
 // What the command line asks for.
 struct StatusOptions {
   std::string backend = "static", endpoint, run_id, master_addr, conf;
+  BackendKind kind = BackendKind::kStatic;  // `backend`, checked (validate)
   int master_port = -1;
   double timeout_s = 5;
   bool json = false;
@@ -100,11 +100,13 @@ void declare_options(CLI::App& app, StatusOptions* o) {
 
 // The backend and job id as given; kExitShown when they are valid, else the exit code (printed).
 int validate(StatusOptions* o) {
-  if (o->backend == "etcd-v2") o->backend = "etcd";
-  if (o->backend != "static" && o->backend != "c10d" && o->backend != "etcd") {
+  const auto kind = rendezvous::parse_backend_kind(o->backend);
+  if (!kind) {
     return usage("--rdzv-backend=" + o->backend +
                  ": unknown backend; expected static, c10d or etcd");
   }
+  o->kind = *kind;
+  o->backend = rendezvous::backend_name(*kind);  // etcd-v2 is etcd
   const std::string& run_id = o->run_id;
   if (run_id.size() > agent::kMaxRunIdBytes) {
     return usage("--rdzv-id: " + std::to_string(run_id.size()) + " bytes; a job id has at most " +
@@ -120,8 +122,8 @@ int validate(StatusOptions* o) {
 
 // etcd: the cluster at --rdzv-endpoint under the --rdzv-conf prefix. kExitShown and *reader set,
 // or a usage error's exit code (printed); throws when it cannot connect.
-int open_etcd(const StatusOptions& opt, Duration timeout, JobStatus* js,
-              std::unique_ptr<Reader>* reader) {
+int open_etcd(const StatusOptions& opt, rendezvous::JobStateSource source, JobStatus* js,
+              std::unique_ptr<JobReader>* reader) {
   std::string prefix = "/";
   try {
     auto map = rendezvous::parse_rdzv_conf(opt.conf);
@@ -129,20 +131,14 @@ int open_etcd(const StatusOptions& opt, Duration timeout, JobStatus* js,
   } catch (const rendezvous::RendezvousError& e) {
     return usage(std::string("--rdzv-conf: ") + e.what());
   }
-  rendezvous::etcd::KvOptions o;
-  o.endpoints.clear();
   try {
-    for (auto& [host, port] : rendezvous::parse_etcd_endpoints(opt.endpoint)) {
-      o.endpoints.push_back({host, port});
-    }
+    source.endpoints = rendezvous::parse_etcd_endpoints(opt.endpoint);
   } catch (const rendezvous::RendezvousError& e) {
     return usage(e.what());
   }
-  o.prefix = prefix;
-  o.timeout = timeout;
-  o.connect_timeout = std::min<Duration>(timeout, std::chrono::seconds(1));
+  source.etcd_prefix = prefix;
   js->endpoint = opt.endpoint;
-  *reader = status::make_etcd_reader(o);
+  *reader = rendezvous::open_job_reader(source);
   return kExitShown;
 }
 
@@ -155,61 +151,53 @@ int pick_c10d_endpoint(const StatusOptions& opt, std::string* where) {
   } catch (const rendezvous::RendezvousError& e) {
     return usage(e.what());
   }
-  *where = rendezvous::endpoint_text(list[0].first, list[0].second);
-  store::TcpStoreOptions probe;
-  probe.token = opt.token;
-  probe.dialect = store::StoreDialect::kTrun;
-  const std::string key = rendezvous::dynamic::Keys(opt.run_id).failover();
-  for (size_t i = 1; i < list.size(); ++i) {
-    probe.host = list[i].first;
-    probe.port = list[i].second;
-    if (store::probe_store_key(probe, key, std::chrono::milliseconds(500))) {
-      *where = rendezvous::endpoint_text(list[i].first, list[i].second);
-      break;
-    }
-  }
+  const size_t i = rendezvous::current_c10d_store(list, opt.run_id, opt.token);
+  *where = rendezvous::endpoint_text(list[i].first, list[i].second);
   return kExitShown;
 }
 
 // c10d and static: the job's store. As open_etcd.
-int open_store(const StatusOptions& opt, Duration timeout, JobStatus* js,
-               std::unique_ptr<Reader>* reader) {
-  store::TcpStoreOptions o;
-  uint16_t default_port = opt.backend == "c10d" ? 29400 : 29500;
+int open_store(const StatusOptions& opt, rendezvous::JobStateSource source, JobStatus* js,
+               std::unique_ptr<JobReader>* reader) {
+  const bool c10d = opt.kind == BackendKind::kC10d;
+  uint16_t default_port = c10d ? 29400 : 29500;
   std::string where = opt.endpoint;
-  if (opt.backend == "static" &&
+  if (opt.kind == BackendKind::kStatic &&
       (!opt.master_addr.empty() || opt.master_port > 0 || opt.endpoint.empty())) {
     where = (opt.master_addr.empty() ? "127.0.0.1" : opt.master_addr);
     if (where.find(':') != std::string::npos) where = "[" + where + "]";
     where += ":" + std::to_string(opt.master_port > 0 ? opt.master_port : 29500);
   }
   if (where.empty()) return usage("--rdzv-backend=c10d: --rdzv-endpoint is required");
-  if (opt.backend == "c10d" && where.find(',') != std::string::npos) {
+  if (c10d && where.find(',') != std::string::npos) {
     if (const int rc = pick_c10d_endpoint(opt, &where); rc != kExitShown) return rc;
   }
-  if (!split_host_port(where, default_port, &o.host, &o.port)) {
+  std::string host;
+  uint16_t port = 0;
+  if (!split_host_port(where, default_port, &host, &port)) {
     return usage("--rdzv-endpoint=" + where + ": expected HOST[:PORT] with a port 1..65535");
   }
-  js->endpoint = o.host + ":" + std::to_string(o.port);
-  o.timeout = timeout;
-  // Nothing listening is an answer, not something to wait for.
-  o.connect_timeout = std::min<Duration>(timeout, std::chrono::seconds(1));
-  o.reconnect_timeout = o.connect_timeout;
-  o.token = opt.token;
-  *reader = status::make_store_reader(o);
+  js->endpoint = host + ":" + std::to_string(port);
+  source.endpoints = {{host, port}};
+  source.store_token = opt.token;
+  *reader = rendezvous::open_job_reader(source);
   return kExitShown;
 }
 
 // Connects to where the job's state is. Sets js->endpoint (also when it fails to connect).
 // kExitShown and *reader set, or the exit code (printed).
-int open_reader(const StatusOptions& opt, JobStatus* js, std::unique_ptr<Reader>* reader) {
-  const Duration timeout(static_cast<int64_t>(opt.timeout_s * 1000));
+int open_reader(const StatusOptions& opt, JobStatus* js, std::unique_ptr<JobReader>* reader) {
+  rendezvous::JobStateSource source;
+  source.backend = opt.kind;
+  source.timeout = Duration(static_cast<int64_t>(opt.timeout_s * 1000));
+  // Nothing listening is an answer, not something to wait for.
+  source.connect_timeout = std::min<Duration>(source.timeout, std::chrono::seconds(1));
+  const bool etcd = opt.kind == BackendKind::kEtcd;
   try {
-    return opt.backend == "etcd" ? open_etcd(opt, timeout, js, reader)
-                                 : open_store(opt, timeout, js, reader);
+    return etcd ? open_etcd(opt, source, js, reader) : open_store(opt, source, js, reader);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "trun status: error: cannot reach the %s at %s: %s\n",
-                 opt.backend == "etcd" ? "etcd cluster" : "job's store",
+                 etcd ? "etcd cluster" : "job's store",
                  safe(opt.endpoint.empty() ? js->endpoint : opt.endpoint).c_str(),
                  safe(e.what()).c_str());
     return kExitUnreachable;
@@ -218,16 +206,10 @@ int open_reader(const StatusOptions& opt, JobStatus* js, std::unique_ptr<Reader>
 
 // Reads the job's rendezvous state and status records into *js (run_id, backend and endpoint
 // kept). kExitShown, or the exit code (printed).
-int read_job(Reader& reader, const StatusOptions& opt, JobStatus* js) {
+int read_job(JobReader& reader, const StatusOptions& opt, JobStatus* js) {
   try {
-    JobStatus read = opt.backend == "static" ? status::read_static(reader, opt.run_id)
-                                             : status::read_dynamic(reader, opt.run_id);
-    read.run_id = js->run_id;
-    read.backend = js->backend;
-    read.endpoint = js->endpoint;
-    *js = std::move(read);
-    status::read_records(reader, js);
-  } catch (const status::NoSuchJob&) {
+    status::read_job(opt.kind, reader, js);
+  } catch (const rendezvous::NoSuchJobError&) {
     std::fprintf(stderr,
                  "trun status: error: no job with --rdzv-id=%s at %s (%s): nothing of its "
                  "rendezvous is there (wrong id, endpoint or backend, or not started yet)\n",
@@ -264,7 +246,7 @@ int run_status_command(int argc, char** argv) {
   JobStatus js;
   js.run_id = opt.run_id;
   js.backend = opt.backend;
-  std::unique_ptr<Reader> reader;
+  std::unique_ptr<JobReader> reader;
   if (const int rc = open_reader(opt, &js, &reader); rc != kExitShown) return rc;
   if (const int rc = read_job(*reader, opt, &js); rc != kExitShown) return rc;
   const std::string text = opt.json ? status::to_json(js) : status::to_table(js);

@@ -31,18 +31,6 @@ std::unique_ptr<RendezvousHandler> create_c10d_rendezvous(const RendezvousOption
 // See etcd/backend.h for how leases work there. Throws RendezvousOptionError / RendezvousError.
 std::unique_ptr<RendezvousHandler> create_etcd_rendezvous(const RendezvousOptions& options);
 
-// c10d's --rdzv-endpoint: HOST[:PORT] (port 29400 by default) or a comma-separated list of them
-// (a trun extension): the first is where the store starts, the others where it may have moved
-// after a failover (docs/rendezvous.md). Throws RendezvousOptionError naming the list.
-std::vector<std::pair<std::string, uint16_t>> parse_c10d_endpoints(const std::string& text);
-// "host:port", with an IPv6 address in brackets.
-std::string endpoint_text(const std::string& host, uint16_t port);
-
-// The etcd backend's --rdzv-endpoint: one client URL or several members separated by commas (a
-// trun extension), each HOST[:PORT] (port 2379 by default) or http://HOST[:PORT]. Throws
-// RendezvousOptionError naming the list (https://, an empty entry, a bad port).
-std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::string& text);
-
 // The same protocol over any backend (tests, future backends). `hosted` is the store this node
 // hosts, if any (its node gets group rank 0; stopped at shutdown). Validates `options`.
 std::unique_ptr<RendezvousHandler> create_dynamic_rendezvous(

@@ -141,6 +141,19 @@ RendezvousOptions handler_options(const RendezvousConfig& config, const std::str
 // store on 127.0.0.1 at a free port.
 RendezvousConfig standalone_config(RendezvousConfig config);
 
+// --rdzv-endpoint, by backend (the registry checks it with check_backend_options).
+// c10d's --rdzv-endpoint: HOST[:PORT] (port 29400 by default) or a comma-separated list of them
+// (a trun extension): the first is where the store starts, the others where it may have moved
+// after a failover (docs/rendezvous.md). Throws RendezvousOptionError naming the list.
+std::vector<std::pair<std::string, uint16_t>> parse_c10d_endpoints(const std::string& text);
+// "host:port", with an IPv6 address in brackets.
+std::string endpoint_text(const std::string& host, uint16_t port);
+
+// The etcd backend's --rdzv-endpoint: one client URL or several members separated by commas (a
+// trun extension), each HOST[:PORT] (port 2379 by default) or http://HOST[:PORT]. Throws
+// RendezvousOptionError naming the list (https://, an empty entry, a bad port).
+std::vector<std::pair<std::string, uint16_t>> parse_etcd_endpoints(const std::string& text);
+
 // --rdzv-conf's entries read into their types. Throws RendezvousOptionError naming the key for
 // an unknown key and for a bad value (see apply_rdzv_conf for the keys).
 RdzvConf read_rdzv_conf(const std::map<std::string, std::string>& conf);
