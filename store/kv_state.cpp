@@ -58,17 +58,16 @@ KvState::Outcome KvState::execute(Waiter waiter, wire::Request& r, std::string* 
         notify(key);
         return done;
       }
+      // Every arrival writes the key, so it wakes the key's waits (a WAIT or GET on it, and the
+      // arrivals parked with a world size the count has now reached), as ADD does.
+      notify(key);
       if (*value >= r.number) {
-        notify(key);
         enc.u8(wire::kWaitStop);
         return done;
       }
-      // Wait for the next change of the key: then a WAIT on it answers STOP_WAITING. A timed-out
-      // client sends CANCEL_WAIT, as after a WAIT.
-      wire::Request wait;
-      wait.op = Op::kWait;
-      wait.keys = {key};
-      return park(waiter, {key}, std::move(wait), -1);
+      // Wait until the count reaches r.number (park_barrier). A timed-out client sends
+      // CANCEL_WAIT, as after a WAIT.
+      return park_barrier(waiter, key, r.number);
     }
     case Op::kListKeys:
       enc.i64(static_cast<int64_t>(data_.size()));
@@ -177,6 +176,54 @@ KvState::Outcome KvState::park(Waiter waiter, std::vector<std::string> missing,
   return o;
 }
 
+// A barrier arrival waits apart from the key's other waiters: a write of the key wakes it only
+// once the count there reaches its world size (notify), not at every arrival. Woken, it runs as a
+// WAIT on the key, which exists by then: STOP_WAITING.
+KvState::Outcome KvState::park_barrier(Waiter waiter, const std::string& key, int64_t n) {
+  cancel(waiter);
+  Parked& p = parked_[waiter];
+  p.wait_id = next_wait_id_++;
+  p.remaining = 1;
+  p.keys = {key};
+  p.barrier = true;
+  p.request.op = Op::kWait;
+  p.request.keys = {key};
+  BarrierWaiters& b = barriers_[key];
+  b.list.push_back({waiter, p.wait_id, n});
+  b.lowest = std::min(b.lowest, n);
+  Outcome o;
+  o.kind = Outcome::Kind::kPark;
+  o.wait_id = p.wait_id;
+  o.timeout_ms = -1;
+  return o;
+}
+
+// The barrier arrivals parked on `key` whose world size the count there has reached.
+void KvState::release_barriers(const std::string& key) {
+  auto it = barriers_.find(key);
+  if (it == barriers_.end()) return;
+  int64_t count = 0;
+  const std::string* value = find(key);
+  if (!value || !base::parse_decimal(*value, &count) || count < it->second.lowest) return;
+  std::vector<BarrierWaiter> ready;
+  BarrierWaiters rest;
+  for (const auto& w : it->second.list) {
+    if (w.n <= count) {
+      ready.push_back(w);
+    } else {
+      rest.list.push_back(w);
+      rest.lowest = std::min(rest.lowest, w.n);
+    }
+  }
+  if (rest.list.empty()) {
+    barriers_.erase(it);
+  } else {
+    it->second = std::move(rest);
+  }
+  // key_ready may run the waiter's next requests, which can touch barriers_ (not `ready`).
+  for (const auto& w : ready) key_ready(w.waiter, w.wait_id);
+}
+
 KvState::Outcome KvState::resume(Waiter waiter, std::string* out) {
   auto it = parked_.find(waiter);
   if (it == parked_.end()) return {};
@@ -197,8 +244,15 @@ void KvState::cancel(Waiter waiter) {
   auto it = parked_.find(waiter);
   if (it == parked_.end()) return;
   std::vector<std::string> keys = std::move(it->second.keys);
+  const bool barrier = it->second.barrier;
   parked_.erase(it);
-  for (auto& k : keys) remove_waiter(k, waiter);
+  for (auto& k : keys) {
+    if (barrier) {
+      remove_barrier_waiter(k, waiter);
+    } else {
+      remove_waiter(k, waiter);
+    }
+  }
 }
 
 const wire::Request* KvState::parked(Waiter waiter) const {
@@ -212,6 +266,7 @@ std::vector<std::string> KvState::waiting_for(Waiter waiter) const {
 }
 
 void KvState::notify(const std::string& key, bool first_only) {
+  release_barriers(key);
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
   auto list = std::move(it->second);
@@ -245,6 +300,21 @@ void KvState::remove_waiter(const std::string& key, Waiter waiter) {
                             [waiter](const auto& w) { return w.first == waiter; }),
              list.end());
   if (list.empty()) waiters_.erase(it);
+}
+
+void KvState::remove_barrier_waiter(const std::string& key, Waiter waiter) {
+  auto it = barriers_.find(key);
+  if (it == barriers_.end()) return;
+  auto& b = it->second;
+  b.list.erase(std::remove_if(b.list.begin(), b.list.end(),
+                              [waiter](const BarrierWaiter& w) { return w.waiter == waiter; }),
+               b.list.end());
+  if (b.list.empty()) {
+    barriers_.erase(it);
+    return;
+  }
+  b.lowest = INT64_MAX;
+  for (const auto& w : b.list) b.lowest = std::min(b.lowest, w.n);
 }
 
 void KvState::set(const std::string& key, std::string value) { data_[key] = std::move(value); }

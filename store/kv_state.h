@@ -112,12 +112,25 @@ class KvState {
   struct Parked {
     uint64_t wait_id = 0;
     size_t remaining = 0;           // missing keys not yet written
-    std::vector<std::string> keys;  // the missing keys, registered in waiters_
+    std::vector<std::string> keys;  // the missing keys, registered in waiters_ (or barriers_)
+    bool barrier = false;           // a BARRIER arrival: registered in barriers_
     wire::Request request;
+  };
+  struct BarrierWaiter {
+    Waiter waiter = 0;
+    uint64_t wait_id = 0;
+    int64_t n = 0;  // released when the key's count reaches it
+  };
+  struct BarrierWaiters {
+    std::vector<BarrierWaiter> list;  // in arrival order
+    int64_t lowest = INT64_MAX;       // the smallest n in list
   };
 
   Outcome park(Waiter waiter, std::vector<std::string> missing, wire::Request request,
                int64_t timeout_ms);
+  Outcome park_barrier(Waiter waiter, const std::string& key, int64_t n);
+  void release_barriers(const std::string& key);
+  void remove_barrier_waiter(const std::string& key, Waiter waiter);
   // `key` was written for this entry of its waiter list: true when that completed the wait (the
   // waiter has been woken).
   bool key_ready(Waiter waiter, uint64_t wait_id);
@@ -130,6 +143,9 @@ class KvState {
   // FIFOs apart from the key-value map; an empty queue is erased.
   std::unordered_map<std::string, std::deque<std::string>> queues_;
   std::unordered_map<std::string, std::vector<std::pair<Waiter, uint64_t>>> waiters_;
+  // BARRIER arrivals waiting for their key's count, apart from waiters_: the arrivals before the
+  // n-th write the key too, and must wake its WAITs but not each other.
+  std::unordered_map<std::string, BarrierWaiters> barriers_;
   std::unordered_map<Waiter, Parked> parked_;
   uint64_t next_wait_id_ = 1;
 };

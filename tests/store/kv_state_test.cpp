@@ -340,6 +340,49 @@ TEST_CASE("barrier counts arrivals and releases everyone at the n-th", "[kv_stat
   CHECK(f.out == u8(wire::kWaitStop));
 }
 
+TEST_CASE("every barrier arrival wakes the key's waits, but only the n-th releases the arrivals",
+          "[kv_state]") {
+  Fixture f;
+  CHECK(f.run(10, req(Op::kWait, {"b"})).kind == Kind::kPark);
+  CHECK(f.run(11, req(Op::kGet, {"b"})).kind == Kind::kPark);
+  CHECK(f.run(1, req(Op::kBarrier, {"b"}, {}, 3)).kind == Kind::kPark);
+  CHECK(f.woken == std::vector<KvState::Waiter>{10, 11});  // the key exists now
+  f.resume(10);
+  CHECK(f.out == u8(wire::kWaitStop));
+  f.resume(11);
+  CHECK(f.out == bytes("1"));
+  CHECK(f.kv.waiting_for(1) == std::vector<std::string>{"b"});
+  // Writes that leave the count below 3 do not release arrival 1.
+  f.run(9, req(Op::kAdd, {"b"}, {}, 0));
+  f.run(9, req(Op::kSet, {"b"}, {"1"}));
+  CHECK(f.run(2, req(Op::kBarrier, {"b"}, {}, 3)).kind == Kind::kPark);
+  CHECK(f.woken == std::vector<KvState::Waiter>{10, 11});
+  // A cancelled arrival (a client-side timeout) still counts, and is not woken.
+  f.kv.cancel(2);
+  CHECK(f.kv.parked(2) == nullptr);
+  CHECK(f.run(3, req(Op::kBarrier, {"b"}, {}, 3)).kind == Kind::kReply);
+  CHECK(f.out == u8(wire::kWaitStop));
+  CHECK(f.woken == std::vector<KvState::Waiter>{10, 11, 1});
+  f.resume(1);
+  CHECK(f.out == u8(wire::kWaitStop));
+  CHECK(f.kv.parked(1) == nullptr);
+}
+
+TEST_CASE("barrier arrivals with different world sizes are each released at their own",
+          "[kv_state]") {
+  Fixture f;
+  CHECK(f.run(1, req(Op::kBarrier, {"b"}, {}, 4)).kind == Kind::kPark);
+  CHECK(f.run(2, req(Op::kBarrier, {"b"}, {}, 2)).kind == Kind::kReply);  // count 2 >= 2
+  CHECK(f.woken.empty());
+  CHECK(f.run(3, req(Op::kBarrier, {"b"}, {}, 5)).kind == Kind::kPark);
+  // A SET that jumps the count releases whoever it satisfies: 1 (n 4), not 3 (n 5).
+  f.run(9, req(Op::kSet, {"b"}, {"4"}));
+  CHECK(f.woken == std::vector<KvState::Waiter>{1});
+  CHECK(f.kv.parked(3) != nullptr);
+  CHECK(f.run(4, req(Op::kBarrier, {"b"}, {}, 5)).kind == Kind::kReply);
+  CHECK(f.woken == std::vector<KvState::Waiter>{1, 3});
+}
+
 TEST_CASE("requests that are not key-value operations are refused", "[kv_state]") {
   Fixture f;
   auto o = f.run(1, req(Op::kPing, {}, {}, 7));

@@ -478,3 +478,61 @@ TEST_CASE("LEASE_FIRE performs a lease's notification at once and wakes its wait
   CHECK(observer.get("B") == "b2\nb3\n");
   CHECK(observer.get("A") == "first");
 }
+
+TEST_CASE("a barrier arrival wakes plain waits on its key, and only the n-th releases the barrier",
+          "[store][server][barrier]") {
+  auto server = StoreServer::start(loopback());
+  TcpStore observer(client_for(*server));
+  observer.ping();
+  auto read_u8 = [](RawSocket& raw, std::chrono::milliseconds timeout) {
+    std::string got = raw.recv(1, timeout);
+    return got.size() == 1 ? static_cast<int>(static_cast<uint8_t>(got[0])) : -1;
+  };
+  auto sent_and_counted = [&](RawSocket& raw, const std::string& msg) {
+    const uint64_t before = server->num_requests();
+    raw.send(msg);
+    REQUIRE(eventually([&] { return server->num_requests() > before; }));
+  };
+  auto barrier = [](int64_t n) {
+    std::string msg = v2_hello();
+    Encoder(&msg).query(Op::kBarrier).bytes("b").i64(n);
+    return msg;
+  };
+  // A plain WAIT (PyTorch 2.x's wire) and trun's client, both waiting for the barrier's key.
+  RawSocket plain(server->port());
+  std::string wait = v2_hello();
+  Encoder(&wait).query(Op::kWait).u64(1).bytes("b");
+  sent_and_counted(plain, wait);
+  std::atomic<bool> client_woke{false};
+  const uint64_t before_client = server->num_requests();
+  std::thread client([&] {
+    try {
+      TcpStore c(client_for(*server));
+      c.wait({"b"}, 20s);
+      client_woke = true;
+    } catch (const std::exception& e) {
+      FAIL_CHECK(e.what());
+    }
+  });
+  REQUIRE(eventually([&] { return server->num_requests() > before_client; }));
+
+  // The first of two arrivals creates the key: both waits end, the arrival itself waits on.
+  RawSocket first(server->port());
+  sent_and_counted(first, barrier(2));
+  CHECK(read_u8(plain, 5s) == wire::kWaitStop);
+  CHECK(eventually([&] { return client_woke.load(); }));
+  CHECK(first.silent_for(300ms));
+  CHECK(observer.get("b") == "1");
+
+  // Another write of the key that leaves the count below n does not release it either.
+  CHECK(observer.add("b", 0) == 1);
+  CHECK(first.silent_for(300ms));
+
+  // The second arrival releases both.
+  RawSocket second(server->port());
+  second.send(barrier(2));
+  CHECK(read_u8(second, 5s) == wire::kWaitStop);
+  CHECK(read_u8(first, 5s) == wire::kWaitStop);
+  CHECK(observer.get("b") == "2");
+  client.join();
+}
