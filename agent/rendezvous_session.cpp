@@ -16,7 +16,6 @@
 #include "agent/node_status.h"
 #include "agent/signal_watch.h"
 #include "rendezvous/dynamic_decisions.h"
-#include "rendezvous/dynamic_rendezvous.h"
 #include "store/store.h"
 #include "store/tcp_store.h"
 
