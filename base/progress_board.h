@@ -21,6 +21,10 @@
 // A reader loads `heartbeat` (acquire), copies the record, and loads `heartbeat` again: equal
 // means no event was published in between. A rank that is not moving always passes.
 //
+// Times: CLOCK_MONOTONIC nanoseconds. The worker reads CLOCK_MONOTONIC_COARSE, the same clock
+// at the kernel tick's resolution (1-4 ms), a third of the cost per hook (measured: 45 instead
+// of 160 ns per collective on a kvm-clock VM); a reader's idle time is off by at most a tick.
+//
 // Versioning: `magic` and `version` are checked by the worker before it writes anything; a
 // layout change bumps kVersion (a worker built against another layout then reports nothing).
 
@@ -173,7 +177,7 @@ struct alignas(64) RankRecord {
   std::atomic<uint32_t> num_sections;
   std::atomic<uint32_t> untracked_groups;  // groups beyond kMaxGroups
   std::atomic<uint64_t> heartbeat;         // every progress event adds 1
-  std::atomic<int64_t> last_progress_ns;   // CLOCK_MONOTONIC of the last event
+  std::atomic<int64_t> last_progress_ns;   // CLOCK_MONOTONIC(_COARSE) of the last event
   std::atomic<int64_t> attached_ns;
   std::atomic<int64_t> phase_since_ns;
   // `heartbeat` when init() returned (0: it has not): no progress since means "starting up".

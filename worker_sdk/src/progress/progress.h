@@ -24,9 +24,10 @@ namespace board = base::progress;
 // This process's record; nullptr when not attached.
 board::RankRecord* record();
 
+// CLOCK_MONOTONIC at tick resolution: see base/progress_board.h, "Times".
 inline int64_t now_ns() {
   timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  ::clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
 
