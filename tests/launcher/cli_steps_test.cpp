@@ -330,6 +330,10 @@ TEST_CASE("the rendezvous checks follow the backend", "[cli_steps]") {
       {{Opt::kRdzvBackend, "etcd-v2"}, {Opt::kRdzvEndpoint, "h:2379"}, {Opt::kRdzvConf, "bogus=1"}},
       {"train.py"}, {}, host);
   CHECK(e.config.rdzv.backend == trun::rendezvous::BackendKind::kEtcd);
+  CHECK(e.config.rdzv.conf_entries.empty());  // the unknown key is dropped
+  // The store token comes from the environment, read here and nowhere in the agent.
+  CHECK(build({}, {"train.py"}, {{"TRUN_STORE_TOKEN", "s3"}}, host).config.rdzv.store_token ==
+        "s3");
   REQUIRE(e.notes.size() == 1);
   CHECK(e.notes[0].rfind("--rdzv-conf: ignoring unknown key(s) 'bogus'", 0) == 0);
 }
