@@ -13,6 +13,7 @@
 
 #include "agent/agent.h"
 #include "agent/job_local.h"
+#include "base/build_info.h"
 
 extern char** environ;
 
@@ -49,7 +50,9 @@ int Agent::run() {
     events_->set_common("role", config_.role);
     event("trun.agent.start", {{"nproc_per_node", int64_t{config_.nproc_per_node}},
                                {"max_restarts", int64_t{config_.max_restarts}},
-                               {"entrypoint", config_.entrypoint_name}});
+                               {"entrypoint", config_.entrypoint_name},
+                               {"version", base::build_info().version},
+                               {"commit", base::commit_text()}});
   }
   const bool served = config_.metrics_port < 0 || start_metrics();
   int code = kExitAgentError;

@@ -79,6 +79,11 @@ TEST_CASE("the event log records a crash, the restart and the stop as JSON lines
     return names.size();
   };
   const size_t start = pos("trun.agent.start");
+  // Which trun wrote the log (as `trun --version` names it: tests/launcher/version_test.cpp).
+  CHECK_THAT(events[start]["metadata"]["version"].get<std::string>(),
+             Catch::Matches("[0-9]+[.][0-9]+[.][0-9]+"));
+  CHECK_THAT(events[start]["metadata"]["commit"].get<std::string>(),
+             Catch::Matches("[0-9a-f]{12}(-modified)?|unknown"));
   const size_t join = pos("trun.rdzv.join", start);
   const size_t formed = pos("trun.rdzv.round_formed", join);
   const size_t started = pos("trun.agent.worker_started", formed);
