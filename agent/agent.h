@@ -44,6 +44,7 @@
 #include "agent/event_log.h"
 #include "agent/event_loop.h"
 #include "agent/failure_report.h"
+#include "agent/file_timer_server.h"
 #include "agent/launch_config.h"
 #include "agent/log_mux.h"
 #include "agent/metrics_server.h"
@@ -105,6 +106,9 @@ class Agent {
   int run_job();
   void setup_signals();
   bool make_base_dir();
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1: serves PyTorch's watchdog FIFO; false (after the error
+  // line) when the path cannot be served.
+  bool start_file_timer();
   void start_workers();
   // start_workers' steps, in order.
   void reset_group();
@@ -196,6 +200,7 @@ class Agent {
   std::vector<WorkerProcess> workers_;
   std::unordered_map<pid_t, size_t> by_pid_;
   std::unique_ptr<LogMux> logs_;
+  std::unique_ptr<FileTimerServer> timer_server_;  // with config_.file_timer only
   GroupPhase phase_ = GroupPhase::kRunning;
   std::optional<GroupOutcome> outcome_;
   std::optional<Clock::TimePoint> kill_at_;

@@ -76,6 +76,7 @@ int Agent::run() {
 }
 
 int Agent::run_job() {
+  if (config_.file_timer && !start_file_timer()) return kExitAgentError;
   session_ = std::make_unique<RendezvousSession>(
       config_, run_id_, loop_, clock_,
       [this](const rendezvous::RoundEvent& e) { return on_round_over(e); });
@@ -163,6 +164,22 @@ void Agent::setup_signals() {
   loop_.add(sigfd_, EPOLLIN, [this](uint32_t) { on_signalfd(); });
 }
 
+// Before the rendezvous, so that a path that cannot be served fails this node alone.
+bool Agent::start_file_timer() {
+  try {
+    FileTimerOptions options;
+    options.path =
+        config_.file_timer_path.empty() ? generated_timer_path() : config_.file_timer_path;
+    timer_server_ = std::make_unique<FileTimerServer>(std::move(options));
+  } catch (const FileTimerError& e) {
+    spdlog::error("cannot serve PyTorch's watchdog timers ({}=1): {}", kEnableFileTimerVar,
+                  e.what());
+    return false;
+  }
+  spdlog::info("serving PyTorch's watchdog timers at {}={}", kTimerFileVar, timer_server_->path());
+  return true;
+}
+
 // The log and error-file directory: DIR/<run id> under --log-dir, else a temporary one.
 bool Agent::make_base_dir() {
   if (temp_base_) return true;  // made before the guardian was forked (ElasticAgent::run)
@@ -181,6 +198,11 @@ void Agent::start_workers() {
   auto results = sup_.spawn(spawn_requests(attempt_dir));
   logs_->close_child_ends();
   const bool spawn_failed = !record_spawn_results(results);
+  if (timer_server_) {  // its requests are read from now on (reset_group paused them)
+    std::vector<pid_t> pids;
+    for (const auto& [pid, i] : by_pid_) pids.push_back(pid);
+    timer_server_->set_workers(pids);
+  }
   spdlog::info("attempt {}: started {} workers", restart_count_, by_pid_.size());
   if (metrics_) {
     snap_.worker_states.assign(workers_.size(), "running");
@@ -208,6 +230,7 @@ void Agent::reset_group() {
   workers_.assign(static_cast<size_t>(config_.nproc_per_node), WorkerProcess{});
   logs_.reset();
   logs_ = std::make_unique<LogMux>(loop_);
+  if (timer_server_) timer_server_->clear_workers();  // the old group's timers go with it
 }
 
 // attempt_<restart count> under the base directory (an earlier run's is replaced), with the
@@ -245,6 +268,7 @@ std::vector<SpawnRequest> Agent::spawn_requests(const std::string& attempt_dir) 
   attempt.master_addr = info.master_addr;
   attempt.master_port = info.master_port;
   attempt.use_agent_store = info.use_agent_store;
+  if (timer_server_) attempt.timer_file = timer_server_->path();
   std::vector<SpawnRequest> requests(workers_.size());
   for (size_t i = 0; i < workers_.size(); ++i) {
     WorkerProcess& w = workers_[i];

@@ -65,6 +65,7 @@ void Agent::kill_all() {
 
 void Agent::cleanup() {
   logs_.reset();
+  timer_server_.reset();  // removes its FIFO
   if (session_) session_->shutdown();
   remove_worker_shm_segments(run_id_);
   if (temp_base_ && !base_dir_.empty()) {

@@ -94,6 +94,11 @@ struct LaunchConfig {
   std::vector<int> signals_to_handle;  // signal numbers; forwarded to workers, then stop
   // --signals-to-handle as given; workers see it as TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun 2.x)
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // TORCHELASTIC_ENABLE_FILE_TIMER=1 in trun's environment (read by the launcher, as torchrun
+  // reads it): serve PyTorch's watchdog FIFO (agent/file_timer_server.h) at file_timer_path
+  // (TORCHELASTIC_TIMER_FILE; empty: a generated path), which every worker gets.
+  bool file_timer = false;
+  std::string file_timer_path;
 };
 
 }  // namespace trun::agent

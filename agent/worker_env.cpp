@@ -56,6 +56,7 @@ std::vector<std::string> worker_env(const EnvMap& base, const LaunchConfig& conf
   env["TORCHELASTIC_USE_AGENT_STORE"] = attempt.use_agent_store ? "True" : "False";
   env["TORCHELASTIC_ERROR_FILE"] = worker.error_file;
   env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle_text;
+  if (!attempt.timer_file.empty()) env["TORCHELASTIC_TIMER_FILE"] = attempt.timer_file;
   std::vector<std::string> out;
   out.reserve(env.size());
   for (const auto& [k, v] : env) out.push_back(k + "=" + v);

@@ -36,6 +36,9 @@ struct AttemptEnv {
   std::string master_addr;
   int master_port = 0;
   bool use_agent_store = false;
+  // TORCHELASTIC_TIMER_FILE: the watchdog FIFO trun serves (agent/file_timer_server.h). Empty:
+  // the variable is left as trun inherited it (set or not), as torchrun leaves it.
+  std::string timer_file;
 };
 
 // One worker of the attempt.

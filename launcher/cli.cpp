@@ -5,6 +5,7 @@
 #include <memory>
 #include <utility>
 
+#include "agent/file_timer_server.h"
 #include "base/build_info.h"
 #include "launcher/argparse_compat.h"
 #include "launcher/cli_config.h"
@@ -220,6 +221,10 @@ CliResult parse_command_line(int argc, char** argv) {
   try {
     BuiltConfig built = build_launch_config(options, app.remaining(), env, system_host());
     result.config = std::move(built.config);
+    // PyTorch's watchdog: torchrun reads these from its own environment, not from an option.
+    const agent::FileTimerSetting timer = agent::file_timer_setting(env);
+    result.config->file_timer = timer.enabled;
+    result.config->file_timer_path = timer.path;
     result.notes = std::move(built.notes);
   } catch (const CliError& e) {
     result.exit_code = e.exit_code();
