@@ -67,6 +67,8 @@ class Connection : public std::enable_shared_from_this<Connection>, private Requ
   void flush();
   void clear_wait();
   void arm_lease_timer();
+  // Token mode: closes the connection unless it authenticates within options.auth_timeout.
+  void arm_auth_timer();
   // Performs the armed lease's notification (the connection is gone or went silent).
   void fire_lease(const char* why);
 
@@ -90,6 +92,8 @@ class Connection : public std::enable_shared_from_this<Connection>, private Requ
   asio::steady_timer wait_timer_;
   Lease lease_;
   asio::steady_timer lease_timer_;
+  asio::steady_timer auth_timer_;  // armed until the client authenticates (token mode)
+  bool auth_pending_ = false;
 };
 
 class ServerImpl : public StoreServer {
@@ -222,7 +226,8 @@ Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
       id_(id),
       loop_(server->loop_options(), &server->kv(), id),
       wait_timer_(server->io()),
-      lease_timer_(server->io()) {
+      lease_timer_(server->io()),
+      auth_timer_(server->io()) {
   boost::system::error_code ec;
   socket_.set_option(tcp::no_delay(true), ec);
   socket_.set_option(asio::socket_base::keep_alive(true), ec);
@@ -232,7 +237,23 @@ Connection::Connection(ServerImpl* server, tcp::socket socket, uint64_t id)
       ec ? std::string("unknown peer") : ep.address().to_string() + ":" + std::to_string(ep.port());
 }
 
-void Connection::start() { read(); }
+void Connection::start() {
+  arm_auth_timer();
+  read();
+}
+
+void Connection::arm_auth_timer() {
+  const auto timeout = server_->options().auth_timeout;
+  if (loop_.authenticated() || timeout.count() <= 0) return;
+  auth_pending_ = true;
+  auth_timer_.expires_after(timeout);
+  auth_timer_.async_wait([self = shared_from_this(), timeout](const boost::system::error_code& ec) {
+    if (ec || self->closed_ || self->loop_.authenticated()) return;
+    self->server_->warn_client("rejected " + self->peer_ + ": not authenticated within " +
+                               std::to_string(timeout.count()) + " ms");
+    self->close("");
+  });
+}
 
 void Connection::read() {
   if (closed_ || reading_) return;
@@ -277,6 +298,11 @@ void Connection::process() {
   processing_ = true;
   RequestLoop::Stop stop = loop_.process(*this);
   processing_ = false;
+  if (auth_pending_ && loop_.authenticated()) {
+    auth_pending_ = false;
+    boost::system::error_code ec;
+    auth_timer_.cancel(ec);
+  }
   if (stop == RequestLoop::Stop::kClose && !closed_) {
     flush();  // e.g. the 0 byte that answers a wrong token
     if (loop_.rejected()) {
@@ -475,6 +501,7 @@ void Connection::close(const std::string& why) {
   lease_.release();
   boost::system::error_code ec;
   lease_timer_.cancel(ec);
+  auth_timer_.cancel(ec);
   socket_.shutdown(tcp::socket::shutdown_both, ec);
   socket_.close(ec);
   server_->forget(id_);

@@ -13,6 +13,7 @@
 // its own thread until stop() or destruction. port() is valid right after start().
 // Thread safety: start/stop/port/num_connections may be called from any thread.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -32,6 +33,12 @@ struct StoreServerOptions {
   // does more than kMaxPreAuthInput (4 KiB) of buffered input. The token authenticates the
   // client; it does not encrypt the traffic.
   std::string token;
+  // Token mode: a client that has not authenticated this long after connecting (one that
+  // connects and sends nothing, or dribbles its handshake) is closed, with one log line
+  // ("rejected PEER: not authenticated within 30000 ms"), so it cannot hold a descriptor
+  // forever. A deadline from the connect, not an idle time. Authenticated clients are never timed
+  // out: a WAIT may legitimately last hours. 0: no limit. Unused without a token.
+  std::chrono::milliseconds auth_timeout{std::chrono::seconds(30)};
   wire::Limits limits;
   // Back-pressure per connection: before each request the server checks the connection's unsent
   // replies, and over this many bytes it executes none of that connection's requests (and reads

@@ -14,7 +14,11 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <thread>
+
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
 
 #include "store/server.h"
 #include "store/tcp_store.h"
@@ -150,6 +154,57 @@ TEST_CASE("with a token, the right token is served and others are refused", "[st
     CHECK(raw.closed_by_peer(5s));
   }
   CHECK(good.get("k") == "v");
+}
+
+TEST_CASE("with a token, a client that does not authenticate in time is closed, one that did waits",
+          "[store][auth]") {
+  // The server's warnings, captured (and the default logger put back however the test ends).
+  auto sink = std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(64);
+  struct Restore {
+    std::shared_ptr<spdlog::logger> previous = spdlog::default_logger();
+    ~Restore() { spdlog::set_default_logger(previous); }
+  } restore;
+  spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
+
+  StoreServerOptions options = loopback("s3cret");
+  options.auth_timeout = 500ms;
+  auto server = StoreServer::start(options);
+  TcpStore good(client_for(*server, "s3cret"));  // authenticates as it connects
+  const auto start = Clock::now();
+  RawSocket silent(server->port());  // connects and sends nothing
+  RawSocket partial(server->port());
+  partial.send(v2_hello());  // VALIDATE, and never AUTH_HELLO
+  std::atomic<bool> woke{false};
+  std::thread waiter([&] {
+    try {
+      TcpStore w(client_for(*server, "s3cret"));
+      w.wait({"late"}, 20s);  // parked far past the deadline
+      woke = true;
+    } catch (const std::exception& e) {
+      FAIL_CHECK(e.what());
+    }
+  });
+  CHECK(eventually([&] { return server->num_connections() == 4; }));
+
+  CHECK(silent.closed_by_peer(10s));
+  CHECK(partial.closed_by_peer(10s));
+  CHECK(Clock::now() - start >= 450ms);  // not before the deadline
+  CHECK(eventually([&] { return server->num_connections() == 2; }));
+
+  // Three deadlines later the authenticated clients are still served, the waiter still waits.
+  std::this_thread::sleep_until(start + 1500ms);
+  CHECK_FALSE(woke.load());
+  CHECK(server->num_connections() == 2);
+  good.set("late", "now");
+  waiter.join();
+  CHECK(woke.load());
+  CHECK(good.get("late") == "now");
+
+  size_t lines = 0;
+  for (const auto& line : sink->last_formatted()) {
+    if (line.find("not authenticated within 500 ms") != std::string::npos) ++lines;
+  }
+  CHECK(lines == 2);  // one per connection closed
 }
 
 TEST_CASE("a client announcing a 1 TiB value is cut off without the server allocating it",
