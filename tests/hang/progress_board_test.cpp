@@ -113,6 +113,25 @@ TEST_CASE("progress board: created, written by the worker side, read, and unlink
   CHECK_FALSE(shm_exists(shm_name));
 }
 
+TEST_CASE("progress board: a child the worker forks reports nothing", "[progress]") {
+  auto m = ProgressMonitor::create(board_name("fork"), 1);
+  wp::attach_record_for_testing(m->record_for_testing(0), 0, 0);
+  const uint64_t before = m->snapshot(0).heartbeat;
+  pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    for (int i = 0; i < 100; ++i) trun::worker::heartbeat();
+    ::_exit(trun::worker::progress_reported() ? 1 : 0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(m->snapshot(0).heartbeat == before);
+  CHECK(trun::worker::progress_reported());
+  wp::attach_record_for_testing(nullptr, 0, 0);
+}
+
 TEST_CASE("progress board: the ring keeps the last 16 collectives of each group", "[progress]") {
   auto m = ProgressMonitor::create(board_name("ring"), 1);
   wp::attach_record_for_testing(m->record_for_testing(0), 0, 0);

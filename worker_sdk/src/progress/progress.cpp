@@ -3,6 +3,7 @@
 #include "worker_sdk/src/progress/progress.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -57,6 +58,11 @@ void clear(board::RankRecord* r) {
 }
 
 void take(board::RankRecord* r, int rank, int local_rank) {
+  // A child forked by the worker (a data-loader process, say) is not the rank: it reports
+  // nothing, instead of writing into the rank's record.
+  static const int atfork =
+      ::pthread_atfork(nullptr, nullptr, [] { g_record.store(nullptr, memory_order_relaxed); });
+  (void)atfork;
   clear(r);
   const int64_t now = now_ns();
   r->rank.store(rank, memory_order_relaxed);
