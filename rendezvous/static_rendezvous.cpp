@@ -236,17 +236,4 @@ std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOpti
                                             master);
 }
 
-std::unique_ptr<RendezvousHandler> create_static_rendezvous(const StaticRendezvousOptions& s) {
-  RendezvousOptions o;
-  o.run_id = s.run_id;
-  o.min_nodes = o.max_nodes = s.world_size;
-  o.node_rank = s.rank;
-  o.master_addr = s.host;
-  o.master_port = s.port;
-  o.join_timeout = s.timeout;
-  o.read_timeout = s.timeout;
-  o.progress_interval = s.progress_interval;
-  return create_static_rendezvous(o);
-}
-
 }  // namespace trun::rendezvous

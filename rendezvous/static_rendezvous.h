@@ -47,17 +47,4 @@ Participant parse_static_node(const std::string& value);
 // options.master_addr/master_port (falling back to options.endpoint, then 127.0.0.1:29500).
 std::unique_ptr<RendezvousHandler> create_static_rendezvous(const RendezvousOptions& options);
 
-// The narrower options the launcher's static path uses (kept for its callers).
-struct StaticRendezvousOptions {
-  std::string run_id = "none";
-  std::string host = "127.0.0.1";  // node 0's address; node 0 binds it
-  uint16_t port = 29500;           // 0: any free port (only with world_size 1)
-  int rank = 0;
-  int world_size = 1;
-  std::chrono::milliseconds timeout{std::chrono::seconds(300)};  // joining and reaching node 0
-  // The waiting line's pace while the barrier waits for nodes (0: none).
-  std::chrono::milliseconds progress_interval{std::chrono::seconds(5)};
-};
-std::unique_ptr<RendezvousHandler> create_static_rendezvous(const StaticRendezvousOptions& options);
-
 }  // namespace trun::rendezvous

@@ -88,9 +88,13 @@ TEST_CASE("static: a single node may use a free port", "[static]") {
   CHECK(info.group_rank == 0);
   CHECK(info.group_world_size == 1);
   CHECK(info.master_port != 0);
-  auto via_compat =
-      create_static_rendezvous(StaticRendezvousOptions{"s3", "127.0.0.1", 0, 0, 1, 10s});
-  CHECK(via_compat->next_rendezvous().group_world_size == 1);
+  // As an agent with --standalone creates it: 127.0.0.1, a free port, through the registry.
+  auto standalone = create_rendezvous_handler(
+      BackendKind::kStatic, handler_options(standalone_config(RendezvousConfig{}), "s3", 1, 1));
+  const auto alone = standalone->next_rendezvous();
+  CHECK(alone.group_world_size == 1);
+  CHECK(alone.master_addr == "127.0.0.1");
+  CHECK(alone.master_port != 0);
 }
 
 TEST_CASE("static: too few nodes time out with a clear error", "[static]") {
