@@ -310,6 +310,7 @@ TEST_CASE("progress board: a SIGSTOPped worker is named, with the collective the
     REQUIRE(poll(*m, rule, std::chrono::seconds(120),
                  [](const auto& s) { return both_running(s, 20); }));
     REQUIRE(::kill(ranks.pids[1], SIGSTOP) == 0);
+    const int64_t stopped_at = mono_ns();
     hang::Verdict v;
     const bool hung = poll(*m, rule, std::chrono::seconds(120), [&](const auto& s) {
       v = hang::judge(s, rule, mono_ns());
@@ -317,6 +318,11 @@ TEST_CASE("progress board: a SIGSTOPped worker is named, with the collective the
     });
     INFO(v.summary);
     REQUIRE(hung);
+    // For the record (not asserted): the step class's timeout is max(1 s, 3 x the longest sampled
+    // interval), the board is polled every 100 ms.
+    WARN("hang found " << static_cast<double>(mono_ns() - stopped_at) / 1e9
+                       << " s after SIGSTOP (step timeout " << *rule.timeout_s(hang::TimeoutClass{})
+                       << " s): " << v.summary);
     CHECK((v.kind == hang::Verdict::kNeverIssued || v.kind == hang::Verdict::kStopped));
     CHECK(v.culprits == std::vector<int>{1});
     CHECK(v.group == 0);
