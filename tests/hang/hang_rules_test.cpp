@@ -433,3 +433,16 @@ TEST_CASE(
   CHECK(v.summary.find("it never issued collective #4 of group 0000000000000064") !=
         std::string::npos);
 }
+
+TEST_CASE("verdict: a first step that takes minutes (a model load) is no hang", "[hang]") {
+  // init() returned, the first step has run for 4 minutes: the step class is still warming up.
+  std::vector<RankProgress> ranks = {rank(0, 240), rank(1, 240)};
+  in_group(ranks[0], 0, 1, 1, 2);
+  in_group(ranks[1], 0, 1, 1, 2);
+  TimeoutRule fresh;
+  Verdict v = judge(ranks, fresh, kNow);
+  CHECK_FALSE(v.hung);
+  CHECK(v.kind == Verdict::kOutsideCollective);
+  // The same idle time after the warm-up (10 s timeout) is one.
+  CHECK(judge(ranks, warm_rule(), kNow).hung);
+}
