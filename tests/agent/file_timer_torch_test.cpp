@@ -2,6 +2,11 @@
 // trun binary with TORCHELASTIC_ENABLE_FILE_TIMER=1, as under torchrun: a worker whose timer
 // expires is killed within 1 s of its expiration time, that fails the group, and the group
 // restarts (counted against --max-restarts); a timer released in time kills nothing.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -91,22 +96,52 @@ struct Outcome {
   std::map<std::string, Seen> seen;  // by file: a0.r0, a0.r1, a1.r0, a1.r1 (those that exist)
 };
 
-// Runs the script under `launcher` (trun, or torchrun for comparison) with the watchdog on.
-Outcome run_stuck_job(const std::vector<std::string>& launcher, const TempDir& dir,
-                      const std::map<std::string, std::string>& extra_env, int max_restarts) {
+// trun's command line for the job, two workers on this node.
+std::vector<std::string> trun_job(int max_restarts) {
+  return {trun_binary(), "--standalone", "--nproc-per-node=2",
+          "--max-restarts=" + std::to_string(max_restarts), "--monitor-interval=0.1"};
+}
+
+// torchrun 1.13's for the same job. Its --standalone is c10d at localhost:29400, which collides
+// with any other torchrun on the host: a free port instead. Underscore flags only (1.13); on
+// Python 3.11 it crashes when redirects/tee are 0, and a map naming a rank that does not exist
+// keeps its plain console behaviour (as tests/launcher/torch_compat_test.cpp runs it).
+std::vector<std::string> torchrun_job(int max_restarts) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(s);
+  return {trun::testing::kTorchrun,
+          "--rdzv_backend=c10d",
+          "--rdzv_endpoint=localhost:" + std::to_string(ntohs(a.sin_port)),
+          "--rdzv_id=timer-" + std::to_string(::getpid()),
+          "--nproc_per_node=2",
+          "--max_restarts=" + std::to_string(max_restarts),
+          "--monitor_interval=0.1",
+          "--redirects",
+          "9:1",
+          "--tee",
+          "9:1"};
+}
+
+// Runs the script after `command` (a launcher and its options) with the watchdog on.
+Outcome run_stuck_job(const std::vector<std::string>& command, const TempDir& dir,
+                      const std::map<std::string, std::string>& extra_env) {
   const std::string script = dir / "stuck.py";
   std::ofstream(script) << kScript;
-  std::vector<std::string> argv = launcher;
-  for (const std::string& a : {std::string("--standalone"), std::string("--nproc-per-node=2"),
-                               "--max-restarts=" + std::to_string(max_restarts),
-                               std::string("--monitor-interval=0.1"), script}) {
-    argv.push_back(a);
-  }
+  std::vector<std::string> argv = command;
+  argv.push_back(script);
   std::map<std::string, std::string> env = extra_env;
   env["TORCHELASTIC_ENABLE_FILE_TIMER"] = "1";
   env["TIMER_TEST_DIR"] = dir.path();
   env["PYTHON_EXEC"] = kPython;
-  std::vector<std::string> unset{"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS"};
+  // PET_MASTER_PORT=0 (process_util.h) is for trun's static runs; these need none.
+  std::vector<std::string> unset{"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS",
+                                 "PET_MASTER_PORT"};
   if (!env.count("TORCHELASTIC_TIMER_FILE")) unset.push_back("TORCHELASTIC_TIMER_FILE");
   Child job(argv, env, unset);
   Outcome o;
@@ -159,14 +194,13 @@ TEST_CASE("PyTorch's FileTimerClient under trun: the expired rank is killed and 
   SECTION("at the path TORCHELASTIC_TIMER_FILE names") {
     TempDir dir;
     const std::string fifo = dir / "watchdog.fifo";
-    const Outcome o = run_stuck_job({trun_binary()}, dir, {{"TORCHELASTIC_TIMER_FILE", fifo}},
-                                    /*max_restarts=*/1);
+    const Outcome o = run_stuck_job(trun_job(1), dir, {{"TORCHELASTIC_TIMER_FILE", fifo}});
     check_restarted_after_kill(o);
     if (o.seen.count("a0.r0")) CHECK(o.seen.at("a0.r0").timer_file == fifo);
   }
   SECTION("at a generated path when TORCHELASTIC_TIMER_FILE is unset") {
     TempDir dir;
-    const Outcome o = run_stuck_job({trun_binary()}, dir, {}, /*max_restarts=*/1);
+    const Outcome o = run_stuck_job(trun_job(1), dir, {});
     check_restarted_after_kill(o);
     if (o.seen.count("a0.r0")) {
       CHECK(std::regex_match(o.seen.at("a0.r0").timer_file,
@@ -180,7 +214,7 @@ TEST_CASE("PyTorch's FileTimerClient under trun: the kill counts against --max-r
           "[file_timer][torch]") {
   if (const std::string why = torch_timer_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   TempDir dir;
-  const Outcome o = run_stuck_job({trun_binary()}, dir, {}, /*max_restarts=*/0);
+  const Outcome o = run_stuck_job(trun_job(0), dir, {});
   INFO(o.err);
   CHECK(o.exit_code == 1);
   CHECK(o.seen.count("a0.r0") == 1);
@@ -189,4 +223,25 @@ TEST_CASE("PyTorch's FileTimerClient under trun: the kill counts against --max-r
   CHECK(o.late < 1.0);
   // The summary names the killed rank and its signal, as torchrun's does.
   CHECK_THAT(o.err, Catch::Contains("Signal 9 (SIGKILL)"));
+}
+
+// The reference: the same job under /usr/bin/torchrun 1.13 (its FileTimerServer scans every
+// 0.1 s), so that a change in PyTorch's protocol shows here first.
+TEST_CASE("PyTorch's FileTimerClient under torchrun 1.13 behaves as under trun",
+          "[file_timer][torch]") {
+  if (const std::string why = trun::testing::torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
+  if (const std::string why = torch_timer_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
+  TempDir dir;
+  const std::string fifo = dir / "watchdog.fifo";
+  const Outcome o = run_stuck_job(torchrun_job(1), dir, {{"TORCHELASTIC_TIMER_FILE", fifo}});
+  INFO(o.err);
+  CHECK(o.exit_code == 0);
+  REQUIRE(o.seen.count("a0.r0"));
+  REQUIRE(o.seen.count("a1.r0"));
+  REQUIRE(o.seen.count("a1.r1"));
+  WARN("under torchrun, the stuck rank died " << o.late << " s after its expiration time");
+  CHECK(o.late >= 0);
+  CHECK(o.late < 1.0);
+  for (const auto& [name, s] : o.seen) CHECK(s.timer_file == fifo);
+  CHECK_FALSE(std::filesystem::exists(std::filesystem::symlink_status(fifo)));
 }
