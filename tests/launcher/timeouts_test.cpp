@@ -18,6 +18,11 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
+// How far past its deadline an agent may end here: these tests check that a bound is kept (the
+// regressions they guard took 60 s and more), on a 2-core machine that also runs sanitizer builds
+// and other tests; 1 s of slack failed under load. Not a speed target (scripts/bench.sh is).
+constexpr auto kSlack = 8s;
+
 // What a test does not want from the environment it runs in.
 const std::vector<std::string> kUnset{"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS",
                                       "TRUN_STORE_TOKEN"};
@@ -64,7 +69,9 @@ TEST_CASE("a c10d agent that loses its store exits 3 within its rejoin bound", "
   const auto took = Clock::now() - start;
   INFO(agent.err());
   CHECK(agent.exit_code() == 3);
-  CHECK(took < 3s + 1s);  // was 60 s and more: each rejoin retried its connection for read_timeout
+  // Was 60 s and more: each rejoin retried its connection for read_timeout. The slack over
+  // join_timeout is for a loaded machine (sanitizer builds, parallel tests), not a speed target.
+  CHECK(took < 3s + kSlack);
   auto errors = error_lines(agent.err());
   REQUIRE(errors.size() == 1);
   CHECK_THAT(errors[0], Catch::Contains("lost the rendezvous store at " + endpoint));
@@ -100,7 +107,7 @@ TEST_CASE("when the agent hosting the store is killed, the other exits 3 within 
   const auto took = Clock::now() - start;
   INFO(other.err());
   CHECK(other.exit_code() == 3);
-  CHECK(took < 3s + 1s);
+  CHECK(took < 3s + kSlack);
   auto errors = error_lines(other.err());
   REQUIRE(errors.size() == 1);
   CHECK_THAT(errors[0], Catch::Contains("lost the rendezvous store at " + endpoint));
@@ -116,13 +123,13 @@ TEST_CASE("a rendezvous endpoint whose name does not resolve fails at once, nami
   TRUN_SKIP_UNLESS_NONAME(host);
   const auto start = Clock::now();
   auto r = run_trun({"--rdzv-backend=c10d", "--rdzv-endpoint=" + host + ":29500", "--rdzv-conf",
-                     "join_timeout=5", test_worker()},
-                    {}, 30s, {"TRUN_STORE_TOKEN"});
+                     "join_timeout=30", test_worker()},
+                    {}, 60s, {"TRUN_STORE_TOKEN"});
   const auto took = Clock::now() - start;
   INFO(r.err);
   REQUIRE(r.finished);
   CHECK(r.exit_code == 3);
-  CHECK(took < 2500ms);  // well before join_timeout: the lookup is not retried
+  CHECK(took < 15s);  // well before join_timeout (30 s): the lookup is not retried
   auto lines = lines_of(r.err);
   REQUIRE(lines.size() == 1);
   CHECK_THAT(lines[0], Catch::Contains(host + ":29500"));
@@ -140,7 +147,7 @@ TEST_CASE("a refused rendezvous port is retried until join_timeout, then one lin
   REQUIRE(r.finished);
   CHECK(r.exit_code == 3);
   CHECK(took >= 2800ms);  // the server may be starting: it kept trying
-  CHECK(took < 3s + 1s);
+  CHECK(took < 3s + kSlack);
   auto lines = lines_of(r.err);
   REQUIRE(lines.size() == 1);
   CHECK_THAT(lines[0], Catch::Contains(endpoint));
