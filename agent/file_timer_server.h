@@ -22,6 +22,8 @@
 //     SIGUSR1, SIGUSR2, SIGTERM), or <= 0;
 //   - a record is at most max_record_bytes (the client sends at most PIPE_BUF), a scope_id at most
 //     kMaxScopeBytes, a worker has at most max_timers_per_worker timers, and "version" must be 1.
+// Writes of up to PIPE_BUF bytes reach the pipe whole (FileTimerClient's do); a longer one may be
+// split by another writer's, and both records are then refused, as with torchrun.
 // A request that breaks a rule is ignored, counted (refused()) and reported on `warn` the first
 // time its kind of refusal happens. Nothing a worker writes makes the server block, crash or keep
 // more than those bounds in memory.

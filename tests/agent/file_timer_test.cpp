@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <cerrno>
 #include <chrono>
@@ -228,6 +229,49 @@ TEST_CASE("a worker whose timer expires is killed within 1 s of the expiration t
                                std::to_string(worker.pid)) == 1);
   CHECK(reports.count_warnings("sent SIGKILL") == 1);
   CHECK(reports.warnings.size() == 1);
+}
+
+TEST_CASE("a worker flooding the FIFO delays neither an expiry nor other requests",
+          "[file_timer]") {
+  TempDir dir;
+  Reports reports;
+  const std::string fifo = dir / "timer";
+  FileTimerServer server(options(fifo, reports));
+  Sleeper worker;
+  server.set_workers({worker.pid});
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> written{0};
+  // Junk lines as fast as the server reads them, for as long as the case runs (bounded: 20 s),
+  // in writes of whole lines up to PIPE_BUF, which the pipe keeps whole: a longer write may be
+  // split by another writer's, which then joins a junk line (so it is with torchrun too).
+  std::thread flood([&] {
+    const int fd = ::open(fifo.c_str(), O_WRONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    const std::string junk = std::string(1000, 'x') + "\n";
+    std::string chunk;
+    for (int i = 0; i < 4; ++i) chunk += junk;  // 4004 bytes
+    const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (!stop.load() && std::chrono::steady_clock::now() < end) {
+      const ssize_t n = ::write(fd, chunk.data(), chunk.size());
+      if (n > 0) written += static_cast<uint64_t>(n);
+    }
+    ::close(fd);
+  });
+  REQUIRE(eventually([&] { return written.load() > 1000000; }));
+  const double deadline = unix_now() + 0.5;
+  send(fifo, request(worker.pid, "under-flood", deadline, SIGKILL));
+  const bool died = eventually([&] { return worker.exited(); });
+  stop = true;
+  flood.join();
+  REQUIRE(died);
+  CHECK(worker.term_signal() == SIGKILL);
+  const double late = worker.died_at - deadline;
+  WARN("killed " << late << " s after the expiration time, " << written.load() / 1000000
+                 << " MB of junk written");
+  CHECK(late >= 0);
+  CHECK(late < 1.0);
+  CHECK(server.refused(TimerRefusal::kNotJson) > 1000);
+  CHECK(reports.count_warnings("(not a JSON object)") == 1);
 }
 
 TEST_CASE("a timer released before it expires kills nothing", "[file_timer]") {
