@@ -155,6 +155,18 @@ std::string request(pid_t pid, const std::string& scope, double expires, int sig
          "\", \"expiration_time\": " + num + ", \"signal\": " + std::to_string(sig) + "}\n";
 }
 
+// The common set-up: a server on a FIFO in a fresh directory, serving one sleeping worker.
+struct Served {
+  Served() : fifo(dir / "timer"), server(options(fifo, reports)) {
+    server.set_workers({worker.pid});
+  }
+  TempDir dir;
+  Reports reports;
+  const std::string fifo;
+  FileTimerServer server;
+  Sleeper worker;
+};
+
 }  // namespace
 
 TEST_CASE("file_timer_setting: enabled only by exactly 1, the path as given", "[file_timer]") {
@@ -207,14 +219,8 @@ TEST_CASE("a generated timer path is a fresh watchdog_timer_<uuid4> under TMPDIR
   CHECK(a.substr(a.rfind('_')) != b.substr(b.rfind('_')));
 }
 
-TEST_CASE("a worker whose timer expires is killed within 1 s of the expiration time",
-          "[file_timer]") {
-  TempDir dir;
-  Reports reports;
-  const std::string fifo = dir / "timer";
-  FileTimerServer server(options(fifo, reports));
-  Sleeper worker;
-  server.set_workers({worker.pid});
+TEST_CASE_METHOD(Served, "a worker whose timer expires is killed within 1 s of the expiration time",
+                 "[file_timer]") {
   const double deadline = unix_now() + 0.5;
   send(fifo, request(worker.pid, "train.py#12", deadline, SIGKILL));
   REQUIRE(eventually([&] { return worker.exited(); }));
@@ -231,14 +237,8 @@ TEST_CASE("a worker whose timer expires is killed within 1 s of the expiration t
   CHECK(reports.warnings.size() == 1);
 }
 
-TEST_CASE("a worker flooding the FIFO delays neither an expiry nor other requests",
-          "[file_timer]") {
-  TempDir dir;
-  Reports reports;
-  const std::string fifo = dir / "timer";
-  FileTimerServer server(options(fifo, reports));
-  Sleeper worker;
-  server.set_workers({worker.pid});
+TEST_CASE_METHOD(Served, "a worker flooding the FIFO delays neither an expiry nor other requests",
+                 "[file_timer]") {
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> written{0};
   // Junk lines as fast as the server reads them, for as long as the case runs (bounded: 20 s),
@@ -274,13 +274,7 @@ TEST_CASE("a worker flooding the FIFO delays neither an expiry nor other request
   CHECK(reports.count_warnings("(not a JSON object)") == 1);
 }
 
-TEST_CASE("a timer released before it expires kills nothing", "[file_timer]") {
-  TempDir dir;
-  Reports reports;
-  const std::string fifo = dir / "timer";
-  FileTimerServer server(options(fifo, reports));
-  Sleeper worker;
-  server.set_workers({worker.pid});
+TEST_CASE_METHOD(Served, "a timer released before it expires kills nothing", "[file_timer]") {
   send(fifo, request(worker.pid, "step", unix_now() + 0.4, SIGKILL));
   send(fifo, request(worker.pid, "step", -1, 0));  // FileTimerClient.release
   REQUIRE(eventually([&] { return server.accepted() == 2; }));
@@ -290,14 +284,9 @@ TEST_CASE("a timer released before it expires kills nothing", "[file_timer]") {
   CHECK(server.signals_sent() == 0);
 }
 
-TEST_CASE("of a worker's expired timers, the earliest with a signal gives the signal",
-          "[file_timer]") {
-  TempDir dir;
-  Reports reports;
-  const std::string fifo = dir / "timer";
-  FileTimerServer server(options(fifo, reports));
-  Sleeper worker;
-  server.set_workers({worker.pid});
+TEST_CASE_METHOD(Served,
+                 "of a worker's expired timers, the earliest with a signal gives the signal",
+                 "[file_timer]") {
   // Three timers, all expired, in one write: read in one pass, then fired together.
   const double now = unix_now();
   send(fifo, request(worker.pid, "no-signal", now - 0.3, 0) +
@@ -426,14 +415,8 @@ TEST_CASE("a request is refused while its pid is not a worker and honoured once 
   CHECK_FALSE(old_worker.exited());
 }
 
-TEST_CASE("a worker that has exited is not signalled, even when its timer expires",
-          "[file_timer]") {
-  TempDir dir;
-  Reports reports;
-  const std::string fifo = dir / "timer";
-  FileTimerServer server(options(fifo, reports));
-  Sleeper worker;
-  server.set_workers({worker.pid});
+TEST_CASE_METHOD(Served, "a worker that has exited is not signalled, even when its timer expires",
+                 "[file_timer]") {
   send(fifo, request(worker.pid, "x", unix_now() + 0.3, SIGKILL));
   REQUIRE(eventually([&] { return server.active_timers() == 1; }));
   ::kill(worker.pid, SIGTERM);
