@@ -15,9 +15,7 @@
 
 #include "agent/node_status.h"
 #include "agent/signal_watch.h"
-#include "rendezvous/dynamic_decisions.h"
 #include "store/store.h"
-#include "store/tcp_store.h"
 
 namespace trun::agent {
 namespace {
@@ -244,98 +242,31 @@ void RendezvousSession::on_event_fd() {
 RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::string& why,
                                                                 bool store_stopped,
                                                                 Clock::TimePoint deadline) {
+  if (!rdzv_) return FailoverOutcome::kNotNeeded;
   const std::string lost_endpoint = store_endpoint_;
-  const rendezvous::RendezvousOptions o =
-      rendezvous::handler_options(config_.rdzv, run_id_, config_.min_nodes, config_.max_nodes);
-  if (config_.standalone || config_.rdzv.backend != rendezvous::BackendKind::kC10d || !o.failover ||
-      info_.round < 0 || info_.participants.empty()) {
-    return FailoverOutcome::kNotNeeded;
-  }
-  std::pair<std::string, uint16_t> lost;
-  try {
-    lost = rendezvous::parse_c10d_endpoints(store_endpoint_).front();
-  } catch (const std::exception&) {
-    return FailoverOutcome::kNotNeeded;
-  }
-  const rendezvous::dynamic::Keys keys(run_id_);
-  store::TcpStoreOptions probe;
-  probe.dialect = store::StoreDialect::kTrun;
-  probe.token = o.store_token;
-  probe.host = lost.first;
-  probe.port = lost.second;
-  store::TcpStoreOptions old_store = probe;
-  auto old_store_answers = [&] {
-    return !store_stopped &&
-           store::probe_store_key(old_store, keys.round(), std::chrono::milliseconds(300));
-  };
-  // A store that still answers (this node only lost its membership, or a blip): rejoin it.
-  if (!store_stopped && store::probe_store_key(probe, keys.round(), std::chrono::seconds(1))) {
-    return FailoverOutcome::kNotNeeded;
-  }
-  auto plan =
-      rendezvous::dynamic::plan_failover(info_.participants, info_.group_rank, store_stopped);
-  if (static_cast<int>(info_.participants.size()) < info_.group_world_size) {
-    // A large round's nodes know only its first members (docs/rendezvous.md, "Scale"): not
-    // enough to seed a store that checks the quorum.
-    plan.possible = false;
-    plan.why_not = "rounds of more than " + std::to_string(o.max_inline_members) +
-                   " nodes do not move their store";
-  }
-  if (!plan.possible) {
-    // The caller retries the store, or gives up at once when it stopped on purpose; its error
-    // line is the one that ends the agent.
-    spdlog::warn("lost the rendezvous store at {}; cannot move it: {}", store_endpoint_,
-                 plan.why_not);
-    return FailoverOutcome::kNotNeeded;
-  }
-  // How long a candidate before this node may take to notice the loss and start its store: a
-  // partition is noticed when keep-alives fail (each bounded by read_timeout), so two nodes
-  // notice it up to a lease's ttl plus one read_timeout apart; plus slack. (A candidate that is
-  // alive and noticed first answers at once: this is only spent on dead candidates.)
-  const auto window =
-      rendezvous::dynamic::lease_ttl(o.keep_alive_interval, o.keep_alive_max_attempt) +
-      o.read_timeout + std::chrono::seconds(2);
-  const std::string host_id =
-      plan.lost_host_rank >= 0 ? info_.participants.at(plan.lost_host_rank).node_id : "";
-  spdlog::warn(
-      "lost the rendezvous store at {} ({}){}; moving it to the first reachable of {} node(s) of "
-      "round {}",
-      store_endpoint_, why, host_id.empty() ? "" : " hosted by node " + host_id,
-      plan.candidates.size(), info_.round);
-  const auto members = info_.participants;
   const int64_t round = info_.round;
-  const int my_rank = info_.group_rank;
-  for (int c : plan.candidates) {
-    const auto member = members.at(c);
-    const std::string endpoint = rendezvous::endpoint_text(member.addr, lost.second);
-    StoreTarget target;
-    target.endpoint = endpoint;
-    if (c == my_rank) {
-      if (old_store_answers()) return FailoverOutcome::kNotNeeded;  // healed while we looked
-      target.host = true;
-      target.seed =
-          rendezvous::dynamic::failover_seed(keys, round, members, endpoint, store_stopped);
-    } else {
-      probe.host = member.addr;
-      probe.port = lost.second;
-      const auto until = std::min(deadline, clock_.now() + window);
-      bool found = false;
-      for (int i = 0; i < 10000 && !found; ++i) {
-        found = store::probe_store_key(probe, keys.failover(), std::chrono::milliseconds(500));
-        if (found || clock_.now() >= until) break;
-        // A partition that healed meanwhile: the others may be back on the old store.
-        if (old_store_answers()) return FailoverOutcome::kNotNeeded;
-        clock_.sleep_for(std::chrono::milliseconds(20));
-        check_stop_signal();
-      }
-      if (!found) {
-        spdlog::info("failover: node {} (rank {}) hosts no store at {}; trying the next",
-                     member.node_id, c, endpoint);
-        continue;
-      }
-    }
+  rendezvous::LostStore lost;
+  lost.why = why;
+  lost.store_stopped = store_stopped;
+  lost.round = info_.round;
+  lost.group_rank = info_.group_rank;
+  lost.group_world_size = info_.group_world_size;
+  lost.participants = info_.participants;
+  lost.deadline = deadline;
+  lost.now = [this] { return clock_.now(); };
+  lost.pause = [this](std::chrono::milliseconds d) {
+    clock_.sleep_for(d);
+    check_stop_signal();
+  };
+  // Null: the store still answers, or cannot be moved (the caller retries it as before).
+  const auto failover = rdzv_->recover_lost_store(lost);
+  if (!failover) return FailoverOutcome::kNotNeeded;
+  while (auto target = failover->next_target()) {
+    const std::string endpoint = target->endpoint;
+    const bool hosted_here = target->host;
+    const std::string host_node_id = target->host_node_id;
     drop_handler();
-    target_ = std::move(target);
+    target_ = std::move(*target);
     try {
       create_handler();
       form_round();
@@ -349,16 +280,18 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
     }
     current_endpoint_ = endpoint;
     spdlog::warn("the rendezvous store moved to {} ({}; round {} formed there)", endpoint,
-                 c == my_rank ? "hosted here" : "hosted by node " + member.node_id, info_.round);
+                 hosted_here ? "hosted here" : "hosted by node " + host_node_id, info_.round);
     if (events_) {
       events_->record("trun.rdzv.failover", {{"rdzv_backend", backend()},
                                              {"lost_endpoint", lost_endpoint},
                                              {"endpoint", endpoint},
-                                             {"hosted_here", c == my_rank},
+                                             {"hosted_here", hosted_here},
                                              {"round", int64_t{info_.round}}});
     }
     return FailoverOutcome::kJoined;
   }
+  // The lost store answered again while the failover looked: the others may be back on it.
+  if (failover->healed()) return FailoverOutcome::kNotNeeded;
   std::fprintf(stderr,
                "trun: error: lost the rendezvous store at %s and could not move it: no node of "
                "round %lld hosts a store for this job, and hosting one here failed\n",
@@ -368,13 +301,8 @@ RendezvousSession::FailoverOutcome RendezvousSession::fail_over(const std::strin
 
 bool RendezvousSession::rejoin(const std::string& why, bool store_stopped) {
   // The round ended because the store's host shut down (it said so): its store went with it.
-  if (round_over_ && round_over_->kind == rendezvous::RoundEvent::Kind::kNodeLeft &&
-      !info_.participants.empty()) {
-    const int host = rendezvous::dynamic::store_host_rank(info_.participants);
-    store_stopped = store_stopped ||
-                    (host >= 0 && round_over_->node_id == info_.participants.at(host).node_id &&
-                     rendezvous::dynamic::planned_leave(
-                         {round_over_->kind, round_over_->node_id, round_over_->detail}));
+  if (round_over_ && rdzv_) {
+    store_stopped = store_stopped || rdzv_->store_host_left(*round_over_, info_.participants);
   }
   const auto deadline = clock_.now() + timeout_;
   std::string last = why;

@@ -76,8 +76,10 @@ class RendezvousSession {
   // (after printing why on stderr, naming the endpoint) when the store stays unreachable or the
   // job has finished meanwhile.
   // With c10d (and --rdzv-conf failover, the default), when the store itself is gone, the
-  // survivors of the last round first move it to one of them (fail_over) and form the next round
-  // there; `store_stopped`: the store said it stops on purpose, so it is not waited for.
+  // survivors of the last round first move it to one of them (fail_over; the handler says where)
+  // and form the next round there; `store_stopped`: the store said it stops on purpose, so it is
+  // not waited for (nor is it when the round ended with the store's host leaving on purpose,
+  // which the handler recognises: RendezvousHandler::store_host_left).
   bool rejoin(const std::string& why, bool store_stopped = false);
 
   // Ends the round on every node because this node's workers failed (multi-node only), or adds
@@ -130,18 +132,12 @@ class RendezvousSession {
   const std::string& store_endpoint() const { return store_endpoint_; }
 
  private:
-  // Where a c10d handler connects, and whether it hosts (a failover store); unset: from the
-  // configuration.
-  struct StoreTarget {
-    std::string endpoint;
-    bool host = false;
-    std::vector<std::pair<std::string, std::string>> seed;
-  };
   enum class FailoverOutcome { kNotNeeded, kJoined, kFailed };
-  // The c10d store of the last round is unreachable: move it to the first reachable candidate of
-  // that round (dynamic::plan_failover), hosting it here when none of those before this node
-  // answers, and form the next round there. kNotNeeded: the store still answers, or no failover
-  // is possible (the caller retries the store as before).
+  // The store of the last round is unreachable: asks the handler where it moved
+  // (RendezvousHandler::recover_lost_store; c10d: to the first reachable member of that round,
+  // hosted here when none of those before this node answers) and forms the next round at each
+  // target in turn until one forms. kNotNeeded: the store still answers, no failover is possible,
+  // or the backend keeps no store (the caller retries the store as before).
   FailoverOutcome fail_over(const std::string& why, bool store_stopped, Clock::TimePoint deadline);
   void create_handler();
   template <typename F>
@@ -178,7 +174,9 @@ class RendezvousSession {
   std::string store_endpoint_;
   // c10d: where the store is now (the configured endpoint, until a failover moves it).
   std::string current_endpoint_;
-  std::optional<StoreTarget> target_;  // for the next create_handler() only
+  // Where the next create_handler() connects after a failover, and whether it hosts; unset: from
+  // the configuration.
+  std::optional<rendezvous::StoreTarget> target_;
   std::chrono::milliseconds timeout_{std::chrono::seconds(300)};  // join_timeout
   // While rejoin() runs: the end of its window, which bounds each new handler's first round.
   std::optional<Clock::TimePoint> rejoin_deadline_;

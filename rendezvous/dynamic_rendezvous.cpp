@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "rendezvous/c10d/backend.h"
+#include "rendezvous/c10d/failover.h"
 #include "rendezvous/etcd/backend.h"
 #include "rendezvous/round_leader.h"
 #include "rendezvous/round_rendezvous.h"
@@ -42,6 +43,19 @@ class DynamicRendezvous : public RoundRendezvous {
 
   std::string store_endpoint() const override {
     return backend_->name() == "c10d" ? options_.endpoint : std::string();
+  }
+
+  // c10d only: etcd keeps its state in etcd, which no node hosts.
+  std::unique_ptr<StoreFailover> recover_lost_store(const LostStore& lost) override {
+    if (backend_->name() != "c10d") return nullptr;
+    return start_c10d_failover(options_, store_endpoint(), lost);
+  }
+
+  bool store_host_left(const RoundEvent& event, const ParticipantList& members) const override {
+    if (event.kind != RoundEvent::Kind::kNodeLeft || members.empty()) return false;
+    const int host = store_host_rank(members);
+    return host >= 0 && event.node_id == members.at(host).node_id &&
+           planned_leave({event.kind, event.node_id, event.detail});
   }
 
   bool is_closed() override {

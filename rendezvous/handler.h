@@ -36,6 +36,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "rendezvous/options.h"
@@ -163,6 +164,48 @@ struct FailureReport {
 // empty.
 std::optional<FailureReport> root_cause(const std::vector<FailureReport>& reports);
 
+// --- store failover (c10d; docs/rendezvous.md) -------------------------------------------------
+// Where the job's store is after a failover: the agent creates the next handler there
+// (RendezvousOptions::endpoint, is_host and store_seed) and forms the next round with it.
+struct StoreTarget {
+  std::string endpoint;  // HOST:PORT
+  bool host = false;     // this node hosts it, started with `seed`
+  std::vector<std::pair<std::string, std::string>> seed;
+  std::string host_node_id;  // the member of the lost round that hosts it
+};
+
+// What a node knew when it lost its store: the round it last formed, why it lost the store, and
+// the agent's clock (the failover's waits go through it, so that a fake clock drives them and a
+// stop signal interrupts them).
+struct LostStore {
+  std::string why;             // for the log line
+  bool store_stopped = false;  // the store said it stops on purpose, or its host left on purpose
+  int64_t round = -1;          // the last round this node formed (-1: none)
+  int group_rank = 0;
+  int group_world_size = 0;
+  ParticipantList participants;
+  std::chrono::steady_clock::time_point deadline;  // the end of the agent's rejoin window
+  std::function<std::chrono::steady_clock::time_point()> now;
+  // Sleeps for the given time, then throws (the agent's RendezvousInterrupted) to abandon the
+  // failover when the agent must stop.
+  std::function<void(std::chrono::milliseconds)> pause;
+};
+
+// One failover of a lost store: the places to form the next round at, best first. It holds no
+// reference to the handler that made it (the agent drops that one before it tries a target).
+// Use from one thread.
+class StoreFailover {
+ public:
+  virtual ~StoreFailover() = default;
+  // The next place to try, after waiting (bounded by the candidates' time to notice the loss and
+  // by LostStore::deadline) for a member before this node to host it. nullopt when none is left,
+  // or when the lost store answers again (healed()). Logs the members it skips. Throws what
+  // LostStore::pause throws.
+  virtual std::optional<StoreTarget> next_target() = 0;
+  // The lost store answered again while next_target() looked: rejoin it as before instead.
+  virtual bool healed() const = 0;
+};
+
 class RendezvousHandler {
  public:
   virtual ~RendezvousHandler() = default;
@@ -228,6 +271,25 @@ class RendezvousHandler {
     }
   };
   virtual StoreStats store_stats() const { return {}; }
+
+  // After this handler's store was lost (the round ended with kStoreLost or kMembershipLost, or
+  // next_rendezvous failed on it): when the store itself is gone and the backend can move it
+  // (c10d with failover on, the default), returns the failover that moves it to a member of
+  // `lost.round` -- having logged the loss and where it looks. nullptr: no move is needed (the
+  // store still answers) or possible (logged), or the backend keeps no store (etcd, static): the
+  // caller rejoins the same endpoint, or gives up when the store stopped on purpose. Probes the
+  // store (up to ~1 s); otherwise no I/O.
+  virtual std::unique_ptr<StoreFailover> recover_lost_store(const LostStore& lost) {
+    (void)lost;
+    return nullptr;
+  }
+  // Whether `event`, the end of the round with `members`, is the member that hosted the round's
+  // store leaving on purpose (its agent shut down): its store went with it. No I/O.
+  virtual bool store_host_left(const RoundEvent& event, const ParticipantList& members) const {
+    (void)event;
+    (void)members;
+    return false;
+  }
   // Stops keep-alives, leaves the current round (members get kNodeLeft unless the rendezvous is
   // closed), unblocks waiting calls and releases the store (stops it when this node hosts it).
   // Idempotent; the handler is unusable afterwards.
