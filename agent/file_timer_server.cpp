@@ -19,6 +19,8 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "agent/failure_report.h"  // signal_name
+
 namespace trun::agent {
 
 namespace {
@@ -55,29 +57,6 @@ int pidfd_send_signal(int pidfd, int sig) {
   errno = ENOSYS;
   return -1;
 #endif
-}
-
-const char* signal_name(int sig) {
-  switch (sig) {
-    case SIGHUP:
-      return "SIGHUP";
-    case SIGINT:
-      return "SIGINT";
-    case SIGQUIT:
-      return "SIGQUIT";
-    case SIGABRT:
-      return "SIGABRT";
-    case SIGKILL:
-      return "SIGKILL";
-    case SIGUSR1:
-      return "SIGUSR1";
-    case SIGUSR2:
-      return "SIGUSR2";
-    case SIGTERM:
-      return "SIGTERM";
-    default:
-      return "?";
-  }
 }
 
 // A worker's text in trun's log: printable ASCII only, at most 200 characters.
