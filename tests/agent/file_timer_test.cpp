@@ -297,15 +297,10 @@ TEST_CASE_METHOD(Served,
   CHECK(server.active_timers() == 0);
 }
 
-TEST_CASE("an expired timer without a signal kills nothing and clears the worker's timers",
-          "[file_timer]") {
+TEST_CASE_METHOD(Served,
+                 "an expired timer without a signal kills nothing and clears the worker's timers",
+                 "[file_timer]") {
   // torchrun's rule: every timer of a pid with an expired timer is forgotten, signal or not.
-  TempDir dir;
-  Reports reports;
-  const std::string fifo = dir / "timer";
-  FileTimerServer server(options(fifo, reports));
-  Sleeper worker;
-  server.set_workers({worker.pid});
   const double now = unix_now();
   send(fifo, request(worker.pid, "no-signal", now + 0.2, 0));
   send(fifo, request(worker.pid, "kill", now + 0.6, SIGKILL));
