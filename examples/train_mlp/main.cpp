@@ -63,6 +63,10 @@ struct Args {
   uint64_t stop_after_steps = 0;  // 0: never
   int64_t crash_at_step = -1;     // rank crash_rank exits 1 at this step on the first attempt
   int crash_rank = 0;
+  int64_t hang_at_step = -1;  // rank hang_rank hangs at this step on the first attempt
+  int hang_rank = 0;
+  std::string hang_kind = "spin";  // spin | mismatch
+  bool print_steps = false;        // "hangbench" lines for scripts/bench_hang.sh
   int step_sleep_ms = 0;
   std::string sample_log;         // prefix of per-process sample logs
   uint64_t stop_check_every = 1;  // steps between stop agreements (trun/stop.h)
@@ -95,6 +99,12 @@ void usage() {
       "  --step-sleep-ms T      sleep per step (to watch restarts)\n"
       "  --stop-after-steps N   exit 0 after N steps of this run (a preemption)\n"
       "  --crash-at-step N [--crash-rank R]  rank R exits 1 at step N on attempt 0\n"
+      "  --hang-at-step N [--hang-rank R] [--hang-kind spin|mismatch]  on attempt 0, rank R\n"
+      "                         hangs after step N: spin = a busy loop in user code, forever;\n"
+      "                         mismatch = it broadcasts 10 floats where the others allreduce\n"
+      "                         1024, then goes on (scripts/bench_hang.sh)\n"
+      "  --print-steps          every rank prints 'hangbench start ...' with its pid, rank 0\n"
+      "                         'hangbench step=N ... t=UNIX' after each step\n"
       "  --sample-log PREFIX    append the sample indices of each step to PREFIX.<pid>\n"
       "                         (with the group, step and time; see the README)\n"
       "  --stop-check-every K   agree on stop requests every K steps (default 1)\n"
@@ -175,6 +185,19 @@ Args parse(int argc, char** argv) {
       a.crash_at_step = static_cast<int64_t>(count(val()));
     else if (k == "--crash-rank")
       a.crash_rank = static_cast<int>(count(val()));
+    else if (k == "--hang-at-step")
+      a.hang_at_step = static_cast<int64_t>(count(val()));
+    else if (k == "--hang-rank")
+      a.hang_rank = static_cast<int>(count(val()));
+    else if (k == "--hang-kind") {
+      a.hang_kind = val();
+      if (a.hang_kind != "spin" && a.hang_kind != "mismatch") {
+        std::fprintf(stderr, "train_mlp: --hang-kind must be spin or mismatch, got '%s'\n",
+                     a.hang_kind.c_str());
+        std::exit(2);
+      }
+    } else if (k == "--print-steps")
+      a.print_steps = true;
     else if (k == "--sample-log")
       a.sample_log = val();
     else if (k == "--stop-check-every")
@@ -275,7 +298,35 @@ struct Training {
   bool own_dir = false;              // the default directory of a run without a run id
   std::string dir{};                 // the checkpoint directory
   std::FILE* sample_log = nullptr;
+  ProcessGroup* pg = nullptr;  // the training group (--hang-kind mismatch issues on it)
 };
+
+// --hang-at-step: the fault injected after step t.step on the first attempt. Every rank takes
+// part in a mismatch (the others allreduce 1024 floats, rank hang_rank broadcasts 10: the
+// collective sequences differ in op and count at the same seq); only hang_rank spins.
+void inject_hang(const Training& t) {
+  const Args& args = t.args;
+  if (args.hang_at_step < 0 || t.step != static_cast<uint64_t>(args.hang_at_step) ||
+      t.env.restart_count != 0)
+    return;
+  const bool culprit = t.rank == args.hang_rank;
+  if (culprit) {
+    std::printf("hangbench fault kind=%s rank=%d step=%" PRIu64 " attempt=%d pid=%d t=%.3f\n",
+                args.hang_kind.c_str(), t.rank, t.step, t.env.restart_count,
+                static_cast<int>(::getpid()), unix_seconds());
+    std::fflush(stdout);
+  }
+  if (args.hang_kind == "spin") {
+    if (!culprit) return;
+    volatile uint64_t spins = 0;  // user code that never returns and calls nothing
+    for (;;) spins = spins + 1;
+  }
+  std::vector<float> buf(1024, 1.0f);
+  if (culprit)
+    t.pg->broadcast(buf.data(), 10, DataType::kFloat32, 0);
+  else
+    t.pg->allreduce(buf.data(), buf.size(), DataType::kFloat32);
+}
 
 // Opens the checkpoint directory (the default one unless --ckpt-dir) and resumes from its newest
 // valid checkpoint, if any.
@@ -440,6 +491,12 @@ std::optional<int> train(Training& t) {
                      static_cast<int>(::getpid()), t.rank, t.step);
         std::exit(1);
       }
+      if (args.print_steps && t.rank == 0) {
+        std::printf("hangbench step=%" PRIu64 " rank=0 attempt=%d t=%.3f\n", t.step,
+                    t.env.restart_count, unix_seconds());
+        std::fflush(stdout);
+      }
+      inject_hang(t);
       if (t.step % args.ckpt_every == 0) save(t, false);
       if (args.step_sleep_ms > 0)
         std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
@@ -531,6 +588,13 @@ int run(int argc, char** argv) {
   StopAgreement stop(host_pg, args.stop_check_every);
 
   Training t{args, model, opt, sampler, ddp, stop, worker.env(), rank, world};
+  t.pg = &pg;
+  if (args.print_steps) {
+    std::printf("hangbench start rank=%d local_rank=%d attempt=%d pid=%d t=%.3f\n", rank,
+                worker.env().local_rank, worker.env().restart_count, static_cast<int>(::getpid()),
+                unix_seconds());
+    std::fflush(stdout);
+  }
   if (!args.sample_log.empty()) t.group = sample_log_group(worker, host_pg);
   if (!args.no_ckpt) resume_from_checkpoint(t, worker, pg, host_pg);
   std::fflush(stdout);
