@@ -11,7 +11,7 @@ set -euo pipefail
 BUILD_PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libboost-dev libboost-filesystem-dev
-  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev
+  libspdlog-dev libfmt-dev libcli11-dev nlohmann-json3-dev libgloo-dev libunwind-dev
 )
 # The tests, sanitizer builds, fuzzing and benchmarks. chromium renders `trun timeline` pages and
 # prometheus (with promtool) scrapes /metrics in tests/observability; their daemons are not
