@@ -19,6 +19,8 @@
 //   stop       agent_stop.cpp       stopping the group (begin_stop, kill_all), finish() (the
 //                                   failure summary, the exit barrier, closing the job) and
 //                                   cleanup() (the destructor).
+//   hang       agent_hang.cpp       hang detection (agent/hang_watch.h): the watch's start, and
+//                                   on_hang(): the dumps, the failure and the stop.
 //   publish    agent_publish.cpp    what operators see, fed from the agent's thread: the event
 //                                   log, the /metrics snapshot (and its publication while a
 //                                   rendezvous blocks) and the status record for `trun status`.
@@ -45,6 +47,7 @@
 #include "agent/event_loop.h"
 #include "agent/failure_report.h"
 #include "agent/file_timer_server.h"
+#include "agent/hang_watch.h"
 #include "agent/launch_config.h"
 #include "agent/log_mux.h"
 #include "agent/metrics_server.h"
@@ -117,6 +120,16 @@ class Agent {
   // Returns false when a worker could not be started (its failure is recorded).
   bool record_spawn_results(const std::vector<SpawnResult>& results);
   StreamMode stream_mode(int local_rank, int stream) const;
+
+  // --- hang (agent_hang.cpp) ---
+  // Creates the progress board and the watch (--hang-detection=on); a board that cannot be made
+  // leaves detection off, with a warning.
+  void start_hang_watch();
+  // The watch's eventfd: a hung verdict for the running group.
+  void on_hang();
+  // Writes <attempt dir>/<local rank>/hang_dump.txt for each local worker; returns the culprit's
+  // native stacks (empty when it is not on this node).
+  std::string write_hang_dumps(const HangWatch::Finding& f, const std::vector<int>& culprits);
 
   // --- publish (agent_publish.cpp) ---
   // Records an event in --event-log (no-op without one), with the restart count.
@@ -201,6 +214,8 @@ class Agent {
   std::unordered_map<pid_t, size_t> by_pid_;
   std::unique_ptr<LogMux> logs_;
   std::unique_ptr<FileTimerServer> timer_server_;  // with config_.file_timer only
+  std::unique_ptr<HangWatch> hang_;                // with config_.hang_timeouts.enabled only
+  std::string attempt_dir_;                        // the current attempt's log directory
   GroupPhase phase_ = GroupPhase::kRunning;
   std::optional<GroupOutcome> outcome_;
   std::optional<Clock::TimePoint> kill_at_;

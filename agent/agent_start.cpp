@@ -116,6 +116,7 @@ int Agent::run_job() {
     return kExitAgentError;
   }
   if (!make_base_dir()) return kExitAgentError;
+  if (config_.hang_timeouts.enabled) start_hang_watch();
 
   bool omp_defaulted = false;
   base_env_ = base_worker_env(env_map(environ), config_.nproc_per_node, &omp_defaulted);
@@ -194,8 +195,9 @@ bool Agent::make_base_dir() {
 
 void Agent::start_workers() {
   reset_group();
-  const std::string attempt_dir = make_attempt_dir();
-  auto results = sup_.spawn(spawn_requests(attempt_dir));
+  attempt_dir_ = make_attempt_dir();
+  if (hang_) hang_->begin_group();  // clears the board the new workers attach to
+  auto results = sup_.spawn(spawn_requests(attempt_dir_));
   logs_->close_child_ends();
   const bool spawn_failed = !record_spawn_results(results);
   if (timer_server_) {  // its requests are read from now on (reset_group paused them)
@@ -231,6 +233,7 @@ void Agent::reset_group() {
   logs_.reset();
   logs_ = std::make_unique<LogMux>(loop_);
   if (timer_server_) timer_server_->clear_workers();  // the old group's timers go with it
+  if (hang_) hang_->end_group();
 }
 
 // attempt_<restart count> under the base directory (an earlier run's is replaced), with the
@@ -269,6 +272,7 @@ std::vector<SpawnRequest> Agent::spawn_requests(const std::string& attempt_dir) 
   attempt.master_port = info.master_port;
   attempt.use_agent_store = info.use_agent_store;
   if (timer_server_) attempt.timer_file = timer_server_->path();
+  if (hang_) attempt.progress_shm = hang_->shm_name();
   std::vector<SpawnRequest> requests(workers_.size());
   for (size_t i = 0; i < workers_.size(); ++i) {
     WorkerProcess& w = workers_[i];

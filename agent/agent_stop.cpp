@@ -46,6 +46,7 @@ void Agent::finish(GroupOutcome outcome) {
 }
 
 void Agent::begin_stop(int sig) {
+  if (hang_) hang_->end_group();  // a stopping group is not judged
   phase_ = GroupPhase::kStopping;
   set_phase("stopping");
   kill_at_ = clock_.now() + config_.shutdown_timeout;
@@ -66,6 +67,10 @@ void Agent::kill_all() {
 void Agent::cleanup() {
   logs_.reset();
   timer_server_.reset();  // removes its FIFO
+  if (hang_) {
+    loop_.remove(hang_->notify_fd());
+    hang_.reset();  // unlinks the progress board
+  }
   if (session_) session_->shutdown();
   remove_worker_shm_segments(run_id_);
   if (temp_base_ && !base_dir_.empty()) {

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/hang_rules.h"
 #include "agent/numa_binding.h"
 #include "rendezvous/options.h"
 
@@ -99,6 +100,9 @@ struct LaunchConfig {
   // (TORCHELASTIC_TIMER_FILE; empty: a generated path), which every worker gets.
   bool file_timer = false;
   std::string file_timer_path;
+  // --hang-* (agent/hang_watch.h, docs/hangs.md): find hung ranks from what libtrun_worker
+  // reports; hang_timeouts.enabled false (--hang-detection=off): no board, no watch.
+  hang::TimeoutOptions hang_timeouts;
 };
 
 }  // namespace trun::agent

@@ -203,6 +203,9 @@ MetricsServer::Response MetricsServer::metrics(const AgentSnapshot& s,
   for (const auto& [label, count] : s.worker_exits) {
     out << "trun_worker_exits_total{" << label << "} " << count << '\n';
   }
+  family(out, "trun_hangs_total", "counter",
+         "Hangs this node found (a rank without progress past its timeout; docs/hangs.md).");
+  out << "trun_hangs_total " << s.hangs << '\n';
   family(out, "trun_restarts_total", "counter", "Restarts of the worker group so far.");
   out << "trun_restarts_total " << s.restarts << '\n';
   family(out, "trun_restarts_left", "gauge", "Restarts left before a failure ends the job.");

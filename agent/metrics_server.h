@@ -59,6 +59,7 @@ struct AgentSnapshot {
   std::vector<std::string> worker_states;  // by local rank: running, succeeded, failed, stopped
   std::map<std::string, uint64_t> worker_exits;  // `exit_code="3"` or `signal="SIGKILL"` -> count
   std::string last_failure;                      // one line; empty when none
+  uint64_t hangs = 0;                            // hung verdicts of this node (agent/hang_watch.h)
   int nodes_waiting = -1;  // sampled off the loop (RendezvousSession::nodes_waiting); -1: unknown
   uint64_t store_requests = 0;                    // the rendezvous' requests to its store (or etcd)
   uint64_t store_errors = 0;                      // of those, the failed ones

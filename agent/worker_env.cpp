@@ -3,6 +3,8 @@
 #include <cctype>
 #include <cstring>
 
+#include "base/progress_board.h"
+
 namespace trun::agent {
 
 EnvMap env_map(const char* const* env) {
@@ -57,6 +59,11 @@ std::vector<std::string> worker_env(const EnvMap& base, const LaunchConfig& conf
   env["TORCHELASTIC_ERROR_FILE"] = worker.error_file;
   env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle_text;
   if (!attempt.timer_file.empty()) env["TORCHELASTIC_TIMER_FILE"] = attempt.timer_file;
+  if (attempt.progress_shm.empty()) {
+    env.erase(base::progress::kEnvVar);
+  } else {
+    env[base::progress::kEnvVar] = attempt.progress_shm;
+  }
   std::vector<std::string> out;
   out.reserve(env.size());
   for (const auto& [k, v] : env) out.push_back(k + "=" + v);

@@ -39,6 +39,9 @@ struct AttemptEnv {
   // TORCHELASTIC_TIMER_FILE: the watchdog FIFO trun serves (agent/file_timer_server.h). Empty:
   // the variable is left as trun inherited it (set or not), as torchrun leaves it.
   std::string timer_file;
+  // TRUN_PROGRESS_SHM: the node's progress board (agent/hang_watch.h). Empty: the variable is
+  // removed (an inherited one belongs to an outer trun's board).
+  std::string progress_shm;
 };
 
 // One worker of the attempt.

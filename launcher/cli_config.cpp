@@ -6,6 +6,7 @@
 #include <tuple>
 
 #include "agent/job_local.h"
+#include "launcher/cli_hang.h"
 #include "launcher/cli_values.h"
 #include "rendezvous/handler.h"
 
@@ -395,6 +396,7 @@ BuiltConfig build_launch_config(const ResolvedOptions& options, std::vector<std:
   worker_group(options, env, host, out.config);
   rendezvous(options, env, out.config, out.notes);
   supervision(options, env, host, out.config, out.notes);
+  hang_detection(options, out.config);
   logs(options, out.config, out.notes);
   entrypoint(options, rest, env, host, out.config);
   return out;

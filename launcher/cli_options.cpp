@@ -13,6 +13,7 @@ constexpr const char* kRun = "What to run";
 constexpr const char* kLogs = "Logs";
 constexpr const char* kSup = "Supervision";
 constexpr const char* kLegacy = "Node and master (static)";
+constexpr const char* kHang = "Hang detection (docs/hangs.md; a trun extension)";
 
 constexpr OptKind kValue = OptKind::kValue;
 constexpr OptKind kFlag = OptKind::kFlag;
@@ -116,6 +117,31 @@ const std::vector<OptionDecl>& option_table() {
        "srun step SIGUSR1 is added to the default)"},
       {Opt::kExitBarrierTimeout, "exit-barrier-timeout", '\0', kValue, "300", kSup,
        "Seconds to wait for other nodes to finish after this node's workers succeeded"},
+
+      {Opt::kHangDetection, "hang-detection", '\0', kValue, "on", kHang,
+       "on: a rank that makes no progress (as libtrun_worker reports it) for its timeout is hung: "
+       "it is named, the workers' stacks are dumped, and the group restarts (a failure); off: "
+       "never"},
+      {Opt::kHangTimeout, "hang-timeout", '\0', kValue, "auto", kHang,
+       "Seconds a rank may go without progress in its training loop; auto: learned, "
+       "max(--hang-timeout-floor, --hang-timeout-factor x the longest interval seen after "
+       "--hang-warmup intervals)"},
+      {Opt::kHangTimeoutFloor, "hang-timeout-floor", '\0', kValue, "10", kHang,
+       "The least learned timeout, in seconds (sections too)"},
+      {Opt::kHangTimeoutFactor, "hang-timeout-factor", '\0', kValue, "3", kHang,
+       "A learned timeout is this factor times the longest interval seen"},
+      {Opt::kHangWarmup, "hang-warmup", '\0', kValue, "5", kHang,
+       "Intervals between progress events that are not learned from (a first step that loads a "
+       "model); until then --hang-startup-timeout applies"},
+      {Opt::kHangStartupTimeout, "hang-startup-timeout", '\0', kValue, "1800", kHang,
+       "Seconds from a worker's start to its first progress after init(), and during the "
+       "warm-up; off: never"},
+      {Opt::kHangCheckpointTimeout, "hang-checkpoint-timeout", '\0', kValue, "auto", kHang,
+       "Seconds a checkpoint save may take; auto: learned as the loop's, with a floor of 120 s; "
+       "off: never"},
+      {Opt::kHangSectionTimeout, "hang-section-timeout", '\0', kValue, "", kHang,
+       "NAME=SECONDS[,NAME=SECONDS...]: a fixed timeout (or off) for a trun::worker::Section of "
+       "that name; other sections learn their own"},
 
       {Opt::kNodeRank, "node-rank", '\0', kValue, "0", kLegacy,
        "This node's rank (GROUP_RANK) for the static backend"},

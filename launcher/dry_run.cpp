@@ -86,6 +86,20 @@ std::string dry_run_json(const CliResult& cli) {
       {"signals_to_handle", signals},
       {"signals_to_handle_text", c.signals_to_handle_text},
   };
+  const auto& h = c.hang_timeouts;
+  auto policy = [](const agent::hang::ClassPolicy& p) {
+    return json{{"enabled", p.enabled},
+                {"fixed_s", p.fixed_s},
+                {"floor_s", p.floor_s},
+                {"factor", p.factor},
+                {"warmup_intervals", p.warmup_intervals},
+                {"warmup_timeout_s", p.warmup_timeout_s}};
+  };
+  json sections = json::object();
+  for (const auto& [name, p] : h.sections) sections[name] = policy(p);
+  j["hang_detection"] = {{"enabled", h.enabled},         {"startup", policy(h.startup)},
+                         {"step", policy(h.step)},       {"checkpoint", policy(h.checkpoint)},
+                         {"section", policy(h.section)}, {"sections", sections}};
   j["slurm"] = {{"context", context_name(cli.slurm.context)},
                 {"job_id", cli.slurm.job_id.empty() ? json(nullptr) : json(cli.slurm.job_id)},
                 {"step_id", cli.slurm.step_id.empty() ? json(nullptr) : json(cli.slurm.step_id)}};

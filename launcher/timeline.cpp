@@ -388,6 +388,13 @@ class Page {
            << "\" fill=\"" << kRdzvBar << "\" stroke=\"#8899b3\" stroke-width=\"0.5\"/></g>\n";
       check_size();
     }
+    for (const Mark& m : n.hangs) {
+      const int x = xpos(m.ts);
+      bars << "<g class=\"hang\"><title>" << esc(rel(m.ts)) << ": " << esc(m.text)
+           << "</title><path d=\"M" << x - 6 << ' ' << y + h - 2 << " L" << x + 6 << ' '
+           << y + h - 2 << " L" << x << ' ' << y + h - 12 << " Z\" fill=\"#d62728\"/></g>\n";
+      check_size();
+    }
     for (const Mark& m : n.round_ends) {
       const int x = xpos(m.ts);
       bars << "<g class=\"round-end\"><title>" << esc(rel(m.ts)) << ": " << esc(m.text)

@@ -122,6 +122,8 @@ void TimelineModel::add(const TimelineEvent& e) {
     on_worker_started(n, md, ts);
   } else if (name == "trun.agent.worker_exited") {
     on_worker_exited(n, md, ts);
+  } else if (name == "trun.hang") {
+    n.hangs.push_back({ts, "hang: " + get_str(md, "summary", kMaxTextBytes).value_or("")});
   }
   // Other events (trun.agent.failure, names a newer trun adds) only widen the node's span.
 }

@@ -56,6 +56,7 @@ struct Node {
   std::vector<Wait> waits;
   std::vector<Restart> restarts;
   std::vector<Mark> round_ends;
+  std::vector<Mark> hangs;                            // trun.hang: the verdict
   std::map<int64_t, std::vector<WorkerBar>> workers;  // by local rank
   std::map<int64_t, size_t> open_bars;                // worker pid -> index in workers[lr]
   std::map<int64_t, int64_t> open_rank;               // worker pid -> local rank

@@ -275,6 +275,32 @@ joinrestart)  # a node joins after the other spent a restart: the group of both 
   grep -q "done: .* world size 2" "$TMP/agent_0.log" ||
     fail "rank 0 did not finish training at world size 2"
   ;;
+hang)  # rank 1 stops itself (SIGSTOP) on attempt 0: its node names it, every node restarts
+  # tests/hang/progress_worker: allreduce loops; "stop" makes global rank 1 raise SIGSTOP at its
+  # 61st iteration on attempt 0, and every rank of attempt 1 runs 40 iterations and exits 0. One
+  # rank per node: rank 0's node sees it wait for a rank elsewhere and must leave the verdict to
+  # rank 1's node, which sees a rank without progress outside any collective.
+  PW=$BIN/tests/hang/progress_worker
+  [ -x "$PW" ] || fail "$PW is not built"
+  WORKER_CMD=("$PW" stop)
+  for i in 0 1; do add_node $i; done
+  for i in 0 1; do
+    start_agent $i --nnodes 2 --nproc-per-node 1 --max-restarts 1 --hang-timeout-floor 1 \
+      --hang-warmup 3 $(c10d)
+  done
+  for i in 0 1; do
+    agent_exit $i
+    [ "$RC" = 0 ] || fail "agent $i exited $RC"
+  done
+  grep -h "hang detected" "$TMP"/agent_*.log
+  [ "$(grep -c "hang detected" "$TMP"/agent_*.log | grep -c ':1$')" = 1 ] ||
+    fail "expected one hang verdict, on one node"
+  grep -h "hang detected" "$TMP"/agent_*.log |
+    grep -q "rank 1 (node .* outside any collective; it is stopped (SIGSTOP or a debugger)" ||
+    fail "the verdict does not name rank 1, stopped"
+  [ "$(cat "$TMP"/agent_*.log | grep -c "attempt 1 done rank=")" = 2 ] ||
+    fail "not every rank of attempt 1 finished"
+  ;;
 bench)  # cross-node restart latency: a worker dies on node 1 -> replacements running everywhere
   # LAUNCHER=trun|torchrun, BENCH_REPS (default 5); prints one "latency_ms X" line per repetition.
   reps=${BENCH_REPS:-5}

@@ -1,31 +1,59 @@
-// A libtrun_worker program for the hang tests (tests/hang/progress_board_test.cpp): init(), then
-// forever an allreduce of 16 floats followed by 20 ms of "user code". With argument "section",
-// rank 1 enters trun::worker::Section("eval") after 20 iterations and stays in it (sleeping),
-// while the other ranks wait for it in the next allreduce. Prints "ready" once init() returned.
-// The test ends it by its pid.
+// A libtrun_worker program for the hang tests (tests/hang/progress_board_test.cpp,
+// hang_agent_test.cpp): init(), then an allreduce of 16 floats followed by 20 ms of "user code",
+// forever. Prints "ready" once init() returned. The first argument picks a fault of rank 1 after
+// 20 iterations (section) or 60 (stop, spin: over a second of steps, so that the agent has seen
+// its warm-up intervals):
+//   section  it enters trun::worker::Section("eval") and stays in it (sleeping), while the other
+//            ranks wait for it in the next allreduce;
+//   stop     on attempt 0 (TORCHELASTIC_RESTART_COUNT), it stops itself with SIGSTOP;
+//   spin     on attempt 0, it spins in user code.
+// With stop or spin, a later attempt runs 40 iterations and exits 0 ("attempt N done"). The tests
+// end the other modes by pid.
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <vector>
 
 #include <trun/progress.h>
 #include <trun/worker.h>
 
+namespace {
+
+// Not inlined, so that a stack dump names it.
+__attribute__((noinline)) void progress_worker_spin_forever() {
+  volatile unsigned long n = 0;
+  for (;;) n = n + 1;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  const bool section = argc > 1 && std::strcmp(argv[1], "section") == 0;
+  const std::string mode = argc > 1 ? argv[1] : "";
+  const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
+  const int attempt = restart ? std::atoi(restart) : 0;
+  const bool fault = attempt == 0 && (mode == "stop" || mode == "spin");
+  const bool bounded = (mode == "stop" || mode == "spin") && attempt > 0;
   auto worker = trun::worker::init();
   auto& pg = worker.process_group();
   std::printf("ready rank=%d progress=%d\n", worker.rank(), trun::worker::progress_reported());
   std::fflush(stdout);
   std::vector<float> buf(16, 1.0f);
-  for (int i = 0;; ++i) {
-    if (section && i == 20 && worker.rank() == 1) {
-      trun::worker::Section eval("eval");
-      for (;;) ::usleep(100000);
+  for (int i = 0; !bounded || i < 40; ++i) {
+    if (i == (mode == "section" ? 20 : 60) && worker.rank() == 1) {
+      if (mode == "section") {
+        trun::worker::Section eval("eval");
+        for (;;) ::usleep(100000);
+      }
+      if (fault && mode == "stop") ::raise(SIGSTOP);
+      if (fault && mode == "spin") progress_worker_spin_forever();
     }
     pg.allreduce(buf.data(), buf.size(), trun::worker::DataType::kFloat32);
     ::usleep(20000);
   }
+  std::printf("attempt %d done rank=%d\n", attempt, worker.rank());
+  return 0;
 }

@@ -246,6 +246,18 @@ TEST_CASE("a timeline escapes what the event logs hold") {
   CHECK(count(html, "<title>a &lt;b&gt; title</title>") == 1);
 }
 
+TEST_CASE("a timeline marks a hang with its verdict") {
+  std::vector<TimelineEvent> events;
+  events.push_back(ev("trun.agent.start", 0, 1, {{"nproc_per_node", 2}}));
+  events.push_back(
+      ev("trun.hang", 5000, 1,
+         {{"summary", "rank 1 (node n0, pid 7) made no progress for 10.2 s: <x>"}, {"rank", 1}}));
+  events.push_back(ev("trun.agent.stop", 9000, 1, {{"exit_code", 1}}));
+  const std::string html = render_timeline_html(events, "t");
+  CHECK(count(html, "<g class=\"hang\">") == 1);
+  CHECK(count(html, "hang: rank 1 (node n0, pid 7) made no progress for 10.2 s: &lt;x&gt;") == 1);
+}
+
 TEST_CASE("a timeline of no event is refused") {
   CHECK_THROWS_AS(render_timeline_html({}, "t"), std::invalid_argument);
 }

@@ -1,0 +1,130 @@
+// HangWatch (hang_watch.h): the poll thread beside the agent's loop.
+
+#include "agent/hang_watch.h"
+
+#include <sys/eventfd.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <map>
+#include <set>
+#include <system_error>
+#include <utility>
+
+namespace trun::agent {
+namespace {
+
+int64_t monotonic_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
+
+}  // namespace
+
+HangWatch::HangWatch(std::unique_ptr<ProgressMonitor> board, HangWatchOptions options)
+    : board_(std::move(board)), options_(std::move(options)), rule_(options_.timeouts) {
+  event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (event_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
+  thread_ = std::thread([this] { thread_main(); });
+}
+
+HangWatch::~HangWatch() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  ::close(event_fd_);
+}
+
+void HangWatch::begin_group() {
+  std::lock_guard<std::mutex> lock(mu_);
+  board_->reset();
+  finding_.reset();
+  uint64_t drained;
+  while (::read(event_fd_, &drained, sizeof drained) > 0) {
+  }
+  active_ = true;
+  cv_.notify_all();
+}
+
+void HangWatch::end_group() {
+  std::lock_guard<std::mutex> lock(mu_);  // a poll under way holds it
+  active_ = false;
+}
+
+std::optional<HangWatch::Finding> HangWatch::take_verdict() {
+  std::lock_guard<std::mutex> lock(mu_);
+  uint64_t drained;
+  while (::read(event_fd_, &drained, sizeof drained) > 0) {
+  }
+  std::optional<Finding> f = std::move(finding_);
+  finding_.reset();
+  if (f) active_ = false;  // one verdict per group
+  return f;
+}
+
+void HangWatch::thread_main() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    if (active_ && !finding_) poll_once();
+    cv_.wait_for(lock, options_.poll, [this] { return stop_; });
+  }
+}
+
+bool HangWatch::waits_for_other_nodes(const hang::Verdict& v,
+                                      const std::vector<hang::RankProgress>& ranks) {
+  if (!v.culprits.empty()) return false;
+  const std::set<int> waiting(v.waiting.begin(), v.waiting.end());
+  for (const auto& r : ranks) {
+    if (!r.attached || !waiting.count(r.rank)) continue;
+    const hang::GroupProgress* g = r.waiting_group();
+    if (!g) continue;
+    int members_here = 0;
+    for (const auto& o : ranks) {
+      if (!o.attached) continue;
+      for (const auto& og : o.groups) members_here += og.key == g->key ? 1 : 0;
+    }
+    if (g->group_size > members_here) return true;
+  }
+  return false;
+}
+
+// Under mu_.
+void HangWatch::poll_once() {
+  polls_.fetch_add(1, std::memory_order_relaxed);
+  std::vector<hang::RankProgress> ranks = board_->snapshot_all(options_.node);
+  rule_.update(ranks);
+  hang::Verdict v = hang::judge(ranks, rule_, monotonic_ns());
+  if (!v.hung) return;
+  if (waits_for_other_nodes(v, ranks)) {
+    // Give the node that can name the rank behind the time to do it (see the header).
+    double timeout = 0;
+    for (const auto& r : ranks) {
+      if (r.attached) timeout = std::max(timeout, rule_.timeout_s(hang::class_of(r)).value_or(0));
+    }
+    const double grace = timeout * options_.remote_grace_factor +
+                         std::chrono::duration<double>(options_.remote_grace).count();
+    if (v.idle_s < timeout + grace) return;
+  }
+  Finding f;
+  f.verdict = std::move(v);
+  std::map<std::string, double> timeouts;
+  for (const auto& r : ranks) {
+    if (!r.attached) continue;
+    const hang::TimeoutClass c = hang::class_of(r);
+    if (auto t = rule_.timeout_s(c)) timeouts[c.name()] = *t;
+  }
+  f.timeouts.assign(timeouts.begin(), timeouts.end());
+  f.ranks = std::move(ranks);
+  finding_ = std::move(f);
+  const uint64_t one = 1;
+  if (::write(event_fd_, &one, sizeof one) < 0) {
+    // EAGAIN only (the counter is full): it is readable either way.
+  }
+}
+
+}  // namespace trun::agent

@@ -1,0 +1,101 @@
+#pragma once
+// HangWatch: hang detection running beside the agent's event loop (issue 36, docs/hangs.md). It
+// owns the node's progress board (ProgressMonitor) and a thread that, every poll interval while a
+// worker group runs, snapshots every local rank, feeds the learned timeouts (hang::TimeoutRule)
+// and asks for the wavefront verdict (hang::judge). The first hung verdict of a group is kept and
+// announced on an eventfd that the agent's loop watches; the loop then dumps and stops the group
+// (Agent::on_hang). Nothing here signals a process.
+//
+// Across nodes: a node's snapshots hold only its own ranks. When its ranks all wait in a
+// collective whose other members are elsewhere, the rank behind is on another node, whose agent
+// names it within its own timeout; this node then waits `remote_grace` longer before declaring
+// a hang without a culprit (a transport hang, or a node whose agent cannot judge), so that the
+// node that can name the culprit speaks first. Its failure report then ends the round on every
+// node, as any worker failure does.
+//
+// The learned intervals live as long as the watch (the whole job on this node), so a restarted
+// group keeps its predecessor's timeouts.
+//
+// Threads: the watch's thread only reads the board and computes; begin_group(), end_group(),
+// take_verdict() and the destructor are for the agent's thread. The eventfd stays readable from
+// the verdict until take_verdict().
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/hang_rules.h"
+#include "agent/progress_monitor.h"
+
+namespace trun::agent {
+
+struct HangWatchOptions {
+  hang::TimeoutOptions timeouts;
+  std::chrono::milliseconds poll{200};
+  // After a rank's own timeout, how much longer a verdict that names nobody on this node waits
+  // (see above): a multiple of that timeout plus a constant.
+  double remote_grace_factor = 1.0;
+  std::chrono::milliseconds remote_grace{5000};
+  std::string node;  // this node's name in verdicts
+};
+
+class HangWatch {
+ public:
+  // Takes the board (ProgressMonitor::create) and starts the thread, idle until begin_group().
+  // Throws std::system_error when the eventfd cannot be made.
+  HangWatch(std::unique_ptr<ProgressMonitor> board, HangWatchOptions options);
+  ~HangWatch();  // stops the thread; the board is unlinked
+  HangWatch(const HangWatch&) = delete;
+  HangWatch& operator=(const HangWatch&) = delete;
+
+  // TRUN_PROGRESS_SHM for the workers.
+  const std::string& shm_name() const { return board_->shm_name(); }
+  // Readable when a verdict waits in take_verdict().
+  int notify_fd() const { return event_fd_; }
+
+  // Before a group is spawned: clears the board (and a verdict of an earlier group), then
+  // watches it.
+  void begin_group();
+  // The group stops (for any reason): stop judging it. Waits for a poll under way.
+  void end_group();
+  // The hung verdict, once (with the snapshots it was made from); nullopt when none is ready.
+  // A verdict ends the watching of its group, as end_group() does.
+  struct Finding {
+    hang::Verdict verdict;
+    std::vector<hang::RankProgress> ranks;
+    std::vector<std::pair<std::string, double>> timeouts;  // class name -> timeout applied (s)
+  };
+  std::optional<Finding> take_verdict();
+
+  // Polls made so far (tests wait on it).
+  uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
+
+ private:
+  void thread_main();
+  void poll_once();
+  // Whether the verdict names nobody on this node while members of its group are elsewhere.
+  static bool waits_for_other_nodes(const hang::Verdict& v,
+                                    const std::vector<hang::RankProgress>& ranks);
+
+  std::unique_ptr<ProgressMonitor> board_;
+  HangWatchOptions options_;
+  hang::TimeoutRule rule_;  // the thread's alone while it runs (begin_group resets nothing)
+  int event_fd_ = -1;
+
+  std::mutex mu_;  // guards active_, finding_, stop_; held for a whole poll
+  std::condition_variable cv_;
+  bool active_ = false;
+  bool stop_ = false;
+  std::optional<Finding> finding_;
+  std::atomic<uint64_t> polls_{0};
+  std::thread thread_;
+};
+
+}  // namespace trun::agent

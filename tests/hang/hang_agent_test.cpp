@@ -1,0 +1,160 @@
+// Hang detection in the trun binary (issue 36, docs/hangs.md), with real workers
+// (progress_worker, linking libtrun_worker): a rank that stops itself with SIGSTOP or spins in
+// user code is found by its agent with short timeouts (--hang-timeout-floor=1), named in one line
+// (the log, the failure summary, the event log), dumped (its progress, its collectives, the
+// native stacks of every thread of every local worker, under --log-dir), and the group restarts
+// as after a failure. Also: the options, and the board's variable in the workers' environment.
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/launcher/process_util.h"
+
+using trun::testing::run_trun;
+using trun::testing::TempDir;
+
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string worker() { return std::string(TRUN_BINARY_DIR) + "/tests/hang/progress_worker"; }
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// DIR/<run id>/attempt_<n>/<local rank>/hang_dump.txt: the one run under `log_dir`.
+fs::path dump_path(const std::string& log_dir, int attempt, int local_rank) {
+  for (const auto& run : fs::directory_iterator(log_dir)) {
+    return run.path() / ("attempt_" + std::to_string(attempt)) / std::to_string(local_rank) /
+           "hang_dump.txt";
+  }
+  return {};
+}
+
+// The trun.hang events of an event log.
+std::vector<nlohmann::json> hang_events(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_discarded() && j.value("name", "") == "trun.hang") out.push_back(j);
+  }
+  return out;
+}
+
+const std::vector<std::string> kShortTimeouts{"--hang-timeout-floor=1", "--hang-warmup=3"};
+
+}  // namespace
+
+TEST_CASE("a rank stopped with SIGSTOP is named, dumped, and the group restarts", "[hang]") {
+  TempDir dir;
+  const std::string logs = dir / "logs";
+  const std::string events = dir / "events.jsonl";
+  std::vector<std::string> args{
+      "--standalone", "--nproc-per-node=2", "--max-restarts=1", "--log-dir", logs, "--event-log",
+      events};
+  args.insert(args.end(), kShortTimeouts.begin(), kShortTimeouts.end());
+  args.insert(args.end(), {worker(), "stop"});
+  auto r = run_trun(args, {}, std::chrono::seconds(120));
+  INFO(r.err);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("attempt 1 done rank=0"));
+  CHECK_THAT(r.out, Catch::Contains("attempt 1 done rank=1"));
+  // Rank 1 stopped before its 21st allreduce, which rank 0 waits in.
+  CHECK_THAT(r.err, Catch::Contains("hang detected: rank 1 (node "));
+  CHECK_THAT(r.err, Catch::Contains("it never issued allreduce #61 of group 0, which rank 0 "
+                                    "waits in; it is stopped (SIGSTOP or a debugger)"));
+
+  const std::string culprit = slurp(dump_path(logs, 0, 1));
+  CHECK_THAT(culprit, Catch::Contains("verdict: rank 1 (node "));
+  CHECK_THAT(culprit, Catch::Contains("stopped (SIGSTOP or a debugger)"));
+  CHECK_THAT(culprit, Catch::Contains("issued #60, finished #60"));
+  CHECK_THAT(culprit, Catch::Contains("native stacks:"));
+  CHECK_THAT(culprit, Catch::Contains("main"));
+  const std::string waiter = slurp(dump_path(logs, 0, 0));
+  CHECK_THAT(waiter, Catch::Contains("#61 allreduce float32 x 16: started"));
+  CHECK_THAT(waiter, Catch::Contains("native stacks:"));
+  CHECK_FALSE(fs::exists(dump_path(logs, 1, 0)));  // the second attempt ran clean
+
+  const auto hangs = hang_events(events);
+  REQUIRE(hangs.size() == 1);
+  CHECK(hangs[0]["metadata"]["rank"] == 1);
+  CHECK(hangs[0]["metadata"]["culprits"] == "1");
+  CHECK(hangs[0]["metadata"]["seq"] == 61);
+}
+
+TEST_CASE("a rank spinning in user code is hung outside any collective, and the summary names it",
+          "[hang]") {
+  TempDir dir;
+  const std::string logs = dir / "logs";
+  std::vector<std::string> args{"--standalone", "--nproc-per-node=2", "--max-restarts=0",
+                                "--log-dir", logs};
+  args.insert(args.end(), kShortTimeouts.begin(), kShortTimeouts.end());
+  args.insert(args.end(), {worker(), "spin"});
+  auto r = run_trun(args, {}, std::chrono::seconds(120));
+  INFO(r.err);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 1);
+  // The failure summary: the verdict as rank 1's error, then its stack.
+  CHECK_THAT(r.err, Catch::Contains("it never issued allreduce #61 of group 0, which rank 0 "
+                                    "waits in"));
+  CHECK_THAT(r.err, Catch::Contains("progress_worker_spin_forever"));
+  CHECK_THAT(r.err, Catch::Contains("rank      : 1"));
+  CHECK_THAT(slurp(dump_path(logs, 0, 1)), Catch::Contains("progress_worker_spin_forever"));
+}
+
+TEST_CASE("the workers get the progress board's name unless --hang-detection=off", "[hang]") {
+  const std::vector<std::string> show{"/bin/sh", "-c", "echo \"board=${TRUN_PROGRESS_SHM-unset}\""};
+  std::vector<std::string> on{"--standalone", "--nproc-per-node=1"};
+  on.insert(on.end(), show.begin(), show.end());
+  auto r = run_trun(on, {{"TRUN_PROGRESS_SHM", "/outer-board"}});
+  INFO(r.err);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("board=/trun-progress-"));
+
+  std::vector<std::string> off{"--standalone", "--nproc-per-node=1", "--hang-detection=off"};
+  off.insert(off.end(), show.begin(), show.end());
+  r = run_trun(off, {{"TRUN_PROGRESS_SHM", "/outer-board"}});
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.out, Catch::Contains("board=unset"));
+}
+
+TEST_CASE("the --hang-* options are read, shown by --dry-run, and bad values refused", "[hang]") {
+  auto r = run_trun({"--dry-run", "--hang-timeout=30", "--hang-timeout-floor=2",
+                     "--hang-checkpoint-timeout=off", "--hang-section-timeout=eval=600,load=off",
+                     "/bin/true"});
+  INFO(r.err);
+  REQUIRE(r.exit_code == 0);
+  const auto j = nlohmann::json::parse(r.out)["hang_detection"];
+  CHECK(j["enabled"] == true);
+  CHECK(j["step"]["fixed_s"] == 30.0);
+  CHECK(j["step"]["floor_s"] == 2.0);
+  CHECK(j["checkpoint"]["enabled"] == false);
+  CHECK(j["sections"]["eval"]["fixed_s"] == 600.0);
+  CHECK(j["sections"]["load"]["enabled"] == false);
+  CHECK(j["startup"]["fixed_s"] == 1800.0);
+
+  const std::vector<std::pair<std::string, std::string>> bad{
+      {"--hang-detection=maybe", "--hang-detection=maybe: expected on or off"},
+      {"--hang-timeout=-1", "--hang-timeout=-1: expected auto, off or a positive number"},
+      {"--hang-timeout-factor=0", "--hang-timeout-factor=0: expected a positive number"},
+      {"--hang-warmup=x", "--hang-warmup=x"},
+      {"--hang-section-timeout=eval", "'eval': expected NAME=SECONDS or NAME=off"},
+  };
+  for (const auto& [arg, message] : bad) {
+    auto b = run_trun({"--standalone", arg, "/bin/true"});
+    INFO(arg << ": " << b.err);
+    CHECK(b.exit_code == 2);
+    CHECK_THAT(b.err, Catch::Contains(message));
+  }
+}
