@@ -105,7 +105,7 @@ ShmComm::A2aTable ShmComm::a2a_exchange(const A2aCall& c, Deadline deadline) {
   mine[3 * n_] = reinterpret_cast<uintptr_t>(c.in);
   mine[3 * n_ + 1] = cma_usable() ? 1 : 0;
   mine[3 * n_ + 2] = shared_offset(c.in, send_extent);
-  allgather(mine.data(), t.rows.data(), w * sizeof(uint64_t), deadline);
+  allgather_slots(mine.data(), t.rows.data(), w * sizeof(uint64_t), deadline);
   const std::vector<uint64_t>& table = t.rows;
   for (int i = 0; i < n_; ++i) {
     t.cma = t.cma && table[i * w + 3 * n_ + 1] == 1;
@@ -153,7 +153,7 @@ bool ShmComm::a2a_direct(const A2aCall& c, const A2aTable& t, Deadline deadline)
   }
   uint64_t ok = why.empty() ? 1 : 0;
   std::vector<uint64_t> oks(n_);
-  allgather(&ok, oks.data(), sizeof ok, deadline);
+  allgather_slots(&ok, oks.data(), sizeof ok, deadline);
   if (std::all_of(oks.begin(), oks.end(), [](uint64_t v) { return v == 1; })) return true;
   cma_failed_ = true;
   if (!why.empty())
@@ -228,6 +228,8 @@ void ShmComm::all_to_all_v(const void* send, const size_t* send_offsets, const s
     c.copy_own_block(me_);
     return;
   }
+  // Sizes differ from rank to rank; the table's exchange compares them.
+  publish_call({CallKind::kAllToAll, 0xff, 0xff, -1, 0}, true);
   const A2aTable t = a2a_exchange(c, deadline);
   if (t.shared) {
     a2a_from_areas(c, t, deadline);

@@ -149,8 +149,17 @@ void ShmComm::arrive_and_wait(Deadline deadline, const char* what) {
     futex(&hdr_->wake, FUTEX_WAKE, INT_MAX, nullptr);
   }
   wait_for_all(seq_, deadline, what);
+  // Every rank's call for this collective is published (before its arrival) and stays until
+  // its next collective, which it enters only after a barrier this rank has not reached.
+  if (check_pending_) {
+    check_pending_ = false;
+    check_calls();
+  }
 }
 
-void ShmComm::barrier(Deadline deadline) { arrive_and_wait(deadline, "barrier"); }
+void ShmComm::barrier(Deadline deadline) {
+  if (n_ > 1) publish_call(Call{}, false);
+  arrive_and_wait(deadline, "barrier");
+}
 
 }  // namespace trun::worker::detail

@@ -3,6 +3,7 @@
 // round. Members of ShmComm; all_to_all_v is in shm_all_to_all.cpp.
 
 #include <algorithm>
+#include <string>
 
 #include "base/check.h"
 #include "worker_sdk/src/cpu/shm_comm.h"
@@ -11,8 +12,103 @@
 
 namespace trun::worker::detail {
 
+namespace {
+
+const char* kind_name(uint32_t kind) {
+  switch (kind) {
+    case 1:
+      return "allreduce";
+    case 2:
+      return "broadcast";
+    case 3:
+      return "allgather";
+    case 4:
+      return "reduce_scatter";
+    case 5:
+      return "all_to_all";
+    case 6:
+      return "barrier";
+  }
+  return "collective";
+}
+
+// What a rank passed, as in "8 float32 elements (sum)"; "" for the kinds without arguments.
+std::string passed(uint32_t shape, int32_t root, uint64_t size) {
+  const uint32_t kind = shape & 0xff, dtype = (shape >> 8) & 0xff, op = (shape >> 16) & 0xff;
+  std::string elements = std::to_string(size) + " ";
+  if (dtype != 0xff) elements += std::string(dtype_name(static_cast<DataType>(dtype))) + " ";
+  elements += "elements";
+  const std::string reduction =
+      op != 0xff ? std::string(" (") + reduce_op_name(static_cast<ReduceOp>(op)) + ")" : "";
+  switch (kind) {
+    case 1:
+      return elements + reduction;
+    case 4:
+      return elements + " per rank" + reduction;
+    case 2:
+      return std::to_string(size) + " bytes from local rank " + std::to_string(root);
+    case 3:
+      return std::to_string(size) + " bytes per rank";
+  }
+  return "";
+}
+
+}  // namespace
+
+void ShmComm::publish_call(const Call& call, bool check) {
+  ShmRankState& mine = hdr_->ranks[me_];
+  mine.call_number.store(++calls_, std::memory_order_relaxed);
+  mine.call_shape.store(
+      static_cast<uint32_t>(call.kind) | uint32_t{call.dtype} << 8 | uint32_t{call.op} << 16,
+      std::memory_order_relaxed);
+  mine.call_root.store(call.root, std::memory_order_relaxed);
+  mine.call_size.store(call.size, std::memory_order_relaxed);
+  check_pending_ = check;  // the arrival's seq_cst store publishes the fields above
+}
+
+void ShmComm::check_calls() {
+  // Every rank compares every rank's call with local rank 0's, so all name the same pair.
+  const ShmRankState& first = hdr_->ranks[0];
+  const uint32_t number = first.call_number.load(std::memory_order_relaxed);
+  const uint32_t shape = first.call_shape.load(std::memory_order_relaxed);
+  const int32_t root = first.call_root.load(std::memory_order_relaxed);
+  const uint64_t size = first.call_size.load(std::memory_order_relaxed);
+  for (int r = 1; r < n_; ++r) {
+    const ShmRankState& other = hdr_->ranks[r];
+    const uint32_t r_number = other.call_number.load(std::memory_order_relaxed);
+    const uint32_t r_shape = other.call_shape.load(std::memory_order_relaxed);
+    const int32_t r_root = other.call_root.load(std::memory_order_relaxed);
+    const uint64_t r_size = other.call_size.load(std::memory_order_relaxed);
+    if (r_number == number && r_shape == shape && r_root == root && r_size == size) continue;
+    std::string why;
+    const std::string rank = "local rank " + std::to_string(r);
+    if (r_number == number && (r_shape & 0xff) == (shape & 0xff)) {
+      why = std::string(kind_name(shape & 0xff)) + " #" + std::to_string(number) + " of group " +
+            group_ + ": " + rank + " passed " + passed(r_shape, r_root, r_size) +
+            ", local rank 0 passed " + passed(shape, root, size);
+    } else {
+      auto entered = [&](uint32_t n, uint32_t sh, int32_t ro, uint64_t sz) {
+        std::string p = passed(sh, ro, sz);
+        return std::string(kind_name(sh & 0xff)) + " #" + std::to_string(n) +
+               (p.empty() ? "" : " of " + p);
+      };
+      why = "collective #" + std::to_string(number) + " of group " + group_ +
+            " differs across local ranks: " + rank + " entered " +
+            entered(r_number, r_shape, r_root, r_size) + ", local rank 0 entered " +
+            entered(number, shape, root, size);
+    }
+    // Every rank finds the same pair and throws; the abort also fails a rank that sits in a
+    // barrier (which does not check) at its next wait.
+    set_abort(why);
+    throw CollectiveError(why);
+  }
+}
+
 void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline) {
   if (n_ == 1 || count == 0) return;
+  publish_call(
+      {CallKind::kAllreduce, static_cast<uint8_t>(dtype), static_cast<uint8_t>(op), -1, count},
+      true);
   const size_t es = dtype_size(dtype);
   char* buf = static_cast<char*>(data);
   // Slices are whole cache lines so that two ranks never write the same line.
@@ -61,6 +157,7 @@ void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, D
 
 void ShmComm::broadcast(void* data, size_t bytes, int root, Deadline deadline) {
   if (n_ == 1 || bytes == 0) return;
+  publish_call({CallKind::kBroadcast, 0xff, 0xff, root, bytes}, true);
   char* buf = static_cast<char*>(data);
   const size_t cap = slot_bytes_ * n_;
   for (size_t off = 0; off < bytes; off += cap) {
@@ -73,6 +170,12 @@ void ShmComm::broadcast(void* data, size_t bytes, int root, Deadline deadline) {
 }
 
 void ShmComm::allgather(const void* send, void* recv, size_t bytes, Deadline deadline) {
+  if (n_ > 1 && bytes > 0) publish_call({CallKind::kAllgather, 0xff, 0xff, -1, bytes}, true);
+  allgather_slots(send, recv, bytes, deadline);
+}
+
+// allgather without a call of its own (all_to_all_v's exchanges).
+void ShmComm::allgather_slots(const void* send, void* recv, size_t bytes, Deadline deadline) {
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
   if (n_ == 1 || bytes == 0) {
@@ -98,6 +201,9 @@ void ShmComm::reduce_scatter(const void* send, void* recv, size_t count, DataTyp
     copy_bytes(out, in, count * es);
     return;
   }
+  publish_call(
+      {CallKind::kReduceScatter, static_cast<uint8_t>(dtype), static_cast<uint8_t>(op), -1, count},
+      true);
   const size_t sub_bytes = (slot_bytes_ / n_) / kShmLine * kShmLine;
   const size_t sub = sub_bytes / es;
   TRUN_CHECK_GT(

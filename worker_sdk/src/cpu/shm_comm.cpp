@@ -60,7 +60,8 @@ long long tuning_from_env(const char* name, long long fallback) {
 
 }  // namespace
 
-ShmComm::ShmComm(const ShmOptions& o, Deadline deadline) : me_(o.local_rank), n_(o.local_size) {
+ShmComm::ShmComm(const ShmOptions& o, Deadline deadline)
+    : me_(o.local_rank), n_(o.local_size), group_(o.tag) {
   if (n_ < 1 || n_ > kMaxLocalSize || me_ < 0 || me_ >= n_)
     throw std::invalid_argument("ShmComm: local rank " + std::to_string(me_) + " of " +
                                 std::to_string(n_) + " out of range");

@@ -26,6 +26,13 @@
 // deadline, the segment's abort flag and (pidfd) whether its peers are still alive: a peer that
 // died, aborted or timed out makes every rank of the node fail instead of waiting.
 //
+// Every collective but barrier publishes what it was passed (its number on this node, kind,
+// dtype, op, root, element or byte count) in the rank's state, and every rank compares all
+// ranks' after the collective's first barrier, before it reads a peer's data: ranks whose calls
+// differ (8 elements here, 16 there) all fail with the same CollectiveError naming both, and
+// abort the segment, instead of reducing mismatched buffers. (barrier only publishes: its peers
+// may be gone past it; a rank in another collective sees it.)
+//
 // Thread safety: collectives from one thread at a time; abort() from any thread.
 //
 // The implementation, by part: shm_comm.cpp (joining the segment), shm_layout.h (what the
@@ -36,6 +43,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -54,7 +62,7 @@ struct ShmOptions {
   store::Store* store = nullptr;  // namespaced for this node of this group
   int local_rank = 0;
   int local_size = 1;
-  std::string tag;        // part of the segment name; sanitized here
+  std::string tag;        // part of the segment name (sanitized here) and of error messages
   size_t slot_bytes = 0;  // 0: TRUN_SHM_SLOT_BYTES, else see default_slot_bytes()
 };
 
@@ -126,6 +134,28 @@ class ShmComm {
 
  private:
   char* slot(int r) const { return data_ + static_cast<size_t>(r) * slot_bytes_; }
+  // What a rank passed to a collective (shm_collectives.cpp); 0xff: not used by the kind.
+  enum class CallKind : uint8_t {
+    kAllreduce = 1,
+    kBroadcast,
+    kAllgather,
+    kReduceScatter,
+    kAllToAll,
+    kBarrier
+  };
+  struct Call {
+    CallKind kind = CallKind::kBarrier;
+    uint8_t dtype = 0xff;
+    uint8_t op = 0xff;
+    int32_t root = -1;
+    uint64_t size = 0;
+  };
+  // Numbers and publishes this rank's call; with `check`, the next barrier compares every
+  // rank's (check_calls) once all arrived.
+  void publish_call(const Call& call, bool check);
+  // CollectiveError (after aborting the segment) if a rank's call differs from local rank 0's.
+  void check_calls();
+  void allgather_slots(const void* send, void* recv, size_t bytes, Deadline deadline);
   void arrive_and_wait(Deadline deadline, const char* what);
   bool all_arrived(uint32_t target) const;
   void wait_for_all(uint32_t target, Deadline deadline, const char* what);
@@ -174,6 +204,9 @@ class ShmComm {
   std::atomic<bool> area_full_noted_{false};
   CopyChannel* channels_ = nullptr;  // local_size() * kCopyChannels, after the header
   uint32_t seq_ = 0;
+  std::string group_;           // ShmOptions::tag, for error messages
+  uint32_t calls_ = 0;          // collectives entered (publish_call)
+  bool check_pending_ = false;  // the next barrier runs check_calls
   int spin_limit_ = 0;
   bool core_each_ = false;  // this rank may use at least local_size() CPUs
   Clock::duration yield_for_ = std::chrono::milliseconds(2);  // sched_yield phase of a wait

@@ -17,7 +17,7 @@
 
 namespace trun::worker::detail {
 
-constexpr uint64_t kShmMagic = 0x74727e6e73686d31ull;  // "trun shm 1"
+constexpr uint64_t kShmMagic = 0x74727e6e73686d32ull;  // "trun shm 2"
 constexpr size_t kShmPage = 4096;
 constexpr size_t kShmLine = 64;
 // all_to_all takes the staged rounds only when a round's sub-slot is at least this large (see
@@ -29,7 +29,15 @@ struct alignas(64) ShmRankState {
   std::atomic<int32_t> pid{0};
   std::atomic<uint64_t> pid_ns{0};  // inode of /proc/self/ns/pid: pids compare only within one
   std::atomic<uint32_t> areas{0};   // 1: this rank mapped the shared buffer areas
+  // The collective this rank entered last (ShmComm::publish_call), written before it arrives
+  // at that collective's first barrier, after which every rank compares all ranks' (in the
+  // cache line it polls `arrived` in: a few loads per collective).
+  std::atomic<uint32_t> call_number{0};  // 1 for the first collective after setup
+  std::atomic<uint32_t> call_shape{0};   // kind | dtype << 8 | op << 16 (0xff: not used)
+  std::atomic<int32_t> call_root{-1};    // broadcast's root local rank, else -1
+  std::atomic<uint64_t> call_size{0};    // elements (reductions) or bytes (the others)
 };
+static_assert(sizeof(ShmRankState) == 64, "a rank's state is one cache line");
 
 struct ShmHeader {
   uint64_t magic;
