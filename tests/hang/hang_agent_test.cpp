@@ -113,6 +113,20 @@ TEST_CASE("a rank spinning in user code is hung outside any collective, and the 
   CHECK_THAT(slurp(dump_path(logs, 0, 1)), Catch::Contains("progress_worker_spin_forever"));
 }
 
+TEST_CASE("a slow start and a slow first step are no hang", "[hang]") {
+  // A floor of 1 s: the 3 s before the first collective count as start-up (30 min) and the 2 s
+  // step as warm-up (30 min), so neither is judged against the learned timeout.
+  std::vector<std::string> args{"--standalone", "--nproc-per-node=2", "--max-restarts=0"};
+  args.insert(args.end(), kShortTimeouts.begin(), kShortTimeouts.end());
+  args.insert(args.end(), {worker(), "slow"});
+  auto r = run_trun(args, {}, std::chrono::seconds(120));
+  INFO(r.err);
+  REQUIRE(r.finished);
+  CHECK(r.exit_code == 0);
+  CHECK_THAT(r.err, !Catch::Contains("hang detected"));
+  CHECK_THAT(r.out, Catch::Contains("attempt 0 done rank=1"));
+}
+
 TEST_CASE("the workers get the progress board's name unless --hang-detection=off", "[hang]") {
   const std::vector<std::string> show{"/bin/sh", "-c", "echo \"board=${TRUN_PROGRESS_SHM-unset}\""};
   std::vector<std::string> on{"--standalone", "--nproc-per-node=1"};

@@ -7,8 +7,10 @@
 //            ranks wait for it in the next allreduce;
 //   stop     on attempt 0 (TORCHELASTIC_RESTART_COUNT), it stops itself with SIGSTOP;
 //   spin     on attempt 0, it spins in user code.
-// With stop or spin, a later attempt runs 40 iterations and exits 0 ("attempt N done"). The tests
-// end the other modes by pid.
+// With stop or spin, a later attempt runs 40 iterations and exits 0 ("attempt N done"). With
+// "slow", every rank sleeps 3 s between init() and its first collective (a model load) and 2 s
+// after its second (a slow first step), then runs 40 iterations and exits 0. The tests end the
+// other modes by pid.
 
 #include <signal.h>
 #include <unistd.h>
@@ -36,13 +38,16 @@ int main(int argc, char** argv) {
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const int attempt = restart ? std::atoi(restart) : 0;
   const bool fault = attempt == 0 && (mode == "stop" || mode == "spin");
-  const bool bounded = (mode == "stop" || mode == "spin") && attempt > 0;
+  const bool slow = mode == "slow";
+  const bool bounded = ((mode == "stop" || mode == "spin") && attempt > 0) || slow;
   auto worker = trun::worker::init();
   auto& pg = worker.process_group();
   std::printf("ready rank=%d progress=%d\n", worker.rank(), trun::worker::progress_reported());
   std::fflush(stdout);
   std::vector<float> buf(16, 1.0f);
+  if (slow) ::sleep(3);
   for (int i = 0; !bounded || i < 40; ++i) {
+    if (slow && i == 2) ::sleep(2);
     if (i == (mode == "section" ? 20 : 60) && worker.rank() == 1) {
       if (mode == "section") {
         trun::worker::Section eval("eval");
