@@ -46,6 +46,9 @@ void Agent::start_hang_watch() {
   HangWatchOptions options;
   options.timeouts = config_.hang_timeouts;
   options.node = hostname_;
+  if (const int stale = ProgressMonitor::remove_stale_boards(); stale > 0) {
+    spdlog::info("removed {} progress board(s) of agents that are gone", stale);
+  }
   try {
     auto board = ProgressMonitor::create(
         base::shm_progress_name(run_id_, static_cast<long>(getpid())), config_.nproc_per_node);

@@ -2,7 +2,9 @@
 
 #include "agent/progress_monitor.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -64,6 +66,33 @@ std::unique_ptr<ProgressMonitor> ProgressMonitor::create(const std::string& name
                       memory_order_relaxed);
   h->magic.store(board::kMagic, memory_order_release);
   return m;
+}
+
+int ProgressMonitor::remove_stale_boards(const std::string& dir) {
+  // shm_progress_name's stem: "trun-progress-<pid>-<run id>".
+  static const std::string kPrefix = "trun-progress-";
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return 0;
+  int removed = 0;
+  for (int seen = 0; seen < kMaxStaleScan; ++seen) {
+    const dirent* e = ::readdir(d);
+    if (!e) break;
+    const std::string name = e->d_name;
+    if (name.compare(0, kPrefix.size(), kPrefix) != 0) continue;
+    const size_t dash = name.find('-', kPrefix.size());
+    if (dash == std::string::npos || dash == kPrefix.size() || dash - kPrefix.size() > 9) continue;
+    long pid = 0;
+    bool digits = true;
+    for (size_t i = kPrefix.size(); i < dash; ++i) {
+      digits = digits && name[i] >= '0' && name[i] <= '9';
+      pid = pid * 10 + (name[i] - '0');
+    }
+    if (!digits || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (::shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
 }
 
 ProgressMonitor::~ProgressMonitor() {

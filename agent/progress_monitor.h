@@ -33,6 +33,13 @@ class ProgressMonitor {
   ProgressMonitor(const ProgressMonitor&) = delete;
   ProgressMonitor& operator=(const ProgressMonitor&) = delete;
 
+  // Unlinks the boards that agents which are gone left in /dev/shm (a trun killed with SIGKILL
+  // cannot unlink its own): every "trun-progress-<pid>-..." whose <pid> is no process (kill(pid,
+  // 0) fails with ESRCH). A board of a live pid is kept, whoever holds that pid now. At most
+  // kMaxStaleScan entries are looked at. Returns how many were removed.
+  static int remove_stale_boards(const std::string& dir = "/dev/shm");
+  static constexpr int kMaxStaleScan = 65536;
+
   // The value of TRUN_PROGRESS_SHM for the workers: "/<name>".
   const std::string& shm_name() const { return shm_name_; }
   int slots() const { return slots_; }

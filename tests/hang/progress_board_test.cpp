@@ -4,7 +4,9 @@
 // progress_worker.cpp), one of them stopped with SIGSTOP. Every process is ended by its pid and
 // no segment is left in /dev/shm.
 
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -13,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 #include <vector>
@@ -207,6 +210,26 @@ TEST_CASE("progress board: a scribbled record cannot harm the reader", "[progres
   CHECK_THROWS_AS(m->snapshot(1), std::out_of_range);
   CHECK_THROWS_AS(ProgressMonitor::create(board_name("x"), 0), std::invalid_argument);
   CHECK_THROWS_AS(ProgressMonitor::create("a/b", 1), std::invalid_argument);
+}
+
+TEST_CASE("progress board: boards of agents that are gone are removed, others kept", "[progress]") {
+  // A pid that is no process: a child that exited and was reaped.
+  pid_t dead = ::fork();
+  REQUIRE(dead >= 0);
+  if (dead == 0) ::_exit(0);
+  REQUIRE(::waitpid(dead, nullptr, 0) == dead);
+  const std::string stale = trun::base::shm_progress_name("test-stale", dead);
+  const std::string live = trun::base::shm_progress_name("test-live", ::getpid());
+  for (const std::string& n : {stale, live}) {
+    const int fd = ::shm_open(("/" + n).c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    REQUIRE(fd >= 0);
+    ::close(fd);
+  }
+  CHECK(ProgressMonitor::remove_stale_boards() >= 1);
+  CHECK_FALSE(std::filesystem::exists("/dev/shm/" + stale));
+  CHECK(std::filesystem::exists("/dev/shm/" + live));
+  ::shm_unlink(("/" + live).c_str());
+  ::shm_unlink(("/" + stale).c_str());  // in case the check failed
 }
 
 TEST_CASE("progress board: process_state reads /proc", "[progress]") {
