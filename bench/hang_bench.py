@@ -312,13 +312,20 @@ def trun_culprit(work, logs):
                 if "hang" in line.lower() and "made no progress" in line:
                     m = re.search(r"\branks? (\d+) \(", line)
                     return ([int(m.group(1))] if m else []), line.strip()
-    for path in logs:  # no hang verdict: how the first attempt ended instead
+    # No hang verdict: the libtrun_worker error that ended the attempt (a mismatch found by the
+    # shared-memory path names two calls, not which one is wrong: not counted as named), else how
+    # the attempt ended.
+    failed = ""
+    for path in logs:
         with open(path, errors="replace") as f:
             for line in f:
-                m = re.search(r"worker group failed \(attempt 0\): (.*)", line)
+                m = re.search(r"differs across .*", line)
                 if m:
-                    return None, "no hang verdict; failed: " + m.group(1).strip()
-    return None, ""
+                    return None, "no hang verdict; " + m.group(0).strip()
+                m = re.search(r"worker group failed \(attempt 0\): (.*)", line)
+                if m and not failed:
+                    failed = "no hang verdict; failed: " + m.group(1).strip()
+    return None, failed
 
 
 def torch_first_failure(logs, pids):
@@ -441,9 +448,10 @@ def main():
     ap.add_argument("--default-cap", type=float, default=60.0)
     ap.add_argument("--start-cap", type=float, default=60.0)
     # The short timeout. PyTorch's documentation of init_process_group(timeout=...) sets no lower
-    # bound; 2 s is the shortest whole second with no false positive here: the same timeout bounds
-    # the workers' connection to rank 0's TCPStore, and at 1 s that failed at the start of the
-    # two-node rows (the nodes' workers start up to a second or so apart); 1 s passed on one node.
+    # bound; 2 s is the shortest whole second that works here: the same timeout bounds the
+    # workers' connection to rank 0's TCPStore, and at 1 s that failed at the start of every
+    # two-node row (the nodes' workers start up to a second or so apart); 1 s passed on one node.
+    # Even 2 s is near the edge on 2 busy cores: 1 trial in 18 timed out before its fault.
     ap.add_argument("--torch-timeout", type=float, default=2.0)
     ap.add_argument("--hang-at-step", type=int, default=60)
     ap.add_argument("--step-sleep-ms", type=int, default=50)
@@ -561,9 +569,9 @@ def main():
           f"30 min ({TORCH_DEFAULT_TIMEOUT_S} s); this run waits {a.default_cap:.0f} s (--default-cap).")
     print(f"torchrun, short timeout: init_process_group(timeout=timedelta(seconds="
           f"{a.torch_timeout:g})). PyTorch's documentation sets no lower bound; 2 s (the default of "
-          "--torch-timeout) is the shortest whole second with no false positive on this machine: "
-          "the same timeout bounds the workers' connection to rank 0's store, and 1 s failed at "
-          "the start of the two-node rows.")
+          "--torch-timeout) is the shortest whole second that works on this machine: the same "
+          "timeout bounds the workers' connection to rank 0's store, and 1 s failed at the start "
+          "of the two-node rows (a 'no fault' trial is such a false positive).")
     print()
     for topo in topos:
         for kind in kinds:

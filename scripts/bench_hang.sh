@@ -17,10 +17,10 @@
 # hang_culprit_named (trials where trun's verdict named rank 3). Target (issue 36): within
 # max(10 s, 3 x p99 step time) + 1 s, culprit named in 20 of 20 trials (--trials 20).
 #
-# A fault that does not hang is reported as what it led to: under trun the mismatch did not
-# hang in our runs (the CPU backend's shared-memory path does not compare the ranks' collectives;
-# their barriers shift by one and training goes on with wrong sums until a corrupted stop flag
-# ends rank 3 with exit 75), so its rows say "no hang verdict; failed: ...".
+# A fault that does not hang is reported as what it led to. Under trun a mismatch among the ranks
+# of one node is no hang: libtrun_worker's shared-memory path compares the ranks' calls and every
+# local rank fails at once with a CollectiveError naming the two calls (not which one is wrong),
+# so those rows say "no hang verdict; ..." and count no culprit.
 #
 # Options (bench/hang_bench.py):
 #   --trials N          trials per trun and short-timeout row (default 3; torchrun-default rows 1)
