@@ -312,19 +312,34 @@ def trun_culprit(work, logs):
                 if "hang" in line.lower() and "made no progress" in line:
                     m = re.search(r"\branks? (\d+) \(", line)
                     return ([int(m.group(1))] if m else []), line.strip()
-    # No hang verdict: the libtrun_worker error that ended the attempt (a mismatch found by the
-    # shared-memory path names two calls, not which one is wrong: not counted as named), else how
-    # the attempt ended.
+    # No hang verdict: the libtrun_worker error that ended the attempt. A mismatch found by the
+    # shared-memory path names the local ranks whose call differs from the majority's ("local
+    # rank 1 entered broadcast #124 ..., where local ranks 0 and 2-3 entered allreduce ..."); the
+    # node's "hangbench start rank=R local_rank=L" lines of attempt 0 turn them into global ranks.
+    # Else how the attempt ended.
+    # The node that found it first: the one whose log has the faulty rank's "hangbench fault"
+    # line (the other node may repeat the message with its own local ranks).
     failed = ""
+    texts = []
     for path in logs:
         with open(path, errors="replace") as f:
-            for line in f:
-                m = re.search(r"differs across .*", line)
-                if m:
-                    return None, "no hang verdict; " + m.group(0).strip()
-                m = re.search(r"worker group failed \(attempt 0\): (.*)", line)
-                if m and not failed:
-                    failed = "no hang verdict; failed: " + m.group(1).strip()
+            texts.append(f.read())
+    texts.sort(key=lambda t: "hangbench fault" not in t)
+    for text in texts:
+        m = re.search(r"differs across local ranks: local ranks? ([\d, and-]+?) entered .*|"
+                      r": local ranks? ([\d, and-]+?) passed .*", text)
+        if m:
+            local = []
+            for a, b in re.findall(r"(\d+)(?:-(\d+))?", m.group(1) or m.group(2)):
+                local.extend(range(int(a), int(b or a) + 1))
+            to_global = {int(l): int(r) for r, l in
+                         re.findall(r"hangbench start rank=(\d+) local_rank=(\d+) attempt=0", text)}
+            ranks = [to_global[l] for l in local if l in to_global]
+            return (ranks or None), "no hang verdict; " + m.group(0).strip()[:300]
+        for line in text.splitlines():
+            m = re.search(r"worker group failed \(attempt 0\): (.*)", line)
+            if m and not failed:
+                failed = "no hang verdict; failed: " + m.group(1).strip()
     return None, failed
 
 
@@ -563,7 +578,7 @@ def main():
     print("A recovery without a hang verdict (culprit 0/n, 'no hang verdict; failed: ...') is a "
           "crash the fault led to, restarted as any failure is.")
     print(f"target: max(10 s, 3 x p99 step) + 1 s (issue 36). culprit: trun's trun.hang verdict "
-          f"names rank {HANG_RANK}; for torchrun, the first failure it reports (the rank it "
+          f"(or, for a mismatch, libtrun_worker's CollectiveError) names rank {HANG_RANK}; for torchrun, the first failure it reports (the rank it "
           "would blame).")
     print(f"torchrun, default timeout: init_process_group's documented default for gloo is "
           f"30 min ({TORCH_DEFAULT_TIMEOUT_S} s); this run waits {a.default_cap:.0f} s (--default-cap).")

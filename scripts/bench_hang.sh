@@ -19,8 +19,9 @@
 #
 # A fault that does not hang is reported as what it led to. Under trun a mismatch among the ranks
 # of one node is no hang: libtrun_worker's shared-memory path compares the ranks' calls and every
-# local rank fails at once with a CollectiveError naming the two calls (not which one is wrong),
-# so those rows say "no hang verdict; ..." and count no culprit.
+# local rank fails at once with a CollectiveError naming the local ranks whose call differs from
+# the majority's; those rows say "no hang verdict; ..." and count the culprit it names (turned
+# into a global rank with the node's "hangbench start" lines).
 #
 # Options (bench/hang_bench.py):
 #   --trials N          trials per trun and short-timeout row (default 3; torchrun-default rows 1)

@@ -44,7 +44,7 @@ TEST_CASE("an allreduce whose ranks pass different counts fails on every rank, n
     expect_mismatch_fails("count", {2},
                           {"allreduce #21 of group ",
                            ": local rank 1 passed 8 float32 elements "
-                           "(sum), local rank 0 passed 16 float32 elements (sum)"});
+                           "(sum), where local rank 0 passed 16 float32 elements (sum)"});
   }
   SECTION("2 nodes of 2: the node with the odd rank finds it, the other fails with it") {
     // Node 1's ranks name the calls; node 0's see node 1 leave the Gloo allreduce.
@@ -54,7 +54,13 @@ TEST_CASE("an allreduce whose ranks pass different counts fails on every rank, n
     expect_mismatch_fails("count", {3},
                           {"allreduce #21 of group ",
                            ": local rank 2 passed 8 float32 elements "
-                           "(sum), local rank 0 passed 16 float32 elements (sum)"});
+                           "(sum), where local ranks 0 and 1 passed 16 float32 elements (sum)"});
+  }
+  SECTION("4 ranks: the one that differs is named against the three others") {
+    expect_mismatch_fails("count", {4},
+                          {"allreduce #21 of group ",
+                           ": local rank 3 passed 8 float32 elements "
+                           "(sum), where local ranks 0-2 passed 16 float32 elements (sum)"});
   }
 }
 
@@ -64,12 +70,13 @@ TEST_CASE("an allreduce whose ranks pass different dtypes or ops fails on every 
     expect_mismatch_fails("dtype", {2},
                           {"allreduce #21 of group ",
                            "local rank 1 passed 16 float64 elements "
-                           "(sum), local rank 0 passed 16 float32"});
+                           "(sum), where local rank 0 passed 16 float32"});
   }
   SECTION("op") {
-    expect_mismatch_fails("op", {2},
-                          {"local rank 1 passed 16 float32 elements (max), local rank 0 passed "
-                           "16 float32 elements (sum)"});
+    expect_mismatch_fails(
+        "op", {2},
+        {"local rank 1 passed 16 float32 elements (max), where local rank 0 passed "
+         "16 float32 elements (sum)"});
   }
 }
 
@@ -79,24 +86,26 @@ TEST_CASE("broadcast, allgather and reduce_scatter with different sizes or roots
     expect_mismatch_fails("broadcast", {2},
                           {"broadcast #21 of group ",
                            "local rank 1 passed 32 bytes from local "
-                           "rank 0, local rank 0 passed 64 bytes"});
+                           "rank 0, where local rank 0 passed 64 bytes"});
   }
   SECTION("broadcast root") {
-    expect_mismatch_fails("root", {2},
-                          {"local rank 1 passed 64 bytes from local rank 1, local rank 0 passed "
-                           "64 bytes from local rank 0"});
+    expect_mismatch_fails(
+        "root", {2},
+        {"local rank 1 passed 64 bytes from local rank 1, where local rank 0 passed "
+         "64 bytes from local rank 0"});
   }
   SECTION("allgather count") {
     expect_mismatch_fails("allgather", {2},
                           {"allgather #21 of group ",
                            "local rank 1 passed 32 bytes per rank, "
-                           "local rank 0 passed 64 bytes per rank"});
+                           "where local rank 0 passed 64 bytes per rank"});
   }
   SECTION("reduce_scatter count") {
-    expect_mismatch_fails("reduce_scatter", {2},
-                          {"reduce_scatter #21 of group ",
-                           "local rank 1 passed 8 float32 elements per rank (sum), local rank 0 "
-                           "passed 16 float32 elements per rank (sum)"});
+    expect_mismatch_fails(
+        "reduce_scatter", {2},
+        {"reduce_scatter #21 of group ",
+         "local rank 1 passed 8 float32 elements per rank (sum), where local rank 0 "
+         "passed 16 float32 elements per rank (sum)"});
   }
 }
 
@@ -106,16 +115,17 @@ TEST_CASE("ranks in different collectives fail on every rank, naming both",
     expect_mismatch_fails("kind", {2},
                           {"collective #21 of group ",
                            "local rank 1 entered broadcast #21 of 64 "
-                           "bytes from local rank 0, local rank 0 "
+                           "bytes from local rank 0, where local rank 0 "
                            "entered allreduce #21 of 16 float32"});
   }
   SECTION("barrier against allreduce: the rank past the barrier fails at its next collective") {
     // Rank 1 may already have entered its next collective when rank 0 looks ("local rank 1
     // entered allreduce #22"): a barrier's call is not kept for its peers.
-    expect_mismatch_fails("barrier", {2},
-                          {"collective #21 of group ",
-                           "differs across local ranks: local rank 1 "
-                           "entered ",
-                           ", local rank 0 entered allreduce #21 of 16 float32 elements (sum)"});
+    expect_mismatch_fails(
+        "barrier", {2},
+        {"collective #21 of group ",
+         "differs across local ranks: local rank 1 "
+         "entered ",
+         ", where local rank 0 entered allreduce #21 of 16 float32 elements (sum)"});
   }
 }

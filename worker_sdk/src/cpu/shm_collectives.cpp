@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "base/check.h"
 #include "worker_sdk/src/cpu/shm_comm.h"
@@ -53,6 +54,42 @@ std::string passed(uint32_t shape, int32_t root, uint64_t size) {
   return "";
 }
 
+// A call as the segment holds it (ShmRankState's call_* fields).
+struct CallSig {
+  uint32_t number = 0;
+  uint32_t shape = 0;
+  int32_t root = 0;
+  uint64_t size = 0;
+  bool operator==(const CallSig& o) const {
+    return number == o.number && shape == o.shape && root == o.root && size == o.size;
+  }
+  bool operator!=(const CallSig& o) const { return !(*this == o); }
+};
+
+CallSig load_call(const ShmRankState& s) {
+  return {s.call_number.load(std::memory_order_relaxed),
+          s.call_shape.load(std::memory_order_relaxed), s.call_root.load(std::memory_order_relaxed),
+          s.call_size.load(std::memory_order_relaxed)};
+}
+
+// "local rank 3", "local ranks 0-2", "local ranks 0, 2 and 5" (ascending ranks).
+std::string local_ranks(const std::vector<int>& ranks) {
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j >= i + 2 ? std::to_string(ranks[i]) + "-" + std::to_string(ranks[j])
+                               : std::to_string(ranks[i]));
+    if (j == i + 1) parts.push_back(std::to_string(ranks[j]));
+    i = j + 1;
+  }
+  std::string out = ranks.size() == 1 ? "local rank " : "local ranks ";
+  for (size_t i = 0; i < parts.size(); ++i) {
+    out += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
+  }
+  return out;
+}
+
 }  // namespace
 
 void ShmComm::publish_call(const Call& call, bool check) {
@@ -67,41 +104,59 @@ void ShmComm::publish_call(const Call& call, bool check) {
 }
 
 void ShmComm::check_calls() {
-  // Every rank compares every rank's call with local rank 0's, so all name the same pair.
+  // Fast path: every rank's call equals local rank 0's.
   const ShmRankState& first = hdr_->ranks[0];
-  const uint32_t number = first.call_number.load(std::memory_order_relaxed);
-  const uint32_t shape = first.call_shape.load(std::memory_order_relaxed);
-  const int32_t root = first.call_root.load(std::memory_order_relaxed);
-  const uint64_t size = first.call_size.load(std::memory_order_relaxed);
+  const CallSig zero = load_call(first);
   for (int r = 1; r < n_; ++r) {
-    const ShmRankState& other = hdr_->ranks[r];
-    const uint32_t r_number = other.call_number.load(std::memory_order_relaxed);
-    const uint32_t r_shape = other.call_shape.load(std::memory_order_relaxed);
-    const int32_t r_root = other.call_root.load(std::memory_order_relaxed);
-    const uint64_t r_size = other.call_size.load(std::memory_order_relaxed);
-    if (r_number == number && r_shape == shape && r_root == root && r_size == size) continue;
-    std::string why;
-    const std::string rank = "local rank " + std::to_string(r);
-    if (r_number == number && (r_shape & 0xff) == (shape & 0xff)) {
-      why = std::string(kind_name(shape & 0xff)) + " #" + std::to_string(number) + " of group " +
-            group_ + ": " + rank + " passed " + passed(r_shape, r_root, r_size) +
-            ", local rank 0 passed " + passed(shape, root, size);
-    } else {
-      auto entered = [&](uint32_t n, uint32_t sh, int32_t ro, uint64_t sz) {
-        std::string p = passed(sh, ro, sz);
-        return std::string(kind_name(sh & 0xff)) + " #" + std::to_string(n) +
-               (p.empty() ? "" : " of " + p);
-      };
-      why = "collective #" + std::to_string(number) + " of group " + group_ +
-            " differs across local ranks: " + rank + " entered " +
-            entered(r_number, r_shape, r_root, r_size) + ", local rank 0 entered " +
-            entered(number, shape, root, size);
+    if (load_call(hdr_->ranks[r]) != zero) {
+      mismatch();
     }
-    // Every rank finds the same pair and throws; the abort also fails a rank that sits in a
-    // barrier (which does not check) at its next wait.
-    set_abort(why);
-    throw CollectiveError(why);
   }
+}
+
+// The calls differ. Every rank reads the same calls, so every rank names the same ranks: the
+// majority's call (in a tie, the side of the lowest local rank) is the expected one, and the
+// first rank that differs from it, with every rank that made the same call, is named.
+void ShmComm::mismatch() {
+  std::vector<CallSig> calls(static_cast<size_t>(n_));
+  for (int r = 0; r < n_; ++r) calls[static_cast<size_t>(r)] = load_call(hdr_->ranks[r]);
+  size_t majority = 0, best = 0;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    const size_t votes = static_cast<size_t>(std::count(calls.begin(), calls.end(), calls[i]));
+    if (votes > best) {
+      best = votes;
+      majority = i;
+    }
+  }
+  const CallSig& want = calls[majority];
+  size_t odd = 0;
+  while (odd < calls.size() && calls[odd] == want) ++odd;
+  const CallSig& got = calls[odd];
+  std::vector<int> odd_ranks, majority_ranks;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    if (calls[i] == got) odd_ranks.push_back(static_cast<int>(i));
+    if (calls[i] == want) majority_ranks.push_back(static_cast<int>(i));
+  }
+  const std::string who = local_ranks(odd_ranks), others = local_ranks(majority_ranks);
+  std::string why;
+  if (got.number == want.number && (got.shape & 0xff) == (want.shape & 0xff)) {
+    why = std::string(kind_name(want.shape & 0xff)) + " #" + std::to_string(want.number) +
+          " of group " + group_ + ": " + who + " passed " + passed(got.shape, got.root, got.size) +
+          ", where " + others + " passed " + passed(want.shape, want.root, want.size);
+  } else {
+    auto entered = [](const CallSig& c) {
+      std::string p = passed(c.shape, c.root, c.size);
+      return std::string(kind_name(c.shape & 0xff)) + " #" + std::to_string(c.number) +
+             (p.empty() ? "" : " of " + p);
+    };
+    why = "collective #" + std::to_string(want.number) + " of group " + group_ +
+          " differs across local ranks: " + who + " entered " + entered(got) + ", where " + others +
+          " entered " + entered(want);
+  }
+  // Every rank finds the same ranks and throws; the abort also fails a rank that sits in a
+  // barrier (which does not check) at its next wait.
+  set_abort(why);
+  throw CollectiveError(why);
 }
 
 void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, Deadline deadline) {

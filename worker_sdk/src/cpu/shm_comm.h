@@ -155,6 +155,8 @@ class ShmComm {
   void publish_call(const Call& call, bool check);
   // CollectiveError (after aborting the segment) if a rank's call differs from local rank 0's.
   void check_calls();
+  // check_calls' slow path: names the ranks whose call differs from the majority's, then throws.
+  [[noreturn]] void mismatch();
   void allgather_slots(const void* send, void* recv, size_t bytes, Deadline deadline);
   void arrive_and_wait(Deadline deadline, const char* what);
   bool all_arrived(uint32_t target) const;
