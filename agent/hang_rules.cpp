@@ -6,6 +6,9 @@
 #include <cinttypes>
 #include <cstdio>
 #include <set>
+#include <utility>
+
+#include "base/rank_list.h"
 
 namespace trun::agent::hang {
 
@@ -110,22 +113,7 @@ TimeoutRule::Learned TimeoutRule::learned(const TimeoutClass& c) const {
 // ---- The verdict ------------------------------------------------------------------------------
 
 std::string format_ranks(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    parts.push_back(j == i ? std::to_string(ranks[i])
-                           : std::to_string(ranks[i]) + "-" + std::to_string(ranks[j]));
-    i = j + 1;
-  }
-  std::string out = ranks.size() == 1 ? "rank " : "ranks ";
-  for (size_t i = 0; i < parts.size(); ++i) {
-    if (i) out += i + 1 == parts.size() ? " and " : ", ";
-    out += parts[i];
-  }
-  return out;
+  return base::format_rank_list(std::move(ranks));
 }
 
 namespace {

@@ -54,7 +54,7 @@ TEST_CASE("an allreduce whose ranks pass different counts fails on every rank, n
     expect_mismatch_fails("count", {3},
                           {"allreduce #21 of group ",
                            ": local rank 2 passed 8 float32 elements "
-                           "(sum), where local ranks 0 and 1 passed 16 float32 elements (sum)"});
+                           "(sum), where local ranks 0-1 passed 16 float32 elements (sum)"});
   }
   SECTION("4 ranks: the one that differs is named against the three others") {
     expect_mismatch_fails("count", {4},

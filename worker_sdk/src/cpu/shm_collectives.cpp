@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/rank_list.h"
 #include "worker_sdk/src/cpu/shm_comm.h"
 #include "worker_sdk/src/cpu/shm_layout.h"
 #include "worker_sdk/src/reduce.h"
@@ -72,24 +73,6 @@ CallSig load_call(const ShmRankState& s) {
           s.call_size.load(std::memory_order_relaxed)};
 }
 
-// "local rank 3", "local ranks 0-2", "local ranks 0, 2 and 5" (ascending ranks).
-std::string local_ranks(const std::vector<int>& ranks) {
-  std::vector<std::string> parts;
-  for (size_t i = 0; i < ranks.size();) {
-    size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    parts.push_back(j >= i + 2 ? std::to_string(ranks[i]) + "-" + std::to_string(ranks[j])
-                               : std::to_string(ranks[i]));
-    if (j == i + 1) parts.push_back(std::to_string(ranks[j]));
-    i = j + 1;
-  }
-  std::string out = ranks.size() == 1 ? "local rank " : "local ranks ";
-  for (size_t i = 0; i < parts.size(); ++i) {
-    out += (i == 0 ? "" : i + 1 == parts.size() ? " and " : ", ") + parts[i];
-  }
-  return out;
-}
-
 }  // namespace
 
 void ShmComm::publish_call(const Call& call, bool check) {
@@ -137,7 +120,8 @@ void ShmComm::mismatch() {
     if (calls[i] == got) odd_ranks.push_back(static_cast<int>(i));
     if (calls[i] == want) majority_ranks.push_back(static_cast<int>(i));
   }
-  const std::string who = local_ranks(odd_ranks), others = local_ranks(majority_ranks);
+  const std::string who = base::format_rank_list(odd_ranks, "local rank"),
+                    others = base::format_rank_list(majority_ranks, "local rank");
   std::string why;
   if (got.number == want.number && (got.shape & 0xff) == (want.shape & 0xff)) {
     why = std::string(kind_name(want.shape & 0xff)) + " #" + std::to_string(want.number) +
