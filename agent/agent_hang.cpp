@@ -43,6 +43,9 @@ std::string first_lines(const std::string& text, size_t n) {
 }  // namespace
 
 void Agent::start_hang_watch() {
+  // A Python entry point reports no progress (PyTorch's watchdog covers it: file_timer_server.h),
+  // and its workers' environment stays exactly torchrun's: no board, no TRUN_PROGRESS_SHM.
+  if (!config_.python_interpreter.empty()) return;
   HangWatchOptions options;
   options.timeouts = config_.hang_timeouts;
   options.node = hostname_;
