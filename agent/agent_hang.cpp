@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,12 +23,6 @@ namespace {
 constexpr auto kStackBudget = std::chrono::milliseconds(2000);
 // Frames of the culprit's stack in the failure summary (the whole stack is in its dump file).
 constexpr size_t kSummaryStackLines = 24;
-
-int64_t monotonic_ns() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
 
 std::string first_lines(const std::string& text, size_t n) {
   size_t pos = 0;
@@ -132,7 +125,7 @@ void Agent::on_hang() {
 }
 
 std::string Agent::write_hang_dumps(const HangWatch::Finding& f, const std::vector<int>& culprits) {
-  const int64_t now = monotonic_ns();
+  const int64_t now = base::progress::monotonic_ns();
   std::string culprit_stacks;
   for (const auto& w : workers_) {
     if (!w.running) continue;

@@ -3,7 +3,6 @@
 #include "agent/hang_watch.h"
 
 #include <sys/eventfd.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -13,15 +12,6 @@
 #include <utility>
 
 namespace trun::agent {
-namespace {
-
-int64_t monotonic_ns() {
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
-}
-
-}  // namespace
 
 HangWatch::HangWatch(std::unique_ptr<ProgressMonitor> board, HangWatchOptions options)
     : board_(std::move(board)), options_(std::move(options)), rule_(options_.timeouts) {
@@ -44,11 +34,15 @@ void HangWatch::begin_group() {
   std::lock_guard<std::mutex> lock(mu_);
   board_->reset();
   finding_.reset();
+  drain_notify();
+  active_ = true;
+  cv_.notify_all();
+}
+
+void HangWatch::drain_notify() {
   uint64_t drained;
   while (::read(event_fd_, &drained, sizeof drained) > 0) {
   }
-  active_ = true;
-  cv_.notify_all();
 }
 
 void HangWatch::end_group() {
@@ -58,9 +52,7 @@ void HangWatch::end_group() {
 
 std::optional<HangWatch::Finding> HangWatch::take_verdict() {
   std::lock_guard<std::mutex> lock(mu_);
-  uint64_t drained;
-  while (::read(event_fd_, &drained, sizeof drained) > 0) {
-  }
+  drain_notify();
   std::optional<Finding> f = std::move(finding_);
   finding_.reset();
   if (f) active_ = false;  // one verdict per group
@@ -98,7 +90,7 @@ void HangWatch::poll_once() {
   polls_.fetch_add(1, std::memory_order_relaxed);
   std::vector<hang::RankProgress> ranks = board_->snapshot_all(options_.node);
   rule_.update(ranks);
-  hang::Verdict v = hang::judge(ranks, rule_, monotonic_ns());
+  hang::Verdict v = hang::judge(ranks, rule_, base::progress::monotonic_ns());
   if (!v.hung) return;
   if (waits_for_other_nodes(v, ranks)) {
     // Give the node that can name the rank behind the time to do it (see the header).

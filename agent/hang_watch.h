@@ -80,6 +80,8 @@ class HangWatch {
  private:
   void thread_main();
   void poll_once();
+  // Empties the eventfd (it is non-blocking).
+  void drain_notify();
   // Whether the verdict names nobody on this node while members of its group are elsewhere.
   static bool waits_for_other_nodes(const hang::Verdict& v,
                                     const std::vector<hang::RankProgress>& ranks);

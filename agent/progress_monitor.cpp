@@ -60,10 +60,7 @@ std::unique_ptr<ProgressMonitor> ProgressMonitor::create(const std::string& name
   h->record_size.store(sizeof(board::RankRecord), memory_order_relaxed);
   h->max_groups.store(board::kMaxGroups, memory_order_relaxed);
   h->ring_size.store(board::kRingSize, memory_order_relaxed);
-  timespec ts;
-  ::clock_gettime(CLOCK_MONOTONIC, &ts);
-  h->created_ns.store(static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec,
-                      memory_order_relaxed);
+  h->created_ns.store(board::monotonic_ns(), memory_order_relaxed);
   h->magic.store(board::kMagic, memory_order_release);
   return m;
 }

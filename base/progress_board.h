@@ -28,6 +28,8 @@
 // Versioning: `magic` and `version` are checked by the worker before it writes anything; a
 // layout change bumps kVersion (a worker built against another layout then reports nothing).
 
+#include <time.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -202,6 +204,13 @@ static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<int64_t>::is_always_lock_free,
               "the board is shared between processes: its atomics must be lock-free");
 static_assert(sizeof(CollectiveEntry) == 64, "one cache line per ring entry");
+
+// The reader's clock: CLOCK_MONOTONIC nanoseconds, the clock of every time on the board.
+inline int64_t monotonic_ns() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 inline constexpr size_t board_bytes(uint32_t slots) {
   return sizeof(Header) + static_cast<size_t>(slots) * sizeof(RankRecord);
