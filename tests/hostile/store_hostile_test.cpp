@@ -204,14 +204,49 @@ TcpStoreOptions client_options(uint16_t port, std::string token = "") {
   return o;
 }
 
-// Watches a store process while something abuses it: the worst PING round trip of a
-// well-behaved client and the highest RSS seen, sampled every `every`.
+// Every PING round trip of a well-behaved client while something abuses the store. "Served
+// throughout" is judged on the 90th percentile (kServed) and a ceiling on the worst
+// (kNeverStalled): a store that a flood stalls fails both, as every PING during the stall waits,
+// while one late answer on a loaded 2-core machine under ASan (one of 112 ms, beside two other
+// flood tests, failed a CI run when the worst alone was held to 100 ms) is scheduling, not the
+// store.
+constexpr std::chrono::milliseconds kServed{100};
+constexpr std::chrono::milliseconds kNeverStalled{1000};
+struct PingLog {
+  std::vector<std::chrono::milliseconds> all;
+  void add(std::chrono::milliseconds rtt) { all.push_back(rtt); }
+  std::chrono::milliseconds worst() const {
+    return all.empty() ? std::chrono::milliseconds{0} : *std::max_element(all.begin(), all.end());
+  }
+  std::chrono::milliseconds p90() const {
+    if (all.empty()) return std::chrono::milliseconds{0};
+    std::vector<std::chrono::milliseconds> sorted = all;
+    std::sort(sorted.begin(), sorted.end());
+    return sorted[(sorted.size() - 1) * 9 / 10];
+  }
+  std::string summary() const {
+    std::ostringstream out;
+    out << all.size() << " PINGs, 90th percentile " << p90().count() << " ms, worst "
+        << worst().count() << " ms";
+    return out.str();
+  }
+};
+
+// Checks that the PINGs in `log` were served throughout (see PingLog).
+void check_served(const PingLog& log) {
+  INFO(log.summary());
+  CHECK(log.p90() < kServed);
+  CHECK(log.worst() < kNeverStalled);
+}
+
+// Watches a store process while something abuses it: every PING round trip of a well-behaved
+// client and the highest RSS seen, sampled every `every`.
 struct Watch {
-  std::chrono::milliseconds worst_ping{0};
+  PingLog pings;
   uint64_t peak_rss = 0;
   int samples = 0;
   void sample(pid_t pid, Pinger& pinger) {
-    worst_ping = std::max(worst_ping, pinger.ping());
+    pings.add(pinger.ping());
     peak_rss = std::max(peak_rss, rss_of(pid));
     ++samples;
   }
@@ -266,11 +301,10 @@ TEST_CASE(
     if (extra_batches < 20 && flooder.send_some(more) == ssize_t(more.size())) ++extra_batches;
   });
   INFO("baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB << " MiB over "
-                       << watch.samples << " samples; worst PING " << watch.worst_ping.count()
-                       << " ms");
+                       << watch.samples << " samples");
   CHECK(watch.samples >= 20);
   CHECK(watch.peak_rss < baseline + kLimit + kValue + kSlack);
-  CHECK(watch.worst_ping < 100ms);
+  check_served(watch.pings);
 
   // The flooder is still served, every reply intact and in order, once it reads: a paused
   // connection resumes when its output drains (first the 1000, then whatever else it sent).
@@ -284,10 +318,10 @@ TEST_CASE(
   }
   CHECK(intact == kGets);
   CHECK(watch.peak_rss < baseline + kLimit + kValue + kSlack);
-  CHECK(watch.worst_ping < 100ms);
+  check_served(watch.pings);
   flooder.close();
   CHECK(wait_until([&] { return fds_of(store.pid()) == fds_before; }, 10s));
-  CHECK(pinger.ping() < 100ms);
+  CHECK(pinger.ping() < kNeverStalled);
 }
 
 TEST_CASE("a store relay bounds a GET flood that reads nothing the same way",
@@ -313,9 +347,9 @@ TEST_CASE("a store relay bounds a GET flood that reads nothing the same way",
   Watch watch;
   watch.sample_for(relay.pid(), pinger, 2s);
   INFO("relay baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB
-                             << " MiB; worst PING " << watch.worst_ping.count() << " ms");
+                             << " MiB");
   CHECK(watch.peak_rss < baseline + kLimit + kValue + kSlack);
-  CHECK(watch.worst_ping < 100ms);
+  check_served(watch.pings);
   // Resumes when the flooder reads.
   std::string reply;
   int intact = 0;
@@ -356,10 +390,9 @@ TEST_CASE("the store that trun --standalone embeds bounds a GET flood the same w
   flooder.send(gets);
   Watch watch;
   watch.sample_for(agent.pid(), pinger, 2s);
-  INFO("baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB
-                       << " MiB; worst PING " << watch.worst_ping.count() << " ms");
+  INFO("baseline RSS " << baseline / kMiB << " MiB, peak " << watch.peak_rss / kMiB << " MiB");
   CHECK(watch.peak_rss < baseline + kLimit + kValue + kSlack);
-  CHECK(watch.worst_ping < 100ms);
+  check_served(watch.pings);
   flooder.close();
   agent.signal(SIGTERM);
   CHECK(agent.wait(30s));
@@ -387,7 +420,7 @@ TEST_CASE("with a token, ten unauthenticated 50 MiB SETs are refused at their fi
     intruders.back()->send(head);
   }
   uint64_t peak = baseline;
-  std::chrono::milliseconds worst{0};
+  PingLog pings;
   auto end = Clock::now() + 5s;
   std::vector<bool> gone(10, false);
   int rounds = 0;
@@ -408,8 +441,7 @@ TEST_CASE("with a token, ten unauthenticated 50 MiB SETs are refused at their fi
     peak = std::max(peak, rss_of(store.pid()));
     auto t0 = Clock::now();
     good.ping();
-    worst =
-        std::max(worst, std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0));
+    pings.add(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - t0));
     if (active == 0) break;
     std::this_thread::sleep_for(5ms);
   }
@@ -417,11 +449,10 @@ TEST_CASE("with a token, ten unauthenticated 50 MiB SETs are refused at their fi
   for (auto& r : intruders) closed += r->closed_by_peer(5s) ? 1 : 0;
   uint64_t most_sent = *std::max_element(sent.begin(), sent.end());
   INFO("baseline RSS " << baseline / kMiB << " MiB, peak " << peak / kMiB
-                       << " MiB; most bytes one intruder got in: " << most_sent << "; worst PING "
-                       << worst.count() << " ms");
+                       << " MiB; most bytes one intruder got in: " << most_sent);
   CHECK(closed == 10);
   CHECK(peak < baseline + kSlack);
-  CHECK(worst < 100ms);
+  check_served(pings);
   CHECK_FALSE(good.check({"/intruder"}));
   CHECK(good.get("k") == "v");
   intruders.clear();
@@ -483,8 +514,8 @@ TEST_CASE(
   REQUIRE(pinger.ping() < 10s);  // accepted: its descriptor is in the baseline
   const int fds_before = fds_of(store.pid());
   const uint64_t rss_before = rss_of(store.pid());
-  std::chrono::milliseconds worst{0};
-  auto ping = [&] { worst = std::max(worst, pinger.ping()); };
+  PingLog pings;
+  auto ping = [&] { pings.add(pinger.ping()); };
 
   SECTION("garbage bytes close the connection") {
     std::mt19937 rng(42);
@@ -563,7 +594,6 @@ TEST_CASE(
   INFO("descriptors before " << fds_before << ", now " << fds_of(store.pid()));
   CHECK(wait_until([&] { return fds_of(store.pid()) == fds_before; }, 10s));
   ping();
-  INFO("worst PING " << worst.count() << " ms");
-  CHECK(worst < 100ms);
+  check_served(pings);
   CHECK(store.running());
 }
