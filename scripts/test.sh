@@ -7,6 +7,21 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# step NAME: ends the step before (its wall time goes to STEP_TIMES, printed at the end: which
+# step grew is the first question when the CI run nears its 45 minutes) and prints NAME's header.
+STEP_TIMES=()
+STEP_NAME=""
+STEP_START=$SECONDS
+step() {
+  if [[ -n "$STEP_NAME" ]]; then
+    STEP_TIMES+=("$(printf '%5d s  %s' $((SECONDS - STEP_START)) "$STEP_NAME")")
+  fi
+  STEP_NAME=$1
+  STEP_START=$SECONDS
+  if [[ -n "$1" ]]; then echo "== $1 =="; fi
+}
+
+step "setup"
 bash scripts/setup.sh
 
 # Visible skips (tests/skip.h): a skip of something setup.sh installs fails the run (as under
@@ -19,12 +34,23 @@ export TRUN_SKIP_LOG
 TSAN_REPORTS=$(mktemp -d /tmp/trun-tsan.XXXXXX)
 trap 'rm -f "$TRUN_SKIP_LOG"; rm -rf "$TSAN_REPORTS"' EXIT
 
-# run_ctest ARGS...: ctest, then the skips it saw ("N tests skipped:" and one line each, or "no
-# test skipped"); the log starts empty for the next run. Returns ctest's status.
+# The names of the tests that failed, by step, repeated at the very end of the run: the CI log that
+# comes back is its tail, and a failure in the first of the long ctest steps was cut from it.
+FAILED_TESTS=()
+
+# run_ctest STEP --test-dir DIR ARGS...: ctest, then the skips it saw ("N tests skipped:" and one
+# line each, or "no test skipped"); the log starts empty for the next run. The tests that failed
+# (CTest's LastTestsFailed.log) go to FAILED_TESTS under STEP. Returns ctest's status.
 run_ctest() {
-  local rc=0 n
+  local step=$1 dir=$3 rc=0 n
+  shift
   : >"$TRUN_SKIP_LOG"
+  rm -f "$dir/Testing/Temporary/LastTestsFailed.log"
   ctest "$@" || rc=$?
+  if ((rc != 0)) && [[ -f "$dir/Testing/Temporary/LastTestsFailed.log" ]]; then
+    while IFS= read -r line; do FAILED_TESTS+=("$step: ${line#*:}"); done \
+      <"$dir/Testing/Temporary/LastTestsFailed.log"
+  fi
   n=$(wc -l <"$TRUN_SKIP_LOG")
   if ((n == 0)); then
     echo "no test skipped"
@@ -40,7 +66,7 @@ JOBS=$(nproc)
 # Many tests start several processes; run fewer at once than there are cores' worth of work.
 TEST_JOBS=${TRUN_TEST_JOBS:-2}
 
-echo "== build (RelWithDebInfo) =="
+step "build (RelWithDebInfo)"
 # -g1 (line tables, as in the sanitizer builds below) instead of -g: full debug info made the
 # heaviest files (Beast, Asio) compile about 50% longer, and no test reads more than file:line.
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
@@ -49,7 +75,7 @@ cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 # executables run under ASan+UBSan below. `cmake --build build` builds everything.
 cmake --build build -j "$JOBS" --target plain_tests
 
-echo "== build (ASan+UBSan) =="
+step "build (ASan+UBSan)"
 # -g1 in both sanitizer builds: line tables only, which is all their stack traces use (file and
 # line per frame); full debug info cost about 10% more compile time.
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 \
@@ -57,7 +83,7 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEB
   -DTRUN_BUILD_BENCH=OFF -DTRUN_WITH_TORCH=OFF >/dev/null
 cmake --build build-asan -j "$JOBS"
 
-echo "== build (TSan) =="
+step "build (TSan)"
 # Only what the TSan step runs (tests/CMakeLists.txt: label tsan, target tsan_tests). -O1: TSan
 # instruments every memory access, and at -O0 the collectives cases of worker_sdk_test alone ran
 # over 5 minutes each; Debug otherwise, so assertions stay on.
@@ -65,7 +91,7 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DE
   -DTRUN_SANITIZE=thread -DTRUN_BUILD_BENCH=OFF -DTRUN_WITH_TORCH=OFF >/dev/null
 cmake --build build-tsan -j "$JOBS" --target tsan_tests
 
-echo "== fuzz (bounded) =="
+step "fuzz (bounded)"
 # 6 s per target (five targets: the store's decoder, request sequences, the server's request
 # loop, checkpoint manifests, event logs): the whole step, clang builds included, stays under
 # 2 minutes of the CI run, which has to fit 45 minutes on 2 cores (it was 10 s until the run
@@ -75,12 +101,12 @@ bash scripts/fuzz.sh 6
 # Every test step runs even when an earlier one failed (one CI run shows all failures); the
 # script fails at the end, naming the steps that failed.
 failed=()
-echo "== tests (ASan+UBSan) =="
+step "tests (ASan+UBSan)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-  run_ctest --test-dir build-asan --output-on-failure -j "$TEST_JOBS" -LE no_sanitize --timeout 900 ||
+  run_ctest "ASan+UBSan" --test-dir build-asan --output-on-failure -j "$TEST_JOBS" -LE no_sanitize --timeout 900 ||
   failed+=("tests (ASan+UBSan)")
 
-echo "== tests (TSan) =="
+step "tests (TSan)"
 # halt_on_error: a process stops at its first report, exitcode 66, so the test that ran it
 # normally fails too. log_path: every process writes its reports to a file of its own under
 # $TSAN_REPORTS (TSAN_OPTIONS reaches the trun binary, the store and the workers a test starts, as
@@ -89,7 +115,7 @@ echo "== tests (TSan) =="
 # (the most): the earlier access of a report keeps its stack, which tests/tsan.supp's entries match.
 TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1 history_size=7 \
 log_path=$TSAN_REPORTS/report suppressions=$PWD/tests/tsan.supp" \
-  run_ctest --test-dir build-tsan --output-on-failure -j "$TEST_JOBS" -L tsan --timeout 900 ||
+  run_ctest TSan --test-dir build-tsan --output-on-failure -j "$TEST_JOBS" -L tsan --timeout 900 ||
   failed+=("tests (TSan)")
 if compgen -G "$TSAN_REPORTS/report.*" >/dev/null; then
   for f in "$TSAN_REPORTS"/report.*; do
@@ -99,21 +125,27 @@ if compgen -G "$TSAN_REPORTS/report.*" >/dev/null; then
   failed+=("tests (TSan): ThreadSanitizer reports")
 fi
 
-echo "== tests (plain build: those the sanitizer builds cannot run) =="
+step "tests (plain build: those the sanitizer builds cannot run)"
 # Every other test already ran above under ASan+UBSan (and the tsan ones again under TSan): running
 # them a third time here would cost CI minutes and find nothing those runs cannot.
-run_ctest --test-dir build --output-on-failure -j "$TEST_JOBS" --timeout 900 -L no_sanitize \
+run_ctest plain --test-dir build --output-on-failure -j "$TEST_JOBS" --timeout 900 -L no_sanitize \
   -LE cluster || failed+=("tests")
 
-echo "== multi-node tests (network namespaces) =="
+step "multi-node tests (network namespaces)"
 # One retry: these tests time real agents in namespaces on a 2-core machine. The two flakes seen
 # (an end-of-job hang when the store host stopped first; the crash test reading a worker line
 # that a 4 ms crash could pre-empt) are fixed, and 12 back-to-back runs of all 8 passed; the
 # retry stays until CI has confirmed that too. A real failure still fails twice.
-run_ctest --test-dir build --output-on-failure -L cluster --timeout 900 --repeat until-pass:2 ||
+run_ctest multi-node --test-dir build --output-on-failure -L cluster --timeout 900 --repeat until-pass:2 ||
   failed+=("multi-node tests")
 
+step ""
+printf 'scripts/test.sh: step times (%d s in all):\n' "$SECONDS"
+printf '  %s\n' "${STEP_TIMES[@]}"
 if ((${#failed[@]} > 0)); then
+  if ((${#FAILED_TESTS[@]} > 0)); then
+    printf 'scripts/test.sh: failed test: %s\n' "${FAILED_TESTS[@]}" >&2
+  fi
   printf 'scripts/test.sh: failed: %s\n' "${failed[@]}" >&2
   exit 1
 fi
