@@ -245,7 +245,11 @@ TEST_CASE("rdzv-conf durations of zero, below a millisecond, negative, nan or in
     for (const char* value : {"0", "1e-9", "0.0004", "-1", "nan", "inf", "1e8", "", "-0"}) {
       const std::string entry = std::string(key) + "=" + value;
       INFO(entry);
-      for (const char* backend : {"static", "c10d"}) {
+      // Both backends read --rdzv-conf through the same step, so the static backend gets one key
+      // (every value) and c10d all of them: the 90 sanitized trun runs of both took 38 s of CI.
+      std::vector<const char*> backends = {"c10d"};
+      if (std::string(key) == "join_timeout") backends.push_back("static");
+      for (const char* backend : backends) {
         const std::string line =
             usage_error({"--dry-run", std::string("--rdzv-backend=") + backend,
                          "--rdzv-endpoint=127.0.0.1:29400", "--rdzv-conf", entry, w});
