@@ -4,8 +4,16 @@
 # the peer is PyTorch 1.13 DDP (gloo) on the same layer sizes under torchrun, in the same run.
 # Also DDP with the fp16 compression hook (trun's fp16_compress_hook() vs PyTorch's
 # default_hooks.fp16_compress_hook) at the FP16_CAPS bucket caps.
+# Also the cost of hang detection's progress hooks (issue 36, docs/hangs.md): the same DDP step at
+# cap 25 MB without and with a progress board (TRUN_PROGRESS_SHM, as trun gives its workers),
+# PROGRESS_PAIRS runs of each, alternating, the fastest of each compared (these machines' step
+# times jump between two levels ~30 % apart, which no median of a few runs hides), and the cost
+# computed from its parts: the progress events per step that the board saw times the most
+# expensive hook's cost per call (tests/hang/progress_hook_bench), over the step time. That one is
+# the headline: the difference sits far below the A/B noise (0: skipped).
 # Usage: scripts/bench_ddp.sh [build dir]
-#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 FP16_CAPS=25 RANKS=2)
+#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 FP16_CAPS=25 RANKS=2
+#    PROGRESS_PAIRS=5)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -16,16 +24,46 @@ STEPS=${STEPS:-12}
 CAPS=${CAPS:-1,5,25,100}
 FP16_CAPS=${FP16_CAPS-25}
 RANKS=${RANKS:-2}
+PROGRESS_PAIRS=${PROGRESS_PAIRS:-5}
 PY=$TORCH_PY
 
-bench_build "$BUILD" ddp_bench
+bench_build "$BUILD" ddp_bench progress_board_hold progress_hook_bench
 
 out=$(mktemp /tmp/trun-bench-ddp-XXXXXX)
-trap 'rm -f "$out"' EXIT
+hold_in=$out.hold-in
+hold_out=$out.hold-out
+trap 'rm -f "$out" "$hold_in" "$hold_out"' EXIT
 
 echo "== trun DDP, $RANKS ranks, layers $SIZES, batch $BATCH per rank" >&2
 "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" --batch "$BATCH" --steps "$STEPS" \
   --caps "$CAPS" --fp16-caps "$FP16_CAPS" | tee -a "$out" >&2
+if ((PROGRESS_PAIRS > 0)); then
+  echo "== trun DDP at cap 25 MB without and with a progress board, $PROGRESS_PAIRS runs each" >&2
+  for ((i = 0; i < PROGRESS_PAIRS; ++i)); do
+    "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" --batch "$BATCH" --steps "$STEPS" \
+      --caps 25 --fp16-caps "" | sed -n 's/^trun mode=ddp /board off mode=ddp /p' | tee -a "$out" >&2
+    # The board, held as the agent holds it, for the ranks that ddp_bench spawns: its name on the
+    # first line of $hold_out, and at the end (a line on its stdin) what the ranks reported.
+    rm -f "$hold_in" && mkfifo "$hold_in"
+    "$BUILD/tests/hang/progress_board_hold" "trun-bench-ddp-$$" "$RANKS" dump <"$hold_in" \
+      >"$hold_out" &
+    hold_pid=$!
+    exec {hold_w}>"$hold_in"
+    for _ in $(seq 100); do [[ -s $hold_out ]] && break; sleep 0.05; done
+    board=$(head -1 "$hold_out")
+    TRUN_PROGRESS_SHM=$board "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" \
+      --batch "$BATCH" --steps "$STEPS" --caps 25 --fp16-caps "" |
+      sed -n 's/^trun mode=ddp /board on mode=ddp /p' | tee -a "$out" >&2
+    echo >&"$hold_w"
+    exec {hold_w}>&-
+    wait "$hold_pid"
+    # The ranks reported to it (a board nobody attached to would measure nothing).
+    beats=$(grep -o 'heartbeat=[0-9]*' "$hold_out" | head -1 | cut -d= -f2)
+    echo "board beats=${beats:-0}" | tee -a "$out" >&2
+  done
+  "$BUILD/tests/hang/progress_hook_bench" | sed -n 's/^RESULT progress_hook_\([a-z]*\) \([0-9.]*\) ns$/hook \1=\2/p' |
+    tee -a "$out" >&2
+fi
 echo "== PyTorch 1.13 DDP (gloo), $RANKS ranks" >&2
 peer_note=""
 if [[ -x $TORCHRUN ]] && $PY -c 'import torch' 2>/dev/null; then
@@ -36,11 +74,25 @@ else
   peer_note="PyTorch (/usr/bin/python3 + torch, /usr/bin/torchrun) not available"
 fi
 
-$PY - "$out" "$peer_note" <<'PYEOF'
+$PY - "$out" "$peer_note" "$STEPS" <<'PYEOF'
 import sys
 rows = {"trun": {}, "torch": {}}
 fp16 = {"trun": {}, "torch": {}}
+board = {"off": [], "on": []}
+beats = []
+hook_ns = {}
 for line in open(sys.argv[1]):
+    if line.startswith("hook "):
+        k, v = line.split()[1].split("=")
+        hook_ns[k] = float(v)
+        continue
+    if line.startswith("board beats="):
+        beats.append(int(line.split("=")[1]))
+        continue
+    if line.startswith("board "):
+        f = dict(kv.split("=", 1) for kv in line.split()[2:])
+        board[line.split()[1]].append(float(f["step_ms"]))
+        continue
     who = line.split()[0]
     f = dict(kv.split("=", 1) for kv in line.split()[1:])
     if f["mode"] == "ddp_fp16":
@@ -83,7 +135,35 @@ if fp16["trun"]:
         pn = float(p[cap]["step_ms"]) if cap in p else None
         print(f"{cap:>7g} | {fmt(tn, '>9.1f')} {tf:>9.1f} {fmt(tf / tn if tn else None, '>9.2f')} | "
               f"{fmt(pn, '>10.1f')} {fmt(pf, '>10.1f')} {fmt(pf / pn if pf and pn else None, '>9.2f')}")
+def median(xs):
+    xs = sorted(xs)
+    return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
+computed = None
+if board["off"] and board["on"]:
+    off, on = min(board["off"]), min(board["on"])
+    print()
+    print(f"Progress hooks (hang detection), DDP step at cap 25 MB, {len(board['off'])} runs each, "
+          "alternating (ms)")
+    print(f"{'board':>6} | {'fastest':>7} {'median':>7} {'slowest':>7}")
+    for k in ("off", "on"):
+        print(f"{k:>6} | {min(board[k]):>7.2f} {median(board[k]):>7.2f} {max(board[k]):>7.2f}")
+    print(f"measured: fastest with the board {100 * (on / off - 1):+.2f} % against fastest without; "
+          f"spread of the runs without it: {100 * (max(board['off']) - min(board['off'])) / off:.1f} %")
+    if beats and min(beats) > 0 and "collective" in hook_ns:
+        # ddp_bench's DDP mode: 2 untimed and STEPS timed steps, all of them on the board.
+        per_step = min(beats) / (int(sys.argv[3]) + 2)
+        worst_ns = max(hook_ns.values())
+        computed = 100 * per_step * worst_ns * 1e-6 / off
+        print(f"computed: {per_step:.1f} progress events per step x {worst_ns:.1f} ns (the dearest "
+              f"hook) = {per_step * worst_ns / 1000:.2f} us of a {off:.1f} ms step: {computed:.4f} %")
+    else:
+        print("computed: no progress event reached the board (nothing was measured)")
 print()
+if computed is not None:
+    print(f"RESULT name=ddp_progress_hooks_cost_cap25MB value={computed:.4f} unit=% peer=none "
+          "ratio=none")
+    print(f"RESULT name=ddp_progress_board_ab_cap25MB value={100 * (on / off - 1):.2f} unit=% "
+          "peer=none ratio=none")
 for cap in sorted(k for k in t if k != "local"):
     ts = float(t[cap]["step_ms"])
     ov = ts / tl
