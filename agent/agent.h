@@ -125,6 +125,10 @@ class Agent {
   // Creates the progress board and the watch (--hang-detection=on); a board that cannot be made
   // leaves detection off, with a warning.
   void start_hang_watch();
+  // Before a group starts: merges what this node's watch learned with every other node's
+  // through the job's store and adopts the result (agent/hang_agree.h). Store errors are logged
+  // and leave the local values.
+  void agree_hang_timeouts();
   // The watch's eventfd: a hung verdict for the running group.
   void on_hang();
   // Writes <attempt dir>/<local rank>/hang_dump.txt for each local worker; returns the culprit's

@@ -11,9 +11,11 @@
 #include <set>
 
 #include "agent/agent.h"
+#include "agent/hang_agree.h"
 #include "agent/hang_dump.h"
 #include "agent/stack_dump.h"
 #include "base/shm_names.h"
+#include "store/store.h"
 
 namespace trun::agent {
 namespace {
@@ -54,6 +56,25 @@ void Agent::start_hang_watch() {
     return;
   }
   loop_.add(hang_->notify_fd(), EPOLLIN, [this](uint32_t) { on_hang(); });
+}
+
+void Agent::agree_hang_timeouts() {
+  if (!hang_ || !session_ || !session_->multi_node()) return;
+  const std::shared_ptr<store::Store> store = session_->info().run_store;
+  if (!store) return;
+  hang::LearnedMap agreed;
+  try {
+    agreed = hang::agree_learned(*store, hang::learned_key(run_id_), hang_->learned());
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "hang detection: cannot agree on the learned timeouts through the store ({}); "
+        "this node keeps its own",
+        e.what());
+    return;
+  }
+  for (const std::string& line : hang_->adopt(agreed)) {
+    spdlog::info("hang detection: timeout agreed with the other nodes: {}", line);
+  }
 }
 
 void Agent::on_hang() {

@@ -196,7 +196,10 @@ bool Agent::make_base_dir() {
 void Agent::start_workers() {
   reset_group();
   attempt_dir_ = make_attempt_dir();
-  if (hang_) hang_->begin_group();  // clears the board the new workers attach to
+  if (hang_) {
+    agree_hang_timeouts();
+    hang_->begin_group();  // clears the board the new workers attach to
+  }
   auto results = sup_.spawn(spawn_requests(attempt_dir_));
   logs_->close_child_ends();
   const bool spawn_failed = !record_spawn_results(results);

@@ -105,6 +105,13 @@ std::optional<double> TimeoutRule::timeout_s(const TimeoutClass& c) const {
   return std::max(p.floor_s, p.factor * l.longest_s);
 }
 
+void TimeoutRule::adopt(const TimeoutClass& c, const Learned& other) {
+  if (other.intervals <= 0 || !(other.longest_s >= 0)) return;
+  Learned& l = learned_[c];
+  l.intervals = std::max(l.intervals, other.intervals);
+  l.longest_s = std::max(l.longest_s, other.longest_s);
+}
+
 TimeoutRule::Learned TimeoutRule::learned(const TimeoutClass& c) const {
   auto it = learned_.find(c);
   return it == learned_.end() ? Learned{} : it->second;

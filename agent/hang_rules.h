@@ -5,7 +5,7 @@
 // rule (TimeoutRule: how long a rank may go without progress, learned per section class); and
 // the wavefront verdict (judge: which rank is behind the others, in one line).
 //
-// Not wired into the agent's loop yet: see docs/hangs.md, "Not wired yet".
+// Wired into the agent by agent/hang_watch.h; agreed across nodes by agent/hang_agree.h.
 
 #include <cstdint>
 #include <map>
@@ -135,8 +135,17 @@ class TimeoutRule {
   struct Learned {
     int intervals = 0;     // seen, warm-up included
     double longest_s = 0;  // longest after the warm-up
+    bool operator==(const Learned& o) const {
+      return intervals == o.intervals && longest_s == o.longest_s;
+    }
   };
   Learned learned(const TimeoutClass& c) const;
+  // Every class seen so far.
+  const std::map<TimeoutClass, Learned>& all_learned() const { return learned_; }
+  // What other nodes learned (agent/hang_agree.h), or an earlier group: per class, the most
+  // intervals and the longest interval of this rule's and `other`. A class whose adopted
+  // intervals complete its warm-up is out of the warm-up here too.
+  void adopt(const TimeoutClass& c, const Learned& other);
   const TimeoutOptions& options() const { return options_; }
 
  private:

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <map>
 #include <set>
 #include <system_error>
@@ -48,6 +49,29 @@ void HangWatch::drain_notify() {
 void HangWatch::end_group() {
   std::lock_guard<std::mutex> lock(mu_);  // a poll under way holds it
   active_ = false;
+}
+
+std::map<hang::TimeoutClass, hang::TimeoutRule::Learned> HangWatch::learned() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return rule_.all_learned();
+}
+
+std::vector<std::string> HangWatch::adopt(
+    const std::map<hang::TimeoutClass, hang::TimeoutRule::Learned>& others) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::string> changed;
+  for (const auto& [c, l] : others) {
+    const std::optional<double> before = rule_.timeout_s(c);
+    rule_.adopt(c, l);
+    const std::optional<double> after = rule_.timeout_s(c);
+    if (before != after && after) {
+      char now_s[32], was_s[32] = "none";
+      std::snprintf(now_s, sizeof now_s, "%.1f s", *after);
+      if (before) std::snprintf(was_s, sizeof was_s, "%.1f s", *before);
+      changed.push_back(c.name() + " " + now_s + " (was " + was_s + ")");
+    }
+  }
+  return changed;
 }
 
 std::optional<HangWatch::Finding> HangWatch::take_verdict() {

@@ -14,7 +14,8 @@
 // node, as any worker failure does.
 //
 // The learned intervals live as long as the watch (the whole job on this node), so a restarted
-// group keeps its predecessor's timeouts.
+// group keeps its predecessor's timeouts; between groups the agent merges them with every other
+// node's through the store and adopts the result (agent/hang_agree.h).
 //
 // Threads: the watch's thread only reads the board and computes; begin_group(), end_group(),
 // take_verdict() and the destructor are for the agent's thread. The eventfd stays readable from
@@ -24,6 +25,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -74,6 +76,14 @@ class HangWatch {
   };
   std::optional<Finding> take_verdict();
 
+  // What the rule learned so far, per class (any thread).
+  std::map<hang::TimeoutClass, hang::TimeoutRule::Learned> learned() const;
+  // Adopts what other nodes learned (agent/hang_agree.h): TimeoutRule::adopt per class. Returns
+  // one line per class whose timeout changed, e.g. "step 12.0 s (was 1800 s)". Between groups
+  // (after end_group(), before begin_group()).
+  std::vector<std::string> adopt(
+      const std::map<hang::TimeoutClass, hang::TimeoutRule::Learned>& others);
+
   // Polls made so far (tests wait on it).
   uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
 
@@ -91,7 +101,7 @@ class HangWatch {
   hang::TimeoutRule rule_;  // the thread's alone while it runs (begin_group resets nothing)
   int event_fd_ = -1;
 
-  std::mutex mu_;  // guards active_, finding_, stop_; held for a whole poll
+  mutable std::mutex mu_;  // guards rule_, active_, finding_, stop_; held for a whole poll
   std::condition_variable cv_;
   bool active_ = false;
   bool stop_ = false;

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 
 using trun::testing::run_trun;
@@ -125,6 +126,42 @@ TEST_CASE("a slow start and a slow first step are no hang", "[hang]") {
   CHECK(r.exit_code == 0);
   CHECK_THAT(r.err, !Catch::Contains("hang detected"));
   CHECK_THAT(r.out, Catch::Contains("attempt 0 done rank=1"));
+}
+
+TEST_CASE("two nodes agree on their learned timeouts through the store before the next group",
+          "[hang][agree]") {
+  // Rank 1 alone spends its steps in Section("eval"), so only its node learns that section's
+  // intervals; it then fails, and before the restarted group the other node adopts them: its
+  // "eval" timeout leaves the 30-minute warm-up for the 10 s floor.
+  const std::string endpoint = "127.0.0.1:" + std::to_string(trun::testing::free_port());
+  auto node = [&](const std::string& is_host) {
+    return std::vector<std::string>{trun::testing::trun_binary(),
+                                    "--nnodes=2",
+                                    "--nproc-per-node=1",
+                                    "--max-restarts=1",
+                                    "--rdzv-backend=c10d",
+                                    "--rdzv-id=hang-agree",
+                                    "--rdzv-endpoint=" + endpoint,
+                                    "--rdzv-conf",
+                                    "join_timeout=60,is_host=" + is_host,
+                                    worker(),
+                                    "agree"};
+  };
+  // At LOGLEVEL=INFO: the agreement is an info line.
+  trun::testing::Child host(node("true"), {{"LOGLEVEL", "INFO"}}, {"TORCHELASTIC_ERROR_FILE"});
+  trun::testing::Child other(node("false"), {{"LOGLEVEL", "INFO"}}, {"TORCHELASTIC_ERROR_FILE"});
+  REQUIRE(host.wait(std::chrono::seconds(120)));
+  REQUIRE(other.wait(std::chrono::seconds(60)));
+  const std::string err = host.err() + other.err();
+  const std::string out = host.out() + other.out();
+  INFO(err);
+  CHECK(host.exit_code() == 0);
+  CHECK(other.exit_code() == 0);
+  CHECK_THAT(out, Catch::Contains("rank 1 fails on purpose"));
+  CHECK_THAT(out, Catch::Contains("attempt 1 done rank=0"));
+  CHECK_THAT(out, Catch::Contains("attempt 1 done rank=1"));
+  CHECK_THAT(err, Catch::Contains("hang detection: timeout agreed with the other nodes: section "
+                                  "eval 10.0 s (was 1800.0 s)"));
 }
 
 TEST_CASE("the workers get the progress board's name unless --hang-detection=off", "[hang]") {

@@ -9,8 +9,11 @@
 //   spin     on attempt 0, it spins in user code.
 // With stop or spin, a later attempt runs 40 iterations and exits 0 ("attempt N done"). With
 // "slow", every rank sleeps 3 s between init() and its first collective (a model load) and 2 s
-// after its second (a slow first step), then runs 40 iterations and exits 0. The tests end the
-// other modes by pid.
+// after its second (a slow first step), then runs 40 iterations and exits 0. With "agree", rank 1
+// spends each iteration's user code in trun::worker::Section("eval") (200 ms; so only its node
+// learns that section's intervals) and on attempt 0 exits 3 after 20 iterations, while the other
+// ranks wait in the next allreduce until they are stopped; a later attempt runs 10 iterations and
+// exits 0. The tests end the other modes by pid.
 
 #include <signal.h>
 #include <unistd.h>
@@ -39,14 +42,17 @@ int main(int argc, char** argv) {
   const int attempt = restart ? std::atoi(restart) : 0;
   const bool fault = attempt == 0 && (mode == "stop" || mode == "spin");
   const bool slow = mode == "slow";
-  const bool bounded = ((mode == "stop" || mode == "spin") && attempt > 0) || slow;
+  const bool agree = mode == "agree";
   auto worker = trun::worker::init();
+  const bool bounded = ((mode == "stop" || mode == "spin") && attempt > 0) || slow ||
+                       (agree && (attempt > 0 || worker.rank() == 1));
+  const int iterations = agree ? (attempt == 0 ? 20 : 10) : 40;
   auto& pg = worker.process_group();
   std::printf("ready rank=%d progress=%d\n", worker.rank(), trun::worker::progress_reported());
   std::fflush(stdout);
   std::vector<float> buf(16, 1.0f);
   if (slow) ::sleep(3);
-  for (int i = 0; !bounded || i < 40; ++i) {
+  for (int i = 0; !bounded || i < iterations; ++i) {
     if (slow && i == 2) ::sleep(2);
     if (i == (mode == "section" ? 20 : 60) && worker.rank() == 1) {
       if (mode == "section") {
@@ -57,7 +63,17 @@ int main(int argc, char** argv) {
       if (fault && mode == "spin") progress_worker_spin_forever();
     }
     pg.allreduce(buf.data(), buf.size(), trun::worker::DataType::kFloat32);
-    ::usleep(20000);
+    if (agree && worker.rank() == 1) {
+      trun::worker::Section eval("eval");
+      ::usleep(200000);
+    } else {
+      ::usleep(20000);
+    }
+  }
+  if (agree && attempt == 0 && worker.rank() == 1) {
+    std::printf("rank 1 fails on purpose\n");
+    std::fflush(stdout);
+    return 3;
   }
   std::printf("attempt %d done rank=%d\n", attempt, worker.rank());
   return 0;
