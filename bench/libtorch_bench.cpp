@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <trun/progress.h>
 #include <trun/torch.h>
 #include <trun/worker.h>
 
@@ -103,9 +104,9 @@ int main(int argc, char** argv) {
       double med = t[t.size() / 2];
       pg.allreduce(&med, 1, trun::worker::DataType::kFloat64, trun::worker::ReduceOp::kMax);
       if (worker.rank() == 0)
-        std::printf("trun mode=%s cap_mb=%g ranks=%d params=%lld step_ms=%.2f\n",
+        std::printf("trun mode=%s cap_mb=%g ranks=%d params=%lld step_ms=%.2f progress=%d\n",
                     sync ? "ddp" : "local", cap, worker.world_size(),
-                    static_cast<long long>(params), med);
+                    static_cast<long long>(params), med, trun::worker::progress_reported());
     }
     return 0;
   } catch (const std::exception& e) {

@@ -7,6 +7,10 @@
 # Usage: scripts/bench_libtorch.sh [build dir]
 #   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 WARMUP=2 RANKS=2 CAPS=25,5)
 # CAPS: bucket caps in MB, one run of each side per cap (25: PyTorch's default).
+# Also the cost of hang detection's progress hooks (issue 36, docs/hangs.md): PROGRESS_PAIRS (3)
+# alternating runs at cap 25 MB under trun with its default (a progress board, which the ranks
+# report to: progress=1) and with --hang-detection=off (progress=0), the fastest of each compared
+# (0: skipped). scripts/bench.sh ddp computes the same hooks' cost from their parts.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -17,6 +21,7 @@ STEPS=${STEPS:-12}
 WARMUP=${WARMUP:-2}
 RANKS=${RANKS:-2}
 CAPS=${CAPS:-25,5}
+PROGRESS_PAIRS=${PROGRESS_PAIRS:-3}
 PY=$TORCH_PY
 
 bench_build "$BUILD" trun libtorch_bench
@@ -30,6 +35,15 @@ for cap in "${caps[@]}"; do
   OMP_NUM_THREADS=1 "$BUILD/launcher/trun" --standalone --nproc-per-node="$RANKS" \
     "$BUILD/bench/libtorch_bench" --sizes "$SIZES" --batch "$BATCH" --steps "$STEPS" \
     --warmup "$WARMUP" --cap-mb "$cap" | grep '^trun ' | tee -a "$out" >&2
+done
+for ((i = 0; i < PROGRESS_PAIRS; ++i)); do
+  for hang in on off; do
+    echo "== trun::libtorch at cap 25 MB, --hang-detection=$hang (run $((i + 1)) of $PROGRESS_PAIRS)" >&2
+    OMP_NUM_THREADS=1 "$BUILD/launcher/trun" --standalone --nproc-per-node="$RANKS" \
+      --hang-detection="$hang" "$BUILD/bench/libtorch_bench" --sizes "$SIZES" --batch "$BATCH" \
+      --steps "$STEPS" --warmup "$WARMUP" --cap-mb 25 |
+      sed -n "s/^trun mode=ddp /board$hang mode=ddp /p" | tee -a "$out" >&2
+  done
 done
 peer_note=""
 if [[ -x $TORCHRUN ]] && $PY -c 'import torch' 2>/dev/null; then
@@ -46,7 +60,15 @@ fi
 $PY - "$out" "$peer_note" <<'PYEOF'
 import sys
 rows = {}
+board = {"on": [], "off": []}
+reported = {"on": set(), "off": set()}
 for line in open(sys.argv[1]):
+    if line.startswith("board"):
+        f = dict(kv.split("=", 1) for kv in line.split()[1:])
+        side = line.split()[0][len("board"):]
+        board[side].append(float(f["step_ms"]))
+        reported[side].add(f.get("progress", "?"))
+        continue
     who = line.split()[0]
     f = dict(kv.split("=", 1) for kv in line.split()[1:])
     rows[(who, f["mode"], float(f["cap_mb"]))] = f
@@ -72,7 +94,27 @@ if note:
     print(f"peer: none ({note})")
 print("overhead = DDP step / local step - 1 (target <= 20 %); local = the same step under no_sync(),")
 print("alternating with the DDP steps; times in ms, median of the slowest rank")
+ab = None
+if board["on"] and board["off"]:
+    on, off = min(board["on"]), min(board["off"])
+    print()
+    print(f"Progress hooks (hang detection), trun::libtorch DDP step at cap 25 MB, "
+          f"{len(board['on'])} runs each, alternating (ms)")
+    print(f"{'hang detection':>14} | {'fastest':>7} {'slowest':>7} | ranks reported progress")
+    for k in ("on", "off"):
+        print(f"{k:>14} | {min(board[k]):>7.2f} {max(board[k]):>7.2f} | "
+              f"{'yes' if reported[k] == {'1'} else 'no' if reported[k] == {'0'} else 'mixed'}")
+    spread = 100 * (max(board["off"]) - min(board["off"])) / off
+    print(f"fastest with the board {100 * (on / off - 1):+.2f} % against fastest without; spread "
+          f"of the runs without it: {spread:.1f} %")
+    if reported["on"] == {"1"} and reported["off"] == {"0"}:
+        ab = 100 * (on / off - 1)
+    else:
+        print("(not compared: the runs did not report progress as expected)")
 print()
+if ab is not None:
+    print(f"RESULT name=libtorch_progress_board_ab_cap25MB value={ab:.2f} unit=% peer=none "
+          "ratio=none")
 for cap in caps:
     tl, td = ms("trun", "local", cap), ms("trun", "ddp", cap)
     pl, pd = ms("torch", "local", cap), ms("torch", "ddp", cap)
