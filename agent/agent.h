@@ -112,6 +112,8 @@ class Agent {
   // TORCHELASTIC_ENABLE_FILE_TIMER=1: serves PyTorch's watchdog FIFO; false (after the error
   // line) when the path cannot be served.
   bool start_file_timer();
+  // Whether Python workers run with faulthandler on under the watchdog (agent_start.cpp).
+  bool python_fault_handler() const;
   void start_workers();
   // start_workers' steps, in order.
   void reset_group();

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <system_error>
@@ -165,12 +166,22 @@ void Agent::setup_signals() {
   loop_.add(sigfd_, EPOLLIN, [this](uint32_t) { on_signalfd(); });
 }
 
+// Python workers under PyTorch's watchdog run with PYTHONFAULTHANDLER=1 unless it is set; an
+// empty value keeps it off (as in Python). While it is on, an expired SIGKILL timer is preceded
+// by SIGABRT, on which faulthandler dumps the worker's Python stacks.
+bool Agent::python_fault_handler() const {
+  if (!config_.file_timer || config_.python_interpreter.empty()) return false;
+  const char* set = std::getenv("PYTHONFAULTHANDLER");
+  return set == nullptr || *set != '\0';
+}
+
 // Before the rendezvous, so that a path that cannot be served fails this node alone.
 bool Agent::start_file_timer() {
   try {
     FileTimerOptions options;
     options.path =
         config_.file_timer_path.empty() ? generated_timer_path() : config_.file_timer_path;
+    if (python_fault_handler()) options.dump_signal = SIGABRT;
     timer_server_ = std::make_unique<FileTimerServer>(std::move(options));
   } catch (const FileTimerError& e) {
     spdlog::error("cannot serve PyTorch's watchdog timers ({}=1): {}", kEnableFileTimerVar,
@@ -275,6 +286,7 @@ std::vector<SpawnRequest> Agent::spawn_requests(const std::string& attempt_dir) 
   attempt.master_port = info.master_port;
   attempt.use_agent_store = info.use_agent_store;
   if (timer_server_) attempt.timer_file = timer_server_->path();
+  attempt.python_fault_handler = timer_server_ && python_fault_handler();
   if (hang_) attempt.progress_shm = hang_->shm_name();
   std::vector<SpawnRequest> requests(workers_.size());
   for (size_t i = 0; i < workers_.size(); ++i) {

@@ -227,6 +227,7 @@ void FileTimerServer::clear_workers() {
   }
   workers_.clear();
   timers_.clear();
+  follow_ups_.clear();
   reading_ = false;
   ++generation_;
 }
@@ -243,6 +244,7 @@ void FileTimerServer::set_workers(const std::vector<pid_t>& pids) {
     }
     workers_ = std::move(fresh);
     timers_.clear();
+    follow_ups_.clear();
     reading_ = true;
     ++generation_;
   }
@@ -453,6 +455,7 @@ int FileTimerServer::wait_ms() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [key, t] : timers_) earliest = std::min(earliest, t.expires);
+    for (const auto& [pid, f] : follow_ups_) earliest = std::min(earliest, f.at);
   }
   const double left_ms = (earliest - unix_now()) * 1000.0;
   if (!(left_ms < kMaxWaitMs)) return kMaxWaitMs;
@@ -463,8 +466,9 @@ void FileTimerServer::fire_expired() {
   std::vector<std::pair<bool, std::string>> lines;  // reported after the lock
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (timers_.empty()) return;
+    if (timers_.empty() && follow_ups_.empty()) return;
     const double now = unix_now();
+    fire_follow_ups(now, &lines);
     // pid -> its expired timers: the earliest one with a signal gives the signal.
     std::map<pid_t, std::pair<const std::string*, Timer>> chosen;
     std::map<pid_t, const std::string*> any;
@@ -484,27 +488,31 @@ void FileTimerServer::fire_expired() {
                                       std::to_string(pid) + " expired; it names no signal");
       } else {
         const Timer& t = c->second.second;
-        auto w = workers_.find(pid);
-        int rc = -1;
-        int err = ESRCH;
-        if (w != workers_.end()) {
-          rc = w->second >= 0 ? pidfd_send_signal(w->second, t.signal) : ::kill(pid, t.signal);
-          err = errno;
-        }
+        const bool dump = options_.dump_signal > 0 && t.signal == SIGKILL;
+        const int sig = dump ? options_.dump_signal : t.signal;
+        const int err = send(pid, sig);
         char late[32];
         std::snprintf(late, sizeof late, "%.3f", now - t.expires);
-        const std::string what = "watchdog timer '" + printable(*c->second.first) +
-                                 "' of worker pid " + std::to_string(pid) + " expired " + late +
-                                 " s ago";
-        if (rc == 0) {
+        const std::string who = "watchdog timer '" + printable(*c->second.first) +
+                                "' of worker pid " + std::to_string(pid);
+        const std::string what = who + " expired " + late + " s ago";
+        if (err == 0 && dump) {
+          signals_sent_.fetch_add(1);
+          char wait[32];
+          std::snprintf(wait, sizeof wait, "%.1f", options_.dump_wait.count() / 1000.0);
+          lines.emplace_back(true, what + ": sent " + signal_name(sig) +
+                                       " (its Python stacks go to its stderr), and SIGKILL in " +
+                                       wait + " s unless it has exited");
+          follow_ups_[pid] = FollowUp{now + options_.dump_wait.count() / 1000.0, who};
+        } else if (err == 0) {
           signals_sent_.fetch_add(1);
           // A warning: the failure summary will show the signal, this line says why.
           lines.emplace_back(true, what + ": sent " + signal_name(t.signal));
         } else if (err == ESRCH) {
           lines.emplace_back(false, what + ": the worker has already exited");
         } else {
-          lines.emplace_back(
-              true, what + ": cannot send " + signal_name(t.signal) + ": " + errno_text(err));
+          lines.emplace_back(true,
+                             what + ": cannot send " + signal_name(sig) + ": " + errno_text(err));
         }
       }
       for (auto t = timers_.lower_bound({pid, std::string()});
@@ -514,6 +522,34 @@ void FileTimerServer::fire_expired() {
     }
   }
   for (const auto& [warning, text] : lines) report(warning, text);
+}
+
+int FileTimerServer::send(pid_t pid, int sig) {
+  auto w = workers_.find(pid);
+  if (w == workers_.end()) return ESRCH;
+  const int rc = w->second >= 0 ? pidfd_send_signal(w->second, sig) : ::kill(pid, sig);
+  return rc == 0 ? 0 : errno;
+}
+
+void FileTimerServer::fire_follow_ups(double now,
+                                      std::vector<std::pair<bool, std::string>>* lines) {
+  for (auto f = follow_ups_.begin(); f != follow_ups_.end();) {
+    if (f->second.at > now) {
+      ++f;
+      continue;
+    }
+    // A worker that died of the dump signal is gone (ESRCH), or a zombie, which a signal does not
+    // change: either way nothing to say.
+    const int err = send(f->first, SIGKILL);
+    if (err == 0) {
+      signals_sent_.fetch_add(1);
+      lines->emplace_back(true,
+                          f->second.what + ": sent SIGKILL (after its stacks were asked for)");
+    } else if (err != ESRCH) {
+      lines->emplace_back(true, f->second.what + ": cannot send SIGKILL: " + errno_text(err));
+    }
+    f = follow_ups_.erase(f);
+  }
 }
 
 }  // namespace trun::agent

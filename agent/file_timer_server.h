@@ -42,7 +42,9 @@
 // made safely. Later errors (a failed signal, a read error) are reported on `warn`.
 
 #include <signal.h>
+
 #include <sys/types.h>
+#include <chrono>
 
 #include <array>
 #include <atomic>
@@ -103,6 +105,14 @@ struct FileTimerOptions {
   // and destructor). Unset: spdlog's warn and info.
   std::function<void(const std::string&)> warn;  // signals sent, refusals (first of a kind), errors
   std::function<void(const std::string&)> info;  // expiries that signal nothing
+  // For a timer whose signal is SIGKILL: this signal first (0: none), and SIGKILL `dump_wait`
+  // later if the worker still lives. The agent sets SIGABRT for Python workers with
+  // PYTHONFAULTHANDLER on: faulthandler writes every thread's Python stack to the worker's stderr
+  // and re-raises it, so the worker dies at its expiration time with its stacks in its log
+  // (docs/hangs.md, "Python workers"). A timer with a catchable signal (SIGTERM, ...) gets its own
+  // signal alone, as the client asked: its handler may clean up.
+  int dump_signal = 0;
+  std::chrono::milliseconds dump_wait{500};
 };
 
 class FileTimerServer {
@@ -139,6 +149,11 @@ class FileTimerServer {
     double expires = 0;  // unix seconds
     int signal = 0;
   };
+  // dump_signal sent; SIGKILL follows at `at` (unix seconds) unless the worker is gone.
+  struct FollowUp {
+    double at = 0;
+    std::string what;  // "watchdog timer '...' of worker pid N"
+  };
   struct Request {
     pid_t pid = 0;
     std::string scope;
@@ -153,6 +168,10 @@ class FileTimerServer {
   void handle_line(const std::string& line);
   void apply(Request r);
   void fire_expired();
+  // Under mu_: sends SIGKILL to the workers whose follow-up is due.
+  void fire_follow_ups(double now, std::vector<std::pair<bool, std::string>>* lines);
+  // Under mu_: `sig` to `pid` through its pidfd; 0, or the errno.
+  int send(pid_t pid, int sig);
   int wait_ms();
   void refuse(TimerRefusal kind, const std::string& detail);
   void report(bool warning, const std::string& line) const;
@@ -171,6 +190,7 @@ class FileTimerServer {
   mutable std::mutex mu_;
   std::map<pid_t, int> workers_;  // pid -> pidfd (-1 where pidfd_open is unavailable)
   std::map<std::pair<pid_t, std::string>, Timer> timers_;
+  std::map<pid_t, FollowUp> follow_ups_;
   bool reading_ = true;
   uint64_t generation_ = 0;  // bumped by clear_workers and set_workers
 

@@ -59,6 +59,9 @@ std::vector<std::string> worker_env(const EnvMap& base, const LaunchConfig& conf
   env["TORCHELASTIC_ERROR_FILE"] = worker.error_file;
   env["TORCHELASTIC_SIGNALS_TO_HANDLE"] = config.signals_to_handle_text;
   if (!attempt.timer_file.empty()) env["TORCHELASTIC_TIMER_FILE"] = attempt.timer_file;
+  if (attempt.python_fault_handler && !env.count("PYTHONFAULTHANDLER")) {
+    env["PYTHONFAULTHANDLER"] = "1";
+  }
   if (attempt.progress_shm.empty()) {
     env.erase(base::progress::kEnvVar);
   } else {

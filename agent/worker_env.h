@@ -42,6 +42,10 @@ struct AttemptEnv {
   // TRUN_PROGRESS_SHM: the node's progress board (agent/hang_watch.h). Empty: the variable is
   // removed (an inherited one belongs to an outer trun's board).
   std::string progress_shm;
+  // PYTHONFAULTHANDLER=1 unless the variable is set (an empty value keeps it off, as in Python):
+  // Python workers under PyTorch's watchdog, so that an expired timer dumps their Python stacks
+  // (agent/file_timer_server.h, FileTimerOptions::dump_signal).
+  bool python_fault_handler = false;
 };
 
 // One worker of the attempt.

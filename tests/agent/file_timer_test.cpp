@@ -60,12 +60,14 @@ struct TempDir {
 // A worker stand-in: /bin/sleep 60, its own child, reaped and (if still alive) killed by pid.
 struct Sleeper {
   // Returns once the child has exec'd (its end of a close-on-exec pipe closes): a signal sent
-  // before would reach a copy of this test, with Catch's handlers.
-  Sleeper() {
+  // before would reach a copy of this test, with Catch's handlers. `ignored`: a signal the sleep
+  // ignores (the disposition survives the exec), 0 for none.
+  explicit Sleeper(int ignored = 0) {
     int p[2];
     REQUIRE(::pipe2(p, O_CLOEXEC) == 0);
     pid = ::fork();
     if (pid == 0) {
+      if (ignored > 0) ::signal(ignored, SIG_IGN);
       ::close(p[0]);
       ::execl("/bin/sleep", "sleep", "60", static_cast<char*>(nullptr));
       ::_exit(127);
@@ -235,6 +237,83 @@ TEST_CASE_METHOD(Served, "a worker whose timer expires is killed within 1 s of t
                                std::to_string(worker.pid)) == 1);
   CHECK(reports.count_warnings("sent SIGKILL") == 1);
   CHECK(reports.warnings.size() == 1);
+}
+
+TEST_CASE(
+    "with a dump signal, an expired SIGKILL timer sends it first and SIGKILL only to a worker "
+    "that outlives it",
+    "[file_timer][dump]") {
+  TempDir dir;
+  Reports reports;
+  FileTimerOptions o = options(dir / "timer", reports);
+  o.dump_signal = SIGABRT;
+  o.dump_wait = std::chrono::milliseconds(300);
+  FileTimerServer server(o);
+  SECTION("a worker that dies of the dump signal (as Python's faulthandler makes it)") {
+    Sleeper worker;
+    server.set_workers({worker.pid});
+    const double deadline = unix_now() + 0.3;
+    send(dir / "timer", request(worker.pid, "loader", deadline, SIGKILL));
+    REQUIRE(eventually([&] { return worker.exited(); }));
+    CHECK(worker.term_signal() == SIGABRT);
+    CHECK(worker.died_at - deadline >= 0);
+    CHECK(worker.died_at - deadline < 1.0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the follow-up
+    CHECK(reports.count_warnings("sent SIGABRT (its Python stacks go to its stderr), and SIGKILL "
+                                 "in 0.3 s unless it has exited") == 1);
+    CHECK(reports.count_warnings("sent SIGKILL") == 0);
+    CHECK(server.signals_sent() == 1);
+  }
+  SECTION("a worker that ignores it is SIGKILLed after the wait") {
+    Sleeper worker(SIGABRT);
+    server.set_workers({worker.pid});
+    const double deadline = unix_now() + 0.3;
+    send(dir / "timer", request(worker.pid, "loader", deadline, SIGKILL));
+    REQUIRE(eventually([&] { return worker.exited(); }));
+    CHECK(worker.term_signal() == SIGKILL);
+    const double late = worker.died_at - deadline;
+    WARN("killed " << late << " s after the expiration time (0.3 s of them the dump's wait)");
+    CHECK(late >= 0.3);
+    CHECK(late < 1.3);
+    CHECK(reports.count_warnings("sent SIGKILL (after its stacks were asked for)") == 1);
+    CHECK(server.signals_sent() == 2);
+  }
+  SECTION("a timer with a catchable signal gets that signal alone") {
+    Sleeper worker;
+    server.set_workers({worker.pid});
+    send(dir / "timer", request(worker.pid, "eval", unix_now() + 0.2, SIGTERM));
+    REQUIRE(eventually([&] { return worker.exited(); }));
+    CHECK(worker.term_signal() == SIGTERM);
+    CHECK(reports.count_warnings("sent SIGTERM") == 1);
+    CHECK(reports.count_warnings("SIGABRT") == 0);
+  }
+  SECTION("a new group forgets a pending follow-up") {
+    Sleeper worker(SIGABRT);
+    server.set_workers({worker.pid});
+    send(dir / "timer", request(worker.pid, "loader", unix_now() + 0.1, SIGKILL));
+    REQUIRE(eventually([&] { return reports.count_warnings("sent SIGABRT") == 1; }));
+    server.clear_workers();
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    CHECK_FALSE(worker.exited());
+    CHECK(reports.count_warnings("sent SIGKILL") == 0);
+  }
+}
+
+TEST_CASE("Python workers under the watchdog get PYTHONFAULTHANDLER=1 unless it is set",
+          "[file_timer][worker_env]") {
+  LaunchConfig config;
+  AttemptEnv attempt;
+  auto handler = [&](const EnvMap& base) {
+    for (const auto& kv : worker_env(base, config, attempt, WorkerIdentity{})) {
+      if (kv.rfind("PYTHONFAULTHANDLER=", 0) == 0) return kv.substr(kv.find('=') + 1);
+    }
+    return std::string("(unset)");
+  };
+  CHECK(handler({}) == "(unset)");
+  attempt.python_fault_handler = true;
+  CHECK(handler({}) == "1");
+  CHECK(handler({{"PYTHONFAULTHANDLER", ""}}) == "");  // off, as the user asked
+  CHECK(handler({{"PYTHONFAULTHANDLER", "yes"}}) == "yes");
 }
 
 TEST_CASE_METHOD(Served, "a worker flooding the FIFO delays neither an expiry nor other requests",

@@ -1,7 +1,9 @@
 // PyTorch's own FileTimerClient (torch.distributed.elastic.timer, /usr/bin/python3) under the
 // trun binary with TORCHELASTIC_ENABLE_FILE_TIMER=1, as under torchrun: a worker whose timer
 // expires is killed within 1 s of its expiration time, that fails the group, and the group
-// restarts (counted against --max-restarts); a timer released in time kills nothing.
+// restarts (counted against --max-restarts); a timer released in time kills nothing. Beyond
+// torchrun: the expired worker's Python stacks are in the log (PYTHONFAULTHANDLER=1, SIGABRT
+// before SIGKILL), unless PYTHONFAULTHANDLER is set empty.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -182,7 +184,10 @@ void check_restarted_after_kill(const Outcome& o) {
   for (const auto& [name, s] : o.seen) CHECK(s.timer_file == fifo);
   CHECK_THAT(o.err, Catch::Contains("watchdog timer 'stuck' of worker pid " +
                                     std::to_string(o.stuck_pid)));
-  CHECK_THAT(o.err, Catch::Contains("sent SIGKILL"));
+  // Before the kill, its Python stacks: trun gave it PYTHONFAULTHANDLER=1 and sent SIGABRT first.
+  CHECK_THAT(o.err, Catch::Contains("sent SIGABRT (its Python stacks go to its stderr)"));
+  CHECK_THAT(o.err, Catch::Contains("Fatal Python error: Aborted"));
+  CHECK_THAT(o.err, Catch::Contains("stuck.py\", line 20 in <module>"));
   CHECK_FALSE(std::filesystem::exists(std::filesystem::symlink_status(fifo)));
 }
 
@@ -221,8 +226,24 @@ TEST_CASE("PyTorch's FileTimerClient under trun: the kill counts against --max-r
   CHECK(o.seen.count("a1.r0") == 0);  // no second attempt
   CHECK(o.late >= 0);
   CHECK(o.late < 1.0);
-  // The summary names the killed rank and its signal, as torchrun's does.
+  // The summary names the killed rank and its signal: SIGABRT, the one that dumped its stacks.
+  CHECK_THAT(o.err, Catch::Contains("Signal 6 (SIGABRT)"));
+}
+
+TEST_CASE(
+    "PyTorch's FileTimerClient under trun with PYTHONFAULTHANDLER empty: SIGKILL alone, as "
+    "under torchrun",
+    "[file_timer][torch]") {
+  if (const std::string why = torch_timer_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
+  TempDir dir;
+  const Outcome o = run_stuck_job(trun_job(0), dir, {{"PYTHONFAULTHANDLER", ""}});
+  INFO(o.err);
+  CHECK(o.exit_code == 1);
+  CHECK(o.late >= 0);
+  CHECK(o.late < 1.0);
+  CHECK_THAT(o.err, Catch::Contains("sent SIGKILL"));
   CHECK_THAT(o.err, Catch::Contains("Signal 9 (SIGKILL)"));
+  CHECK_THAT(o.err, !Catch::Contains("Fatal Python error"));
 }
 
 // The reference: the same job under /usr/bin/torchrun 1.13 (its FileTimerServer scans every
