@@ -127,9 +127,10 @@ class Agent {
   // Creates the progress board and the watch (--hang-detection=on); a board that cannot be made
   // leaves detection off, with a warning.
   void start_hang_watch();
-  // Before a group starts: merges what this node's watch learned with every other node's
-  // through the job's store and adopts the result (agent/hang_agree.h). Store errors are logged
-  // and leave the local values.
+  // Merges what this node's watch learned with every other node's through the job's store and
+  // adopts the result (agent/hang_agree.h): after a group stopped, before the next round (so
+  // that the record holds every member's once that round forms), and before a group starts.
+  // Store errors are logged and leave the local values.
   void agree_hang_timeouts();
   // The watch's eventfd: a hung verdict for the running group.
   void on_hang();
@@ -156,7 +157,8 @@ class Agent {
   void end_waiting();
   void publish_while_waiting();
   // Writes this node's status record for `trun status` (agent/node_status.h) in `state`.
-  void publish_status(const char* state);
+  // Returns whether the store took it.
+  bool publish_status(const char* state);
   void set_worker_state(size_t i, const char* state);
 
   // --- supervise (agent_supervise.cpp) ---

@@ -98,11 +98,11 @@ void Agent::set_phase(const char* phase) {
   publish();
 }
 
-void Agent::publish_status(const char* state) {
-  if (!session_) return;
+bool Agent::publish_status(const char* state) {
+  if (!session_) return false;
   const auto& info = session_->info();
   status_.node_id = session_->node_id();
-  if (status_.node_id.empty()) return;  // no round yet
+  if (status_.node_id.empty()) return false;  // no round yet
   status_.hostname = hostname_;
   status_.pid = getpid();
   status_.round = info.round;
@@ -116,7 +116,7 @@ void Agent::publish_status(const char* state) {
   status_.max_restarts = config_.max_restarts;
   status_.state = state;
   status_.updated_at = unix_seconds();
-  session_->publish_status(encode_node_status(status_));
+  return session_->publish_status(encode_node_status(status_));
 }
 
 void Agent::set_worker_state(size_t i, const char* state) {

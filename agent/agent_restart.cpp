@@ -124,7 +124,11 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
          {"reason", std::string(after_round ? "round over" : "worker failure")}});
   snap_.restarts = restart_count_;
   const bool same_round = next.kind == Next::kAgainNow || !session_->multi_node();
-  publish_status(same_round ? "running" : "rendezvous");
+  // What this group taught the hang watch goes to the store before this node joins the next
+  // round, so that every node, reading it when that round has formed (start_workers), sees every
+  // member's. Only when the store has just answered: one that is gone or cut off would hold the
+  // restart for its timeout once more.
+  if (publish_status(same_round ? "running" : "rendezvous")) agree_hang_timeouts();
   if (same_round) return true;
   set_phase("rendezvous");
   WaitingWindow waiting(*this);

@@ -425,13 +425,15 @@ void RendezvousSession::check_stop_signal() {
   }
 }
 
-void RendezvousSession::publish_status(const std::string& record) {
+bool RendezvousSession::publish_status(const std::string& record) {
   // After an interrupted rendezvous the handler is shut down (its store may be gone with it).
-  if (!rdzv_ || !info_.run_store || interrupted_) return;
+  if (!rdzv_ || !info_.run_store || interrupted_) return false;
   try {
     info_.run_store->set(node_status_key(run_id_, rdzv_->node_id()), record);
+    return true;
   } catch (const std::exception& e) {
     spdlog::debug("cannot publish this node's status for trun status: {}", e.what());
+    return false;
   }
 }
 

@@ -100,7 +100,8 @@ class RendezvousSession {
   // Writes this node's status record (agent/node_status.h) to the job's store: one set, bounded
   // by the store's timeout; errors are logged at debug level (status is best effort). No-op
   // before the first round.
-  void publish_status(const std::string& record);
+  // Returns whether the store took it.
+  bool publish_status(const std::string& record);
   // This node's id in the rendezvous (empty before start()).
   std::string node_id() const;
 
