@@ -42,12 +42,11 @@
 // made safely. Later errors (a failed signal, a read error) are reported on `warn`.
 
 #include <signal.h>
-
 #include <sys/types.h>
-#include <chrono>
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <map>

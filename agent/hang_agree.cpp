@@ -60,11 +60,7 @@ LearnedMap decode_learned(const std::string& text) {
 }
 
 LearnedMap merge_learned(LearnedMap a, const LearnedMap& b) {
-  for (const auto& [c, l] : b) {
-    TimeoutRule::Learned& m = a[c];
-    m.intervals = std::max(m.intervals, l.intervals);
-    m.longest_s = std::max(m.longest_s, l.longest_s);
-  }
+  for (const auto& [c, l] : b) a[c].merge(l);
   return a;
 }
 
@@ -74,18 +70,17 @@ LearnedMap agree_learned(store::Store& store, const std::string& key, const Lear
                          int max_tries) {
   // The record as read (raw: compare_set compares bytes), "" when there is none yet.
   std::string current = store.check({key}) ? store.get(key) : std::string();
-  LearnedMap merged = merge_learned(decode_learned(current), local);
-  if (local.empty()) return merged;  // nothing to add: a read
+  if (local.empty()) return decode_learned(current);  // nothing to add: a read
   for (int i = 0; i < max_tries; ++i) {
     const LearnedMap stored = decode_learned(current);
-    merged = merge_learned(stored, local);
+    const LearnedMap merged = merge_learned(stored, local);
     if (merged == stored && !current.empty()) return merged;  // nothing this node adds
     const std::string desired = encode_learned(merged);
     const std::string now = store.compare_set(key, current, desired);
     if (now == desired) return merged;
     current = now;  // another node wrote first: merge into its record
   }
-  return merged;
+  return merge_learned(decode_learned(current), local);
 }
 
 }  // namespace trun::agent::hang

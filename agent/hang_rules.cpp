@@ -107,9 +107,7 @@ std::optional<double> TimeoutRule::timeout_s(const TimeoutClass& c) const {
 
 void TimeoutRule::adopt(const TimeoutClass& c, const Learned& other) {
   if (other.intervals <= 0 || !(other.longest_s >= 0)) return;
-  Learned& l = learned_[c];
-  l.intervals = std::max(l.intervals, other.intervals);
-  l.longest_s = std::max(l.longest_s, other.longest_s);
+  learned_[c].merge(other);
 }
 
 TimeoutRule::Learned TimeoutRule::learned(const TimeoutClass& c) const {

@@ -7,6 +7,7 @@
 //
 // Wired into the agent by agent/hang_watch.h; agreed across nodes by agent/hang_agree.h.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -137,6 +138,11 @@ class TimeoutRule {
     double longest_s = 0;  // longest after the warm-up
     bool operator==(const Learned& o) const {
       return intervals == o.intervals && longest_s == o.longest_s;
+    }
+    // The most intervals and the longest interval of this and `o` (how nodes' values combine).
+    void merge(const Learned& o) {
+      intervals = std::max(intervals, o.intervals);
+      longest_s = std::max(longest_s, o.longest_s);
     }
   };
   Learned learned(const TimeoutClass& c) const;
