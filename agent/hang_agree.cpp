@@ -38,8 +38,18 @@ std::string encode_learned(const LearnedMap& learned) {
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+namespace {
+
+int count_sections(const LearnedMap& m) {
+  return static_cast<int>(std::count_if(
+      m.begin(), m.end(), [](const auto& e) { return e.first.kind == TimeoutClass::kSection; }));
+}
+
+}  // namespace
+
 LearnedMap decode_learned(const std::string& text) {
   LearnedMap out;
+  int sections = 0;
   const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_object()) return out;
   for (const auto& [name, v] : j.items()) {
@@ -54,13 +64,23 @@ LearnedMap decode_learned(const std::string& text) {
     const int64_t n = intervals->get<int64_t>();
     const double s = longest->get<double>();
     if (n < 0 || n > int64_t{1} << 40 || !std::isfinite(s) || s < 0) continue;
+    if (c.kind == TimeoutClass::kSection && ++sections > kMaxLearnedSections) continue;
     out[c] = TimeoutRule::Learned{static_cast<int>(std::min<int64_t>(n, 1 << 30)), s};
   }
   return out;
 }
 
 LearnedMap merge_learned(LearnedMap a, const LearnedMap& b) {
-  for (const auto& [c, l] : b) a[c].merge(l);
+  int sections = count_sections(a);
+  for (const auto& [c, l] : b) {
+    auto it = a.find(c);
+    if (it == a.end()) {
+      if (c.kind == TimeoutClass::kSection && sections >= kMaxLearnedSections) continue;
+      if (c.kind == TimeoutClass::kSection) ++sections;
+      it = a.emplace(c, TimeoutRule::Learned{}).first;
+    }
+    it->second.merge(l);
+  }
   return a;
 }
 

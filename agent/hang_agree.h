@@ -24,6 +24,12 @@ namespace trun::agent::hang {
 
 using LearnedMap = std::map<TimeoutClass, TimeoutRule::Learned>;
 
+// The most section classes a record holds: section names are the workers' text, and a program that
+// names a section per step (or a job whose programs changed names over many restarts) must not
+// grow the record, which every node reads before each group, without end. The first 64 stay; a
+// section beyond them is judged by the step rule (as a section the board has no room for is).
+constexpr int kMaxLearnedSections = 64;
+
 // "startup", "step", "checkpoint" or "section <name>" (TimeoutClass::name) back to the class;
 // false for anything else.
 bool class_from_name(const std::string& name, TimeoutClass* out);
@@ -31,9 +37,10 @@ bool class_from_name(const std::string& name, TimeoutClass* out);
 // The record's text: a JSON object, class name -> {"intervals", "longest_s"}.
 std::string encode_learned(const LearnedMap& learned);
 // The record read back. What is not a well-formed entry (a foreign or damaged record, a negative
-// or non-finite interval) is skipped, never thrown.
+// or non-finite interval) is skipped, never thrown; sections beyond kMaxLearnedSections too.
 LearnedMap decode_learned(const std::string& text);
-// Per class, the most intervals and the longest interval of either.
+// Per class, the most intervals and the longest interval of either; a section class only in `b`
+// is added while `a` holds fewer than kMaxLearnedSections.
 LearnedMap merge_learned(LearnedMap a, const LearnedMap& b);
 
 // The job's record key (in the run store, beside trun status's records).

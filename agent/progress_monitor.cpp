@@ -110,21 +110,24 @@ void ProgressMonitor::reset() {
 
 namespace {
 
+// Both readers below are seqlock reads: a counter, the fields, the counter again. Every field is an
+// acquire load, so the second counter load cannot move before any of them; that is what an acquire
+// fence before it would give, but ThreadSanitizer does not model fences (GCC warns, -Wtsan), and
+// on x86 an acquire load is a plain load.
 hang::CollectiveRecord read_entry(const board::CollectiveEntry& e, bool* ok) {
   hang::CollectiveRecord c;
   const uint64_t s1 = e.seq.load(memory_order_acquire);
-  const uint32_t op = e.op.load(memory_order_relaxed);
+  const uint32_t op = e.op.load(memory_order_acquire);
   c.op =
       op < static_cast<uint32_t>(board::Op::kCount) ? static_cast<board::Op>(op) : board::Op::kNone;
-  c.dtype = e.dtype.load(memory_order_relaxed);
-  c.count = e.count.load(memory_order_relaxed);
-  const uint32_t st = e.state.load(memory_order_relaxed);
+  c.dtype = e.dtype.load(memory_order_acquire);
+  c.count = e.count.load(memory_order_acquire);
+  const uint32_t st = e.state.load(memory_order_acquire);
   c.state = st <= static_cast<uint32_t>(board::State::kFailed) ? static_cast<board::State>(st)
                                                                : board::State::kEmpty;
-  c.issued_ns = e.issued_ns.load(memory_order_relaxed);
-  c.started_ns = e.started_ns.load(memory_order_relaxed);
-  c.finished_ns = e.finished_ns.load(memory_order_relaxed);
-  std::atomic_thread_fence(memory_order_acquire);
+  c.issued_ns = e.issued_ns.load(memory_order_acquire);
+  c.started_ns = e.started_ns.load(memory_order_acquire);
+  c.finished_ns = e.finished_ns.load(memory_order_acquire);
   const uint64_t s2 = e.seq.load(memory_order_relaxed);
   c.seq = s1;
   *ok = s1 != 0 && s1 == s2;
@@ -133,24 +136,24 @@ hang::CollectiveRecord read_entry(const board::CollectiveEntry& e, bool* ok) {
 
 hang::RankProgress read_record(const board::RankRecord& rec) {
   hang::RankProgress r;
-  r.pid = rec.pid.load(memory_order_relaxed);
+  r.pid = rec.pid.load(memory_order_acquire);
   r.attached = r.pid > 0;
-  r.rank = rec.rank.load(memory_order_relaxed);
-  r.local_rank = rec.local_rank.load(memory_order_relaxed);
-  const uint32_t phase = rec.phase.load(memory_order_relaxed);
+  r.rank = rec.rank.load(memory_order_acquire);
+  r.local_rank = rec.local_rank.load(memory_order_acquire);
+  const uint32_t phase = rec.phase.load(memory_order_acquire);
   r.phase = phase <= static_cast<uint32_t>(board::Phase::kSection)
                 ? static_cast<board::Phase>(phase)
                 : board::Phase::kNone;
-  r.last_progress_ns = rec.last_progress_ns.load(memory_order_relaxed);
-  r.attached_ns = rec.attached_ns.load(memory_order_relaxed);
-  r.steps = rec.steps.load(memory_order_relaxed);
-  const uint64_t init_end = rec.init_end_heartbeat.load(memory_order_relaxed);
-  r.heartbeat = rec.heartbeat.load(memory_order_relaxed);
+  r.last_progress_ns = rec.last_progress_ns.load(memory_order_acquire);
+  r.attached_ns = rec.attached_ns.load(memory_order_acquire);
+  r.steps = rec.steps.load(memory_order_acquire);
+  const uint64_t init_end = rec.init_end_heartbeat.load(memory_order_acquire);
+  r.heartbeat = rec.heartbeat.load(memory_order_acquire);
   r.starting = r.phase == board::Phase::kInit || init_end == 0 || r.heartbeat == init_end;
   if (r.phase == board::Phase::kSection) {
     const uint32_t n =
         std::min<uint32_t>(rec.num_sections.load(memory_order_acquire), board::kMaxSections);
-    const uint32_t s = rec.section.load(memory_order_relaxed);
+    const uint32_t s = rec.section.load(memory_order_acquire);
     if (s >= 1 && s <= n)
       r.section.assign(rec.section_names[s - 1],
                        strnlen(rec.section_names[s - 1], board::kNameMax - 1));
@@ -162,10 +165,10 @@ hang::RankProgress read_record(const board::RankRecord& rec) {
   for (uint32_t i = 0; i < groups; ++i) {
     const board::GroupRecord& g = rec.groups[i];
     hang::GroupProgress gp;
-    gp.key = g.key.load(memory_order_relaxed);
-    gp.number = g.number.load(memory_order_relaxed);
-    gp.group_rank = g.group_rank.load(memory_order_relaxed);
-    gp.group_size = g.group_size.load(memory_order_relaxed);
+    gp.key = g.key.load(memory_order_acquire);
+    gp.number = g.number.load(memory_order_acquire);
+    gp.group_rank = g.group_rank.load(memory_order_acquire);
+    gp.group_size = g.group_size.load(memory_order_acquire);
     gp.completed = g.completed.load(memory_order_acquire);
     gp.issued = g.issued.load(memory_order_acquire);
     gp.completed = std::min(gp.completed, gp.issued);
@@ -192,7 +195,6 @@ hang::RankProgress ProgressMonitor::snapshot(int slot) const {
   for (int attempt = 0; attempt < 4; ++attempt) {
     const uint64_t before = rec.heartbeat.load(memory_order_acquire);
     r = read_record(rec);
-    std::atomic_thread_fence(memory_order_acquire);
     if (rec.heartbeat.load(memory_order_relaxed) == before) return r;
   }
   r.moving = true;  // it kept changing under us: progressing

@@ -80,6 +80,41 @@ TEST_CASE("hang agree: the merge keeps the most intervals and the longest interv
 }
 
 TEST_CASE(
+    "hang agree: a record holds at most 64 sections, the first ones, and keeps its other classes",
+    "[hang][agree]") {
+  // A program that names a section per step: 100 names from one node, 100 others from another.
+  LearnedMap a, b;
+  a[step_class()] = {50, 1.0};
+  for (int i = 0; i < 100; ++i) a = merge_learned(a, {{section("a" + std::to_string(i)), {2, 1}}});
+  for (int i = 0; i < 100; ++i) b[section("b" + std::to_string(i))] = {2, 1};
+  b[TimeoutClass{TimeoutClass::kCheckpoint, ""}] = {3, 20};
+  const LearnedMap m = merge_learned(a, b);
+  int sections = 0;
+  for (const auto& [c, l] : m) sections += c.kind == TimeoutClass::kSection;
+  CHECK(sections == kMaxLearnedSections);
+  CHECK(m.count(section("a0")) == 1);
+  CHECK(m.count(section("a63")) == 1);
+  CHECK(m.count(section("a64")) == 0);
+  CHECK(m.count(section("b0")) == 0);
+  CHECK(m.at(step_class()) == TimeoutRule::Learned{50, 1.0});
+  CHECK(m.at(TimeoutClass{TimeoutClass::kCheckpoint, ""}) == TimeoutRule::Learned{3, 20});
+  // A section already held still merges; a record written by a node without the cap is cut when
+  // read.
+  CHECK(merge_learned(m, {{section("a5"), {9, 4}}}).at(section("a5")) ==
+        TimeoutRule::Learned{9, 4});
+  std::string big = "{";
+  for (int i = 0; i < 100; ++i)
+    big += (i ? "," : "") + std::string("\"section s") + std::to_string(1000 + i) +
+           "\": {\"intervals\": 2, \"longest_s\": 1}";
+  big += R"(, "step": {"intervals": 7, "longest_s": 0.5}})";
+  const LearnedMap read = decode_learned(big);
+  CHECK(read.size() == static_cast<size_t>(kMaxLearnedSections) + 1);
+  CHECK(read.count(section("s1000")) == 1);
+  CHECK(read.count(section("s1099")) == 0);
+  CHECK(read.at(step_class()) == TimeoutRule::Learned{7, 0.5});
+}
+
+TEST_CASE(
     "hang agree: a rule adopting another node's intervals leaves its warm-up and takes the "
     "longer timeout",
     "[hang][agree]") {
