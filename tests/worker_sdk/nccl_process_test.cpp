@@ -1,12 +1,14 @@
 // The NCCL backend with its ranks as processes, as trun runs them: pg_worker (PG_WORKER_CUDA=1,
-// device buffers) against a real store server, and under the trun binary itself. Each case
-// needs a CUDA device per rank: on a GPU machine with enough of them (scripts/gpu-check.sh),
-// and on every machine under the GPU simulator (ctest's simgpu.* entries, tests/simgpu).
+// device buffers) against a real store server, and under the trun binary itself. Each "GPU:"
+// case needs a CUDA device per rank: on a GPU machine with enough of them (scripts/gpu-check.sh),
+// and on every machine under the GPU simulator (ctest's simgpu.* entries, tests/simgpu). The
+// others run everywhere: how NCCL and the CUDA runtime are loaded on first use.
 
 #include <signal.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <map>
 #include <string>
 #include <thread>
 
@@ -42,7 +44,86 @@ JobSpec nccl_job(std::vector<std::string> args, int world, const std::string& ru
   return spec;
 }
 
+// One rank of pg_worker `matrix` on sizes 0 and 1, `backend` chosen, `env` added.
+RankResult one_rank(const char* backend, std::map<std::string, std::string> env) {
+  Job job;
+  JobSpec spec;
+  spec.argv = {worker_binary(), "matrix", "0", "1"};
+  spec.nodes = {1};
+  spec.run_id = unique_run_id("gpu-libs");
+  spec.env = std::move(env);
+  spec.env["PG_WORKER_BACKEND"] = backend;
+  job.start(spec);
+  auto results = job.wait(120s);
+  INFO(job.describe(results));
+  REQUIRE(results.size() == 1);
+  REQUIRE(results[0].exited);
+  return results[0];
+}
+
 }  // namespace
+
+// libtrun_worker loads NCCL and the CUDA runtime with dlopen when first used. Where one cannot
+// be loaded, backend auto must fall back to the CPU (as without a device) and backend nccl must
+// fail with a CollectiveError naming the file, dlerror()'s text and the fix. LD_LIBRARY_PATH
+// cannot hide them (libtrun_worker's RUNPATH names the CUDA directory), so the override
+// variables name a file that does not exist. Under the simulator, which has devices, auto would
+// otherwise choose NCCL.
+TEST_CASE("NCCL or the CUDA runtime not loadable: auto falls back to CPU, nccl fails clearly",
+          "[worker_sdk][nccl][processes]") {
+  const struct {
+    const char* variable;
+    const char* file;
+    std::string what;
+  } cases[] = {{"TRUN_NCCL_LIBRARY", "/nonexistent/libnccl.so.2", "NCCL, which"},
+               {"TRUN_CUDART_LIBRARY", "/nonexistent/libcudart.so",
+                "the CUDA " + std::to_string(CUDART_VERSION / 1000) + " runtime, which"}};
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.variable << "=" << c.file) {
+      RankResult cpu = one_rank("auto", {{c.variable, c.file}});
+      INFO(cpu.output);
+      CHECK(cpu.exit_code == 0);
+      CHECK(cpu.output.find("rank 0/1 backend cpu") != std::string::npos);
+
+      RankResult nccl = one_rank("nccl", {{c.variable, c.file}});
+      INFO(nccl.output);
+      CHECK(nccl.exit_code == 3);  // the exception out of init()
+      const std::string& out = nccl.output;
+      CHECK(out.find("CollectiveError: NCCL backend on rank 0: cannot load " + std::string(c.file) +
+                     " (" + c.variable + "), ") != std::string::npos);
+      CHECK(out.find(c.what) != std::string::npos);
+      CHECK(out.find(std::string(c.file) + ": cannot open shared object file") !=
+            std::string::npos);  // dlerror()
+      CHECK(out.find("Install ") != std::string::npos);
+      CHECK(out.find(", or unset " + std::string(c.variable) + " to search LD_LIBRARY_PATH") !=
+            std::string::npos);
+    }
+  }
+}
+
+// The other half of loading them on first use: a program of the CPU backend never loads them,
+// so it also runs where they are not installed. group_threads_worker links only libtrun_worker
+// (pg_worker links the CUDA runtime itself); the dynamic loader lists every file it loads.
+TEST_CASE("a program that uses only the CPU backend never loads NCCL or the CUDA runtime",
+          "[worker_sdk][nccl][processes]") {
+  Job job;
+  JobSpec spec;
+  spec.argv = {build_file("tests/worker_sdk/group_threads_worker"), "2"};
+  spec.nodes = {2};
+  spec.run_id = unique_run_id("gpu-libs-cpu");
+  spec.env["LD_DEBUG"] = "files";
+  job.start(spec);
+  auto results = job.wait(120s);
+  INFO(job.describe(results));
+  REQUIRE(results.size() == 2);
+  for (const RankResult& r : results) {
+    REQUIRE(r.exited);
+    CHECK(r.exit_code == 0);
+    CHECK(r.output.find("file=libtrun_worker.so") != std::string::npos);  // LD_DEBUG works
+    CHECK(r.output.find("libnccl") == std::string::npos);
+    CHECK(r.output.find("libcudart") == std::string::npos);
+  }
+}
 
 TEST_CASE("GPU: NCCL ranks as processes: every collective x dtype x size, against a reference",
           "[worker_sdk][nccl][gpu][processes]") {

@@ -1544,6 +1544,9 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "unknown scenario %s\n", scenario.c_str());
       return 2;
     }
+  } catch (const CollectiveError& e) {  // by name, for the cases that expect this type
+    std::fprintf(stderr, "pg_worker: unexpected exception: CollectiveError: %s\n", e.what());
+    return 3;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "pg_worker: unexpected exception: %s\n", e.what());
     return 3;

@@ -2,7 +2,8 @@
 // a dedicated non-blocking stream. The communicator is created non-blocking, so that neither
 // its creation nor a collective can hang the process: the communication thread polls the
 // stream's completion event and ncclCommGetAsyncError, and past the deadline (or on abort())
-// aborts the communicator and raises.
+// aborts the communicator and raises. NCCL and the CUDA runtime are loaded on first use
+// (gpu_libs.h), not with libtrun_worker.
 
 #include <unistd.h>
 
@@ -16,7 +17,10 @@
 
 namespace trun::worker {
 
-bool nccl_available() { return detail::cuda_device_count(nullptr) > 0; }
+// The CUDA runtime first: a machine with it but no device never loads NCCL, a large library.
+bool nccl_available() {
+  return detail::cuda_device_count(nullptr) > 0 && detail::nccl_loadable(nullptr);
+}
 
 namespace detail {
 namespace {
@@ -99,6 +103,10 @@ class NcclBackend : public BackendImpl {
  private:
   void init(const ProcessGroupOptions& o, Deadline deadline) {
     std::string why;
+    // Both libraries before the device count, so that a missing one is reported as such rather
+    // than as "no CUDA device".
+    if (!cudart_loadable(&why) || !nccl_loadable(&why))
+      throw CollectiveError("NCCL backend on rank " + std::to_string(rank_) + ": " + why);
     int n = cuda_device_count(&why);
     if (n == 0)
       throw CollectiveError("NCCL backend on rank " + std::to_string(rank_) +
@@ -108,15 +116,15 @@ class NcclBackend : public BackendImpl {
       throw std::invalid_argument("NCCL backend: cuda_device " + std::to_string(device_) +
                                   " but only " + std::to_string(n) + " devices are visible");
     set_cuda_check_rank(rank_);
-    TRUN_CUDA_CHECK(cudaSetDevice(device_));
-    TRUN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    TRUN_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
-    TRUN_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
-    TRUN_CUDA_CHECK(cudaMalloc(&scratch_, sizeof(float)));
+    TRUN_CUDA_CHECK(cudaSetDevice, device_);
+    TRUN_CUDA_CHECK(cudaStreamCreateWithFlags, &stream_, cudaStreamNonBlocking);
+    TRUN_CUDA_CHECK(cudaEventCreateWithFlags, &event_, cudaEventDisableTiming);
+    TRUN_CUDA_CHECK(cudaEventCreateWithFlags, &inputs_ready_, cudaEventDisableTiming);
+    TRUN_CUDA_CHECK(cudaMalloc, &scratch_, sizeof(float));
 
     ncclUniqueId id;
     if (rank_ == 0) {
-      TRUN_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+      TRUN_NCCL_CHECK(nullptr, ncclGetUniqueId, &id);
       if (size_ > 1) o.store->set("nccl/unique_id", std::string_view(id.internal, sizeof id));
     } else {
       o.store->wait({"nccl/unique_id"}, remaining(deadline));
@@ -128,36 +136,38 @@ class NcclBackend : public BackendImpl {
     }
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = 0;
-    TRUN_NCCL_CHECK(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), comm_);
+    TRUN_NCCL_CHECK(comm_, ncclCommInitRankConfig, &comm_, size_, id, rank_, &config);
     wait_comm_ready("ncclCommInitRankConfig", deadline);
   }
 
   // Finalizes (or, after a failure, aborts) the communicator and frees the CUDA resources.
   void release() {
-    if (comm_) {
+    if (comm_) {  // made after both libraries were loaded, like the CUDA resources below
+      const NcclApi& api = nccl();
       bool clean = !failed_ && !aborted_;
       if (clean) {
         // Non-blocking finalize: give it a bounded time, abort if it does not finish.
-        ncclResult_t fin = ncclCommFinalize(comm_);
+        ncclResult_t fin = api.ncclCommFinalize(comm_);
         clean = fin == ncclSuccess || fin == ncclInProgress;
         auto limit = Clock::now() + std::chrono::seconds(10);
         ncclResult_t state = ncclInProgress;
         while (clean && Clock::now() < limit) {
-          if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
+          if (api.ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress)
+            break;
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
         clean = clean && state == ncclSuccess;
       }
       if (clean)
-        ncclCommDestroy(comm_);
+        api.ncclCommDestroy(comm_);
       else
-        ncclCommAbort(comm_);
+        api.ncclCommAbort(comm_);
     }
     comm_ = nullptr;
-    if (scratch_) cudaFree(scratch_);
-    if (event_) cudaEventDestroy(event_);
-    if (inputs_ready_) cudaEventDestroy(inputs_ready_);
-    if (stream_) cudaStreamDestroy(stream_);
+    if (scratch_) cudart().cudaFree(scratch_);
+    if (event_) cudart().cudaEventDestroy(event_);
+    if (inputs_ready_) cudart().cudaEventDestroy(inputs_ready_);
+    if (stream_) cudart().cudaStreamDestroy(stream_);
     scratch_ = nullptr;
     event_ = inputs_ready_ = nullptr;
     stream_ = nullptr;
@@ -170,38 +180,41 @@ class NcclBackend : public BackendImpl {
                  Deadline deadline) override {
     if (count == 0) return;
     run("ncclAllReduce", deadline, [&] {
-      return ncclAllReduce(data, data, count, to_nccl(dtype), to_nccl(op, dtype), comm_, stream_);
+      return nccl().ncclAllReduce(data, data, count, to_nccl(dtype), to_nccl(op, dtype), comm_,
+                                  stream_);
     });
   }
   void broadcast(void* data, size_t count, DataType dtype, int root, Deadline deadline) override {
     if (count == 0) return;
-    run("ncclBroadcast", deadline,
-        [&] { return ncclBroadcast(data, data, count, to_nccl(dtype), root, comm_, stream_); });
+    run("ncclBroadcast", deadline, [&] {
+      return nccl().ncclBroadcast(data, data, count, to_nccl(dtype), root, comm_, stream_);
+    });
   }
   void allgather(const void* send, void* recv, size_t count, DataType dtype,
                  Deadline deadline) override {
     if (count == 0) return;
     run("ncclAllGather", deadline,
-        [&] { return ncclAllGather(send, recv, count, to_nccl(dtype), comm_, stream_); });
+        [&] { return nccl().ncclAllGather(send, recv, count, to_nccl(dtype), comm_, stream_); });
   }
   void reduce_scatter(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                       Deadline deadline) override {
     if (count == 0) return;
     run("ncclReduceScatter", deadline, [&] {
-      return ncclReduceScatter(send, recv, count, to_nccl(dtype), to_nccl(op, dtype), comm_,
-                               stream_);
+      return nccl().ncclReduceScatter(send, recv, count, to_nccl(dtype), to_nccl(op, dtype), comm_,
+                                      stream_);
     });
   }
   void barrier(Deadline deadline) override {
-    run("barrier (ncclAllReduce)", deadline,
-        [&] { return ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_); });
+    run("barrier (ncclAllReduce)", deadline, [&] {
+      return nccl().ncclAllReduce(scratch_, scratch_, 1, ncclFloat32, ncclSum, comm_, stream_);
+    });
   }
   void reduce(void* data, size_t count, DataType dtype, ReduceOp op, int root,
               Deadline deadline) override {
     if (count == 0) return;
     run("ncclReduce", deadline, [&] {
-      return ncclReduce(data, data, count, to_nccl(dtype), to_nccl(op, dtype), root, comm_,
-                        stream_);
+      return nccl().ncclReduce(data, data, count, to_nccl(dtype), to_nccl(op, dtype), root, comm_,
+                               stream_);
     });
   }
 
@@ -213,11 +226,11 @@ class NcclBackend : public BackendImpl {
     const size_t bytes = count * dtype_size(dtype);
     run("gather (ncclSend/ncclRecv)", deadline, [&] {
       return grouped([&](ncclResult_t& first) {
-        keep(first, ncclSend(send, count, to_nccl(dtype), root, comm_, stream_));
+        keep(first, nccl().ncclSend(send, count, to_nccl(dtype), root, comm_, stream_));
         if (rank_ == root)
           for (int r = 0; r < size_; ++r)
-            keep(first, ncclRecv(static_cast<char*>(recv) + r * bytes, count, to_nccl(dtype), r,
-                                 comm_, stream_));
+            keep(first, nccl().ncclRecv(static_cast<char*>(recv) + r * bytes, count, to_nccl(dtype),
+                                        r, comm_, stream_));
       });
     });
   }
@@ -230,9 +243,9 @@ class NcclBackend : public BackendImpl {
       return grouped([&](ncclResult_t& first) {
         if (rank_ == root)
           for (int r = 0; r < size_; ++r)
-            keep(first, ncclSend(static_cast<const char*>(send) + r * bytes, count, to_nccl(dtype),
-                                 r, comm_, stream_));
-        keep(first, ncclRecv(recv, count, to_nccl(dtype), root, comm_, stream_));
+            keep(first, nccl().ncclSend(static_cast<const char*>(send) + r * bytes, count,
+                                        to_nccl(dtype), r, comm_, stream_));
+        keep(first, nccl().ncclRecv(recv, count, to_nccl(dtype), root, comm_, stream_));
       });
     });
   }
@@ -246,11 +259,11 @@ class NcclBackend : public BackendImpl {
         size_t so = 0, ro = 0;
         for (int r = 0; r < size_; ++r) {
           if (send_counts[r])
-            keep(first, ncclSend(static_cast<const char*>(send) + so * es, send_counts[r],
-                                 to_nccl(dtype), r, comm_, stream_));
+            keep(first, nccl().ncclSend(static_cast<const char*>(send) + so * es, send_counts[r],
+                                        to_nccl(dtype), r, comm_, stream_));
           if (recv_counts[r])
-            keep(first, ncclRecv(static_cast<char*>(recv) + ro * es, recv_counts[r], to_nccl(dtype),
-                                 r, comm_, stream_));
+            keep(first, nccl().ncclRecv(static_cast<char*>(recv) + ro * es, recv_counts[r],
+                                        to_nccl(dtype), r, comm_, stream_));
           so += send_counts[r];
           ro += recv_counts[r];
         }
@@ -265,10 +278,11 @@ class NcclBackend : public BackendImpl {
       return grouped([&](ncclResult_t& first) {
         for (const P2POp& op : ops) {
           if (op.count == 0) continue;
-          keep(first,
-               op.kind == P2POp::kSend
-                   ? ncclSend(op.data, op.count, to_nccl(op.dtype), op.peer, comm_, stream_)
-                   : ncclRecv(op.data, op.count, to_nccl(op.dtype), op.peer, comm_, stream_));
+          keep(
+              first,
+              op.kind == P2POp::kSend
+                  ? nccl().ncclSend(op.data, op.count, to_nccl(op.dtype), op.peer, comm_, stream_)
+                  : nccl().ncclRecv(op.data, op.count, to_nccl(op.dtype), op.peer, comm_, stream_));
         }
       });
     });
@@ -291,10 +305,10 @@ class NcclBackend : public BackendImpl {
   // ncclGroupStart, the calls, ncclGroupEnd (always, once started); the first failure.
   template <typename Calls>
   static ncclResult_t grouped(Calls&& calls) {
-    ncclResult_t first = ncclGroupStart();
+    ncclResult_t first = nccl().ncclGroupStart();
     if (first != ncclSuccess) return first;
     calls(first);
-    ncclResult_t end = ncclGroupEnd();
+    ncclResult_t end = nccl().ncclGroupEnd();
     return first != ncclSuccess ? first : end;
   }
 
@@ -302,7 +316,7 @@ class NcclBackend : public BackendImpl {
   void wait_comm_ready(const char* what, Deadline deadline) {
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      TRUN_NCCL_CHECK(ncclCommGetAsyncError(comm_, &state), comm_);
+      TRUN_NCCL_CHECK(comm_, ncclCommGetAsyncError, comm_, &state);
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) fail(nccl_error_message(what, state, comm_, __FILE__, __LINE__));
       check_abort_and_deadline(what, deadline);
@@ -316,7 +330,7 @@ class NcclBackend : public BackendImpl {
            ": the process group was aborted; NCCL communicator aborted");
     if (Clock::now() >= deadline) {
       failed_ = true;
-      ncclCommAbort(comm_);
+      nccl().ncclCommAbort(comm_);
       comm_ = nullptr;
       throw CollectiveTimeoutError(cuda_check_where(__FILE__, __LINE__) + " " + what +
                                    " timed out; NCCL communicator aborted");
@@ -325,7 +339,7 @@ class NcclBackend : public BackendImpl {
 
   [[noreturn]] void fail(const std::string& msg) {
     failed_ = true;
-    if (comm_) ncclCommAbort(comm_);
+    if (comm_) nccl().ncclCommAbort(comm_);
     comm_ = nullptr;
     throw CollectiveError(msg);
   }
@@ -334,24 +348,24 @@ class NcclBackend : public BackendImpl {
   void run(const char* what, Deadline deadline, Launch&& launch) {
     if (!comm_) throw CollectiveError(std::string(what) + ": NCCL communicator is gone");
     set_cuda_check_rank(rank_);  // this may be another thread than the constructor's
-    TRUN_CUDA_CHECK(cudaSetDevice(device_));
+    TRUN_CUDA_CHECK(cudaSetDevice, device_);
     // Our stream does not synchronize with any other by itself (it is non-blocking): make it
     // wait for what the program queued on its stream (options.cuda_stream), or else on the
     // legacy default stream, which every blocking stream synchronizes with; e.g. the kernel
     // that wrote the buffer.
-    TRUN_CUDA_CHECK(cudaEventRecord(inputs_ready_, order_after_));
-    TRUN_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+    TRUN_CUDA_CHECK(cudaEventRecord, inputs_ready_, order_after_);
+    TRUN_CUDA_CHECK(cudaStreamWaitEvent, stream_, inputs_ready_, 0);
     ncclResult_t res = launch();
     if (res != ncclSuccess && res != ncclInProgress)
       fail(nccl_error_message(what, res, comm_, __FILE__, __LINE__));
     wait_comm_ready(what, deadline);
-    TRUN_CUDA_CHECK(cudaEventRecord(event_, stream_));
+    TRUN_CUDA_CHECK(cudaEventRecord, event_, stream_);
     for (;;) {
-      cudaError_t q = cudaEventQuery(event_);
+      cudaError_t q = cudart().cudaEventQuery(event_);
       if (q == cudaSuccess) return;
       if (q != cudaErrorNotReady) fail(cuda_error_message(what, q, __FILE__, __LINE__));
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
+      nccl().ncclCommGetAsyncError(comm_, &state);
       if (state != ncclSuccess && state != ncclInProgress)
         fail(nccl_error_message(what, state, comm_, __FILE__, __LINE__));
       check_abort_and_deadline(what, deadline);
@@ -383,14 +397,15 @@ std::string cuda_check_where(const char* file, int line) {
 }
 
 std::string cuda_error_message(const char* call, cudaError_t err, const char* file, int line) {
-  return cuda_check_where(file, line) + " " + call + " failed: " + cudaGetErrorString(err) + " (" +
-         cudaGetErrorName(err) + " " + std::to_string(static_cast<int>(err)) + ")";
+  const CudaRuntimeApi& cuda = cudart();
+  return cuda_check_where(file, line) + " " + call + " failed: " + cuda.cudaGetErrorString(err) +
+         " (" + cuda.cudaGetErrorName(err) + " " + std::to_string(static_cast<int>(err)) + ")";
 }
 
 std::string nccl_error_message(const char* call, ncclResult_t res, ncclComm_t comm,
                                const char* file, int line) {
-  const char* last = ncclGetLastError(comm);
-  return cuda_check_where(file, line) + " " + call + " failed: " + ncclGetErrorString(res) +
+  const char* last = nccl().ncclGetLastError(comm);
+  return cuda_check_where(file, line) + " " + call + " failed: " + nccl().ncclGetErrorString(res) +
          " (ncclResult " + std::to_string(static_cast<int>(res)) +
          "); NCCL: " + (last && *last ? last : "(no further detail)");
 }
@@ -405,11 +420,13 @@ void throw_nccl_error(const char* call, ncclResult_t res, ncclComm_t comm, const
 }
 
 int cuda_device_count(std::string* why) {
+  if (!cudart_loadable(why)) return 0;
+  const CudaRuntimeApi& cuda = cudart();
   int n = 0;  // without a driver the runtime returns an error and leaves `n` untouched
-  cudaError_t err = cudaGetDeviceCount(&n);
+  cudaError_t err = cuda.cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
-    if (why) *why = std::string("cudaGetDeviceCount: ") + cudaGetErrorString(err);
-    cudaGetLastError();  // clear the sticky-less error so later calls do not see it
+    if (why) *why = std::string("cudaGetDeviceCount: ") + cuda.cudaGetErrorString(err);
+    cuda.cudaGetLastError();  // clear the sticky-less error so later calls do not see it
     return 0;
   }
   if (n == 0 && why) *why = "cudaGetDeviceCount returned 0 devices";
@@ -418,7 +435,7 @@ int cuda_device_count(std::string* why) {
 
 std::string nccl_runtime_version() {
   int v = 0;
-  TRUN_NCCL_CHECK(ncclGetVersion(&v), nullptr);
+  TRUN_NCCL_CHECK(nullptr, ncclGetVersion, &v);
   // NCCL >= 2.9 encodes major*10000 + minor*100 + patch.
   return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
          std::to_string(v % 100);
@@ -426,7 +443,7 @@ std::string nccl_runtime_version() {
 
 std::string nccl_new_unique_id() {
   ncclUniqueId id;
-  TRUN_NCCL_CHECK(ncclGetUniqueId(&id), nullptr);
+  TRUN_NCCL_CHECK(nullptr, ncclGetUniqueId, &id);
   return std::string(id.internal, sizeof id);
 }
 
