@@ -24,7 +24,7 @@
 namespace trun::agent {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using SteadyClock = std::chrono::steady_clock;
 
 struct Mapping {
   uint64_t start = 0;
@@ -174,10 +174,10 @@ bool try_release(int pid, int tid) {
 
 // try_release until it succeeds or `grace` has passed.
 bool release(int pid, int tid, std::chrono::milliseconds grace) {
-  const Clock::time_point until = Clock::now() + grace;
+  const SteadyClock::time_point until = SteadyClock::now() + grace;
   long pause_us = 20;
   while (!try_release(pid, tid)) {
-    if (Clock::now() >= until) return false;
+    if (SteadyClock::now() >= until) return false;
     sleep_us(pause_us);
     pause_us = std::min(pause_us * 2, 1000L);
   }
@@ -207,7 +207,7 @@ int tracer_of(int pid, int tid) {
 std::string ms_text(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
 
 void unwind(unw_addr_space_t as, int tid, const std::vector<Mapping>& maps,
-            const StackDumpOptions& options, Clock::time_point deadline, ThreadStack& t) {
+            const StackDumpOptions& options, SteadyClock::time_point deadline, ThreadStack& t) {
   void* upt = _UPT_create(tid);
   if (upt == nullptr) {
     t.error = "_UPT_create failed";
@@ -244,7 +244,7 @@ void unwind(unw_addr_space_t as, int tid, const std::vector<Mapping>& maps,
       if (frame.function.empty()) frame.offset = ip - m->start + m->file_offset;
     }
     t.frames.push_back(std::move(frame));
-    if (Clock::now() >= deadline) {
+    if (SteadyClock::now() >= deadline) {
       t.truncated = true;
       t.error = "time budget ran out during the unwind";
       break;
@@ -255,13 +255,13 @@ void unwind(unw_addr_space_t as, int tid, const std::vector<Mapping>& maps,
 }
 
 ThreadStack dump_thread(int pid, int tid, unw_addr_space_t as, const std::vector<Mapping>& maps,
-                        const StackDumpOptions& options, Clock::time_point deadline,
+                        const StackDumpOptions& options, SteadyClock::time_point deadline,
                         std::vector<int>& left_traced) {
   ThreadStack t;
   t.tid = tid;
   t.name = read_comm(pid, tid);
   t.state = read_state(proc_path(pid, tid, "stat"));
-  if (Clock::now() >= deadline) {
+  if (SteadyClock::now() >= deadline) {
     t.error = "not dumped: time budget";
     return t;
   }
@@ -281,8 +281,9 @@ ThreadStack dump_thread(int pid, int tid, unw_addr_space_t as, const std::vector
   }
   // A thread in a system call stops at once (the call is restarted after the detach), one in
   // user code at its next kernel entry; one in uninterruptible sleep only when that ends.
-  const Clock::time_point seized = Clock::now();
-  const Clock::time_point stop_deadline = std::min(deadline, seized + options.thread_stop_timeout);
+  const SteadyClock::time_point seized = SteadyClock::now();
+  const SteadyClock::time_point stop_deadline =
+      std::min(deadline, seized + options.thread_stop_timeout);
   bool stopped = false;
   int sig = 0;
   long pause_us = 20;
@@ -303,10 +304,10 @@ ThreadStack dump_thread(int pid, int tid, unw_addr_space_t as, const std::vector
       t.error = "exited during the dump";
       break;
     }
-    if (Clock::now() >= stop_deadline) {
+    if (SteadyClock::now() >= stop_deadline) {
       t.error =
-          "did not stop within " +
-          ms_text(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - seized));
+          "did not stop within " + ms_text(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                       SteadyClock::now() - seized));
       break;
     }
     sleep_us(pause_us);
@@ -326,7 +327,7 @@ ThreadStack dump_thread(int pid, int tid, unw_addr_space_t as, const std::vector
 }
 
 // The dump itself, on the tracer thread.
-void dump_process(int pid, const StackDumpOptions& options, Clock::time_point deadline,
+void dump_process(int pid, const StackDumpOptions& options, SteadyClock::time_point deadline,
                   ProcessStacks& out, std::vector<int>& left_traced) {
   if (pid <= 0) {
     out.error = "invalid pid " + std::to_string(pid);
@@ -372,7 +373,7 @@ void dump_process(int pid, const StackDumpOptions& options, Clock::time_point de
 }  // namespace
 
 ProcessStacks dump_native_stacks(int pid, const StackDumpOptions& options) {
-  const Clock::time_point start = Clock::now();
+  const SteadyClock::time_point start = SteadyClock::now();
   ProcessStacks out;
   out.pid = pid;
   std::vector<int> left_traced;
@@ -393,11 +394,11 @@ ProcessStacks dump_native_stacks(int pid, const StackDumpOptions& options) {
   }
   // join() returns once the thread's tid is cleared, a moment before the kernel detaches its
   // tracees: wait for that (bounded), so the caller's next wait cannot see their ptrace stops.
-  const Clock::time_point until = Clock::now() + std::chrono::milliseconds(100);
+  const SteadyClock::time_point until = SteadyClock::now() + std::chrono::milliseconds(100);
   for (int tid : left_traced) {
-    while (tracer_of(pid, tid) != 0 && Clock::now() < until) sleep_us(200);
+    while (tracer_of(pid, tid) != 0 && SteadyClock::now() < until) sleep_us(200);
   }
-  out.elapsed_ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+  out.elapsed_ms = std::chrono::duration<double, std::milli>(SteadyClock::now() - start).count();
   return out;
 }
 

@@ -5,20 +5,20 @@
 namespace trun::base {
 namespace {
 
-[[noreturn]] void fail(const std::string& text, const std::string& why) {
+[[noreturn]] void count_error(const std::string& text, const std::string& why) {
   throw std::invalid_argument("tasks per node '" + text + "': " + why);
 }
 
 // A positive decimal number of at most 7 digits (SLURM counts tasks and nodes far below that).
 int parse_count(const std::string& text, const std::string& digits) {
-  if (digits.empty()) fail(text, "empty count");
-  if (digits.size() > 7) fail(text, "count '" + digits + "' is too large");
+  if (digits.empty()) count_error(text, "empty count");
+  if (digits.size() > 7) count_error(text, "count '" + digits + "' is too large");
   int v = 0;
   for (char c : digits) {
-    if (c < '0' || c > '9') fail(text, "'" + digits + "' is not a number");
+    if (c < '0' || c > '9') count_error(text, "'" + digits + "' is not a number");
     v = v * 10 + (c - '0');
   }
-  if (v == 0) fail(text, "a count of 0");
+  if (v == 0) count_error(text, "a count of 0");
   return v;
 }
 
@@ -26,7 +26,7 @@ int parse_count(const std::string& text, const std::string& digits) {
 
 std::vector<int> expand_tasks_per_node(const std::string& text) {
   constexpr size_t kMaxNodes = 1'000'000;
-  if (text.empty()) fail(text, "empty");
+  if (text.empty()) count_error(text, "empty");
   std::vector<int> out;
   size_t start = 0;
   for (;;) {
@@ -40,12 +40,12 @@ std::vector<int> expand_tasks_per_node(const std::string& text) {
       tasks = parse_count(text, item);
     } else {
       if (item.size() < open + 4 || item.compare(open, 2, "(x") != 0 || item.back() != ')')
-        fail(text, "'" + item + "' is not N or N(xM)");
+        count_error(text, "'" + item + "' is not N or N(xM)");
       tasks = parse_count(text, item.substr(0, open));
       repeat = parse_count(text, item.substr(open + 2, item.size() - open - 3));
     }
     if (out.size() + static_cast<size_t>(repeat) > kMaxNodes)
-      fail(text, "more than " + std::to_string(kMaxNodes) + " nodes");
+      count_error(text, "more than " + std::to_string(kMaxNodes) + " nodes");
     out.insert(out.end(), static_cast<size_t>(repeat), tasks);
     if (comma == std::string::npos) break;
     start = comma + 1;

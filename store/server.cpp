@@ -26,7 +26,7 @@ namespace asio = boost::asio;
 using asio::ip::tcp;
 using wire::Op;
 
-constexpr size_t kReadChunk =
+constexpr size_t kServerReadChunk =
     64 * 1024;  // one read; the buffer is the server's, not per connection
 // While a connection is blocked in a wait it keeps reading (to see CANCEL_WAIT and disconnects),
 // but stops once this much unprocessed input has piled up.
@@ -178,7 +178,7 @@ class ServerImpl : public StoreServer {
 
   // Where every connection reads into (one read at a time: the event loop is one thread). A
   // connection keeps only what it has not processed yet, so an idle one costs no buffer.
-  std::array<char, kReadChunk>& read_buffer() { return read_buffer_; }
+  std::array<char, kServerReadChunk>& read_buffer() { return read_buffer_; }
 
  private:
   // Resumes a connection whose parked request's keys all exist (called from inside kv_).
@@ -214,7 +214,7 @@ class ServerImpl : public StoreServer {
   std::atomic<uint64_t> num_requests_{0};
   uint64_t next_conn_id_ = 1;
   LogLimiter client_log_{std::chrono::seconds(5), 10};
-  std::array<char, kReadChunk> read_buffer_;
+  std::array<char, kServerReadChunk> read_buffer_;
   uint16_t port_ = 0;
   std::atomic<bool> stopped_{false};
   std::thread thread_;

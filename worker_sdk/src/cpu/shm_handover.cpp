@@ -20,11 +20,11 @@
 
 namespace trun::worker::detail {
 
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
 namespace {
 
 constexpr size_t kSecretHex = 32;
-
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
 
 sockaddr_un abstract_address(const std::string& name, socklen_t* len) {
   sockaddr_un a{};

@@ -42,4 +42,7 @@ class FdServer {
 // segment's descriptor (close-on-exec).
 int fetch_segment_fd(const std::string& published, int local_rank, Deadline deadline);
 
+// "WHAT: <strerror(errno)>", for the errors of the shared-memory code's system calls.
+std::string errno_text(const char* what);
+
 }  // namespace trun::worker::detail

@@ -19,8 +19,6 @@ namespace trun::worker::detail {
 
 namespace {
 
-std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
-
 // TRUN_SHM_NAMED=1: share segments by name in /dev/shm (as before memfds) instead of passing a
 // memfd over an abstract Unix socket; needed only when the ranks of a node share /dev/shm but
 // not a network namespace.
