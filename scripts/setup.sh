@@ -15,13 +15,17 @@ BUILD_PACKAGES=(
 )
 # The tests, sanitizer builds, fuzzing and benchmarks. chromium renders `trun timeline` pages and
 # prometheus (with promtool) scrapes /metrics in tests/observability; their daemons are not
-# started (see the policy-rc.d guard below): the tests start their own on loopback.
+# started (see the policy-rc.d guard below): the tests start their own on loopback. podman, runc
+# and mmdebstrap build and run the container image (scripts/container.sh; catatonit is the
+# pause process of `podman kube play`'s Pods), dpkg-dev's dpkg-shlibdeps computes the Debian
+# packages' Depends (scripts/package.sh).
 TEST_PACKAGES=(
   clang clang-format libclang-rt-14-dev catch2
   python3 python3-torch libtorch-dev python3-etcd
   etcd-server etcd-client
   iproute2 util-linux procps hyperfine
   chromium prometheus
+  podman runc catatonit mmdebstrap dpkg-dev
 )
 # A real SLURM for tests/slurm (scripts/slurm-local.sh): installed by that script, which keeps the
 # packages' postinst from starting system-wide daemons.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# What the Containerfile promises, checked without a container runtime (none exists here):
+# What the Containerfile promises that can be checked without a container runtime (the image itself
+# is built and run by tests/container/podman_test.sh):
 #   container_test.sh TRUN_BUILD_DIR TRUN_SOURCE_DIR
 #
 # 1. The image's install: scripts/install-runtime.sh (the command the Containerfile runs) into a
