@@ -203,7 +203,9 @@ case $CASE in
     KUBE_FILE=$TMP/pod.yaml
     sed "s|image: localhost/trun-demo:$version|image: $DEMO|" "$SRC/examples/k8s/pod.yaml" >"$KUBE_FILE"
     grep -q "image: $DEMO" "$KUBE_FILE" || fail "examples/k8s/pod.yaml names no image localhost/trun-demo:$version"
-    pod kube play "$KUBE_FILE" >"$TMP/play.log" 2>&1 || fail "podman kube play: $(cat "$TMP/play.log")"
+    # On podman's default network: kube play would otherwise create a network of its own
+    # (podman-default-kube-network) and keep it.
+    pod kube play --network podman "$KUBE_FILE" >"$TMP/play.log" 2>&1 || fail "podman kube play: $(cat "$TMP/play.log")"
     ctr=$(podman ps -a --filter "pod=trun-mlp" --format '{{.Names}}' | grep -v -- '-infra$' | head -1)
     [[ -n $ctr ]] || fail "podman kube play started no container in Pod trun-mlp: $(cat "$TMP/play.log")"
     CONTAINERS+=("$ctr")
