@@ -39,6 +39,8 @@ KUBE_FILE=
 SKIP_TEST_NAME="container.$CASE (podman_test.sh)"
 # shellcheck source=tests/skip.sh
 source "$SRC/tests/skip.sh"
+# shellcheck source=tests/doc_block.sh
+source "$SRC/tests/doc_block.sh"
 
 pod() { bash "$SRC/scripts/container.sh" podman "$@"; }
 
@@ -255,11 +257,7 @@ EOF
   docs)
     for f in "$SRC"/examples/k8s/*.yaml; do
       name=examples/k8s/$(basename "$f")
-      awk -v name="$name" '
-        index($0, name) && !inside { armed = 1; next }
-        armed && /^```yaml$/ { inside = 1; armed = 0; next }
-        inside && /^```$/ { exit }
-        inside { print }' "$SRC/docs/containers.md" >"$TMP/doc-block"
+      doc_block "$SRC/docs/containers.md" "$name" yaml >"$TMP/doc-block"
       [[ -s $TMP/doc-block ]] || fail "docs/containers.md shows no block for $name"
       diff -u "$f" "$TMP/doc-block" >"$TMP/doc-diff" ||
         fail "docs/containers.md's $name differs from the file: $(cat "$TMP/doc-diff")"

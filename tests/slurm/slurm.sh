@@ -20,6 +20,8 @@ SLURM_LOCAL=$SRC/scripts/slurm-local.sh
 SKIP_TEST_NAME="slurm.$CASE (slurm.sh)"
 # shellcheck source=tests/skip.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
+# shellcheck source=tests/doc_block.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../doc_block.sh"
 fail() {
   echo "FAIL: slurm.$CASE: $*"
   if [[ -n ${CLUSTER_DIR:-} ]]; then
@@ -238,11 +240,7 @@ case $CASE in
     # file's block follows a line naming it.
     for f in "$EXAMPLES"/*.sbatch; do
       name=examples/slurm/$(basename "$f")
-      awk -v name="$name" '
-        index($0, name) && !inside { armed = 1; next }
-        armed && /^```bash$/ { inside = 1; armed = 0; next }
-        inside && /^```$/ { exit }
-        inside { print }' "$SRC/docs/slurm.md" >"$TMP/doc-block"
+      doc_block "$SRC/docs/slurm.md" "$name" bash >"$TMP/doc-block"
       [[ -s $TMP/doc-block ]] || fail "docs/slurm.md shows no block for $name"
       diff -u "$f" "$TMP/doc-block" >"$TMP/doc-diff" || fail "docs/slurm.md's $name differs from the file: $(cat "$TMP/doc-diff")"
     done
