@@ -464,6 +464,14 @@ int FileTimerServer::wait_ms() {
 
 void FileTimerServer::fire_expired() {
   std::vector<std::pair<bool, std::string>> lines;  // reported after the lock
+  // A dump signal is sent after its line is written: the worker writes its stacks to the console
+  // that trun writes to, and a line of trun's arriving while they come would split them.
+  struct Dump {
+    pid_t pid;
+    int sig;
+    std::string what;
+  };
+  std::vector<Dump> dumps;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (timers_.empty() && follow_ups_.empty()) return;
@@ -490,20 +498,20 @@ void FileTimerServer::fire_expired() {
         const Timer& t = c->second.second;
         const bool dump = options_.dump_signal > 0 && t.signal == SIGKILL;
         const int sig = dump ? options_.dump_signal : t.signal;
-        const int err = send(pid, sig);
         char late[32];
         std::snprintf(late, sizeof late, "%.3f", now - t.expires);
         const std::string who = "watchdog timer '" + printable(*c->second.first) +
                                 "' of worker pid " + std::to_string(pid);
         const std::string what = who + " expired " + late + " s ago";
+        const int err = dump && workers_.count(pid) ? 0 : send(pid, sig);
         if (err == 0 && dump) {
-          signals_sent_.fetch_add(1);
           char wait[32];
           std::snprintf(wait, sizeof wait, "%.1f", options_.dump_wait.count() / 1000.0);
-          lines.emplace_back(true, what + ": sent " + signal_name(sig) +
-                                       " (its Python stacks go to its stderr), and SIGKILL in " +
-                                       wait + " s unless it has exited");
+          lines.emplace_back(true, what + ": sending " + signal_name(sig) +
+                                       " (its Python stacks follow on its stderr), and SIGKILL " +
+                                       "in " + wait + " s unless it has exited");
           follow_ups_[pid] = FollowUp{now + options_.dump_wait.count() / 1000.0, who};
+          dumps.push_back({pid, sig, what});
         } else if (err == 0) {
           signals_sent_.fetch_add(1);
           // A warning: the failure summary will show the signal, this line says why.
@@ -519,6 +527,25 @@ void FileTimerServer::fire_expired() {
            t != timers_.end() && t->first.first == pid;) {
         t = timers_.erase(t);
       }
+    }
+  }
+  for (const auto& [warning, text] : lines) report(warning, text);
+  if (dumps.empty()) return;
+  lines.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const Dump& d : dumps) {
+      const int err = send(d.pid, d.sig);
+      if (err == 0) {
+        signals_sent_.fetch_add(1);
+        continue;
+      }
+      follow_ups_.erase(d.pid);
+      if (err == ESRCH)
+        lines.emplace_back(false, d.what + ": the worker has already exited");
+      else
+        lines.emplace_back(true,
+                           d.what + ": cannot send " + signal_name(d.sig) + ": " + errno_text(err));
     }
   }
   for (const auto& [warning, text] : lines) report(warning, text);

@@ -266,8 +266,9 @@ TEST_CASE(
     CHECK(worker.died_at - deadline >= 0);
     CHECK(worker.died_at - deadline < 1.0);
     std::this_thread::sleep_for(std::chrono::milliseconds(600));  // past the follow-up
-    CHECK(reports.count_warnings("sent SIGABRT (its Python stacks go to its stderr), and SIGKILL "
-                                 "in 0.3 s unless it has exited") == 1);
+    CHECK(reports.count_warnings(
+              "sending SIGABRT (its Python stacks follow on its stderr), and SIGKILL "
+              "in 0.3 s unless it has exited") == 1);
     CHECK(reports.count_warnings("sent SIGKILL") == 0);
     CHECK(server.signals_sent() == 1);
   }
@@ -300,7 +301,7 @@ TEST_CASE(
     Sleeper worker(SIGABRT);
     server.set_workers({worker.pid});
     send(dir / "timer", request(worker.pid, "loader", unix_now() + 0.1, SIGKILL));
-    REQUIRE(eventually([&] { return reports.count_warnings("sent SIGABRT") == 1; }));
+    REQUIRE(eventually([&] { return reports.count_warnings("sending SIGABRT") == 1; }));
     server.clear_workers();
     std::this_thread::sleep_for(std::chrono::milliseconds(600));
     CHECK_FALSE(worker.exited());

@@ -185,7 +185,10 @@ void check_restarted_after_kill(const Outcome& o) {
   CHECK_THAT(o.err, Catch::Contains("watchdog timer 'stuck' of worker pid " +
                                     std::to_string(o.stuck_pid)));
   // Before the kill, its Python stacks: trun gave it PYTHONFAULTHANDLER=1 and sent SIGABRT first.
-  CHECK_THAT(o.err, Catch::Contains("sent SIGABRT (its Python stacks go to its stderr)"));
+  CHECK_THAT(o.err, Catch::Contains("sending SIGABRT (its Python stacks follow on its stderr)"));
+  // In one piece: trun writes its line before it sends the signal, so that the line does not
+  // land between faulthandler's writes (it did, when it was written after: "Fatal Python error:
+  // [trun warning ...] Aborted", "line 20 in [trun warning ...] <module>").
   CHECK_THAT(o.err, Catch::Contains("Fatal Python error: Aborted"));
   CHECK_THAT(o.err, Catch::Contains("stuck.py\", line 20 in <module>"));
   CHECK_FALSE(std::filesystem::exists(std::filesystem::symlink_status(fifo)));
