@@ -54,7 +54,7 @@ for name in "${targets[@]}"; do
     find rendezvous launcher agent worker_sdk -name '*.h' -newer "$bin"
   } | head -n 1) ]]; then
     echo "fuzz: building $bin"
-    "$CXX" -std=c++17 -g -O1 -fno-omit-frame-pointer -Wall -Wextra \
+    "$CXX" -std=c++17 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter \
       -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
       -I. -Iworker_sdk/include "$src" "${sources[@]}" "${libs[@]}" -o "$bin"
   fi

@@ -58,8 +58,6 @@ struct World {
   int wakes = 0;
 };
 
-bool queues_count(Op op) { return op == Op::kWait || op == Op::kWaitKeys; }
-
 uint64_t read_u64(const std::string& s, size_t at) {
   uint64_t v = 0;
   check(s.size() >= at + 8);
