@@ -28,7 +28,7 @@
 # some sandboxes). `scripts/container.sh podman ...` runs podman with it.
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VERSION=$(sed -n 's/^project(trun VERSION \([0-9.]*\).*/\1/p' "$REPO/CMakeLists.txt")
+VERSION=$(bash "$REPO/scripts/version.sh")
 BASE_IMAGE=${TRUN_BASE_IMAGE:-localhost/trun-base:bookworm}
 IMAGE=${TRUN_IMAGE:-localhost/trun:$VERSION}
 export CONTAINERS_CONF=${CONTAINERS_CONF:-$REPO/scripts/containers.conf}
@@ -112,12 +112,10 @@ build() {
     [[ -x $from_build/launcher/trun && -x $from_build/examples/train_mlp ]] ||
       die "$from_build has no trun or train_mlp: build them first (cmake --build $from_build --target trun trun_worker train_mlp)"
     ctx=$(mktemp -d /tmp/trun-image-context-XXXXXX)
-    mkdir -p "$ctx/scripts" "$ctx/opt/demo"
+    mkdir -p "$ctx/scripts"
     cp "$REPO/scripts/runtime-packages.txt" "$ctx/scripts/"
     # The demo component: train_mlp stripped, without the build tree's RUNPATH.
-    cmake --install "$from_build" --component demo --strip --prefix "$ctx/demo" >/dev/null
-    mv "$ctx/demo/libexec/trun/train_mlp" "$ctx/opt/demo/train_mlp"
-    rm -rf "$ctx/demo"
+    cmake --install "$from_build" --component demo --strip --prefix "$ctx/opt/demo" >/dev/null
     if ! bash "$REPO/scripts/install-runtime.sh" "$from_build" "$ctx/opt/trun" >"$ctx/install.log" 2>&1; then
       cat "$ctx/install.log" >&2
       rm -rf "$ctx"

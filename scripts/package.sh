@@ -20,7 +20,7 @@
 # build without sanitizers. The packages go to DIR (default: the current directory).
 set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-VERSION=$(sed -n 's/^project(trun VERSION \([0-9.]*\).*/\1/p' "$REPO/CMakeLists.txt")
+VERSION=$(bash "$REPO/scripts/version.sh")
 ARCH=$(dpkg --print-architecture)
 build=""
 out=$PWD

@@ -201,7 +201,7 @@ case $CASE in
 
   k8s)
     # The Pod: the manifest names localhost/trun-demo:<version>; this run's image stands in.
-    version=$(sed -n 's/^project(trun VERSION \([0-9.]*\).*/\1/p' "$SRC/CMakeLists.txt")
+    version=$(bash "$SRC/scripts/version.sh")
     KUBE_FILE=$TMP/pod.yaml
     sed "s|image: localhost/trun-demo:$version|image: $DEMO|" "$SRC/examples/k8s/pod.yaml" >"$KUBE_FILE"
     grep -q "image: $DEMO" "$KUBE_FILE" || fail "examples/k8s/pod.yaml names no image localhost/trun-demo:$version"

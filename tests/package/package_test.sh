@@ -36,7 +36,7 @@ source "$SRC/tests/skip.sh"
 bash "$SRC/scripts/package.sh" --from-build "$BUILD" --out "$TMP/debs" >"$TMP/package.log" 2>&1 ||
   fail "scripts/package.sh: $(cat "$TMP/package.log")"
 cat "$TMP/package.log"
-version=$(sed -n 's/^project(trun VERSION \([0-9.]*\).*/\1/p' "$SRC/CMakeLists.txt")
+version=$(bash "$SRC/scripts/version.sh")
 arch=$(dpkg --print-architecture)
 deb=$TMP/debs/trun_${version}_$arch.deb
 devdeb=$TMP/debs/trun-dev_${version}_$arch.deb
