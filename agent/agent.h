@@ -48,6 +48,7 @@
 #include "agent/failure_report.h"
 #include "agent/file_timer_server.h"
 #include "agent/hang_watch.h"
+#include "agent/health_gate.h"
 #include "agent/launch_config.h"
 #include "agent/log_mux.h"
 #include "agent/metrics_server.h"
@@ -138,6 +139,27 @@ class Agent {
   // native stacks (empty when it is not on this node).
   std::string write_hang_dumps(const HangWatch::Finding& f, const std::vector<int>& culprits);
 
+  // --- health (agent_health.cpp) ---
+  // The health gate (agent/health_gate.h): returns once this node passes its checks; until then
+  // it says why, shows as unhealthy (status, /metrics, event log) and checks again after a
+  // back-off. Throws RendezvousInterrupted when a stop signal arrives meanwhile. `when`: "before
+  // joining", "before the restart".
+  void wait_until_healthy(const char* when);
+  HealthOptions health_options() const;
+  // Sleeps `d` unless a stop signal is pending (then throws RendezvousInterrupted).
+  void sleep_unless_stopped(std::chrono::milliseconds d);
+
+  // --- slow ranks (agent_straggler.cpp) ---
+  // A timer on the loop: every kStragglerReportInterval while a group runs, this node's ranks'
+  // step times go to /metrics and its status record, and the judging node (the only one, or
+  // group rank 0, which reads every node's record) scores every rank and flags the slow ones.
+  void start_straggler_reports();
+  void on_straggler_tick();
+  // Every node's ranks, from their status records (this node's from `local`).
+  std::vector<straggler::RankStats> job_rank_stats(const std::vector<straggler::RankStats>& local);
+  void on_straggler_change(const straggler::Judge::Change& c,
+                           const std::vector<straggler::RankStats>& scored);
+
   // --- publish (agent_publish.cpp) ---
   // Records an event in --event-log (no-op without one), with the restart count.
   void event(const std::string& name, EventMetadata md);
@@ -192,6 +214,14 @@ class Agent {
   Next after_stop(GroupOutcome outcome);
   Next after_round_over();
   bool prepare_next_attempt(const Next& next, bool after_round);
+  // Counts a failed attempt in the crash-loop guard (`root_line`: the root cause's failure line);
+  // true when the guard stops the job instead of restarting it.
+  bool crash_loop_reached(const std::string& root_line);
+  // Says so on stderr and in the event log.
+  void announce_crash_loop(const std::string& root_line);
+  // Whether the attempt that just stopped made progress: a step on the progress board, or it ran
+  // for --crash-loop-uptime before it began to stop.
+  bool attempt_made_progress() const;
 
   // --- stop (agent_stop.cpp) ---
   void begin_stop(int sig);
@@ -231,9 +261,16 @@ class Agent {
   Clock::TimePoint killed_at_;
   int received_signal_ = 0;
   uint64_t failure_seq_ = 0;
-  std::vector<WorkerFailure> failures_;  // of the current attempt
-  std::optional<RootCause> root_cause_;  // of the current attempt, across nodes, once known
-  NodeStatus status_;                    // the last record publish_status wrote
+  std::vector<WorkerFailure> failures_;         // of the current attempt
+  std::optional<RootCause> root_cause_;         // of the current attempt, across nodes, once known
+  Clock::TimePoint attempt_started_{};          // when start_workers() spawned the current attempt
+  std::optional<Clock::TimePoint> stop_began_;  // its first begin_stop()
+  CrashLoop crash_loop_;
+  bool health_notes_shown_ = false;  // the health gate's skipped-check notes, once per job
+  int straggler_fd_ = -1;            // a timerfd while the hang watch runs
+  straggler::Judge straggler_judge_{config_.straggler};
+  int64_t straggler_round_ = -1;  // the round the judge's state is of
+  NodeStatus status_;             // the last record publish_status wrote
 };
 
 // Marks a blocking rendezvous call for publish_while_waiting (see begin_waiting).

@@ -44,6 +44,7 @@ void Agent::start_hang_watch() {
   HangWatchOptions options;
   options.timeouts = config_.hang_timeouts;
   options.node = hostname_;
+  options.straggler = config_.straggler;
   if (const int stale = ProgressMonitor::remove_stale_boards(); stale > 0) {
     spdlog::info("removed {} progress board(s) of agents that are gone", stale);
   }
@@ -56,6 +57,7 @@ void Agent::start_hang_watch() {
     return;
   }
   loop_.add(hang_->notify_fd(), EPOLLIN, [this](uint32_t) { on_hang(); });
+  start_straggler_reports();
 }
 
 void Agent::agree_hang_timeouts() {

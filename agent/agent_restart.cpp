@@ -63,6 +63,11 @@ Agent::Next Agent::after_round_over() {
     case RoundAction::kRestart:
       TRUN_CHECK(root != nullptr, "a counted restart after a " << e.describe());
       spdlog::warn("worker failure on node {}; {}", root->node_id, root_cause_line(*root));
+      if (crash_loop_reached(root->detail)) {
+        announce_crash_loop(root->detail);
+        session_->close_job();
+        return Next{kExitCrashLoop};
+      }
       return Next{Next::kAgain, true};
     case RoundAction::kReform:
       spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
@@ -102,6 +107,12 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
     finish(outcome);
     return Next{next.exit_code};
   }
+  if (const std::string& root_line = root_cause_ ? root_cause_->detail : snap_.last_failure;
+      outcome == GroupOutcome::kFailed && crash_loop_reached(root_line)) {
+    finish(outcome);  // the failure summary, and the job closed on every node
+    announce_crash_loop(root_line);
+    return Next{kExitCrashLoop};
+  }
   for (const auto& f : failures_) {
     spdlog::warn("worker group failed (attempt {}): rank {} (local_rank {}) exited with {}",
                  restart_count_, f.rank, f.local_rank,
@@ -129,6 +140,9 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
   // member's. Only when the store has just answered: one that is gone or cut off would hold the
   // restart for its timeout once more.
   if (publish_status(same_round ? "running" : "rendezvous")) agree_hang_timeouts();
+  if (next.kind != Next::kAgainNow) {
+    wait_until_healthy(next.counted ? "after the failure" : "before rejoining");
+  }
   if (same_round) return true;
   set_phase("rendezvous");
   WaitingWindow waiting(*this);
@@ -156,6 +170,43 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
     spdlog::error("rendezvous for the restart failed: {}", ex.what());
   }
   return false;
+}
+
+bool Agent::attempt_made_progress() const {
+  if (hang_ && hang_->steps_taken() > 0) return true;
+  const Clock::TimePoint end = stop_began_.value_or(clock_.now());
+  return end - attempt_started_ >= config_.crash_loop_uptime;
+}
+
+bool Agent::crash_loop_reached(const std::string& root_line) {
+  const bool progress = attempt_made_progress();
+  crash_loop_.record_failure(progress, failure_signature(root_line));
+  if (crash_loop_.reached(config_.crash_loop_limit)) return true;
+  if (!progress && crash_loop_.streak > 1 && config_.crash_loop_limit > 0) {
+    spdlog::warn(
+        "the same failure {} times in a row, no progress ({}); the crash-loop guard "
+        "stops the job at {}",
+        crash_loop_.streak, crash_loop_.signature, config_.crash_loop_limit);
+  }
+  return false;
+}
+
+void Agent::announce_crash_loop(const std::string& root_line) {
+  const std::string& signature = crash_loop_.signature;
+  const long uptime_s = static_cast<long>(
+      std::chrono::duration_cast<std::chrono::seconds>(config_.crash_loop_uptime).count());
+  std::fprintf(stderr,
+               "trun: error: the same failure %d times in a row, no progress: %s (no worker "
+               "completed a step, and no attempt ran %ld s); stopping with exit code %d "
+               "instead of restarting (%d of %d restarts used; --crash-loop-limit=0 turns "
+               "this off)\ntrun: the last failure: %s\n",
+               crash_loop_.streak, signature.c_str(), uptime_s, kExitCrashLoop, restart_count_,
+               config_.max_restarts, root_line.c_str());
+  std::fflush(stderr);
+  event("trun.agent.crash_loop", {{"streak", int64_t{crash_loop_.streak}},
+                                  {"limit", int64_t{config_.crash_loop_limit}},
+                                  {"failure", signature},
+                                  {"last_failure", root_line}});
 }
 
 const RootCause& Agent::resolve_root_cause(const std::optional<rendezvous::FailureReport>& own) {

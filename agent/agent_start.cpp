@@ -103,6 +103,7 @@ int Agent::run_job() {
       publish();
     }
   });
+  wait_until_healthy("before joining");
   try {
     WaitingWindow waiting(*this);
     session_->start();
@@ -211,6 +212,7 @@ void Agent::start_workers() {
     agree_hang_timeouts();
     hang_->begin_group();  // clears the board the new workers attach to
   }
+  attempt_started_ = clock_.now();
   auto results = sup_.spawn(spawn_requests(attempt_dir_));
   logs_->close_child_ends();
   const bool spawn_failed = !record_spawn_results(results);
@@ -242,6 +244,7 @@ void Agent::reset_group() {
   killed_ = false;
   failures_.clear();
   root_cause_.reset();
+  stop_began_.reset();
   by_pid_.clear();
   workers_.assign(static_cast<size_t>(config_.nproc_per_node), WorkerProcess{});
   logs_.reset();

@@ -46,6 +46,7 @@ void Agent::finish(GroupOutcome outcome) {
 }
 
 void Agent::begin_stop(int sig) {
+  if (!stop_began_) stop_began_ = clock_.now();
   if (hang_) hang_->end_group();  // a stopping group is not judged
   phase_ = GroupPhase::kStopping;
   set_phase("stopping");
@@ -76,6 +77,11 @@ void Agent::cleanup() {
   if (temp_base_ && !base_dir_.empty()) {
     std::error_code ec;
     fs::remove_all(base_dir_, ec);
+  }
+  if (straggler_fd_ >= 0) {
+    loop_.remove(straggler_fd_);
+    close(straggler_fd_);
+    straggler_fd_ = -1;
   }
   if (heartbeat_fd_ >= 0) {
     loop_.remove(heartbeat_fd_);

@@ -2,6 +2,8 @@
 // The agent's decisions as pure functions: what happens after an event, given the state.
 // The executor (elastic_agent.cpp) performs them. Header-only; no side effects.
 
+#include <string>
+
 #include "rendezvous/handler.h"
 
 namespace trun::agent {
@@ -11,6 +13,8 @@ constexpr int kExitSuccess = 0;
 constexpr int kExitWorkersFailed = 1;
 constexpr int kExitUsage = 2;
 constexpr int kExitAgentError = 3;
+// The same failure --crash-loop-limit attempts in a row without progress (CrashLoop).
+constexpr int kExitCrashLoop = 4;
 constexpr int kExitSignalBase = 128;
 
 enum class GroupPhase { kRunning, kStopping };
@@ -75,6 +79,41 @@ inline RoundAction decide_after_round(rendezvous::RoundEvent::Kind kind, bool dy
     default:  // joined, left, restart asked, our membership lost
       return RoundAction::kReform;
   }
+}
+
+// The crash-loop guard (docs/health.md): failed attempts in a row that made no progress and
+// failed the same way. `signature` names the failure (failure_signature: "exit code 1",
+// "SIGSEGV"); an attempt that made progress, or failed another way, starts the count again.
+struct CrashLoop {
+  int streak = 0;
+  std::string signature;  // of the streak's failures
+
+  void record_failure(bool progress, const std::string& failure) {
+    if (progress) {
+      streak = 0;
+      signature.clear();
+    } else if (streak > 0 && failure == signature) {
+      ++streak;
+    } else {
+      streak = 1;
+      signature = failure;
+    }
+  }
+  // Whether the guard stops the job instead of the restart that would follow (limit 0: never).
+  bool reached(int limit) const { return limit > 0 && streak >= limit; }
+};
+
+// What a failure line (failure_line: "rank R (local_rank L) on HOST exited with CODE: message")
+// says about how the worker ended: "exited with CODE"; the whole line when it says nothing of it.
+// Rank, host, pid and message are left out, so that the same crash on another rank or node, or
+// with another pid in its message, is the same failure.
+inline std::string failure_signature(const std::string& line) {
+  const std::string mark = "exited with ";
+  const size_t at = line.find(mark);
+  if (at == std::string::npos) return line;
+  size_t end = line.find_first_of(": ", at + mark.size());
+  if (end == std::string::npos) end = line.size();
+  return line.substr(at, end - at);
 }
 
 }  // namespace trun::agent

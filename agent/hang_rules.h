@@ -67,6 +67,7 @@ struct RankProgress {
   std::string section;   // Phase::kSection: its name ("other" past the table)
   bool starting = true;  // in init(), or no progress since init() returned
   uint64_t steps = 0;
+  int64_t collective_ns = 0;  // time inside collectives so far (RankRecord::collective_ns)
   ProcessState process = ProcessState::kUnknown;
   std::vector<GroupProgress> groups;
 

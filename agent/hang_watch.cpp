@@ -5,6 +5,7 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <map>
@@ -15,7 +16,10 @@
 namespace trun::agent {
 
 HangWatch::HangWatch(std::unique_ptr<ProgressMonitor> board, HangWatchOptions options)
-    : board_(std::move(board)), options_(std::move(options)), rule_(options_.timeouts) {
+    : board_(std::move(board)),
+      options_(std::move(options)),
+      rule_(options_.timeouts),
+      tracker_(options_.straggler) {
   event_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (event_fd_ < 0) throw std::system_error(errno, std::generic_category(), "eventfd");
   thread_ = std::thread([this] { thread_main(); });
@@ -34,6 +38,7 @@ HangWatch::~HangWatch() {
 void HangWatch::begin_group() {
   std::lock_guard<std::mutex> lock(mu_);
   board_->reset();
+  tracker_.reset();
   finding_.reset();
   drain_notify();
   active_ = true;
@@ -49,6 +54,20 @@ void HangWatch::drain_notify() {
 void HangWatch::end_group() {
   std::lock_guard<std::mutex> lock(mu_);  // a poll under way holds it
   active_ = false;
+}
+
+std::vector<straggler::RankStats> HangWatch::straggler_stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return tracker_.stats();
+}
+
+uint64_t HangWatch::steps_taken() const {
+  uint64_t most = 0;
+  for (int slot = 0; slot < board_->slots(); ++slot) {
+    const hang::RankProgress r = board_->snapshot(slot);
+    if (r.attached) most = std::max(most, r.steps);
+  }
+  return most;
 }
 
 std::map<hang::TimeoutClass, hang::TimeoutRule::Learned> HangWatch::learned() const {
@@ -114,7 +133,9 @@ void HangWatch::poll_once() {
   polls_.fetch_add(1, std::memory_order_relaxed);
   std::vector<hang::RankProgress> ranks = board_->snapshot_all(options_.node);
   rule_.update(ranks);
-  hang::Verdict v = hang::judge(ranks, rule_, base::progress::monotonic_ns());
+  const int64_t now = base::progress::monotonic_ns();
+  tracker_.observe(ranks, now);
+  hang::Verdict v = hang::judge(ranks, rule_, now);
   if (!v.hung) return;
   if (waits_for_other_nodes(v, ranks)) {
     // Give the node that can name the rank behind the time to do it (see the header).

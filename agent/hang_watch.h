@@ -35,6 +35,7 @@
 
 #include "agent/hang_rules.h"
 #include "agent/progress_monitor.h"
+#include "agent/straggler.h"
 
 namespace trun::agent {
 
@@ -45,7 +46,8 @@ struct HangWatchOptions {
   // (see above): a multiple of that timeout plus a constant.
   double remote_grace_factor = 1.0;
   std::chrono::milliseconds remote_grace{5000};
-  std::string node;  // this node's name in verdicts
+  std::string node;              // this node's name in verdicts
+  straggler::Options straggler;  // each poll also feeds the straggler scores' measurements
 };
 
 class HangWatch {
@@ -84,6 +86,14 @@ class HangWatch {
   std::vector<std::string> adopt(
       const std::map<hang::TimeoutClass, hang::TimeoutRule::Learned>& others);
 
+  // The most steps (DDP steps and heartbeats, RankRecord::steps) any local rank of the current or
+  // last group reported: 0 when none made progress (the crash-loop guard; any thread).
+  uint64_t steps_taken() const;
+
+  // This node's ranks' step and compute times for the straggler scores (straggler::Tracker, not
+  // scored), of the group being watched; empty before the first poll (any thread).
+  std::vector<straggler::RankStats> straggler_stats() const;
+
   // Polls made so far (tests wait on it).
   uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
 
@@ -98,7 +108,8 @@ class HangWatch {
 
   std::unique_ptr<ProgressMonitor> board_;
   HangWatchOptions options_;
-  hang::TimeoutRule rule_;  // the thread's alone while it runs (begin_group resets nothing)
+  hang::TimeoutRule rule_;      // the thread's alone while it runs (begin_group resets nothing)
+  straggler::Tracker tracker_;  // under mu_; reset by begin_group
   int event_fd_ = -1;
 
   mutable std::mutex mu_;  // guards rule_, active_, finding_, stop_; held for a whole poll

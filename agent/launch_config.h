@@ -15,6 +15,7 @@
 
 #include "agent/hang_rules.h"
 #include "agent/numa_binding.h"
+#include "agent/straggler.h"
 #include "rendezvous/options.h"
 
 namespace trun::agent {
@@ -95,6 +96,20 @@ struct LaunchConfig {
   std::vector<int> signals_to_handle;  // signal numbers; forwarded to workers, then stop
   // --signals-to-handle as given; workers see it as TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun 2.x)
   std::string signals_to_handle_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  // --crash-loop-limit, --crash-loop-uptime (agent/decisions.h CrashLoop, docs/health.md): the
+  // job stops with kExitCrashLoop instead of restarting when this many attempts in a row failed
+  // the same way without progress (no DDP step or heartbeat of libtrun_worker, and no attempt
+  // that ran crash_loop_uptime before it failed); 0: never.
+  int crash_loop_limit = 3;
+  std::chrono::milliseconds crash_loop_uptime{60000};
+  // --health-check, --health-check-timeout, --health-builtin (agent/health_gate.h,
+  // docs/health.md): what this node checks before each rendezvous join and after each failure.
+  std::string health_check;
+  std::chrono::milliseconds health_check_timeout{60000};
+  bool health_builtin = true;
+  bool health_gpus = false;  // the GPUs too: --nproc-per-node=gpu (or auto that found GPUs)
+  // --straggler-threshold, --straggler-window (agent/straggler.h, docs/health.md).
+  straggler::Options straggler;
   // TORCHELASTIC_ENABLE_FILE_TIMER=1 in trun's environment (read by the launcher, as torchrun
   // reads it): serve PyTorch's watchdog FIFO (agent/file_timer_server.h) at file_timer_path
   // (TORCHELASTIC_TIMER_FILE; empty: a generated path), which every worker gets.

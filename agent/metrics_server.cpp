@@ -112,6 +112,16 @@ void family(std::ostringstream& out, const char* name, const char* type, const c
   out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
 }
 
+// One gauge per local rank, labelled with its global and local rank.
+void rank_gauge(std::ostringstream& out, const std::vector<straggler::RankStats>& ranks,
+                const char* name, const char* help, double straggler::RankStats::*field) {
+  family(out, name, "gauge", help);
+  for (const auto& r : ranks) {
+    out << name << "{rank=\"" << r.rank << "\",local_rank=\"" << r.local_rank << "\"} "
+        << format_double(r.*field) << '\n';
+  }
+}
+
 double seconds_between(AgentSnapshot::TimePoint from, AgentSnapshot::TimePoint to) {
   return std::chrono::duration<double>(to - from).count();
 }
@@ -189,8 +199,8 @@ MetricsServer::Response MetricsServer::metrics(const AgentSnapshot& s,
       << "\",nccl=\"" << (build.nccl ? "yes" : "no") << "\",libtorch=\""
       << (build.libtorch ? "yes" : "no") << "\"} 1\n";
   family(out, "trun_agent_phase", "gauge",
-         "The agent's phase: rendezvous, running, stopping, exit_barrier, succeeded, failed or "
-         "signaled.");
+         "The agent's phase: rendezvous, unhealthy, running, stopping, exit_barrier, succeeded, "
+         "failed or signaled.");
   out << "trun_agent_phase{phase=\"" << s.phase << "\"} 1\n";
   family(out, "trun_worker_state", "gauge",
          "Each local worker's state: running, succeeded, failed or stopped.");
@@ -206,6 +216,30 @@ MetricsServer::Response MetricsServer::metrics(const AgentSnapshot& s,
   family(out, "trun_hangs_total", "counter",
          "Hangs this node found (a rank without progress past its timeout; docs/hangs.md).");
   out << "trun_hangs_total " << s.hangs << '\n';
+  family(out, "trun_node_healthy", "gauge",
+         "1 when this node passed its last health gate check (docs/health.md), 0 while it "
+         "stays out of the job.");
+  out << "trun_node_healthy " << (s.healthy ? 1 : 0) << '\n';
+  family(out, "trun_health_check_failures_total", "counter",
+         "Health gate checks this node failed (it did not join while failing).");
+  out << "trun_health_check_failures_total " << s.health_check_failures << '\n';
+  rank_gauge(out, s.ranks, "trun_rank_step_seconds",
+             "Each local rank's seconds per step over the last 10 s (libtrun_worker programs).",
+             &straggler::RankStats::step_s);
+  rank_gauge(out, s.ranks, "trun_rank_compute_seconds",
+             "Of each local rank's step, the seconds outside collectives (the largest: the rank "
+             "the others wait for).",
+             &straggler::RankStats::compute_s);
+  rank_gauge(out, s.ranks, "trun_rank_straggler_score",
+             "1 / (1 + how much slower than the median of the others), 1 when not behind "
+             "(docs/health.md).",
+             &straggler::RankStats::score);
+  rank_gauge(out, s.ranks, "trun_rank_self_score",
+             "Each local rank's best compute time in this group over its compute time now.",
+             &straggler::RankStats::self_score);
+  family(out, "trun_slow_ranks", "gauge",
+         "Ranks flagged slow now (on the node that judges: the only one, or group rank 0).");
+  out << "trun_slow_ranks " << s.slow_ranks << '\n';
   family(out, "trun_restarts_total", "counter", "Restarts of the worker group so far.");
   out << "trun_restarts_total " << s.restarts << '\n';
   family(out, "trun_restarts_left", "gauge", "Restarts left before a failure ends the job.");

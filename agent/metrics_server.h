@@ -30,6 +30,8 @@
 #include <thread>
 #include <vector>
 
+#include "agent/straggler.h"
+
 namespace trun::agent {
 
 class MetricsPortError : public std::runtime_error {
@@ -40,7 +42,7 @@ class MetricsPortError : public std::runtime_error {
 // What the endpoint reports: written by the agent's thread, read by the server from a copy.
 struct AgentSnapshot {
   using TimePoint = std::chrono::steady_clock::time_point;
-  // rendezvous, running, stopping, exit_barrier, succeeded, failed, signaled
+  // rendezvous, unhealthy, running, stopping, exit_barrier, succeeded, failed, signaled
   std::string phase = "rendezvous";
   TimePoint phase_since{};
   TimePoint heartbeat{};  // the last time the event loop (or a blocking step) published
@@ -60,6 +62,11 @@ struct AgentSnapshot {
   std::map<std::string, uint64_t> worker_exits;  // `exit_code="3"` or `signal="SIGKILL"` -> count
   std::string last_failure;                      // one line; empty when none
   uint64_t hangs = 0;                            // hung verdicts of this node (agent/hang_watch.h)
+  bool healthy = true;                 // the last health gate check passed (agent/health_gate.h)
+  uint64_t health_check_failures = 0;  // failed health gate checks so far
+  // This node's ranks' step times and scores (agent/straggler.h); empty before they are measured.
+  std::vector<straggler::RankStats> ranks;
+  size_t slow_ranks = 0;   // ranks flagged slow now (on the judging node)
   int nodes_waiting = -1;  // sampled off the loop (RendezvousSession::nodes_waiting); -1: unknown
   uint64_t store_requests = 0;                    // the rendezvous' requests to its store (or etcd)
   uint64_t store_errors = 0;                      // of those, the failed ones

@@ -8,13 +8,17 @@ std::string node_status_key(const std::string& run_id, const std::string& node_i
   return "trun/status/" + run_id + "/" + node_id;
 }
 
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(RankStatus, rank, local_rank, steps, step_s,
+                                                compute_s, self_score)
+
 // One list of the fields for both directions; a field missing when read keeps NodeStatus's
 // default.
 NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(NodeStatus, node_id, hostname, addr, pid, round,
                                                 group_rank, group_world_size, local_world_size,
                                                 restarts, max_restarts, state, last_failure,
                                                 last_failure_at, root_cause, root_cause_node,
-                                                root_cause_at, root_cause_round, updated_at)
+                                                root_cause_at, root_cause_round, updated_at,
+                                                unhealthy, ranks, slow_ranks)
 
 std::string encode_node_status(const NodeStatus& s) {
   const nlohmann::json j = s;

@@ -13,8 +13,19 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace trun::agent {
+
+// One local rank's step times (agent/straggler.h), as its node measured them.
+struct RankStatus {
+  int rank = -1;
+  int local_rank = -1;
+  uint64_t steps = 0;
+  double step_s = 0;     // 0: not measured
+  double compute_s = 0;  // of it, outside collectives
+  double self_score = 1;
+};
 
 struct NodeStatus {
   std::string node_id;
@@ -27,8 +38,10 @@ struct NodeStatus {
   int local_world_size = 0;  // --nproc-per-node
   int restarts = 0;
   int max_restarts = 0;
-  // rendezvous, running, stopping, succeeded, failed, signaled
+  // rendezvous, unhealthy, running, stopping, succeeded, failed, signaled
   std::string state;
+  // Why the health gate keeps this node out (agent/health_gate.h); empty when it passed.
+  std::string unhealthy;
   // The last failure of this node's workers, one line; empty when none.
   std::string last_failure;
   double last_failure_at = 0;  // unix seconds; 0 when none
@@ -39,6 +52,10 @@ struct NodeStatus {
   double root_cause_at = 0;     // when that worker exited, unix seconds; 0 when unknown
   int64_t root_cause_round = -1;
   double updated_at = 0;  // unix seconds
+  // This node's ranks' step times while a group runs (a libtrun_worker program); empty otherwise.
+  std::vector<RankStatus> ranks;
+  // Ranks the judging node flagged as slow (docs/health.md), global ranks; that node's record only.
+  std::vector<int> slow_ranks;
 };
 
 // "trun/status/<run_id>/<node_id>".

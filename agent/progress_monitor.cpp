@@ -147,6 +147,7 @@ hang::RankProgress read_record(const board::RankRecord& rec) {
   r.last_progress_ns = rec.last_progress_ns.load(memory_order_acquire);
   r.attached_ns = rec.attached_ns.load(memory_order_acquire);
   r.steps = rec.steps.load(memory_order_acquire);
+  r.collective_ns = rec.collective_ns.load(memory_order_acquire);
   const uint64_t init_end = rec.init_end_heartbeat.load(memory_order_acquire);
   r.heartbeat = rec.heartbeat.load(memory_order_acquire);
   r.starting = r.phase == board::Phase::kInit || init_end == 0 || r.heartbeat == init_end;

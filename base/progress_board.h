@@ -37,7 +37,7 @@
 namespace trun::base::progress {
 
 inline constexpr uint64_t kMagic = 0x3142524f47525054ULL;  // "TPRGROB1", little-endian
-inline constexpr uint32_t kVersion = 1;
+inline constexpr uint32_t kVersion = 2;                    // 2: RankRecord::collective_ns
 inline constexpr int kMaxGroups = 8;     // process groups tracked per rank (later ones: not)
 inline constexpr int kRingSize = 16;     // recent collectives kept per group
 inline constexpr int kMaxSections = 16;  // distinct section names per rank (later ones: "other")
@@ -185,6 +185,10 @@ struct alignas(64) RankRecord {
   // `heartbeat` when init() returned (0: it has not): no progress since means "starting up".
   std::atomic<uint64_t> init_end_heartbeat;
   std::atomic<uint64_t> steps;  // DDP steps finished (finalize) and explicit heartbeats
+  // Nanoseconds spent inside collectives so far: each one's finish minus its start, added when it
+  // finishes (the straggler scores: a rank that waits little in them is the one the others wait
+  // for; agent/straggler.h).
+  std::atomic<int64_t> collective_ns;
   // Written once each, before num_sections publishes them (release).
   char section_names[kMaxSections][kNameMax];
   GroupRecord groups[kMaxGroups];

@@ -7,6 +7,7 @@
 
 #include "agent/job_local.h"
 #include "launcher/cli_hang.h"
+#include "launcher/cli_health.h"
 #include "launcher/cli_values.h"
 #include "rendezvous/handler.h"
 
@@ -397,6 +398,7 @@ BuiltConfig build_launch_config(const ResolvedOptions& options, std::vector<std:
   rendezvous(options, env, out.config, out.notes);
   supervision(options, env, host, out.config, out.notes);
   hang_detection(options, out.config);
+  health_options(options, out.config);
   logs(options, out.config, out.notes);
   entrypoint(options, rest, env, host, out.config);
   return out;

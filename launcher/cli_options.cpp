@@ -14,6 +14,7 @@ constexpr const char* kLogs = "Logs";
 constexpr const char* kSup = "Supervision";
 constexpr const char* kLegacy = "Node and master (static)";
 constexpr const char* kHang = "Hang detection (docs/hangs.md; a trun extension)";
+constexpr const char* kHealth = "Health and crash loops (docs/health.md; a trun extension)";
 
 constexpr OptKind kValue = OptKind::kValue;
 constexpr OptKind kFlag = OptKind::kFlag;
@@ -142,6 +143,30 @@ const std::vector<OptionDecl>& option_table() {
       {Opt::kHangSectionTimeout, "hang-section-timeout", '\0', kValue, "", kHang,
        "NAME=SECONDS[,NAME=SECONDS...]: a fixed timeout (or off) for a trun::worker::Section of "
        "that name; other sections learn their own"},
+
+      {Opt::kHealthCheck, "health-check", '\0', kValue, "", kHealth,
+       "A shell command this node runs before each rendezvous join and after each failure "
+       "(exit 0: healthy); an unhealthy node stays out of the job, says why and checks again "
+       "after a back-off (1 s doubling to 60 s); its output goes to the log"},
+      {Opt::kHealthCheckTimeout, "health-check-timeout", '\0', kValue, "60", kHealth,
+       "Seconds --health-check may run before it is killed (and counts as failed)"},
+      {Opt::kHealthBuiltin, "health-builtin", '\0', kValue, "on", kHealth,
+       "on: also check, with no configuration, free space in /dev/shm for this node's segments, "
+       "that the log directory and TMPDIR are writable, and with --nproc-per-node=gpu that the "
+       "GPUs are visible (NVML); off: only --health-check"},
+      {Opt::kCrashLoopLimit, "crash-loop-limit", '\0', kValue, "3", kHealth,
+       "Stop with exit code 4 instead of restarting when this many attempts in a row failed "
+       "the same way without progress (no step reported by libtrun_worker, none ran "
+       "--crash-loop-uptime); 0: off"},
+      {Opt::kCrashLoopUptime, "crash-loop-uptime", '\0', kValue, "60", kHealth,
+       "Seconds an attempt must run before it fails to count as progress (for programs that "
+       "report no steps)"},
+      {Opt::kStragglerThreshold, "straggler-threshold", '\0', kValue, "20", kHealth,
+       "Percent by which a rank's time per step outside collectives may exceed the median of the "
+       "others' before it counts as slow (libtrun_worker programs; docs/health.md)"},
+      {Opt::kStragglerWindow, "straggler-window", '\0', kValue, "30", kHealth,
+       "Seconds a rank must stay slow before it is flagged (once, on the console, in the event "
+       "log, /metrics and trun status)"},
 
       {Opt::kNodeRank, "node-rank", '\0', kValue, "0", kLegacy,
        "This node's rank (GROUP_RANK) for the static backend"},

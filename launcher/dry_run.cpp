@@ -100,6 +100,14 @@ std::string dry_run_json(const CliResult& cli) {
   j["hang_detection"] = {{"enabled", h.enabled},         {"startup", policy(h.startup)},
                          {"step", policy(h.step)},       {"checkpoint", policy(h.checkpoint)},
                          {"section", policy(h.section)}, {"sections", sections}};
+  j["health"] = {{"check", c.health_check.empty() ? json(nullptr) : json(c.health_check)},
+                 {"check_timeout_s", seconds(c.health_check_timeout)},
+                 {"builtin", c.health_builtin},
+                 {"gpus", c.health_gpus},
+                 {"crash_loop_limit", c.crash_loop_limit},
+                 {"crash_loop_uptime_s", seconds(c.crash_loop_uptime)},
+                 {"straggler_threshold", c.straggler.threshold},
+                 {"straggler_window_s", c.straggler.window_s}};
   j["slurm"] = {{"context", context_name(cli.slurm.context)},
                 {"job_id", cli.slurm.job_id.empty() ? json(nullptr) : json(cli.slurm.job_id)},
                 {"step_id", cli.slurm.step_id.empty() ? json(nullptr) : json(cli.slurm.step_id)}};

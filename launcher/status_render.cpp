@@ -56,6 +56,55 @@ std::string ascii_json(const nlohmann::json& j) {
   return out;
 }
 
+// Every running node's ranks of the current round, scored against each other (agent/straggler.h),
+// and the ranks the judging node flagged.
+struct Scored {
+  std::vector<agent::straggler::RankStats> ranks;  // node = the node id
+  std::vector<int> flagged;
+};
+
+Scored score_ranks(const JobStatus& js) {
+  Scored s;
+  for (const auto& n : js.nodes) {
+    if (!n.record || n.record->state != "running" || n.record->round != js.round) continue;
+    for (const auto& r : n.record->ranks) {
+      agent::straggler::RankStats st;
+      st.rank = r.rank;
+      st.local_rank = r.local_rank;
+      st.node = n.node_id;
+      st.steps = r.steps;
+      st.step_s = r.step_s;
+      st.compute_s = r.compute_s;
+      st.self_score = r.self_score;
+      s.ranks.push_back(std::move(st));
+    }
+    s.flagged.insert(s.flagged.end(), n.record->slow_ranks.begin(), n.record->slow_ranks.end());
+  }
+  agent::straggler::score(s.ranks);
+  return s;
+}
+
+// The SLOWEST column: the node's rank furthest behind the others ("rank 5 +31%", "SLOW" when
+// flagged), "ok" when none is slower, "-" when nothing is measured.
+std::string slowest_cell(const Scored& s, const std::string& node_id) {
+  const agent::straggler::RankStats* worst = nullptr;
+  bool measured = false;
+  for (const auto& r : s.ranks) {
+    if (r.node != node_id || r.step_s <= 0) continue;
+    measured = true;
+    if (!worst || r.slower > worst->slower) worst = &r;
+  }
+  if (!measured) return "-";
+  if (worst->slower < 0.005) return "ok";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "rank %d +%.0f%%", worst->rank, worst->slower * 100);
+  std::string cell = buf;
+  if (std::find(s.flagged.begin(), s.flagged.end(), worst->rank) != s.flagged.end()) {
+    cell += " SLOW";
+  }
+  return cell;
+}
+
 // The most restarts any node counted (every node restarts together), the newest failure and
 // the root cause of the newest failed round (every node of it records the same one).
 struct Summary {
@@ -91,6 +140,7 @@ Summary summarize(const JobStatus& js) {
 std::string to_json(const JobStatus& js) {
   using nlohmann::json;
   const Summary sum = summarize(js);
+  const Scored scored = score_ranks(js);
   json nodes = json::array();
   for (const auto& n : js.nodes) {
     json j = {{"node_id", n.node_id},
@@ -107,6 +157,22 @@ std::string to_json(const JobStatus& js) {
       j["record_round"] = n.record->round;
       j["last_failure"] =
           n.record->last_failure.empty() ? json(nullptr) : json(n.record->last_failure);
+      j["unhealthy"] = n.record->unhealthy.empty() ? json(nullptr) : json(n.record->unhealthy);
+      json ranks = json::array();
+      for (const auto& r : scored.ranks) {
+        if (r.node != n.node_id) continue;
+        ranks.push_back({{"rank", r.rank},
+                         {"local_rank", r.local_rank},
+                         {"steps", r.steps},
+                         {"step_s", r.step_s > 0 ? json(r.step_s) : json(nullptr)},
+                         {"compute_s", r.step_s > 0 ? json(r.compute_s) : json(nullptr)},
+                         {"slower", r.slower},
+                         {"score", r.score},
+                         {"self_score", r.self_score},
+                         {"flagged", std::find(scored.flagged.begin(), scored.flagged.end(),
+                                               r.rank) != scored.flagged.end()}});
+      }
+      j["ranks"] = ranks;
       j["updated_at"] =
           valid_time(n.record->updated_at) ? json(n.record->updated_at) : json(nullptr);
     } else {
@@ -186,7 +252,8 @@ std::string to_table(const JobStatus& js) {
   }
   out += "\n\n";
   std::vector<std::vector<std::string>> rows = {
-      {"NODE", "ADDRESS", "RANK", "WORKERS", "STATE", "AGENT", "RESTARTS", "UPDATED"}};
+      {"NODE", "ADDRESS", "RANK", "WORKERS", "STATE", "AGENT", "RESTARTS", "SLOWEST", "UPDATED"}};
+  const Scored scored = score_ranks(js);
   for (const auto& n : js.nodes) {
     std::vector<std::string> row = {safe(n.node_id), n.addr.empty() ? "-" : safe(n.addr),
                                     n.group_rank >= 0 ? std::to_string(n.group_rank) : "-"};
@@ -196,9 +263,10 @@ std::string to_table(const JobStatus& js) {
       row.push_back(safe(n.record->state));
       row.push_back(std::to_string(n.record->restarts) + "/" +
                     std::to_string(n.record->max_restarts));
+      row.push_back(slowest_cell(scored, n.node_id));
       row.push_back(ago(n.record->updated_at));
     } else {
-      row.insert(row.end(), {"-", n.state, "-", "-", "-"});
+      row.insert(row.end(), {"-", n.state, "-", "-", "-", "-"});
     }
     rows.push_back(std::move(row));
   }
@@ -213,6 +281,11 @@ std::string to_table(const JobStatus& js) {
       if (c + 1 < row.size()) line += std::string(width[c] - row[c].size() + 2, ' ');
     }
     out += line + "\n";
+  }
+  for (const auto& n : js.nodes) {  // the health gate's reasons (docs/health.md)
+    if (n.record && n.record->state == "unhealthy" && !n.record->unhealthy.empty()) {
+      out += "unhealthy: " + safe(n.node_id) + ": " + safe(n.record->unhealthy) + "\n";
+    }
   }
   return out;
 }

@@ -395,6 +395,14 @@ class Page {
            << y + h - 2 << " L" << x << ' ' << y + h - 12 << " Z\" fill=\"#d62728\"/></g>\n";
       check_size();
     }
+    for (const Mark& m : n.slow_ranks) {  // an orange diamond on the bar's lower edge
+      const int x = xpos(m.ts);
+      bars << "<g class=\"slow-rank\"><title>" << esc(rel(m.ts)) << ": " << esc(m.text)
+           << "</title><path d=\"M" << x << ' ' << y + h - 14 << " L" << x + 6 << ' ' << y + h - 8
+           << " L" << x << ' ' << y + h - 2 << " L" << x - 6 << ' ' << y + h - 8
+           << " Z\" fill=\"#ff7f0e\"/></g>\n";
+      check_size();
+    }
     for (const Mark& m : n.round_ends) {
       const int x = xpos(m.ts);
       bars << "<g class=\"round-end\"><title>" << esc(rel(m.ts)) << ": " << esc(m.text)

@@ -122,6 +122,9 @@ void TimelineModel::add(const TimelineEvent& e) {
     on_worker_started(n, md, ts);
   } else if (name == "trun.agent.worker_exited") {
     on_worker_exited(n, md, ts);
+  } else if (name == "trun.agent.straggler") {
+    n.slow_ranks.push_back(
+        {ts, "slow rank: " + get_str(md, "summary", kMaxTextBytes).value_or("")});
   } else if (name == "trun.hang") {
     n.hangs.push_back({ts, "hang: " + get_str(md, "summary", kMaxTextBytes).value_or("")});
   }

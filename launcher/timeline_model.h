@@ -57,6 +57,7 @@ struct Node {
   std::vector<Restart> restarts;
   std::vector<Mark> round_ends;
   std::vector<Mark> hangs;                            // trun.hang: the verdict
+  std::vector<Mark> slow_ranks;                       // trun.agent.straggler: the flag
   std::map<int64_t, std::vector<WorkerBar>> workers;  // by local rank
   std::map<int64_t, size_t> open_bars;                // worker pid -> index in workers[lr]
   std::map<int64_t, int64_t> open_rank;               // worker pid -> local rank

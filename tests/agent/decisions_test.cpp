@@ -41,3 +41,29 @@ TEST_CASE("after the end of a round: rejoin, give up, restart counted or not", "
     CHECK(decide_after_round(k, true, 3, 3) == RoundAction::kReform);
   }
 }
+
+TEST_CASE("the crash-loop guard counts the same failure without progress, in a row",
+          "[decisions][crash_loop]") {
+  CHECK(failure_signature("rank 3 (local_rank 1) on node-a exited with 1: Traceback ...") ==
+        "exited with 1");
+  CHECK(failure_signature("rank 0 (local_rank 0) on b exited with SIGKILL") ==
+        "exited with SIGKILL");
+  CHECK(failure_signature("worker failure on node-a") == "worker failure on node-a");
+  CrashLoop g;
+  g.record_failure(false, "exited with 1");
+  g.record_failure(false, "exited with 1");
+  CHECK(g.streak == 2);
+  CHECK_FALSE(g.reached(3));
+  g.record_failure(false, "exited with 1");
+  CHECK(g.reached(3));
+  CHECK_FALSE(g.reached(0));  // off
+  // Another failure starts a new streak; progress ends it.
+  g.record_failure(false, "exited with SIGSEGV");
+  CHECK(g.streak == 1);
+  CHECK(g.signature == "exited with SIGSEGV");
+  g.record_failure(true, "exited with SIGSEGV");
+  CHECK(g.streak == 0);
+  CHECK(g.signature.empty());
+  g.record_failure(false, "exited with 1");
+  CHECK(g.streak == 1);
+}

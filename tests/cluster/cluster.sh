@@ -314,7 +314,9 @@ bench)  # cross-node restart latency: a worker dies on node 1 -> replacements ru
         >"$TMP/agent_$i.log" 2>&1 &
       AGENT_PID[$i]=$!
     else
-      start_agent $i --nnodes 3:3 --nproc-per-node 2 --max-restarts "$reps" $(c10d)
+      # The same crash, attempt after attempt, is the point here: no crash-loop guard.
+      start_agent $i --nnodes 3:3 --nproc-per-node 2 --max-restarts "$reps" --crash-loop-limit=0 \
+        $(c10d)
     fi
   done
   wait_for 120 "6 workers" have_world 6

@@ -49,6 +49,7 @@ void clear(board::RankRecord* r) {
   r->section.store(0, memory_order_relaxed);
   r->init_end_heartbeat.store(0, memory_order_relaxed);
   r->steps.store(0, memory_order_relaxed);
+  r->collective_ns.store(0, memory_order_relaxed);
   for (auto& g : r->groups) {
     g.key.store(0, memory_order_relaxed);
     g.issued.store(0, memory_order_relaxed);
@@ -238,6 +239,9 @@ void GroupProgress::finish(uint64_t seq, bool ok) {
   board::CollectiveEntry& e = g_->ring[seq % board::kRingSize];
   const int64_t now = now_ns();
   if (e.seq.load(memory_order_relaxed) == seq) {
+    if (const int64_t started = e.started_ns.load(memory_order_relaxed); started > 0) {
+      r_->collective_ns.fetch_add(now - started, memory_order_relaxed);
+    }
     e.finished_ns.store(now, memory_order_relaxed);
     e.state.store(static_cast<uint32_t>(ok ? board::State::kCompleted : board::State::kFailed),
                   memory_order_relaxed);

@@ -1,0 +1,111 @@
+// The health gate around rendezvous joins (agent/agent.h, agent/health_gate.h, docs/health.md).
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+
+#include "agent/agent.h"
+#include "base/progress_board.h"
+
+namespace trun::agent {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// The directory itself when it exists, else its nearest existing ancestor (where it would be made).
+std::string existing_dir(const std::string& path) {
+  std::error_code ec;
+  fs::path p = fs::absolute(path, ec);
+  for (int i = 0; i < 256 && !p.empty(); ++i) {
+    if (fs::is_directory(p, ec)) return p.string();
+    if (p == p.parent_path()) break;
+    p = p.parent_path();
+  }
+  return path;
+}
+
+}  // namespace
+
+HealthOptions Agent::health_options() const {
+  HealthOptions h;
+  h.command = config_.health_check;
+  h.timeout = config_.health_check_timeout;
+  h.builtin = config_.health_builtin;
+  h.shm_bytes_needed =
+      shm_bytes_for(config_.nproc_per_node) +
+      static_cast<uint64_t>(config_.nproc_per_node) * sizeof(base::progress::RankRecord);
+  if (!config_.log_dir.empty()) h.writable_dirs.push_back(existing_dir(config_.log_dir));
+  const char* tmp = std::getenv("TMPDIR");
+  h.writable_dirs.push_back(tmp && *tmp ? std::string(tmp) : std::string("/tmp"));
+  h.gpus_needed = config_.health_gpus ? config_.nproc_per_node : 0;
+  return h;
+}
+
+void Agent::sleep_unless_stopped(std::chrono::milliseconds d) {
+  const auto until = std::chrono::steady_clock::now() + d;
+  for (int i = 0; i < 1000000 && std::chrono::steady_clock::now() < until; ++i) {
+    sigset_t pending;
+    if (sigpending(&pending) == 0) {
+      for (int s : config_.signals_to_handle) {
+        if (s != SIGCHLD && sigismember(&pending, s) == 1) {
+          throw RendezvousInterrupted("a stop signal is pending");
+        }
+      }
+    }
+    usleep(50 * 1000);
+  }
+}
+
+void Agent::wait_until_healthy(const char* when) {
+  const HealthOptions options = health_options();
+  if (!options.builtin && options.command.empty()) return;
+  for (int failures = 0; failures < 1000000;) {
+    const HealthReport r = check_node_health(options);
+    if (!health_notes_shown_) {
+      for (const auto& note : r.notes) spdlog::info("health gate: {}", note);
+      health_notes_shown_ = true;
+    }
+    if (!r.output.empty()) {
+      spdlog::info("health check output ({} s, {}):\n{}", r.seconds,
+                   r.healthy ? "passed" : "failed", r.output);
+    }
+    if (r.healthy) {
+      if (failures > 0) {
+        spdlog::warn("this node is healthy again after {} failed check(s); joining", failures);
+        event("trun.agent.health", {{"healthy", true}, {"failures", int64_t{failures}}});
+        status_.unhealthy.clear();
+        snap_.healthy = true;
+        publish();
+      }
+      return;
+    }
+    ++failures;
+    const auto delay = health_retry_delay(failures);
+    std::fprintf(stderr,
+                 "trun: node %s is unhealthy %s: %s; it stays out of the job and checks again "
+                 "in %lld s\n",
+                 hostname_.c_str(), when, r.reason.c_str(),
+                 static_cast<long long>(delay.count() / 1000));
+    std::fflush(stderr);
+    event("trun.agent.health", {{"healthy", false},
+                                {"reason", r.reason},
+                                {"output", r.output},
+                                {"failures", int64_t{failures}},
+                                {"retry_in_s", delay.count() / 1000.0}});
+    status_.unhealthy = r.reason;
+    publish_status("unhealthy");
+    snap_.healthy = false;
+    ++snap_.health_check_failures;
+    snap_.phase = "";  // set_phase publishes
+    set_phase("unhealthy");
+    WaitingWindow waiting(*this);
+    sleep_unless_stopped(delay);
+  }
+}
+
+}  // namespace trun::agent

@@ -1,0 +1,266 @@
+// The crash-loop guard and the health gate (docs/health.md), black-box through the trun binary
+// with real workers: a worker that fails at every start, failures that differ or come after
+// progress (time, or libtrun_worker's steps), a --health-check that fails and then passes, one
+// that hangs, a stop signal while unhealthy, and a full /dev/shm in a mount namespace.
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tests/launcher/process_util.h"
+#include "tests/skip.h"
+
+using namespace trun::testing;
+using namespace std::chrono_literals;
+using nlohmann::json;
+
+namespace {
+
+std::string train_mlp() { return std::string(TRUN_BINARY_DIR) + "/examples/train_mlp"; }
+
+size_t count_of(const std::string& text, const std::string& what) {
+  size_t n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// The event log's records named `name`, in order.
+std::vector<json> events_named(const std::string& path, const std::string& name) {
+  std::vector<json> out;
+  for (const auto& line : lines_of(read_file(path))) {
+    json j = json::parse(line, nullptr, false);
+    if (j.is_object() && j.value("name", "") == name) out.push_back(j);
+  }
+  return out;
+}
+
+// A shell script at `path` that fails (printing why) until it has run `fail_first` times, and
+// passes after; it counts its runs in `path`.count.
+void write_flaky_check(const std::string& path, int fail_first) {
+  std::ofstream(path) << "#!/bin/sh\n"
+                      << "n=$(cat '" << path << ".count' 2>/dev/null || echo 0)\n"
+                      << "n=$((n + 1)); echo $n > '" << path << ".count'\n"
+                      << "if [ $n -le " << fail_first << " ]; then\n"
+                      << "  echo \"check $n: GPU 3 reports uncorrectable ECC errors\"; exit 1\n"
+                      << "fi\n"
+                      << "echo \"check $n: all good\"\n";
+  ::chmod(path.c_str(), 0755);
+}
+
+}  // namespace
+
+TEST_CASE("a worker that fails the same way at every start stops the job at --crash-loop-limit",
+          "[agent][health][crash_loop]") {
+  SECTION("default limit: 3 attempts, exit 4, with the repeated cause") {
+    auto r = run_trun(
+        {"--standalone", "--nproc-per-node=2", "--max-restarts=50", test_worker(), "exit", "1"});
+    INFO(r.err);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == 4);
+    CHECK(r.err.find("the same failure 3 times in a row, no progress: exited with 1") !=
+          std::string::npos);
+    CHECK(r.err.find("(2 of 50 restarts used") != std::string::npos);
+    CHECK(count_of(r.err, "restarting the worker group (") == 2);
+    // The usual failure summary comes first, the guard's verdict last.
+    const size_t summary = r.err.find("Root Cause");
+    REQUIRE(summary != std::string::npos);
+    CHECK(r.err.find("trun: error: the same failure", summary) != std::string::npos);
+  }
+  SECTION("--crash-loop-limit=5") {
+    auto r = run_trun(
+        {"--standalone", "--max-restarts=50", "--crash-loop-limit=5", test_worker(), "exit", "7"});
+    INFO(r.err);
+    CHECK(r.exit_code == 4);
+    CHECK(count_of(r.err, "restarting the worker group (") == 4);
+    CHECK(r.err.find("the same failure 5 times in a row, no progress: exited with 7") !=
+          std::string::npos);
+  }
+  SECTION("--crash-loop-limit=0 spends every restart, as torchrun does") {
+    auto r = run_trun(
+        {"--standalone", "--max-restarts=5", "--crash-loop-limit=0", test_worker(), "exit", "1"});
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(count_of(r.err, "restarting the worker group (") == 5);
+    CHECK(r.err.find("the same failure") == std::string::npos);
+  }
+  SECTION("the event log records the verdict") {
+    TempDir d;
+    auto r = run_trun({"--standalone", "--max-restarts=9", "--event-log", d / "events.jsonl",
+                       test_worker(), "signal", "11"});
+    INFO(r.err);
+    CHECK(r.exit_code == 4);
+    auto ev = events_named(d / "events.jsonl", "trun.agent.crash_loop");
+    REQUIRE(ev.size() == 1);
+    CHECK(ev[0]["metadata"]["streak"] == 3);
+    CHECK(ev[0]["metadata"]["failure"] == "exited with SIGSEGV");
+  }
+}
+
+TEST_CASE("failures that differ, or that come after progress, are not a crash loop",
+          "[agent][health][crash_loop]") {
+  SECTION("a different exit code each time") {
+    auto r = run_trun({"--standalone",
+                       "--max-restarts=4",
+                       test_worker(),
+                       "on-attempt",
+                       "0",
+                       "exit",
+                       "1",
+                       "on-attempt",
+                       "1",
+                       "exit",
+                       "2",
+                       "on-attempt",
+                       "2",
+                       "exit",
+                       "1",
+                       "on-attempt",
+                       "3",
+                       "exit",
+                       "2",
+                       "exit",
+                       "1"});
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(count_of(r.err, "restarting the worker group (") == 4);
+  }
+  SECTION("each attempt ran past --crash-loop-uptime") {
+    auto r = run_trun({"--standalone", "--max-restarts=3", "--crash-loop-uptime=0.3", test_worker(),
+                       "sleep", "0.6", "exit", "1"});
+    INFO(r.err);
+    CHECK(r.exit_code == 1);
+    CHECK(count_of(r.err, "restarting the worker group (") == 3);
+  }
+  SECTION("the attempt completed steps (libtrun_worker's progress board)") {
+    // With a limit of 1, any failure without progress would stop the job; the first attempt
+    // crashes after 3 steps (uptime cannot count: 1000 s), so it restarts and finishes.
+    auto r = run_trun({"--standalone", "--nproc-per-node=2", "--max-restarts=3",
+                       "--crash-loop-limit=1", "--crash-loop-uptime=1000", train_mlp(), "--no-ckpt",
+                       "--dataset-size", "256", "--crash-at-step", "3", "--crash-rank", "1"},
+                      {}, 120s);
+    INFO(r.err);
+    REQUIRE(r.finished);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.err, "restarting the worker group (") == 1);
+    CHECK(r.err.find("the same failure") == std::string::npos);
+  }
+  SECTION("--crash-loop-limit=1 stops at the first failure without progress") {
+    auto r = run_trun(
+        {"--standalone", "--max-restarts=3", "--crash-loop-limit=1", test_worker(), "exit", "1"});
+    INFO(r.err);
+    CHECK(r.exit_code == 4);
+    CHECK(count_of(r.err, "restarting the worker group (") == 0);
+  }
+}
+
+TEST_CASE("--health-check keeps an unhealthy node out until it passes", "[agent][health]") {
+  TempDir d;
+  const std::string check = d / "check.sh";
+  SECTION("fails twice before the first join, then passes: the job runs") {
+    write_flaky_check(check, 2);
+    auto r = run_trun({"--standalone", "--event-log", d / "events.jsonl", "--health-check", check,
+                       test_worker(), "exit", "0"});
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.err, "is unhealthy before joining: --health-check exited with 1: check ") ==
+          2);
+    CHECK(r.err.find("uncorrectable ECC errors; it stays out of the job and checks again in 1 s") !=
+          std::string::npos);
+    CHECK(r.err.find("checks again in 2 s") != std::string::npos);
+    CHECK(r.err.find("healthy again after 2 failed check(s)") != std::string::npos);
+    CHECK(read_file(check + ".count") == "3\n");
+    auto ev = events_named(d / "events.jsonl", "trun.agent.health");
+    REQUIRE(ev.size() == 3);
+    CHECK(ev[0]["metadata"]["healthy"] == false);
+    CHECK(ev[0]["metadata"]["output"] == "check 1: GPU 3 reports uncorrectable ECC errors\n");
+    CHECK(ev[2]["metadata"]["healthy"] == true);
+    // Never a failure of the job: no restart was spent on it.
+    CHECK(events_named(d / "events.jsonl", "trun.agent.restart").empty());
+  }
+  SECTION("after a failure of this node's workers, before the restart") {
+    write_flaky_check(check, 0);  // passes at the first join
+    // The second run of the check (after attempt 0 failed) fails once.
+    std::ofstream(check, std::ios::app)
+        << "[ $n -eq 2 ] && { echo 'scratch disk read-only'; exit 1; }\n"
+        << "exit 0\n";
+    auto r = run_trun({"--standalone", "--max-restarts=1", "--health-check", check, test_worker(),
+                       "on-attempt", "0", "exit", "3", "exit", "0"});
+    INFO(r.err);
+    CHECK(r.exit_code == 0);
+    CHECK(count_of(r.err,
+                   "is unhealthy after the failure: --health-check exited with 1: "
+                   "scratch disk read-only") == 1);
+    CHECK(read_file(check + ".count") == "3\n");
+  }
+  SECTION("a check that hangs is killed at --health-check-timeout, with what it started") {
+    auto r = run_trun({"--standalone", "--health-check",
+                       "sleep 30 & echo $! > '" + d.path() + "/bg.pid'; sleep 30",
+                       "--health-check-timeout=0.5", test_worker(), "exit", "0"},
+                      {}, 6s);
+    INFO(r.err);
+    CHECK(r.err.find("--health-check ran past its timeout (0.5 s): killed") != std::string::npos);
+    const pid_t bg = read_pid(d / "bg.pid");
+    REQUIRE(bg > 0);
+    CHECK(wait_until([&] { return !pid_alive(bg); }, 10s));
+  }
+  SECTION("a stop signal while the node waits unhealthy ends trun with 128+N") {
+    Child c(
+        {trun_binary(), "--standalone", "--health-check", "exit 1", test_worker(), "exit", "0"});
+    REQUIRE(wait_until(
+        [&] { return c.err().find("is unhealthy before joining") != std::string::npos; }, 20s));
+    c.signal(SIGTERM);
+    REQUIRE(c.wait(10s));
+    CHECK(c.exit_code() == 143);
+  }
+  SECTION("bad values are usage errors") {
+    for (const auto& args : std::vector<std::vector<std::string>>{{"--health-check="},
+                                                                  {"--health-check-timeout=-1"},
+                                                                  {"--health-builtin=maybe"},
+                                                                  {"--crash-loop-limit=-2"},
+                                                                  {"--crash-loop-uptime=soon"}}) {
+      std::vector<std::string> argv{"--standalone"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      argv.push_back(test_worker());
+      auto r = run_trun(argv);
+      INFO(args[0] << ": " << r.err);
+      CHECK(r.exit_code == 2);
+      CHECK(r.err.find("trun: error: " + args[0].substr(0, args[0].find('='))) !=
+            std::string::npos);
+    }
+  }
+}
+
+TEST_CASE("a full /dev/shm keeps the node out until space is freed (mount namespace)",
+          "[agent][health]") {
+  if (::geteuid() != 0 || ::access("/usr/bin/unshare", X_OK) != 0) {
+    TRUN_SKIP("needs root and unshare(1) for a private /dev/shm (util-linux)", kSetup);
+  }
+  TempDir d;
+  // A private mount namespace whose /dev/shm is a 16 MiB tmpfs, filled; trun runs in it (unshare
+  // and sh exec it: the Child's pid is trun's).
+  const std::string script =
+      "mount -t tmpfs -o size=16m tmpfs /dev/shm && "
+      "dd if=/dev/zero of=/dev/shm/filler bs=1M count=16 2>/dev/null; "
+      "exec '" +
+      trun_binary() + "' --standalone --event-log '" + d.path() + "/events.jsonl' '" +
+      test_worker() + "' exit 0";
+  Child c({"/usr/bin/unshare", "--mount", "--propagation", "private", "/bin/sh", "-c", script});
+  REQUIRE(wait_until(
+      [&] { return c.err().find("is unhealthy before joining") != std::string::npos; }, 20s));
+  INFO(c.err());
+  CHECK(c.err().find("/dev/shm has 0.0 MiB free, 8.") != std::string::npos);
+  // The test's /dev/shm is not trun's: it frees trun's through /proc/<pid>/root.
+  const std::string filler = "/proc/" + std::to_string(c.pid()) + "/root/dev/shm/filler";
+  REQUIRE(file_exists(filler));
+  REQUIRE(::unlink(filler.c_str()) == 0);
+  REQUIRE(c.wait(30s));
+  CHECK(c.exit_code() == 0);
+  CHECK(c.err().find("healthy again after") != std::string::npos);
+}
