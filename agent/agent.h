@@ -146,6 +146,12 @@ class Agent {
   // joining", "before the restart".
   void wait_until_healthy(const char* when);
   HealthOptions health_options() const;
+  // After a failure whose root cause is this node's own worker: counts it, and when the node
+  // has failed --exclude-after times within the window and the others are enough for the job
+  // (--nnodes MIN), excludes it (a cooldown that doubles on each repeat). True when excluded.
+  bool exclude_after_failure();
+  // Before joining again: sits out what is left of an exclusion (a stop signal ends it).
+  void sit_out_exclusion();
   // Sleeps `d` unless a stop signal is pending (then throws RendezvousInterrupted).
   void sleep_unless_stopped(std::chrono::milliseconds d);
 
@@ -267,7 +273,9 @@ class Agent {
   std::optional<Clock::TimePoint> stop_began_;  // its first begin_stop()
   CrashLoop crash_loop_;
   bool health_notes_shown_ = false;  // the health gate's skipped-check notes, once per job
-  int straggler_fd_ = -1;            // a timerfd while the hang watch runs
+  Exclusion exclusion_;
+  std::optional<Clock::TimePoint> excluded_until_;  // while this node sits out
+  int straggler_fd_ = -1;                           // a timerfd while the hang watch runs
   straggler::Judge straggler_judge_{config_.straggler};
   int64_t straggler_round_ = -1;  // the round the judge's state is of
   NodeStatus status_;             // the last record publish_status wrote

@@ -109,3 +109,72 @@ void Agent::wait_until_healthy(const char* when) {
 }
 
 }  // namespace trun::agent
+
+namespace trun::agent {
+
+namespace {
+
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+bool Agent::exclude_after_failure() {
+  // Only a node that can be left out of a dynamic rendezvous, and only for its own failures.
+  if (!session_ || !session_->multi_node() || !session_->dynamic()) return false;
+  if (!root_cause_ || !root_cause_->local) return false;
+  const ExclusionPolicy& p = config_.exclusion;
+  if (!exclusion_.record_failure(p, monotonic_seconds())) return false;
+  // The nodes the next round can have without this one: the other members of this round, or the
+  // nodes already waiting for the next (spares, and members that rejoined first), whichever is
+  // more. A lower bound (a member that has not rejoined yet and a spare are not both counted), so
+  // a node is never excluded on a guess.
+  const int others = session_->info().group_world_size - 1;
+  const int left = std::max(others, session_->nodes_waiting_now());
+  char why[160];
+  std::snprintf(why, sizeof why, "its workers failed %d times within %.0f s", p.after, p.window_s);
+  if (left < config_.min_nodes) {
+    std::fprintf(stderr,
+                 "trun: node %s %s, but the job keeps it: without it %d node(s) are left, fewer "
+                 "than --nnodes MIN %d\n",
+                 hostname_.c_str(), why, left, config_.min_nodes);
+    std::fflush(stderr);
+    event("trun.agent.exclusion_refused",
+          {{"reason", std::string(why)}, {"nodes_left", int64_t{left}}});
+    return false;
+  }
+  const double cooldown = exclusion_.next_cooldown(p);
+  excluded_until_ = clock_.now() + std::chrono::duration_cast<Clock::Duration>(
+                                       std::chrono::duration<double>(cooldown));
+  std::fprintf(stderr,
+               "trun: node %s is excluded for %.0f s (exclusion %d): %s; it sits out the next "
+               "rounds, then joins again if it passes its health gate\n",
+               hostname_.c_str(), cooldown, exclusion_.times, why);
+  std::fflush(stderr);
+  event("trun.agent.excluded", {{"reason", std::string(why)},
+                                {"cooldown_s", cooldown},
+                                {"times", int64_t{exclusion_.times}},
+                                {"nodes_left", int64_t{left}}});
+  status_.excluded = why;
+  status_.excluded_until = unix_seconds() + cooldown;
+  return true;
+}
+
+void Agent::sit_out_exclusion() {
+  if (!excluded_until_) return;
+  const auto remaining = *excluded_until_ - clock_.now();
+  if (remaining > Clock::Duration::zero()) {
+    publish_status("excluded");
+    set_phase("excluded");
+    WaitingWindow waiting(*this);
+    sleep_unless_stopped(std::chrono::duration_cast<std::chrono::milliseconds>(remaining));
+  }
+  excluded_until_.reset();
+  status_.excluded.clear();
+  status_.excluded_until = 0;
+  spdlog::warn("the exclusion of this node is over; joining again");
+  event("trun.agent.exclusion_over", {{"times", int64_t{exclusion_.times}}});
+}
+
+}  // namespace trun::agent

@@ -70,6 +70,7 @@ Agent::Next Agent::after_round_over() {
       }
       return Next{Next::kAgain, true};
     case RoundAction::kReform:
+      crash_loop_ = CrashLoop{};  // an attempt that ended without failing breaks a streak
       spdlog::warn("{}: re-forming the group (restart count unchanged: {})", e.describe(),
                    restart_count_);
       return Next{Next::kAgain};
@@ -107,6 +108,11 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
     finish(outcome);
     return Next{next.exit_code};
   }
+  if (outcome == GroupOutcome::kFailed && exclude_after_failure()) {
+    // This node's own failures sit it out; its program is not in a crash loop for that.
+    crash_loop_ = CrashLoop{};
+    return Next{Next::kAgain, true};
+  }
   if (const std::string& root_line = root_cause_ ? root_cause_->detail : snap_.last_failure;
       outcome == GroupOutcome::kFailed && crash_loop_reached(root_line)) {
     finish(outcome);  // the failure summary, and the job closed on every node
@@ -141,6 +147,7 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
   // restart for its timeout once more.
   if (publish_status(same_round ? "running" : "rendezvous")) agree_hang_timeouts();
   if (next.kind != Next::kAgainNow) {
+    sit_out_exclusion();
     wait_until_healthy(next.counted ? "after the failure" : "before rejoining");
   }
   if (same_round) return true;

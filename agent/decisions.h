@@ -3,6 +3,7 @@
 // The executor (elastic_agent.cpp) performs them. Header-only; no side effects.
 
 #include <string>
+#include <vector>
 
 #include "rendezvous/handler.h"
 
@@ -101,6 +102,41 @@ struct CrashLoop {
   }
   // Whether the guard stops the job instead of the restart that would follow (limit 0: never).
   bool reached(int limit) const { return limit > 0 && streak >= limit; }
+};
+
+// Node exclusion (docs/health.md): a node whose own workers failed `after` times within `window_s`
+// sits out the next rounds for a cooldown that doubles on each exclusion, up to `cap_s`.
+struct ExclusionPolicy {
+  int after = 3;  // 0: never exclude
+  double window_s = 600;
+  double cooldown_s = 60;
+  double cap_s = 3600;
+};
+
+struct Exclusion {
+  std::vector<double> failures;  // when this node's workers failed (any monotonic seconds)
+  int times = 0;                 // exclusions so far
+
+  // Records a failure at `now_s`; true when the node should sit out now. The failures stay
+  // counted (within the window), so a node that fails again right after it rejoins is excluded
+  // again at once, for twice as long.
+  bool record_failure(const ExclusionPolicy& p, double now_s) {
+    if (p.after <= 0) return false;
+    failures.push_back(now_s);
+    size_t keep = 0;
+    for (double t : failures) {
+      if (now_s - t <= p.window_s) failures[keep++] = t;
+    }
+    failures.resize(keep);
+    return static_cast<int>(failures.size()) >= p.after;
+  }
+  // The cooldown of the next exclusion (call once per exclusion: it counts it).
+  double next_cooldown(const ExclusionPolicy& p) {
+    double c = p.cooldown_s;
+    for (int i = 0; i < times && c < p.cap_s; ++i) c *= 2;
+    ++times;
+    return c < p.cap_s ? c : p.cap_s;
+  }
 };
 
 // What a failure line (failure_line: "rank R (local_rank L) on HOST exited with CODE: message")

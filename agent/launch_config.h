@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/decisions.h"
 #include "agent/hang_rules.h"
 #include "agent/numa_binding.h"
 #include "agent/straggler.h"
@@ -108,6 +109,8 @@ struct LaunchConfig {
   std::chrono::milliseconds health_check_timeout{60000};
   bool health_builtin = true;
   bool health_gpus = false;  // the GPUs too: --nproc-per-node=gpu (or auto that found GPUs)
+  // --exclude-after, --exclude-window, --exclude-cooldown (agent/decisions.h, docs/health.md).
+  ExclusionPolicy exclusion;
   // --straggler-threshold, --straggler-window (agent/straggler.h, docs/health.md).
   straggler::Options straggler;
   // TORCHELASTIC_ENABLE_FILE_TIMER=1 in trun's environment (read by the launcher, as torchrun

@@ -18,7 +18,8 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(NodeStatus, node_id, hostname, a
                                                 restarts, max_restarts, state, last_failure,
                                                 last_failure_at, root_cause, root_cause_node,
                                                 root_cause_at, root_cause_round, updated_at,
-                                                unhealthy, ranks, slow_ranks)
+                                                unhealthy, excluded, excluded_until, ranks,
+                                                slow_ranks)
 
 std::string encode_node_status(const NodeStatus& s) {
   const nlohmann::json j = s;

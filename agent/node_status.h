@@ -42,6 +42,10 @@ struct NodeStatus {
   std::string state;
   // Why the health gate keeps this node out (agent/health_gate.h); empty when it passed.
   std::string unhealthy;
+  // While the node sits out an exclusion (state "excluded", docs/health.md): why, and until when
+  // (unix seconds); empty and 0 otherwise.
+  std::string excluded;
+  double excluded_until = 0;
   // The last failure of this node's workers, one line; empty when none.
   std::string last_failure;
   double last_failure_at = 0;  // unix seconds; 0 when none

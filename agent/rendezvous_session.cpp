@@ -467,6 +467,21 @@ void RendezvousSession::start_sampling(std::chrono::milliseconds interval,
   });
 }
 
+int RendezvousSession::nodes_waiting_now() {
+  std::shared_ptr<rendezvous::RendezvousHandler> handler;
+  {
+    std::lock_guard<std::mutex> h(handler_mu_);
+    handler = rdzv_;
+  }
+  if (!handler) return -1;
+  try {
+    return handler->num_nodes_waiting();
+  } catch (const std::exception& e) {
+    spdlog::debug("counting the nodes waiting: {}", e.what());
+    return -1;
+  }
+}
+
 rendezvous::RendezvousHandler::StoreStats RendezvousSession::store_stats() const {
   std::lock_guard<std::mutex> lock(handler_mu_);
   auto total = retired_stats_;

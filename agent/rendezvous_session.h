@@ -115,6 +115,8 @@ class RendezvousSession {
   // The last sample: nodes waiting for the next round; -1 before the first sample or after a
   // failed one. Any thread.
   int nodes_waiting() const { return nodes_waiting_.load(); }
+  // Asks the handler now (a few store requests, on the caller's thread); -1 when it cannot.
+  int nodes_waiting_now();
   // Store traffic of every handler this session has had (counters keep counting across a
   // rejoin). No I/O.
   rendezvous::RendezvousHandler::StoreStats store_stats() const;

@@ -1,5 +1,6 @@
 #include "launcher/cli_health.h"
 
+#include <algorithm>
 #include <string>
 
 #include "launcher/cli_values.h"
@@ -28,6 +29,15 @@ void health_options(const ResolvedOptions& o, agent::LaunchConfig& c) {
                                     1000000, "a number of attempts >= 0 (0: off)"));
   c.crash_loop_uptime =
       parse_seconds(o.origin(Opt::kCrashLoopUptime), o.text(Opt::kCrashLoopUptime), true);
+  c.exclusion.after =
+      static_cast<int>(whole_number(o.origin(Opt::kExcludeAfter), o.text(Opt::kExcludeAfter), 0,
+                                    1000000, "a number of failures >= 0 (0: never exclude)"));
+  auto secs = [&o](Opt id) {
+    return std::chrono::duration<double>(parse_seconds(o.origin(id), o.text(id), false)).count();
+  };
+  c.exclusion.window_s = secs(Opt::kExcludeWindow);
+  c.exclusion.cooldown_s = secs(Opt::kExcludeCooldown);
+  c.exclusion.cap_s = std::max(3600.0, c.exclusion.cooldown_s);
   double pct = 0;
   if (!parse_double(trim(o.text(Opt::kStragglerThreshold)), pct) || pct <= 0 || pct > 10000) {
     throw CliError(o.origin(Opt::kStragglerThreshold) + "=" + o.text(Opt::kStragglerThreshold) +

@@ -161,6 +161,14 @@ const std::vector<OptionDecl>& option_table() {
       {Opt::kCrashLoopUptime, "crash-loop-uptime", '\0', kValue, "60", kHealth,
        "Seconds an attempt must run before it fails to count as progress (for programs that "
        "report no steps)"},
+      {Opt::kExcludeAfter, "exclude-after", '\0', kValue, "3", kHealth,
+       "A node whose own workers failed this many times within --exclude-window sits out the "
+       "next rounds for --exclude-cooldown (doubling on each repeat, at most an hour), unless "
+       "that leaves fewer than --nnodes MIN nodes (c10d and etcd); 0: never"},
+      {Opt::kExcludeWindow, "exclude-window", '\0', kValue, "600", kHealth,
+       "Seconds over which --exclude-after counts a node's failures"},
+      {Opt::kExcludeCooldown, "exclude-cooldown", '\0', kValue, "60", kHealth,
+       "Seconds an excluded node sits out the first time (then twice as long each time)"},
       {Opt::kStragglerThreshold, "straggler-threshold", '\0', kValue, "20", kHealth,
        "Percent by which a rank's time per step outside collectives may exceed the median of the "
        "others' before it counts as slow (libtrun_worker programs; docs/health.md)"},

@@ -106,6 +106,10 @@ std::string dry_run_json(const CliResult& cli) {
                  {"gpus", c.health_gpus},
                  {"crash_loop_limit", c.crash_loop_limit},
                  {"crash_loop_uptime_s", seconds(c.crash_loop_uptime)},
+                 {"exclude_after", c.exclusion.after},
+                 {"exclude_window_s", c.exclusion.window_s},
+                 {"exclude_cooldown_s", c.exclusion.cooldown_s},
+                 {"exclude_cooldown_cap_s", c.exclusion.cap_s},
                  {"straggler_threshold", c.straggler.threshold},
                  {"straggler_window_s", c.straggler.window_s}};
   j["slurm"] = {{"context", context_name(cli.slurm.context)},

@@ -158,6 +158,9 @@ std::string to_json(const JobStatus& js) {
       j["last_failure"] =
           n.record->last_failure.empty() ? json(nullptr) : json(n.record->last_failure);
       j["unhealthy"] = n.record->unhealthy.empty() ? json(nullptr) : json(n.record->unhealthy);
+      j["excluded"] = n.record->excluded.empty() ? json(nullptr) : json(n.record->excluded);
+      j["excluded_until"] =
+          valid_time(n.record->excluded_until) ? json(n.record->excluded_until) : json(nullptr);
       json ranks = json::array();
       for (const auto& r : scored.ranks) {
         if (r.node != n.node_id) continue;
@@ -285,6 +288,12 @@ std::string to_table(const JobStatus& js) {
   for (const auto& n : js.nodes) {  // the health gate's reasons (docs/health.md)
     if (n.record && n.record->state == "unhealthy" && !n.record->unhealthy.empty()) {
       out += "unhealthy: " + safe(n.node_id) + ": " + safe(n.record->unhealthy) + "\n";
+    }
+    if (n.record && n.record->state == "excluded" && valid_time(n.record->excluded_until)) {
+      char left[48];
+      std::snprintf(left, sizeof left, " (%.0f s more)",
+                    std::max(0.0, n.record->excluded_until - unix_now()));
+      out += "excluded: " + safe(n.node_id) + ": " + safe(n.record->excluded) + left + "\n";
     }
   }
   return out;

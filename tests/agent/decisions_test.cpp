@@ -67,3 +67,28 @@ TEST_CASE("the crash-loop guard counts the same failure without progress, in a r
   g.record_failure(false, "exited with 1");
   CHECK(g.streak == 1);
 }
+
+TEST_CASE("a node is excluded after K failures in the window, for a cooldown that doubles",
+          "[decisions][exclusion]") {
+  ExclusionPolicy p;
+  p.after = 3;
+  p.window_s = 100;
+  p.cooldown_s = 60;
+  p.cap_s = 200;
+  Exclusion e;
+  CHECK_FALSE(e.record_failure(p, 0));
+  CHECK_FALSE(e.record_failure(p, 50));
+  CHECK_FALSE(e.record_failure(p, 120));  // the first fell out of the window
+  CHECK(e.record_failure(p, 130));
+  CHECK(e.next_cooldown(p) == 60);
+  // Failing again at once after the cooldown: excluded again, twice as long, then capped.
+  CHECK(e.record_failure(p, 200));
+  CHECK(e.next_cooldown(p) == 120);
+  CHECK(e.record_failure(p, 210));
+  CHECK(e.next_cooldown(p) == 200);
+  CHECK(e.next_cooldown(p) == 200);
+  ExclusionPolicy never = p;
+  never.after = 0;
+  Exclusion n;
+  for (int i = 0; i < 10; ++i) CHECK_FALSE(n.record_failure(never, i));
+}

@@ -9,11 +9,14 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 #include "tests/skip.h"
 
@@ -263,4 +266,85 @@ TEST_CASE("a full /dev/shm keeps the node out until space is freed (mount namesp
   REQUIRE(c.wait(30s));
   CHECK(c.exit_code() == 0);
   CHECK(c.err().find("healthy again after") != std::string::npos);
+}
+
+TEST_CASE(
+    "a node whose workers fail at every start is excluded, rejoins after its cooldown, and "
+    "is excluded twice as long when it fails again",
+    "[agent][health][exclusion]") {
+  TempDir d;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string run = "exclude-" + std::to_string(::getpid());
+  auto agent = [&](const std::string& name, bool host, std::vector<std::string> work) {
+    std::vector<std::string> argv{trun_binary(),
+                                  "--nnodes=2:3",
+                                  "--nproc-per-node=1",
+                                  "--max-restarts=50",
+                                  "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=" + ep,
+                                  "--rdzv-id=" + run,
+                                  "--exclude-after=2",
+                                  "--exclude-cooldown=2",
+                                  "--event-log",
+                                  d / (name + ".jsonl"),
+                                  std::string("--rdzv-conf=last_call_timeout=1,join_timeout=60") +
+                                      (host ? ",is_host=1" : "")};
+    argv.push_back(test_worker());
+    argv.insert(argv.end(), work.begin(), work.end());
+    return std::make_unique<Child>(argv);
+  };
+  // A and C train for 12 s; B's worker fails 0.2 s after each start.
+  auto a = agent("a", true, {"sleep", "12", "exit", "0"});
+  std::this_thread::sleep_for(500ms);  // the store host first
+  auto c = agent("c", false, {"sleep", "12", "exit", "0"});
+  auto b = agent("b", false, {"sleep", "0.2", "exit", "1"});
+  // While B sits out its second exclusion, trun status says so.
+  REQUIRE(wait_until([&] { return b->err().find("(exclusion 2)") != std::string::npos; }, 60s));
+  RunResult st =
+      run_trun({"status", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run});
+  INFO("status:\n" << st.out << st.err);
+  CHECK(st.out.find("excluded: ") != std::string::npos);
+  CHECK(st.out.find("its workers failed 2 times within 600 s") != std::string::npos);
+  REQUIRE(a->wait(120s));
+  REQUIRE(c->wait(30s));
+  const std::string berr = b->err();
+  INFO("a:\n" << a->err() << "\nb:\n" << berr);
+  CHECK(a->exit_code() == 0);
+  CHECK(c->exit_code() == 0);
+  CHECK(berr.find("is excluded for 2 s (exclusion 1): its workers failed 2 times") !=
+        std::string::npos);
+  CHECK(berr.find("is excluded for 4 s (exclusion 2)") != std::string::npos);
+  CHECK(berr.find("the exclusion of this node is over; joining again") != std::string::npos);
+  auto ev = events_named(d / "b.jsonl", "trun.agent.excluded");
+  REQUIRE(ev.size() >= 2);
+  CHECK(ev[0]["metadata"]["cooldown_s"] == 2.0);
+  CHECK(ev[1]["metadata"]["cooldown_s"] == 4.0);
+  b->signal(SIGTERM);  // it may still sit out an exclusion, or wait for a job that is over
+  REQUIRE(b->wait(30s));
+}
+
+TEST_CASE("a node is not excluded when the others are fewer than --nnodes MIN",
+          "[agent][health][exclusion]") {
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string run = "keep-" + std::to_string(::getpid());
+  auto agent = [&](bool host, std::vector<std::string> work) {
+    std::vector<std::string> argv{
+        trun_binary(),           "--nnodes=2:2",
+        "--nproc-per-node=1",    "--max-restarts=3",
+        "--crash-loop-limit=0",  "--rdzv-backend=c10d",
+        "--rdzv-endpoint=" + ep, "--rdzv-id=" + run,
+        "--exclude-after=1",     host ? "--rdzv-conf=is_host=1" : "--rdzv-conf=join_timeout=60"};
+    argv.push_back(test_worker());
+    argv.insert(argv.end(), work.begin(), work.end());
+    return std::make_unique<Child>(argv);
+  };
+  auto a = agent(true, {"sleep", "30", "exit", "0"});
+  auto b = agent(false, {"exit", "1"});
+  REQUIRE(b->wait(90s));
+  REQUIRE(a->wait(60s));
+  INFO(b->err());
+  CHECK(b->err().find("but the job keeps it: without it 1 node(s) are left, fewer than --nnodes "
+                      "MIN 2") != std::string::npos);
+  CHECK(b->err().find("is excluded for") == std::string::npos);
+  CHECK(b->exit_code() == 1);  // every restart spent, as without exclusion
 }
