@@ -45,5 +45,19 @@ echo
 printf '%-28s %s\n' "repetition" "store failover (ms)"
 for i in "${!fo[@]}"; do printf '%-28s %s\n' "$((i + 1))" "${fo[$i]}"; done
 printf '%-28s %s\n' "trun median" "$fmedian" "torchrun" "none (no failover: the job ends)"
+# Spare takeover (issue 37): a 3:3 job with a spare waiting; a member's agent SIGKILLed, then a
+# member partitioned. torchrun's c10d agents do not run in these namespaces (above): no peer.
+sout=$(bash tests/cluster/cluster.sh "$BUILD_DIR" spare 2>&1) || {
+  echo "$sout" | tail -n 30 >&2
+  echo "bench_cluster: the spare run failed" >&2
+  exit 1
+}
+skill=$(echo "$sout" | awk '/^spare_kill_ms/ {print $2}')
+spart=$(echo "$sout" | awk '/^spare_partition_ms/ {print $2}')
+echo
+printf '%-28s %s\n' "spare takeover" "ms (fault -> 3 workers running, one on the spare)"
+printf '%-28s %s\n' "agent SIGKILLed" "$skill" "node partitioned" "$spart (keep-alives: $(grep -o 'keep_alive[^,"]*' tests/cluster/lib.sh | head -2 | tr '\n' ' '))"
 echo "RESULT name=cluster_restart_latency value=$median unit=ms peer=$peer ratio=$ratio"
 echo "RESULT name=cluster_store_failover value=$fmedian unit=ms peer=none ratio=none"
+echo "RESULT name=cluster_spare_takeover_kill value=$skill unit=ms peer=none ratio=none"
+echo "RESULT name=cluster_spare_takeover_partition value=$spart unit=ms peer=none ratio=none"
