@@ -10,7 +10,7 @@
 #    start and finish, now with the time it took added to RankRecord::collective_ns), measured by
 #    tests/hang/progress_hook_bench in ns per collective; train_mlp runs 2 collectives per step
 #    (one gradient bucket, one stop agreement), so the cost per step is twice that, against the
-#    step time of train_mlp with no sleep (2 ranks, 20000 steps, hang detection off: the shortest
+#    step time of train_mlp with no sleep (2 ranks, 100000 steps, hang detection off: the shortest
 #    steps, the worst case). The agent's side (a snapshot per rank per second, a store write every
 #    5 s) runs off the workers' path. The table also shows the whole job's wall time with hang
 #    detection on and off (alternating, 7 runs each), which this 2-core machine's noise swamps.
@@ -81,12 +81,12 @@ done
 
 median() { printf '%s\n' "$@" | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 
-# Cost: wall seconds of a 20000-step job of 2 ranks, hang detection on (board + scoring) and off.
+# Cost: wall seconds of a 100000-step job of 2 ranks, hang detection on (board + scoring) and off.
 timed() {
   local t0 t1
   t0=$(date +%s.%N)
   OMP_NUM_THREADS=1 "$trun" --standalone --nproc-per-node=2 --hang-detection="$1" "$mlp" --no-ckpt \
-    --dataset-size 100000 --epochs 1000 --stop-after-steps 20000 >"$work/cost.log" 2>&1
+    --dataset-size 100000 --epochs 1000 --stop-after-steps 100000 >"$work/cost.log" 2>&1
   t1=$(date +%s.%N)
   echo "$t1 - $t0" | bc
 }
@@ -100,15 +100,15 @@ m_on=$(median "${on[@]}")
 m_off=$(median "${off[@]}")
 job_cost=$(echo "scale=2; ($m_on / $m_off - 1) * 100" | bc)
 hook_ns=$("$build/tests/hang/progress_hook_bench" | awk '/^RESULT progress_hook_collective/ {print $3}')
-step_ns=$(echo "scale=1; $m_off * 1000000000 / 20000" | bc)
+step_ns=$(echo "scale=1; $m_off * 1000000000 / 100000" | bc)
 cost=$(echo "scale=4; 2 * $hook_ns * 100 / $step_ns" | bc)
 m_det=$(median "${detections[@]}")
 
 printf '\n%-44s %s\n' "what" "value"
 printf '%-44s %s\n' "detection (default 20 %, 30 s), median s" "$m_det (runs: ${detections[*]})"
 printf '%-44s %s\n' "flags naming rank 2" "$named of $reps"
-printf '%-44s %s\n' "2 ranks x 20000 steps, board on (s, median)" "$m_on (${on[*]})"
-printf '%-44s %s\n' "2 ranks x 20000 steps, board off (s, median)" "$m_off (${off[*]})"
+printf '%-44s %s\n' "2 ranks x 100000 steps, board on (s, median)" "$m_on (${on[*]})"
+printf '%-44s %s\n' "2 ranks x 100000 steps, board off (s, median)" "$m_off (${off[*]})"
 printf '%-44s %s\n' "  whole job, on/off - 1 (%, noise-bound)" "$job_cost"
 printf '%-44s %s\n' "board hooks per collective (ns)" "$hook_ns"
 printf '%-44s %s\n' "shortest step (ns, board off)" "$step_ns"

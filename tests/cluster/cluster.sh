@@ -376,19 +376,28 @@ bench)  # cross-node restart latency: a worker dies on node 1 -> replacements ru
   done
   finish_ok
   ;;
-spare)  # spare takeover (issue 37; timed by scripts/bench.sh cluster): a 3:3 job with a fourth
-  # agent waiting as a spare; a member's agent SIGKILLed, then a member partitioned (its link down: it vanishes without
-  # closing a connection, so only the keep-alives, $CONF, find it). Each time: from the fault to
-  # the last of the 3 replacement workers running, one of them on the spare. Prints
-  # "spare_kill_ms X" and "spare_partition_ms X".
+spare)  # spare takeover (issue 37; timed by scripts/bench.sh cluster): four agents of a 3:3 job
+  # start together, so one arrives while the round forms and must wait as the spare without
+  # breaking it; then a member's agent is SIGKILLed, and later a member is partitioned (its link
+  # down: it vanishes without closing a connection, so only the keep-alives, $CONF, find it). Each
+  # time the spare runs a worker of the replacement group. Prints "spare_kill_ms X" and
+  # "spare_partition_ms X": from the fault to the last of the 3 replacement workers running.
   for i in 0 1 2 3; do add_node $i; done
   # A spare waits for a round at most join_timeout: long here (the tests' 8 s would end it).
   CONF="${CONF/join_timeout=8/join_timeout=120}"
   sp_agent() { start_agent "$1" --nnodes 3:3 --nproc-per-node 1 --max-restarts 0 $(c10d); }
-  for i in 0 1 2; do sp_agent $i; done
+  for i in 0 1 2 3; do sp_agent $i; done
   wait_for 60 "3 workers" have_world 3
-  sp_agent 3
-  sleep 3  # it waits for the next round
+  sleep 2  # nothing more may start: the fourth waits
+  [ "$(grep -c " world=3 " "$CLUSTER_LOG")" = 3 ] || fail "the spare's arrival broke the first round"
+  members=$(grep " world=3 " "$CLUSTER_LOG" | grep -o " node=n[0-9]" | cut -dn -f3 | sort | tr -d '\n')
+  spare=""
+  for i in 0 1 2 3; do [[ $members == *$i* ]] || spare=$i; done
+  [ -n "$spare" ] || fail "no spare among nodes 0-3 (members: $members)"
+  # The fault's targets: members other than node 0, which hosts the store.
+  victims=()
+  for i in 1 2 3; do [[ $members == *$i* ]] && victims+=("$i"); done
+  log "members $members, spare $spare; killing node ${victims[0]}, then cutting off node ${victims[1]}"
   # takeover LABEL SPARE: the time from t0 to the third new world=3 worker; SPARE must have one.
   takeover() {
     local label=$1 spare=$2 t1
@@ -399,24 +408,26 @@ spare)  # spare takeover (issue 37; timed by scripts/bench.sh cluster): a 3:3 jo
     t1=$(grep " world=3 " "$CLUSTER_LOG" | tail -n 3 | sed 's/^t=\([0-9.]*\).*/\1/' | sort -n | tail -n 1)
     echo "spare_${label}_ms $(echo "($t1 - $t0) * 1000" | bc -l | xargs printf '%.0f')"
   }
+  killed=${victims[0]}
+  cut=${victims[1]}
   w=$(grep -c " world=3 " "$CLUSTER_LOG")
   t0=$(date +%s.%N)
-  kill -KILL "${AGENT_PID[2]}"
-  wait "${AGENT_PID[2]}" 2>/dev/null
-  unset "AGENT_PID[2]"
-  takeover kill 3
-  # Node 2 comes back as the next spare; node 1 (not the store host) is cut off.
-  sp_agent 2
+  kill -KILL "${AGENT_PID[$killed]}"
+  wait "${AGENT_PID[$killed]}" 2>/dev/null
+  unset "AGENT_PID[$killed]"
+  takeover kill "$spare"
+  # The killed node comes back as the next spare; another member is cut off.
+  sp_agent "$killed"
   sleep 3
   w=$(grep -c " world=3 " "$CLUSTER_LOG")
   t0=$(date +%s.%N)
-  ip -n "$HUB" link set h1 down
-  takeover partition 2
+  ip -n "$HUB" link set "h$cut" down
+  takeover partition "$killed"
   # The cut-off agent is killed (it is no member any more; see the note on issue 37 about an
   # agent that lost its lease and answered SIGTERM late); the others stop on SIGTERM.
-  kill -KILL "${AGENT_PID[1]}" 2>/dev/null
-  agent_exit 1
-  ip -n "$HUB" link set h1 up
+  kill -KILL "${AGENT_PID[$cut]}" 2>/dev/null
+  agent_exit "$cut"
+  ip -n "$HUB" link set "h$cut" up
   touch "$TMP/stop"
   for n in "${!AGENT_PID[@]}"; do kill -TERM "${AGENT_PID[$n]}" 2>/dev/null; done
   for n in "${!AGENT_PID[@]}"; do
@@ -424,6 +435,7 @@ spare)  # spare takeover (issue 37; timed by scripts/bench.sh cluster): a 3:3 jo
     [ "$RC" = 143 ] || [ "$RC" = 0 ] || fail "agent $n exited $RC after SIGTERM"
   done
   ;;
+
 failover_bench)  # store failover time: SIGKILL of the store host's agent -> the survivors'
   # replacement workers running (the last one's first line); the killed node then starts again
   # with the endpoint list and joins, and the next repetition kills whoever hosts the store now.
