@@ -58,7 +58,7 @@ TEST_CASE("the tracker measures step time and time outside collectives per rank"
   CHECK_FALSE(slowest(stats, 0.7));
 }
 
-TEST_CASE("the tracker needs half an interval and a step; a new worker starts over",
+TEST_CASE("the tracker needs half an interval and a step, and a new worker starts over",
           "[straggler]") {
   Tracker t;
   t.observe({rank_at(0, 0, 0)}, 0);
