@@ -163,7 +163,8 @@ TEST_CASE("failures that differ, or that come after progress, are not a crash lo
   }
 }
 
-TEST_CASE("--health-check keeps an unhealthy node out until it passes", "[agent][health]") {
+TEST_CASE("a node whose --health-check fails stays out of the job until it passes",
+          "[agent][health]") {
   TempDir d;
   const std::string check = d / "check.sh";
   SECTION("fails twice before the first join, then passes: the job runs") {
