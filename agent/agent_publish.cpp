@@ -27,9 +27,6 @@ bool Agent::start_metrics() {
                  e.what());
     return false;
   }
-  std::fprintf(stderr, "trun: metrics on http://0.0.0.0:%u/metrics and /healthz\n",
-               static_cast<unsigned>(metrics_->port()));
-  std::fflush(stderr);
   // The heartbeat: the loop republishes every second, so /healthz sees it answer.
   heartbeat_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
   if (heartbeat_fd_ >= 0) {
@@ -49,6 +46,12 @@ bool Agent::start_metrics() {
   snap_.phase = "rendezvous";
   snap_.phase_since = std::chrono::steady_clock::now();
   publish();
+  // Only now: a client that reads the port and asks at once must get this snapshot, not the
+  // server's empty one (whose phase began at the clock's epoch: "rendezvous in progress for
+  // 8461 s" in a fresh-clone CI run).
+  std::fprintf(stderr, "trun: metrics on http://0.0.0.0:%u/metrics and /healthz\n",
+               static_cast<unsigned>(metrics_->port()));
+  std::fflush(stderr);
   return true;
 }
 
