@@ -29,6 +29,10 @@ std::string existing_dir(const std::string& path) {
   return path;
 }
 
+double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 }  // namespace
 
 HealthOptions Agent::health_options() const {
@@ -49,13 +53,8 @@ HealthOptions Agent::health_options() const {
 void Agent::sleep_unless_stopped(std::chrono::milliseconds d) {
   const auto until = std::chrono::steady_clock::now() + d;
   for (int i = 0; i < 1000000 && std::chrono::steady_clock::now() < until; ++i) {
-    sigset_t pending;
-    if (sigpending(&pending) == 0) {
-      for (int s : config_.signals_to_handle) {
-        if (s != SIGCHLD && sigismember(&pending, s) == 1) {
-          throw RendezvousInterrupted("a stop signal is pending");
-        }
-      }
+    if (stop_signal_pending(config_.signals_to_handle)) {
+      throw RendezvousInterrupted("a stop signal is pending");
     }
     usleep(50 * 1000);
   }
@@ -107,18 +106,6 @@ void Agent::wait_until_healthy(const char* when) {
     sleep_unless_stopped(delay);
   }
 }
-
-}  // namespace trun::agent
-
-namespace trun::agent {
-
-namespace {
-
-double monotonic_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-}  // namespace
 
 bool Agent::exclude_after_failure() {
   // Only a node that can be left out of a dynamic rendezvous, and only for its own failures.

@@ -414,15 +414,19 @@ void RendezvousSession::exit_barrier(std::chrono::milliseconds timeout) {
   store.wait({"exit_barrier/done"}, timeout);
 }
 
-void RendezvousSession::check_stop_signal() {
+bool stop_signal_pending(const std::vector<int>& signals) {
   sigset_t pending;
-  if (sigpending(&pending) != 0) return;
-  for (int s : config_.signals_to_handle) {
-    if (s != SIGCHLD && sigismember(&pending, s) == 1) {
-      interrupted_ = true;
-      throw RendezvousInterrupted("a stop signal is pending");
-    }
+  if (sigpending(&pending) != 0) return false;
+  for (int s : signals) {
+    if (s != SIGCHLD && sigismember(&pending, s) == 1) return true;
   }
+  return false;
+}
+
+void RendezvousSession::check_stop_signal() {
+  if (!stop_signal_pending(config_.signals_to_handle)) return;
+  interrupted_ = true;
+  throw RendezvousInterrupted("a stop signal is pending");
 }
 
 bool RendezvousSession::publish_status(const std::string& record) {

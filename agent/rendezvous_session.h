@@ -29,6 +29,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "agent/clock.h"
 #include "agent/event_log.h"
@@ -42,6 +43,9 @@ namespace trun::agent {
 // One of the agent's stop signals (LaunchConfig::signals_to_handle) arrived while a round was
 // being formed: the session left the rendezvous (the others see this node leave) and the handler
 // is shut down. The signal itself stays pending for the agent's signalfd.
+// Whether one of `signals` (the handled ones; SIGCHLD is not a stop) is pending for the process.
+bool stop_signal_pending(const std::vector<int>& signals);
+
 class RendezvousInterrupted : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
