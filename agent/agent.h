@@ -150,6 +150,17 @@ class Agent {
   // has failed --exclude-after times within the window and the others are enough for the job
   // (--nnodes MIN), excludes it (a cooldown that doubles on each repeat). True when excluded.
   bool exclude_after_failure();
+  // Excludes this node now for the next cooldown (docs/health.md): says why on stderr, in the
+  // event log and the status record, and keeps it in the job's store (save_exclusion).
+  // `nodes_left`: the nodes the job has without it.
+  void exclude_node(const std::string& why, int nodes_left);
+  // Before the first join: an exclusion of this node that the job's store still holds (the
+  // agent was restarted during one) is taken up again: what is left of it is sat out, and the
+  // next exclusion is as long as that agent's next would have been.
+  void restore_exclusion();
+  void save_exclusion(const std::string& why, double cooldown_s);
+  // This node's name in exclusion records: its host name, and --local-addr when given.
+  std::string node_name() const;
   // Before joining again: sits out what is left of an exclusion (a stop signal ends it).
   void sit_out_exclusion();
   // Sleeps `d` unless a stop signal is pending (then throws RendezvousInterrupted).
@@ -165,6 +176,14 @@ class Agent {
   std::vector<straggler::RankStats> job_rank_stats(const std::vector<straggler::RankStats>& local);
   void on_straggler_change(const straggler::Judge::Change& c,
                            const std::vector<straggler::RankStats>& scored);
+  // --straggler-action=exclude, on the judging node: blames the flagged rank's node in the
+  // store (trun/blame/<run id>/<node id>) when a spare waits and the job keeps MIN nodes
+  // without it.
+  void blame_straggler(const straggler::RankStats& r);
+  // On every node, each tick with --straggler-action=exclude: when this node is blamed for the
+  // current round it is excluded and leaves the round (the others re-form with the spare), unless
+  // it hosts the job's store. True when it left.
+  bool leave_if_blamed();
 
   // --- publish (agent_publish.cpp) ---
   // Records an event in --event-log (no-op without one), with the restart count.
@@ -274,6 +293,13 @@ class Agent {
   CrashLoop crash_loop_;
   bool health_notes_shown_ = false;  // the health gate's skipped-check notes, once per job
   Exclusion exclusion_;
+  // The last hang verdict of this group blamed a rank of this node (on_hang): the failure that
+  // follows excludes the node at once (not after --exclude-after failures).
+  int hang_blamed_rank_ = -1;
+  // This node left the round on purpose (leave_if_blamed): the group stopped for that.
+  bool stepped_out_ = false;
+  bool blame_refused_ = false;   // said once per round that a blamed store host stays
+  std::string outside_slot_of_;  // the node id this agent took an outside slot for
   std::optional<Clock::TimePoint> excluded_until_;  // while this node sits out
   int straggler_fd_ = -1;                           // a timerfd while the hang watch runs
   straggler::Judge straggler_judge_{config_.straggler};

@@ -103,6 +103,7 @@ void Agent::on_hang() {
   }
   if (blamed < 0) blamed = 0;
   const WorkerProcess& w = workers_[static_cast<size_t>(blamed)];
+  if (!local_culprits.empty()) hang_blamed_rank_ = w.rank;
   WorkerFailure f;
   f.local_rank = w.local_rank;
   f.rank = w.rank;

@@ -9,7 +9,9 @@
 #include <system_error>
 
 #include "agent/agent.h"
+#include "agent/node_status.h"
 #include "base/progress_board.h"
+#include "store/store.h"
 
 namespace trun::agent {
 
@@ -112,15 +114,22 @@ bool Agent::exclude_after_failure() {
   if (!session_ || !session_->multi_node() || !session_->dynamic()) return false;
   if (!root_cause_ || !root_cause_->local) return false;
   const ExclusionPolicy& p = config_.exclusion;
-  if (!exclusion_.record_failure(p, monotonic_seconds())) return false;
+  if (p.after <= 0) return false;
+  char why[160];
+  if (hang_blamed_rank_ >= 0) {
+    // A hang verdict names the rank everybody waited for: one is enough.
+    std::snprintf(why, sizeof why, "a hang verdict blamed its rank %d", hang_blamed_rank_);
+  } else {
+    if (!exclusion_.record_failure(p, monotonic_seconds())) return false;
+    std::snprintf(why, sizeof why, "its workers failed %d times within %.0f s", p.after,
+                  p.window_s);
+  }
   // The nodes the next round can have without this one: the other members of this round, or the
   // nodes already waiting for the next (spares, and members that rejoined first), whichever is
   // more. A lower bound (a member that has not rejoined yet and a spare are not both counted), so
   // a node is never excluded on a guess.
   const int others = session_->info().group_world_size - 1;
   const int left = std::max(others, session_->nodes_waiting_now());
-  char why[160];
-  std::snprintf(why, sizeof why, "its workers failed %d times within %.0f s", p.after, p.window_s);
   if (left < config_.min_nodes) {
     std::fprintf(stderr,
                  "trun: node %s %s, but the job keeps it: without it %d node(s) are left, fewer "
@@ -131,21 +140,101 @@ bool Agent::exclude_after_failure() {
           {{"reason", std::string(why)}, {"nodes_left", int64_t{left}}});
     return false;
   }
+  exclude_node(why, left);
+  return true;
+}
+
+void Agent::exclude_node(const std::string& why, int nodes_left) {
+  const ExclusionPolicy& p = config_.exclusion;
   const double cooldown = exclusion_.next_cooldown(p);
   excluded_until_ = clock_.now() + std::chrono::duration_cast<Clock::Duration>(
                                        std::chrono::duration<double>(cooldown));
   std::fprintf(stderr,
                "trun: node %s is excluded for %.0f s (exclusion %d): %s; it sits out the next "
                "rounds, then joins again if it passes its health gate\n",
-               hostname_.c_str(), cooldown, exclusion_.times, why);
+               hostname_.c_str(), cooldown, exclusion_.times, why.c_str());
   std::fflush(stderr);
-  event("trun.agent.excluded", {{"reason", std::string(why)},
+  event("trun.agent.excluded", {{"reason", why},
                                 {"cooldown_s", cooldown},
                                 {"times", int64_t{exclusion_.times}},
-                                {"nodes_left", int64_t{left}}});
+                                {"nodes_left", int64_t{nodes_left}}});
   status_.excluded = why;
   status_.excluded_until = unix_seconds() + cooldown;
-  return true;
+  save_exclusion(why, cooldown);
+}
+
+std::string Agent::node_name() const {
+  return config_.rdzv.local_addr.empty() ? hostname_ : hostname_ + "@" + config_.rdzv.local_addr;
+}
+
+void Agent::save_exclusion(const std::string& why, double cooldown_s) {
+  const std::shared_ptr<store::Store> store = session_ ? session_->job_store() : nullptr;
+  if (!store) return;
+  ExclusionRecord record;
+  record.times = exclusion_.times;
+  record.until = unix_seconds() + cooldown_s;
+  record.reason = why;
+  record.node_id = session_->node_id();
+  try {
+    store->set(exclusion_key(run_id_, node_name()), encode_exclusion(record));
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "cannot keep this node's exclusion in the job's store (a restarted agent would "
+        "not know of it): {}",
+        e.what());
+  }
+}
+
+void Agent::restore_exclusion() {
+  if (config_.exclusion.after <= 0 || !session_ || !session_->dynamic()) return;
+  const std::shared_ptr<store::Store> store = session_->job_store();
+  if (!store) return;
+  std::optional<ExclusionRecord> record;
+  try {
+    const std::string key = exclusion_key(run_id_, node_name());
+    if (store->check({key})) record = decode_exclusion(store->get(key));
+  } catch (const std::exception& e) {
+    spdlog::warn("cannot read this node's exclusion record in the job's store: {}", e.what());
+    return;
+  }
+  if (!record || record->times <= 0) return;
+  if (!record->node_id.empty() && record->node_id != session_->node_id()) {
+    // The agent that wrote it is gone (this one replaces it): its status record says so, and
+    // `trun status` no longer lists it as outside the rounds.
+    try {
+      const std::string key = node_status_key(run_id_, record->node_id);
+      std::optional<NodeStatus> old;
+      if (store->check({key})) old = decode_node_status(store->get(key));
+      if (old && old->state != "restarted") {
+        old->state = "restarted";
+        store->set(key, encode_node_status(*old));
+      }
+    } catch (const std::exception& e) {
+      spdlog::debug("retiring the previous agent's status record: {}", e.what());
+    }
+  }
+  exclusion_.times = std::max(exclusion_.times, record->times);
+  const double left = record->until - unix_seconds();
+  if (left <= 0) {
+    spdlog::info(
+        "this node was excluded {} time(s) earlier in this job (the next exclusion is "
+        "longer)",
+        record->times);
+    return;
+  }
+  excluded_until_ = clock_.now() + std::chrono::duration_cast<Clock::Duration>(
+                                       std::chrono::duration<double>(left));
+  std::fprintf(stderr,
+               "trun: node %s is still excluded for %.0f s (exclusion %d, kept in the job's "
+               "store): %s; it sits out, then joins if it passes its health gate\n",
+               hostname_.c_str(), left, record->times, record->reason.c_str());
+  std::fflush(stderr);
+  event("trun.agent.excluded", {{"reason", record->reason},
+                                {"cooldown_s", left},
+                                {"times", int64_t{record->times}},
+                                {"restored", true}});
+  status_.excluded = record->reason;
+  status_.excluded_until = record->until;
 }
 
 void Agent::sit_out_exclusion() {

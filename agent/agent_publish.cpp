@@ -8,6 +8,8 @@
 #include <mutex>
 
 #include "agent/agent.h"
+#include "agent/node_status.h"
+#include "store/store.h"
 
 namespace trun::agent {
 
@@ -105,12 +107,13 @@ bool Agent::publish_status(const char* state) {
   if (!session_) return false;
   const auto& info = session_->info();
   status_.node_id = session_->node_id();
-  if (status_.node_id.empty()) return false;  // no round yet
+  if (status_.node_id.empty()) return false;  // not connected
   status_.hostname = hostname_;
   status_.pid = getpid();
-  status_.round = info.round;
-  status_.group_rank = info.group_rank;
-  status_.group_world_size = info.group_world_size;
+  const bool in_round = !info.participants.empty();
+  status_.round = in_round ? info.round : -1;
+  status_.group_rank = in_round ? info.group_rank : -1;
+  status_.group_world_size = in_round ? info.group_world_size : 0;
   if (static_cast<size_t>(info.group_rank) < info.participants.size()) {
     status_.addr = info.participants.at(static_cast<size_t>(info.group_rank)).addr;
   }
@@ -119,7 +122,21 @@ bool Agent::publish_status(const char* state) {
   status_.max_restarts = config_.max_restarts;
   status_.state = state;
   status_.updated_at = unix_seconds();
-  return session_->publish_status(encode_node_status(status_));
+  const bool took = session_->publish_status(encode_node_status(status_));
+  // A node outside the rounds is in no rendezvous list: it lists itself for `trun status`.
+  const std::string outside(state);
+  if (took && (outside == "unhealthy" || outside == "excluded") &&
+      outside_slot_of_ != status_.node_id) {
+    try {
+      const std::shared_ptr<store::Store> store = session_->job_store();
+      const int64_t k = store->add(outside_count_key(run_id_), 1);
+      store->set(outside_slot_key(run_id_, k), status_.node_id);
+      outside_slot_of_ = status_.node_id;
+    } catch (const std::exception& e) {
+      spdlog::debug("cannot list this node for trun status: {}", e.what());
+    }
+  }
+  return took;
 }
 
 void Agent::set_worker_state(size_t i, const char* state) {

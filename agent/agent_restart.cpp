@@ -80,6 +80,11 @@ Agent::Next Agent::after_round_over() {
 
 // The group stopped on its own (success, failure) or after a signal: the next step.
 Agent::Next Agent::after_stop(GroupOutcome outcome) {
+  if (stepped_out_) {
+    // This node left the round (excluded): it sits out, then joins as a new node.
+    stepped_out_ = false;
+    if (outcome == GroupOutcome::kRoundOver) return Next{Next::kAgain};
+  }
   if (outcome == GroupOutcome::kRoundOver) return after_round_over();
   const AfterStop next =
       decide_after_stop(outcome, received_signal_, restart_count_, config_.max_restarts);

@@ -103,8 +103,15 @@ int Agent::run_job() {
       publish();
     }
   });
-  wait_until_healthy("before joining");
   try {
+    // Connected first, so that a node kept out (unhealthy, excluded) shows in `trun status`.
+    {
+      WaitingWindow waiting(*this);
+      session_->connect();
+    }
+    restore_exclusion();
+    sit_out_exclusion();
+    wait_until_healthy("before joining");
     WaitingWindow waiting(*this);
     session_->start();
   } catch (const RendezvousInterrupted&) {
@@ -244,6 +251,7 @@ void Agent::reset_group() {
   killed_ = false;
   failures_.clear();
   root_cause_.reset();
+  hang_blamed_rank_ = -1;
   stop_began_.reset();
   by_pid_.clear();
   workers_.assign(static_cast<size_t>(config_.nproc_per_node), WorkerProcess{});

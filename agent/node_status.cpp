@@ -37,4 +37,33 @@ std::optional<NodeStatus> decode_node_status(const std::string& text) {
   }
 }
 
+std::string outside_count_key(const std::string& run_id) {
+  return "trun/outside/" + run_id + "/count";
+}
+
+std::string outside_slot_key(const std::string& run_id, int64_t k) {
+  return "trun/outside/" + run_id + "/" + std::to_string(k);
+}
+
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(ExclusionRecord, times, until, reason, node_id)
+
+std::string exclusion_key(const std::string& run_id, const std::string& node_name) {
+  return "trun/exclusion/" + run_id + "/" + node_name;
+}
+
+std::string encode_exclusion(const ExclusionRecord& record) {
+  const nlohmann::json j = record;
+  return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+std::optional<ExclusionRecord> decode_exclusion(const std::string& text) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return std::nullopt;
+  try {
+    return j.get<ExclusionRecord>();
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;
+  }
+}
+
 }  // namespace trun::agent

@@ -69,4 +69,26 @@ std::string encode_node_status(const NodeStatus& status);
 // nullopt when `text` is not such a record (a reader of an older or newer agent goes on).
 std::optional<NodeStatus> decode_node_status(const std::string& text);
 
+// Nodes outside the rounds (unhealthy before they join, excluded): the rendezvous keys do not
+// list them, so each such agent takes a slot once per node id: an add() on
+// outside_count_key(run_id) gives k >= 1, and outside_slot_key(run_id, k) holds its node id;
+// `trun status` reads the slots (the latest kMaxOutsideSlots) and their status records.
+constexpr int64_t kMaxOutsideSlots = 256;
+std::string outside_count_key(const std::string& run_id);
+std::string outside_slot_key(const std::string& run_id, int64_t k);
+
+// A node's exclusion (docs/health.md), kept in the job's store so that it outlives the agent: a
+// restarted agent on the same node sits out what is left of it, and its next exclusion is
+// longer. A node here is its host name and --local-addr (several agents on one host need
+// distinct --local-addr for their exclusions to be told apart).
+struct ExclusionRecord {
+  int times = 0;        // exclusions so far
+  double until = 0;     // unix seconds: the end of the last one
+  std::string reason;   // why the last one
+  std::string node_id;  // the agent that wrote it (a restarted agent retires its status record)
+};
+std::string exclusion_key(const std::string& run_id, const std::string& node_name);
+std::string encode_exclusion(const ExclusionRecord& record);
+std::optional<ExclusionRecord> decode_exclusion(const std::string& text);
+
 }  // namespace trun::agent

@@ -208,12 +208,51 @@ void RendezvousSession::form_round() {
       info_.group_world_size, ranks_.world_size);
 }
 
+void RendezvousSession::connect() {
+  if (!rdzv_) create_handler();
+}
+
 void RendezvousSession::start() {
-  create_handler();
+  connect();
   form_round();
 }
 
-void RendezvousSession::next_round() { form_round(); }
+void RendezvousSession::next_round() {
+  connect();
+  form_round();
+}
+
+void RendezvousSession::step_out() {
+  drop_handler();
+  // A new node from here: no previous round to rejoin under the old id.
+  info_ = rendezvous::RendezvousInfo{};
+  ranks_ = Ranks{};
+  member_id_.clear();
+  round_over_.reset();
+  try {
+    connect();
+  } catch (const RendezvousInterrupted&) {
+    throw;
+  } catch (const std::exception& e) {
+    spdlog::warn("after leaving the round: cannot connect to the rendezvous again yet: {}",
+                 e.what());
+  }
+}
+
+bool RendezvousSession::hosts_store() const {
+  std::lock_guard<std::mutex> lock(handler_mu_);
+  return rdzv_ && rdzv_->hosts_store();
+}
+
+std::shared_ptr<store::Store> RendezvousSession::job_store() {
+  if (info_.run_store) return info_.run_store;
+  std::shared_ptr<rendezvous::RendezvousHandler> handler;
+  {
+    std::lock_guard<std::mutex> lock(handler_mu_);
+    handler = rdzv_;
+  }
+  return handler ? handler->job_store() : nullptr;
+}
 
 void RendezvousSession::on_event_fd() {
   uint64_t n;
@@ -431,9 +470,11 @@ void RendezvousSession::check_stop_signal() {
 
 bool RendezvousSession::publish_status(const std::string& record) {
   // After an interrupted rendezvous the handler is shut down (its store may be gone with it).
-  if (!rdzv_ || !info_.run_store || interrupted_) return false;
+  if (!rdzv_ || interrupted_) return false;
   try {
-    info_.run_store->set(node_status_key(run_id_, rdzv_->node_id()), record);
+    const std::shared_ptr<store::Store> store = job_store();
+    if (!store) return false;
+    store->set(node_status_key(run_id_, rdzv_->node_id()), record);
     return true;
   } catch (const std::exception& e) {
     spdlog::debug("cannot publish this node's status for trun status: {}", e.what());

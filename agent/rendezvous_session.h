@@ -70,8 +70,20 @@ class RendezvousSession {
     on_round_formed_ = std::move(callback);
   }
 
-  // Creates the handler and forms the first round (both within join_timeout).
+  // Creates the handler (connects to the store, or hosts it) without joining a round, so that a
+  // node can write to the job's store (job_store) before it joins. No-op when connected.
+  void connect();
+  // connect(), then forms the first round (both within join_timeout).
   void start();
+  // Leaves the rendezvous on purpose in the middle of a round (an excluded node): the others see
+  // this node leave and re-form without it (a planned leave, not counted against their quorum).
+  // Then connects again as a new node, which joins with the next next_round(). Errors of the new
+  // connection are logged; next_round() retries it.
+  void step_out();
+  // Whether this node hosts the job's store (step_out would stop it). No I/O.
+  bool hosts_store() const;
+  // The job's store without a round prefix; nullptr when not connected (or static).
+  std::shared_ptr<store::Store> job_store();
   // Forms the next round (after a restart or a membership change) and this node's ranks.
   void next_round();
   // After the store was lost (dynamic backends): drops the handler and joins again with a new
@@ -102,8 +114,8 @@ class RendezvousSession {
   // store's errors.
   void exit_barrier(std::chrono::milliseconds timeout);
   // Writes this node's status record (agent/node_status.h) to the job's store: one set, bounded
-  // by the store's timeout; errors are logged at debug level (status is best effort). No-op
-  // before the first round.
+  // by the store's timeout; errors are logged at debug level (status is best effort). Before
+  // the first round (after connect()) it goes through job_store(). No-op when not connected.
   // Returns whether the store took it.
   bool publish_status(const std::string& record);
   // This node's id in the rendezvous (empty before start()).

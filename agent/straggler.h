@@ -35,13 +35,16 @@ struct Options {
   double window_s = 30;       // --straggler-window: how long a rank must stay slower
   double measure_s = 10;      // the interval each rank's step time is measured over
   double sample_every_s = 1;  // the Tracker keeps one sample per this interval
+  // --straggler-action=exclude: the flagged rank's node is excluded when a spare waits.
+  bool exclude = false;
 };
 
 // One rank's numbers. step_s == 0: not measured yet (fewer than one step in the interval).
 struct RankStats {
   int rank = -1;
   int local_rank = -1;
-  std::string node;
+  std::string node;     // its host name
+  std::string node_id;  // its agent's rendezvous id (empty on one node)
   uint64_t steps = 0;
   double step_s = 0;
   double compute_s = 0;

@@ -47,6 +47,12 @@ void health_options(const ResolvedOptions& o, agent::LaunchConfig& c) {
   const auto window =
       parse_seconds(o.origin(Opt::kStragglerWindow), o.text(Opt::kStragglerWindow), false);
   c.straggler.window_s = std::chrono::duration<double>(window).count();
+  const std::string action = trim(o.text(Opt::kStragglerAction));
+  if (action != "report" && action != "exclude") {
+    throw CliError(o.origin(Opt::kStragglerAction) + "=" + o.text(Opt::kStragglerAction) +
+                   ": expected report or exclude");
+  }
+  c.straggler.exclude = action == "exclude";
 }
 
 }  // namespace trun::launcher

@@ -175,6 +175,10 @@ const std::vector<OptionDecl>& option_table() {
       {Opt::kStragglerWindow, "straggler-window", '\0', kValue, "30", kHealth,
        "Seconds a rank must stay slow before it is flagged (once, on the console, in the event "
        "log, /metrics and trun status)"},
+      {Opt::kStragglerAction, "straggler-action", '\0', kValue, "report", kHealth,
+       "report: only report a flagged slow rank; exclude: also exclude its node (it leaves the "
+       "round and sits out --exclude-cooldown) when a spare node waits to take its place and "
+       "the job keeps --nnodes MIN nodes (c10d and etcd)"},
 
       {Opt::kNodeRank, "node-rank", '\0', kValue, "0", kLegacy,
        "This node's rank (GROUP_RANK) for the static backend"},

@@ -66,6 +66,7 @@ enum class Opt {
   kExcludeCooldown,
   kStragglerThreshold,
   kStragglerWindow,
+  kStragglerAction,
   kNodeRank,
   kMasterAddr,
   kMasterPort,

@@ -111,7 +111,8 @@ std::string dry_run_json(const CliResult& cli) {
                  {"exclude_cooldown_s", c.exclusion.cooldown_s},
                  {"exclude_cooldown_cap_s", c.exclusion.cap_s},
                  {"straggler_threshold", c.straggler.threshold},
-                 {"straggler_window_s", c.straggler.window_s}};
+                 {"straggler_window_s", c.straggler.window_s},
+                 {"straggler_action", c.straggler.exclude ? "exclude" : "report"}};
   j["slurm"] = {{"context", context_name(cli.slurm.context)},
                 {"job_id", cli.slurm.job_id.empty() ? json(nullptr) : json(cli.slurm.job_id)},
                 {"step_id", cli.slurm.step_id.empty() ? json(nullptr) : json(cli.slurm.step_id)}};

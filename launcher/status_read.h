@@ -34,6 +34,9 @@ struct JobStatus {
   std::string over_cause;   // why the current round ended (its first over record)
   std::vector<NodeRow> nodes;
   int waiting = 0;  // nodes that joined the next round and are not members of the current one
+  // Nodes kept out of the rounds by their agents (unhealthy, excluded: state "outside"), listed
+  // after the others; they listed themselves (agent/node_status.h, outside_slot_key).
+  int outside = 0;
 };
 
 // Fills *js with the job's rendezvous state and each node's status record, where its agent

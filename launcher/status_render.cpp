@@ -195,6 +195,7 @@ std::string to_json(const JobStatus& js) {
               {"restarts", sum.restarts},
               {"max_restarts", sum.max_restarts >= 0 ? json(sum.max_restarts) : json(nullptr)},
               {"waiting", js.waiting},
+              {"outside", js.outside},
               {"nodes", std::move(nodes)}};
   if (sum.last_failure) {
     out["last_failure"] = {{"node_id", sum.last_failure->node_id},
@@ -232,8 +233,10 @@ std::string to_table(const JobStatus& js) {
   if (js.next_round >= 0 && (js.round_state != "running" || js.waiting > 0)) {
     out += "; nodes join round " + std::to_string(js.next_round);
   }
-  out += "\nnodes:        " + std::to_string(js.nodes.size() - js.waiting) + " in the round, " +
-         std::to_string(js.waiting) + " waiting\n";
+  out += "\nnodes:        " + std::to_string(js.nodes.size() - js.waiting - js.outside) +
+         " in the round, " + std::to_string(js.waiting) + " waiting";
+  if (js.outside > 0) out += ", " + std::to_string(js.outside) + " outside (unhealthy or excluded)";
+  out += "\n";
   out += "restarts:     " + std::to_string(sum.restarts);
   if (sum.max_restarts >= 0) {
     out += " of " + std::to_string(sum.max_restarts) + " (" +

@@ -271,6 +271,12 @@ class RendezvousHandler {
     }
   };
   virtual StoreStats store_stats() const { return {}; }
+  // The job's store without a round prefix (RendezvousInfo::run_store), usable before this
+  // handler's first round: what an agent outside the rounds (unhealthy, excluded) writes its
+  // status and its exclusion to. nullptr for a backend that keeps no such store (static).
+  virtual std::shared_ptr<store::Store> job_store() { return nullptr; }
+  // Whether this handler hosts the job's store (shutdown() stops it). No I/O.
+  virtual bool hosts_store() const { return false; }
 
   // After this handler's store was lost (the round ended with kStoreLost or kMembershipLost, or
   // next_rendezvous failed on it): when the store itself is gone and the backend can move it

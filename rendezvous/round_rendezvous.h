@@ -71,6 +71,8 @@ class RoundRendezvous : public RendezvousHandler {
   // Requests this handler's backend sent (tests, benchmarks).
   uint64_t requests_sent() const { return backend_->requests_sent(); }
   StoreStats store_stats() const override;
+  std::shared_ptr<store::Store> job_store() override { return backend_->agent_store(); }
+  bool hosts_store() const override { return server_ != nullptr; }
   const store::StoreServer* hosted_store() const { return server_.get(); }
 
  protected:

@@ -355,3 +355,95 @@ TEST_CASE("a node is not excluded when the others are fewer than --nnodes MIN",
   CHECK(b->err().find("is excluded for") == std::string::npos);
   CHECK(b->exit_code() == 1);  // every restart spent, as without exclusion
 }
+
+TEST_CASE("a node that is unhealthy before its first join shows in trun status",
+          "[agent][health][status]") {
+  TempDir d;
+  const std::string check = d / "check.sh";
+  write_flaky_check(check, 3);  // out for 1 + 2 + 4 s
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string run = "unhealthy-" + std::to_string(::getpid());
+  Child a({trun_binary(), "--nnodes=1", "--nproc-per-node=1", "--rdzv-backend=c10d",
+           "--rdzv-endpoint=" + ep, "--rdzv-id=" + run, "--rdzv-conf=is_host=1", "--health-check",
+           check, test_worker(), "exit", "0"});
+  REQUIRE(
+      wait_until([&] { return a.err().find("checks again in 2 s") != std::string::npos; }, 30s));
+  RunResult st =
+      run_trun({"status", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run});
+  INFO("status:\n" << st.out << st.err << "\ntrun:\n" << a.err());
+  CHECK(st.exit_code == 0);
+  CHECK(st.out.find("1 outside (unhealthy or excluded)") != std::string::npos);
+  CHECK(st.out.find("unhealthy: ") != std::string::npos);
+  CHECK(st.out.find("--health-check exited with 1: check 2: GPU 3 reports uncorrectable ECC "
+                    "errors") != std::string::npos);
+  RunResult js = run_trun(
+      {"status", "--json", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run});
+  const json j = json::parse(js.out, nullptr, false);
+  REQUIRE(j.is_object());
+  CHECK(j["outside"] == 1);
+  REQUIRE(j["nodes"].size() == 1);
+  CHECK(j["nodes"][0]["state"] == "outside");
+  CHECK(j["nodes"][0]["agent_state"] == "unhealthy");
+  REQUIRE(a.wait(60s));
+  CHECK(a.exit_code() == 0);
+}
+
+TEST_CASE(
+    "an agent restarted during its node's exclusion sits out what is left of it, and the next "
+    "exclusion is twice as long",
+    "[agent][health][exclusion]") {
+  TempDir d;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string run = "reexclude-" + std::to_string(::getpid());
+  auto agent = [&](const std::string& name, bool host, std::vector<std::string> work) {
+    std::vector<std::string> argv{trun_binary(),
+                                  "--nnodes=2:3",
+                                  "--nproc-per-node=1",
+                                  "--max-restarts=50",
+                                  "--crash-loop-limit=0",
+                                  "--rdzv-backend=c10d",
+                                  "--rdzv-endpoint=" + ep,
+                                  "--rdzv-id=" + run,
+                                  "--exclude-after=1",
+                                  "--exclude-cooldown=5",
+                                  "--event-log",
+                                  d / (name + ".jsonl"),
+                                  std::string("--rdzv-conf=last_call_timeout=1,join_timeout=60") +
+                                      (host ? ",is_host=1" : ",is_host=0")};
+    argv.push_back(test_worker());
+    argv.insert(argv.end(), work.begin(), work.end());
+    return std::make_unique<Child>(argv);
+  };
+  auto a = agent("a", true, {"sleep", "25", "exit", "0"});
+  std::this_thread::sleep_for(500ms);  // the store host first
+  auto c = agent("c", false, {"sleep", "25", "exit", "0"});
+  auto b = agent("b", false, {"sleep", "0.5", "exit", "1"});
+  REQUIRE(wait_until([&] { return b->err().find("(exclusion 1)") != std::string::npos; }, 60s));
+  b->signal(SIGKILL);  // the agent itself dies while its node sits out
+  REQUIRE(b->wait(10s));
+  auto b2 = agent("b2", false, {"sleep", "0.5", "exit", "1"});
+  REQUIRE(wait_until([&] { return b2->err().find("is still excluded for") != std::string::npos; },
+                     30s));
+  RunResult st =
+      run_trun({"status", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run});
+  // It sits out the rest, then joins, fails again and is excluded for twice as long.
+  REQUIRE(wait_until([&] { return b2->err().find("(exclusion 2)") != std::string::npos; }, 60s));
+  const std::string berr = b2->err();
+  INFO("b:\n" << b->err() << "\nb2:\n" << berr << "\nstatus:\n" << st.out << st.err);
+  CHECK(berr.find("(exclusion 1, kept in the job's store): its workers failed 1 times") !=
+        std::string::npos);
+  CHECK(berr.find("is excluded for 10 s (exclusion 2)") != std::string::npos);
+  CHECK(st.out.find("1 outside (unhealthy or excluded)") != std::string::npos);
+  CHECK(st.out.find("excluded: ") != std::string::npos);
+  auto ev = events_named(d / "b2.jsonl", "trun.agent.excluded");
+  REQUIRE(ev.size() >= 2);
+  CHECK(ev[0]["metadata"]["restored"] == true);
+  CHECK(ev[0]["metadata"]["cooldown_s"].get<double>() <= 5.0);
+  CHECK(ev[1]["metadata"]["cooldown_s"] == 10.0);
+  b2->signal(SIGTERM);
+  REQUIRE(b2->wait(30s));
+  REQUIRE(a->wait(90s));
+  REQUIRE(c->wait(30s));
+  CHECK(a->exit_code() == 0);
+  CHECK(c->exit_code() == 0);
+}

@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
 
 using namespace trun::testing;
@@ -49,6 +50,18 @@ pid_t worker_pid(pid_t parent, int local_rank) {
   }
   closedir(d);
   return found;
+}
+
+// Stops `pid` for 30 % of each second while `stop` is false and `pid` is still a child of
+// `parent` (at most two minutes); leaves it running.
+void duty_cycle(pid_t pid, pid_t parent, const std::atomic<bool>& stop) {
+  for (int i = 0; i < 120 && !stop.load() && worker_pid(parent, 0) == pid; ++i) {
+    kill(pid, SIGSTOP);
+    std::this_thread::sleep_for(300ms);
+    kill(pid, SIGCONT);
+    std::this_thread::sleep_for(700ms);
+  }
+  if (worker_pid(parent, 0) == pid) kill(pid, SIGCONT);
 }
 
 }  // namespace
@@ -98,4 +111,78 @@ TEST_CASE("a rank slowed by a 30% SIGSTOP duty cycle is named within 60 s, and n
   }
   CHECK(flags == 1);
   CHECK(trun.exit_code() == 143);
+}
+
+TEST_CASE(
+    "with --straggler-action=exclude the slow rank's node leaves the round for a waiting spare, "
+    "without spending a restart",
+    "[agent][health][straggler][exclusion]") {
+  TempDir d;
+  const std::string ep = "127.0.0.1:" + std::to_string(free_port());
+  const std::string run = "slowexclude-" + std::to_string(::getpid());
+  auto agent = [&](const std::string& name, bool host) {
+    return std::make_unique<Child>(
+        std::vector<std::string>{trun_binary(),
+                                 "--nnodes=2:2",
+                                 "--nproc-per-node=1",
+                                 "--max-restarts=0",
+                                 "--rdzv-backend=c10d",
+                                 "--rdzv-endpoint=" + ep,
+                                 "--rdzv-id=" + run,
+                                 "--straggler-window=5",
+                                 "--straggler-action=exclude",
+                                 "--exclude-cooldown=60",
+                                 "--event-log",
+                                 d / (name + ".jsonl"),
+                                 std::string("--rdzv-conf=last_call_timeout=1,join_timeout=60") +
+                                     (host ? ",is_host=1" : ",is_host=0"),
+                                 train_mlp(),
+                                 "--no-ckpt",
+                                 "--dataset-size",
+                                 "1000000",
+                                 "--epochs",
+                                 "1000",
+                                 "--step-sleep-ms",
+                                 "20"},
+        std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}});
+  };
+  auto a = agent("a", true);
+  std::this_thread::sleep_for(500ms);  // the store host first
+  auto b = agent("b", false);
+  pid_t victim = 0;
+  REQUIRE(wait_until([&] { return (victim = worker_pid(b->pid(), 0)) > 0; }, 60s));
+  auto spare = agent("spare", false);  // the round is full (MAX 2): it waits
+  std::this_thread::sleep_for(3s);     // training under way
+  std::atomic<bool> stop{false};
+  std::thread duty([&] { duty_cycle(victim, b->pid(), stop); });
+  const bool excluded = wait_until(
+      [&] { return b->err().find("is excluded for 60 s (exclusion 1)") != std::string::npos; },
+      90s);
+  stop = true;
+  duty.join();
+  // The spare takes B's place: its worker trains with A's.
+  const bool replaced =
+      excluded && wait_until([&] { return worker_pid(spare->pid(), 0) > 0; }, 60s);
+  RunResult st =
+      run_trun({"status", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run});
+  for (auto* c : {a.get(), spare.get(), b.get()}) c->signal(SIGTERM);
+  for (auto* c : {a.get(), spare.get(), b.get()}) REQUIRE(c->wait(60s));
+  INFO("a:\n"
+       << a->err() << "\nb:\n"
+       << b->err() << "\nspare:\n"
+       << spare->err() << "\nstatus:\n"
+       << st.out << st.err);
+  REQUIRE(excluded);
+  CHECK(replaced);
+  CHECK(b->err().find("slower than the others for 5 s; it sits out the next rounds") !=
+        std::string::npos);
+  // The others re-formed for a planned leave: no restart counted, none failed.
+  CHECK(a->err().find("re-forming the group (restart count unchanged: 0)") != std::string::npos);
+  CHECK(a->err().find("no restarts are left") == std::string::npos);
+  CHECK(st.out.find("excluded: ") != std::string::npos);
+  CHECK(st.out.find("1 outside (unhealthy or excluded)") != std::string::npos);
+  // The judging node (either member) named B's rank and blamed its node.
+  const std::string judge_err = a->err() + b->err();
+  CHECK(judge_err.find("trun: slow rank: ") != std::string::npos);
+  CHECK(judge_err.find("blamed node ") != std::string::npos);
 }
