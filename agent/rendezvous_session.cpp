@@ -527,6 +527,21 @@ int RendezvousSession::nodes_waiting_now() {
   }
 }
 
+int RendezvousSession::nodes_gone_on_now() {
+  std::shared_ptr<rendezvous::RendezvousHandler> handler;
+  {
+    std::lock_guard<std::mutex> h(handler_mu_);
+    handler = rdzv_;
+  }
+  if (!handler || info_.participants.empty()) return 0;
+  try {
+    return handler->nodes_in_round_after(info_.round);
+  } catch (const std::exception& e) {
+    spdlog::debug("reading the newest round: {}", e.what());
+    return 0;
+  }
+}
+
 rendezvous::RendezvousHandler::StoreStats RendezvousSession::store_stats() const {
   std::lock_guard<std::mutex> lock(handler_mu_);
   auto total = retired_stats_;

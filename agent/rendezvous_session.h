@@ -133,6 +133,9 @@ class RendezvousSession {
   int nodes_waiting() const { return nodes_waiting_.load(); }
   // Asks the handler now (a few store requests, on the caller's thread); -1 when it cannot.
   int nodes_waiting_now();
+  // The members of a round that formed after this node's last one, without it (a few store
+  // requests); 0 when none did or it cannot tell.
+  int nodes_gone_on_now();
   // Store traffic of every handler this session has had (counters keep counting across a
   // rejoin). No I/O.
   rendezvous::RendezvousHandler::StoreStats store_stats() const;

@@ -68,6 +68,26 @@ class DynamicRendezvous : public RoundRendezvous {
     }
   }
 
+  int nodes_in_round_after(int64_t round) override {
+    check_not_shut_down();
+    try {
+      auto v = backend_->try_get(keys_.round());
+      if (!v) return 0;
+      const auto rk = parse_round_key(*v);
+      if (rk.closed) return 0;
+      // The round being gathered may have formed already; else the one before it.
+      for (int64_t k = rk.round; k > round && k >= rk.round - 1; --k) {
+        auto text = backend_->try_get(keys_.result(k));
+        if (!text) continue;
+        const RoundResult r = decode_result(*text);
+        if (r.kind == RoundResult::Kind::kComplete) return r.world_size;
+      }
+      return 0;
+    } catch (const store::StoreError& e) {
+      throw RendezvousError(error_prefix() + ": " + e.what());
+    }
+  }
+
   int num_nodes_waiting() override {
     check_not_shut_down();
     try {

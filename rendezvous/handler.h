@@ -256,6 +256,13 @@ class RendezvousHandler {
   virtual void set_closed() = 0;
   // Nodes waiting for the next round (joined after the current round completed).
   virtual int num_nodes_waiting() = 0;
+  // The members of the newest round that formed after round `round` (without this node, which
+  // has not joined it), 0 when none did. How an agent that sits out learns that the others
+  // already went on without it. The default: 0.
+  virtual int nodes_in_round_after(int64_t round) {
+    (void)round;
+    return 0;
+  }
 
   // This handler's store traffic, for metrics (no I/O: counters only; any thread).
   struct StoreStats {

@@ -209,3 +209,50 @@ TEST_CASE("the --hang-* options are read, shown by --dry-run, and bad values ref
     CHECK_THAT(b.err, Catch::Contains(message));
   }
 }
+
+TEST_CASE(
+    "a node whose rank a hang verdict blames is excluded at once, and a spare takes its place",
+    "[hang][exclusion]") {
+  // B's local rank 1 stops itself (SIGSTOP) in the first attempt while its local rank 0 waits
+  // for it; B finds it within seconds (a 1 s floor) while A and the spare would wait 60 s, so the
+  // verdict is B's, naming its own rank.
+  const std::string endpoint = "127.0.0.1:" + std::to_string(trun::testing::free_port());
+  const std::string run = "hang-exclude-" + std::to_string(::getpid());
+  auto node = [&](bool host, const char* floor) {
+    return std::vector<std::string>{
+        trun::testing::trun_binary(),
+        "--nnodes=2:2",
+        "--nproc-per-node=2",
+        "--max-restarts=1",
+        "--rdzv-backend=c10d",
+        "--rdzv-id=" + run,
+        "--rdzv-endpoint=" + endpoint,
+        "--rdzv-conf",
+        std::string("last_call_timeout=1,join_timeout=60,is_host=") + (host ? "1" : "0"),
+        std::string("--hang-timeout-floor=") + floor,
+        "--hang-warmup=3",
+        "--exclude-cooldown=60",
+        worker(),
+        "stop-here"};
+  };
+  trun::testing::Child a(node(true, "60"), {}, {"TORCHELASTIC_ERROR_FILE"});
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the store host first
+  trun::testing::Child b(node(false, "1"), {{"PROGRESS_WORKER_STOP_HERE", "1"}},
+                         {"TORCHELASTIC_ERROR_FILE"});
+  REQUIRE(trun::testing::wait_until(
+      [&] { return b.out().find("ready rank=") != std::string::npos; }, std::chrono::seconds(60)));
+  trun::testing::Child spare(node(false, "60"), {}, {"TORCHELASTIC_ERROR_FILE"});
+  REQUIRE(a.wait(std::chrono::seconds(120)));
+  REQUIRE(spare.wait(std::chrono::seconds(60)));
+  const std::string berr = b.err();
+  b.signal(SIGTERM);  // it sits out its exclusion
+  REQUIRE(b.wait(std::chrono::seconds(30)));
+  INFO("a:\n" << a.err() << "\nb:\n" << berr << "\nspare:\n" << spare.err());
+  CHECK(a.exit_code() == 0);
+  CHECK(spare.exit_code() == 0);
+  CHECK_THAT(berr, Catch::Contains("hang detected: rank "));
+  CHECK_THAT(berr, Catch::Contains("is excluded for 60 s (exclusion 1): a hang verdict blamed its "
+                                   "rank "));
+  CHECK_THAT(a.out(), Catch::Contains("attempt 1 done rank="));
+  CHECK_THAT(spare.out(), Catch::Contains("attempt 0 done rank="));
+}

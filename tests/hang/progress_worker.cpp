@@ -21,6 +21,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include <trun/progress.h>
@@ -40,13 +41,22 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "";
   const char* restart = std::getenv("TORCHELASTIC_RESTART_COUNT");
   const int attempt = restart ? std::atoi(restart) : 0;
-  const bool fault = attempt == 0 && (mode == "stop" || mode == "spin");
+  // stop-here: local rank 1 of a node whose environment has PROGRESS_WORKER_STOP_HERE=1 stops
+  // itself before its 151st allreduce of attempt 0, about 3 s in (a test sets it for one agent
+  // only and starts a spare meanwhile; local rank 0 waits in that allreduce, so the node's own
+  // hang watch names it); every attempt is bounded (200 allreduces).
+  const bool stop_here = mode == "stop-here";
+  const char* here = std::getenv("PROGRESS_WORKER_STOP_HERE");
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  const bool fault = attempt == 0 && (mode == "stop" || mode == "spin" ||
+                                      (stop_here && here && std::string(here) == "1" &&
+                                       local_rank && std::string(local_rank) == "1"));
   const bool slow = mode == "slow";
   const bool agree = mode == "agree";
   auto worker = trun::worker::init();
-  const bool bounded = ((mode == "stop" || mode == "spin") && attempt > 0) || slow ||
+  const bool bounded = ((mode == "stop" || mode == "spin") && attempt > 0) || slow || stop_here ||
                        (agree && (attempt > 0 || worker.rank() == 1));
-  const int iterations = agree ? (attempt == 0 ? 20 : 10) : 40;
+  const int iterations = agree ? (attempt == 0 ? 20 : 10) : stop_here ? 200 : 40;
   auto& pg = worker.process_group();
   std::printf("ready rank=%d progress=%d\n", worker.rank(), trun::worker::progress_reported());
   std::fflush(stdout);
@@ -54,6 +64,7 @@ int main(int argc, char** argv) {
   if (slow) ::sleep(3);
   for (int i = 0; !bounded || i < iterations; ++i) {
     if (slow && i == 2) ::sleep(2);
+    if (stop_here && fault && i == 150) ::raise(SIGSTOP);
     if (i == (mode == "section" ? 20 : 60) && worker.rank() == 1) {
       if (mode == "section") {
         trun::worker::Section eval("eval");
