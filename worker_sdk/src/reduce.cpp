@@ -644,7 +644,7 @@ void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, 
 }
 
 void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t n,
-              DataType dtype, ReduceOp op) {
+              DataType dtype, ReduceOp op, bool stream_copies) {
   if (nsrc < 1) throw std::invalid_argument("reduce_n: no sources");
   const size_t es = dtype_size(dtype);
   // Per L1-sized block: fold all sources but the last into a stack buffer, then the last fold
@@ -669,7 +669,7 @@ void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, si
       }
       reduce3(dst(0), folded, src(nsrc > 2 ? nsrc - 1 : 1), m, dtype, op);
     }
-    for (int d = 1; d < ndst; ++d) copy_bytes(dst(d), dst(0), m * es);
+    for (int d = 1; d < ndst; ++d) copy_or_stream(stream_copies, dst(d), dst(0), m * es);
   }
 }
 

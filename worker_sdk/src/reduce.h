@@ -17,9 +17,11 @@ void reduce3(void* dst, const void* a, const void* b, size_t n, DataType dtype, 
 // of the `ndst` destinations. One pass over the sources in L1-sized blocks: reducing n inputs
 // costs reading them once and writing each destination once (reduce3 in a loop would read and
 // write the accumulator n-1 times). dsts[0] may be a source (the same address); the other
-// destinations must not overlap any source. nsrc >= 1.
+// destinations must not overlap any source. nsrc >= 1. stream_copies: the destinations after
+// the first are written with non-temporal stores (stream_bytes; for a destination another
+// process reads next, in a copy of kStreamMinBytes or more).
 void reduce_n(void* const* dsts, int ndst, const void* const* srcs, int nsrc, size_t n,
-              DataType dtype, ReduceOp op);
+              DataType dtype, ReduceOp op, bool stream_copies = false);
 
 // memcpy for the collectives' bulk data (non-overlapping). glibc's memcpy copies mid-sized
 // blocks (about 2 KiB to 512 KiB on x86) with `rep movsb`, which perf showed running about 3x
