@@ -1,9 +1,10 @@
 // The built-in communication hooks (trun/ddp.h): allreduce, fp16 and bf16 compression.
 
 #include <cstdint>
-#include <cstring>
 #include <map>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "trun/ddp.h"
 #include "worker_sdk/src/reduce.h"
