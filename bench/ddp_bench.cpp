@@ -3,7 +3,7 @@
 // DDP with gloo on the same model) is ddp_torch.py; scripts/bench_ddp.sh runs both.
 //
 //   ddp_bench [--ranks 2] [--sizes 1024,2560,2048,1024] [--batch 8] [--steps 8]
-//             [--caps 1,5,25,100] [--fp16-caps 25]
+//             [--caps 1,5,25,100] [--fp16-caps 25] [--bf16-caps 25]
 //
 // Starts a store server and launches N copies of itself as ranks (the environment a trun agent
 // would set). Each rank runs every mode in turn; a step's time is the slowest rank's, and each
@@ -12,8 +12,9 @@
 //   trun mode=local ranks=N params=P step_ms=T
 //   trun mode=ddp ranks=N params=P cap_mb=C buckets=B step_ms=T overhead=R
 //   trun mode=ddp_fp16 ranks=N params=P cap_mb=C buckets=B step_ms=T overhead=R
-// where R = ddp step / local step (1.00 = no overhead); ddp_fp16 is DDP with
-// fp16_compress_hook() at each of --fp16-caps (empty: none).
+//   trun mode=ddp_bf16 ranks=N params=P cap_mb=C buckets=B step_ms=T overhead=R
+// where R = ddp step / local step (1.00 = no overhead); ddp_fp16 (ddp_bf16) is DDP with
+// fp16_compress_hook() (bf16_compress_hook()) at each of --fp16-caps (--bf16-caps; empty: none).
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -48,6 +49,7 @@ struct Args {
   int steps = 8;
   std::vector<double> caps = {1, 5, 25, 100};
   std::vector<double> fp16_caps = {25};
+  std::vector<double> bf16_caps = {25};
 };
 
 std::vector<double> parse_list(const std::string& s) {
@@ -78,6 +80,8 @@ Args parse(int argc, char** argv) {
       a.caps = parse_list(v);
     else if (k == "--fp16-caps")
       a.fp16_caps = v.empty() ? std::vector<double>{} : parse_list(v);
+    else if (k == "--bf16-caps")
+      a.bf16_caps = v.empty() ? std::vector<double>{} : parse_list(v);
     else {
       std::fprintf(stderr, "ddp_bench: unknown option %s\n", k.c_str());
       std::exit(2);
@@ -104,7 +108,8 @@ int rank_main(const Args& a) {
   std::vector<uint64_t> idx(a.batch);
 
   // Modes: 0 = local (own gradient buffers, no communication), 1.. = DDP with caps[m - 1], then
-  // DDP with the fp16 compression hook at each of fp16_caps.
+  // DDP with the fp16 compression hook at each of fp16_caps, then with the bf16 one at each of
+  // bf16_caps.
   // Steps of all modes are interleaved round by round, so that drift in the machine's load
   // (it is shared) hits every mode alike.
   std::vector<std::vector<float>> local_store(model.num_params());
@@ -117,6 +122,11 @@ int rank_main(const Args& a) {
   std::vector<std::vector<float*>> ddp_grads;
   std::vector<double> all_caps = a.caps;
   all_caps.insert(all_caps.end(), a.fp16_caps.begin(), a.fp16_caps.end());
+  all_caps.insert(all_caps.end(), a.bf16_caps.begin(), a.bf16_caps.end());
+  const size_t first_bf16 = a.caps.size() + a.fp16_caps.size();
+  auto mode_name = [&](size_t c) {
+    return c < a.caps.size() ? "ddp" : c < first_bf16 ? "ddp_fp16" : "ddp_bf16";
+  };
   for (size_t c = 0; c < all_caps.size(); ++c) {
     const double cap = all_caps[c];
     std::vector<Parameter> params;
@@ -125,7 +135,10 @@ int rank_main(const Args& a) {
     DdpOptions o;
     o.bucket_cap_mb = cap;
     ddps.push_back(std::make_unique<DistributedDataParallel>(pg, params, o));
-    if (c >= a.caps.size()) ddps.back()->register_comm_hook(fp16_compress_hook());
+    if (c >= first_bf16)
+      ddps.back()->register_comm_hook(bf16_compress_hook());
+    else if (c >= a.caps.size())
+      ddps.back()->register_comm_hook(fp16_compress_hook());
     std::vector<float*> g;
     for (size_t i = 0; i < model.num_params(); ++i) g.push_back(ddps.back()->grad_as<float>(i));
     ddp_grads.push_back(std::move(g));
@@ -169,8 +182,8 @@ int rank_main(const Args& a) {
       std::printf(
           "trun mode=%s ranks=%d params=%zu cap_mb=%g buckets=%zu step_ms=%.2f "
           "overhead=%.3f\n",
-          m - 1 < a.caps.size() ? "ddp" : "ddp_fp16", pg.size(), model.total_elements(),
-          all_caps[m - 1], ddps[m - 1]->buckets().size(), ms, ms / local_ms);
+          mode_name(m - 1), pg.size(), model.total_elements(), all_caps[m - 1],
+          ddps[m - 1]->buckets().size(), ms, ms / local_ms);
     }
     std::fflush(stdout);
   }

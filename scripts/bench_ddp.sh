@@ -3,7 +3,8 @@
 # libtrun_worker's DDP at bucket caps 1, 5, 25, 100 MB, vs the same step without communication;
 # the peer is PyTorch 1.13 DDP (gloo) on the same layer sizes under torchrun, in the same run.
 # Also DDP with the fp16 compression hook (trun's fp16_compress_hook() vs PyTorch's
-# default_hooks.fp16_compress_hook) at the FP16_CAPS bucket caps.
+# default_hooks.fp16_compress_hook) at the FP16_CAPS bucket caps, and with trun's
+# bf16_compress_hook() at the BF16_CAPS caps (no peer: PyTorch 1.13's gloo has no bfloat16 sum).
 # Also the cost of hang detection's progress hooks (issue 36, docs/hangs.md): the same DDP step at
 # cap 25 MB without and with a progress board (TRUN_PROGRESS_SHM, as trun gives its workers),
 # PROGRESS_PAIRS runs of each, alternating, the fastest of each compared (these machines' step
@@ -12,8 +13,10 @@
 # expensive hook's cost per call (tests/hang/progress_hook_bench), over the step time. That one is
 # the headline: the difference sits far below the A/B noise (0: skipped).
 # Usage: scripts/bench_ddp.sh [build dir]
-#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 FP16_CAPS=25 RANKS=2
-#    PROGRESS_PAIRS=5)
+#   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 FP16_CAPS=25 BF16_CAPS=25
+#    RANKS=2 PROGRESS_PAIRS=5)
+# Quick form, the hooks only against no hook at cap 25 MB, without the PyTorch peer:
+#   CAPS=25 PROGRESS_PAIRS=0 TORCHRUN=/nonexistent scripts/bench.sh ddp
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
@@ -23,6 +26,7 @@ BATCH=${BATCH:-8}
 STEPS=${STEPS:-12}
 CAPS=${CAPS:-1,5,25,100}
 FP16_CAPS=${FP16_CAPS-25}
+BF16_CAPS=${BF16_CAPS-25}
 RANKS=${RANKS:-2}
 PROGRESS_PAIRS=${PROGRESS_PAIRS:-5}
 PY=$TORCH_PY
@@ -36,12 +40,13 @@ trap 'rm -f "$out" "$hold_in" "$hold_out"' EXIT
 
 echo "== trun DDP, $RANKS ranks, layers $SIZES, batch $BATCH per rank" >&2
 "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" --batch "$BATCH" --steps "$STEPS" \
-  --caps "$CAPS" --fp16-caps "$FP16_CAPS" | tee -a "$out" >&2
+  --caps "$CAPS" --fp16-caps "$FP16_CAPS" --bf16-caps "$BF16_CAPS" | tee -a "$out" >&2
 if ((PROGRESS_PAIRS > 0)); then
   echo "== trun DDP at cap 25 MB without and with a progress board, $PROGRESS_PAIRS runs each" >&2
   for ((i = 0; i < PROGRESS_PAIRS; ++i)); do
     "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" --batch "$BATCH" --steps "$STEPS" \
-      --caps 25 --fp16-caps "" | sed -n 's/^trun mode=ddp /board off mode=ddp /p' | tee -a "$out" >&2
+      --caps 25 --fp16-caps "" --bf16-caps "" | sed -n 's/^trun mode=ddp /board off mode=ddp /p' |
+      tee -a "$out" >&2
     # The board, held as the agent holds it, for the ranks that ddp_bench spawns: its name on the
     # first line of $hold_out, and at the end (a line on its stdin) what the ranks reported.
     rm -f "$hold_in" && mkfifo "$hold_in"
@@ -52,7 +57,7 @@ if ((PROGRESS_PAIRS > 0)); then
     for _ in $(seq 100); do [[ -s $hold_out ]] && break; sleep 0.05; done
     board=$(head -1 "$hold_out")
     TRUN_PROGRESS_SHM=$board "$BUILD/bench/ddp_bench" --ranks "$RANKS" --sizes "$SIZES" \
-      --batch "$BATCH" --steps "$STEPS" --caps 25 --fp16-caps "" |
+      --batch "$BATCH" --steps "$STEPS" --caps 25 --fp16-caps "" --bf16-caps "" |
       sed -n 's/^trun mode=ddp /board on mode=ddp /p' | tee -a "$out" >&2
     echo >&"$hold_w"
     exec {hold_w}>&-
@@ -78,6 +83,7 @@ $PY - "$out" "$peer_note" "$STEPS" <<'PYEOF'
 import sys
 rows = {"trun": {}, "torch": {}}
 fp16 = {"trun": {}, "torch": {}}
+bf16 = {}
 board = {"off": [], "on": []}
 beats = []
 hook_ns = {}
@@ -95,6 +101,9 @@ for line in open(sys.argv[1]):
         continue
     who = line.split()[0]
     f = dict(kv.split("=", 1) for kv in line.split()[1:])
+    if f["mode"] == "ddp_bf16":
+        bf16[float(f["cap_mb"])] = f
+        continue
     if f["mode"] == "ddp_fp16":
         fp16[who][float(f["cap_mb"])] = f
         continue
@@ -135,6 +144,14 @@ if fp16["trun"]:
         pn = float(p[cap]["step_ms"]) if cap in p else None
         print(f"{cap:>7g} | {fmt(tn, '>9.1f')} {tf:>9.1f} {fmt(tf / tn if tn else None, '>9.2f')} | "
               f"{fmt(pn, '>10.1f')} {fmt(pf, '>10.1f')} {fmt(pf / pn if pf and pn else None, '>9.2f')}")
+if bf16:
+    print()
+    print("bf16 compression hook (gradients sent as bfloat16), ms per step")
+    print(f"{'cap MB':>7} | {'trun none':>9} {'trun bf16':>9} {'bf16/none':>9}")
+    for cap in sorted(bf16):
+        tb = float(bf16[cap]["step_ms"])
+        tn = float(t[cap]["step_ms"]) if cap in t else None
+        print(f"{cap:>7g} | {fmt(tn, '>9.1f')} {tb:>9.1f} {fmt(tb / tn if tn else None, '>9.2f')}")
 def median(xs):
     xs = sorted(xs)
     return (xs[(len(xs) - 1) // 2] + xs[len(xs) // 2]) / 2
@@ -191,4 +208,11 @@ for cap in sorted(fp16["trun"]):
         ppeer = (f"peer={pf / pn:.3f} ratio={(pf / pn) / (tf / tn):.2f}" if pf and pn
                  else "peer=none ratio=none")
         print(f"RESULT name=ddp_fp16_vs_none_cap{cap:g}MB value={tf / tn:.3f} unit=x {ppeer}")
+for cap in sorted(bf16):
+    tb = float(bf16[cap]["step_ms"])
+    print(f"RESULT name=ddp_bf16_hook_step_ms_cap{cap:g}MB value={tb:.2f} unit=ms peer=none "
+          "ratio=none")
+    if cap in t:
+        print(f"RESULT name=ddp_bf16_vs_none_cap{cap:g}MB value={tb / float(t[cap]['step_ms']):.3f} "
+              "unit=x peer=none ratio=none")
 PYEOF

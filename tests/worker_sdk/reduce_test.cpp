@@ -29,10 +29,200 @@ TEST_CASE("float16 conversion round-trips known values", "[worker_sdk][reduce]")
   CHECK(half_to_float(0x0001) == std::ldexp(1.0f, -24));
   CHECK(half_to_float(0x03ff) == std::ldexp(1023.0f, -24));
   CHECK(std::isinf(half_to_float(0xfc00)));
+  // Every half value through float and back: itself, a NaN made quiet (payload kept).
   for (uint32_t h = 0; h < 0x10000; ++h) {
-    if ((h & 0x7c00) == 0x7c00 && (h & 0x3ff)) continue;  // NaNs
-    REQUIRE(float_to_half(half_to_float(static_cast<uint16_t>(h))) == h);
+    const bool nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+    REQUIRE(float_to_half(half_to_float(static_cast<uint16_t>(h))) == (nan ? h | 0x200 : h));
   }
+}
+
+namespace {
+
+float float_bits(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof f);
+  return f;
+}
+uint32_t bits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  return u;
+}
+
+}  // namespace
+
+TEST_CASE("float16 conversion at the rounding edges", "[worker_sdk][reduce]") {
+  // Overflow: 65520 is the midpoint between 65504 and 65536 (inf), a tie that goes to even (inf).
+  CHECK(float_to_half(float_bits(0x477fefff)) == 0x7bff);  // just below 65520
+  CHECK(float_to_half(65520.0f) == 0x7c00);
+  CHECK(float_to_half(-65520.0f) == 0xfc00);
+  CHECK(float_to_half(1e30f) == 0x7c00);
+  CHECK(float_to_half(-std::numeric_limits<float>::infinity()) == 0xfc00);
+  CHECK(float_to_half(std::numeric_limits<float>::max()) == 0x7c00);
+  // Subnormal results: 2^-24 is the step; below 2^-25 all is zero; 2^-14 the smallest normal.
+  CHECK(float_to_half(std::nextafter(std::ldexp(1.0f, -25), 1.0f)) == 0x0001);
+  CHECK(float_to_half(-std::ldexp(1.0f, -25)) == 0x8000);
+  CHECK(float_to_half(std::ldexp(1.0f, -26)) == 0x0000);
+  CHECK(float_to_half(std::numeric_limits<float>::denorm_min()) == 0x0000);
+  CHECK(float_to_half(-std::numeric_limits<float>::denorm_min()) == 0x8000);
+  CHECK(float_to_half(std::ldexp(1.0f, -14)) == 0x0400);
+  CHECK(float_to_half(std::ldexp(2047.0f, -25)) == 0x0400);  // 1023.5 steps: tie, up to even
+  CHECK(float_to_half(std::ldexp(2045.0f, -25)) == 0x03fe);  // 1022.5 steps: tie, down to even
+  CHECK(half_to_float(0x8001) == -std::ldexp(1.0f, -24));
+  CHECK(bits(half_to_float(0x8000)) == 0x80000000u);
+  // NaN: quiet, sign and the payload's top bits kept (F16C's VCVTPS2PH and VCVTPH2PS).
+  CHECK(float_to_half(float_bits(0x7f802000)) == 0x7e01);
+  CHECK(float_to_half(float_bits(0x7f800001)) == 0x7e00);  // signaling, payload below: quiet NaN
+  CHECK(float_to_half(float_bits(0xffc00000)) == 0xfe00);
+  CHECK(float_to_half(float_bits(0x7fffffff)) == 0x7fff);
+  CHECK(bits(half_to_float(0x7c01)) == 0x7fc02000u);
+  CHECK(bits(half_to_float(0xfe00)) == 0xffc00000u);
+}
+
+TEST_CASE("bfloat16 conversion at the rounding edges", "[worker_sdk][reduce]") {
+  CHECK(float_to_bfloat16(std::numeric_limits<float>::max()) == 0x7f80);  // rounds to inf
+  CHECK(float_to_bfloat16(float_bits(0x7f7f7fff)) == 0x7f7f);
+  CHECK(float_to_bfloat16(float_bits(0x7f7f8000)) == 0x7f80);  // tie, to even: inf
+  CHECK(float_to_bfloat16(float_bits(0x7f7e8000)) == 0x7f7e);  // tie, to even: down
+  CHECK(float_to_bfloat16(-std::numeric_limits<float>::infinity()) == 0xff80);
+  CHECK(float_to_bfloat16(-0.0f) == 0x8000);
+  CHECK(float_to_bfloat16(float_bits(0x00018000)) == 0x0002);  // subnormal tie, up to even
+  CHECK(float_to_bfloat16(float_bits(0x00008000)) == 0x0000);  // subnormal tie, down to even
+  CHECK(float_to_bfloat16(float_bits(0x807fffff)) == 0x8080);  // subnormal rounds to -2^-126
+  // NaN: quiet, sign and top payload bits kept; never rounded into inf or a sign change.
+  CHECK(float_to_bfloat16(float_bits(0x7f800001)) == 0x7fc0);
+  CHECK(float_to_bfloat16(float_bits(0x7fffffff)) == 0x7fff);
+  CHECK(float_to_bfloat16(float_bits(0xff810000)) == 0xffc1);
+}
+
+namespace {
+
+// The float bit patterns around every 16-bit value's rounding boundaries (for float16 steps of
+// 2^13 float ulps, bfloat16 2^16; a subnormal float16 step is a multiple of that): each value
+// and the pattern after it, its tie, one below and above the tie, the last
+// pattern before the next value. Then `random` random patterns (a fixed seed).
+std::vector<float> rounding_edges(bool bf16, size_t random) {
+  const unsigned shift = bf16 ? 16 : 13;
+  const uint32_t step = 1u << shift, tie = step / 2;
+  std::vector<float> out;
+  for (uint64_t k = 0; k <= (0xffffffffull >> shift); ++k) {
+    const uint32_t base = static_cast<uint32_t>(k << shift);
+    for (uint32_t d : {0u, 1u, tie - 1, tie, tie + 1, step - 1})
+      out.push_back(float_bits(base + d));
+  }
+  uint32_t x = 0x9e3779b9u;  // xorshift32
+  for (size_t i = 0; i < random; ++i) {
+    x ^= x << 13;
+    x ^= x >> 17;
+    x ^= x << 5;
+    out.push_back(float_bits(x));
+  }
+  return out;
+}
+
+std::vector<Simd> vector_paths() {
+  std::vector<Simd> out;
+  if (best_simd() >= Simd::kAvx2) out.push_back(Simd::kAvx2);
+  if (best_simd() >= Simd::kAvx512) out.push_back(Simd::kAvx512);
+  if (out.empty()) WARN("this CPU has neither AVX2+F16C nor AVX-512: only the scalar path runs");
+  return out;
+}
+
+const char* simd_name(Simd s) {
+  return s == Simd::kAvx512 ? "avx512" : s == Simd::kAvx2 ? "avx2" : "scalar";
+}
+
+}  // namespace
+
+TEST_CASE("the vector float16 and bfloat16 conversions give the scalar bits",
+          "[worker_sdk][reduce]") {
+  for (DataType wire : {DataType::kFloat16, DataType::kBFloat16}) {
+    const bool bf16 = wire == DataType::kBFloat16;
+    std::vector<float> in = rounding_edges(bf16, 1 << 20);
+    // Odd lengths and an unaligned start: the vector loops' tails run too.
+    in.push_back(0.5f);
+    const size_t n = in.size() - 1;
+    for (int divisor : {1, 2, 3, 7}) {
+      std::vector<uint16_t> want(n);
+      float_to_16bit(want.data(), in.data() + 1, n, wire, divisor, Simd::kScalar);
+      if (divisor == 1)
+        for (size_t i = 0; i < n; i += 97)
+          REQUIRE(want[i] == (bf16 ? float_to_bfloat16(in[i + 1]) : float_to_half(in[i + 1])));
+      for (Simd simd : vector_paths()) {
+        INFO(dtype_name(wire) << " divisor " << divisor << " " << simd_name(simd));
+        std::vector<uint16_t> got(n);
+        float_to_16bit(got.data(), in.data() + 1, n, wire, divisor, simd);
+        for (size_t i = 0; i < n; ++i) {
+          if (got[i] == want[i]) continue;
+          INFO("float bits 0x" << std::hex << bits(in[i + 1]) << ": scalar 0x" << want[i]
+                               << ", vector 0x" << got[i]);
+          REQUIRE(got[i] == want[i]);
+        }
+      }
+    }
+    // Every 16-bit value to float.
+    std::vector<uint16_t> all(0x10001);
+    for (uint32_t h = 0; h < 0x10000; ++h) all[h + 1] = static_cast<uint16_t>(h);
+    std::vector<float> want(0x10000);
+    float_from_16bit(want.data(), all.data() + 1, 0x10000, wire, Simd::kScalar);
+    for (uint32_t h = 0; h < 0x10000; h += 7)
+      REQUIRE(bits(want[h]) == bits(bf16 ? bfloat16_to_float(static_cast<uint16_t>(h))
+                                         : half_to_float(static_cast<uint16_t>(h))));
+    for (Simd simd : vector_paths()) {
+      std::vector<float> got(0x10000);
+      float_from_16bit(got.data(), all.data() + 1, 0x10000, wire, simd);
+      for (uint32_t h = 0; h < 0x10000; ++h) {
+        INFO(dtype_name(wire) << " " << simd_name(simd) << " 0x" << std::hex << h);
+        REQUIRE(bits(got[h]) == bits(want[h]));
+      }
+    }
+  }
+}
+
+TEST_CASE("the vector float16 and bfloat16 reductions give the scalar bits",
+          "[worker_sdk][reduce]") {
+  // Every 16-bit value against a scrambled order of all of them (every class meets every
+  // other: NaN, inf, zeros, subnormals, overflowing sums and products), odd length.
+  const size_t n = 0x10000 - 3;
+  std::vector<uint16_t> a(n), b(n);
+  for (size_t i = 0; i < n; ++i) {
+    a[i] = static_cast<uint16_t>(i);
+    b[i] = static_cast<uint16_t>(i * 40503u + 12345u);
+  }
+  for (DataType dtype : {DataType::kFloat16, DataType::kBFloat16}) {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+      std::vector<uint16_t> want(n);
+      reduce3_16bit(want.data(), a.data(), b.data(), n, dtype, op, Simd::kScalar);
+      for (Simd simd : vector_paths()) {
+        std::vector<uint16_t> got = b;  // in place, as reduce_n folds
+        reduce3_16bit(got.data(), a.data(), got.data(), n, dtype, op, simd);
+        for (size_t i = 0; i < n; ++i) {
+          if (got[i] == want[i]) continue;
+          INFO(dtype_name(dtype) << " " << reduce_op_name(op) << " " << simd_name(simd) << " 0x"
+                                 << std::hex << a[i] << ", 0x" << b[i] << ": scalar 0x" << want[i]
+                                 << ", vector 0x" << got[i]);
+          REQUIRE(got[i] == want[i]);
+        }
+      }
+    }
+    for (int divisor : {2, 3, 8}) {
+      std::vector<uint16_t> want = a;
+      divide_16bit(want.data(), n, dtype, divisor, Simd::kScalar);
+      for (Simd simd : vector_paths()) {
+        std::vector<uint16_t> got = a;
+        divide_16bit(got.data(), n, dtype, divisor, simd);
+        INFO(dtype_name(dtype) << " / " << divisor << " " << simd_name(simd));
+        REQUIRE(got == want);
+      }
+    }
+  }
+  // The scalar reduction itself: in float, rounded once.
+  std::vector<uint16_t> x = {float_to_half(65504.0f), float_to_half(1.0f)};
+  std::vector<uint16_t> y = {float_to_half(32.0f), float_to_half(std::ldexp(1.0f, -11))};
+  std::vector<uint16_t> d(2);
+  reduce3_16bit(d.data(), x.data(), y.data(), 2, DataType::kFloat16, ReduceOp::kSum, Simd::kScalar);
+  CHECK(d[0] == 0x7c00);  // 65536 rounds to inf
+  CHECK(d[1] == 0x3c00);  // 1 + 2^-11: tie, to even
 }
 
 TEST_CASE("bfloat16 conversion rounds to nearest even", "[worker_sdk][reduce]") {

@@ -161,6 +161,12 @@ void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, D
   // Slice j of every slot sits at a fixed offset: a short last round must not move a slice
   // onto bytes a peer may still be copying out of the previous round.
   const size_t slice_bytes = slice_cap * es;
+  // The slot lines a rank writes (its copies of the peers' slices, its reduced slice) are read
+  // next by a peer, which still holds them from the previous round: plain stores first fetch
+  // each line back and invalidate the peer's copy. Non-temporal stores skip that. Measured on
+  // this 2-core machine (AMD EPYC VM, cross-core round trip ~500 ns), 64 MiB float allreduce,
+  // 2 ranks: copy-in 5.0 -> 1.8 ms, reduce 7.0 -> 3.6 ms per call, 4.2-4.9 -> 7-11 GB/s.
+  const bool stream = count * es >= kStreamMinBytes;
   for (size_t off = 0; off < count; off += round_cap) {
     const size_t m = std::min(round_cap, count - off);
     size_t per = (m + n_ - 1) / n_;
@@ -172,7 +178,7 @@ void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, D
     char* mine = slot(me_);
     for (int j = 0; j < n_; ++j) {
       if (j == me_) continue;
-      copy_bytes(mine + j * slice_bytes, buf + (off + j * per) * es, slice_len(j) * es);
+      copy_or_stream(stream, mine + j * slice_bytes, buf + (off + j * per) * es, slice_len(j) * es);
     }
     arrive_and_wait(deadline, "allreduce");
     const size_t len = slice_len(me_);
@@ -182,7 +188,7 @@ void ShmComm::allreduce(void* data, size_t count, DataType dtype, ReduceOp op, D
       char* dst = buf + (off + me_ * per) * es;
       for (int j = 0; j < n_; ++j) srcs_[j] = j == me_ ? dst : slot(j) + me_ * slice_bytes;
       void* dsts[2] = {dst, mine + me_ * slice_bytes};  // dst is a source too: first
-      reduce_n(dsts, 2, srcs_.data(), n_, len, dtype, op);
+      reduce_n(dsts, 2, srcs_.data(), n_, len, dtype, op, stream);
     }
     arrive_and_wait(deadline, "allreduce");
     for (int j = 0; j < n_; ++j) {

@@ -1,13 +1,10 @@
 // The built-in communication hooks (trun/ddp.h): allreduce, fp16 and bf16 compression.
 
 #include <cstdint>
-#include <cstring>
 #include <map>
+#include <string>
 #include <utility>
-
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
+#include <vector>
 
 #include "trun/ddp.h"
 #include "worker_sdk/src/reduce.h"
@@ -67,61 +64,6 @@ void store(void* data, size_t i, DataType dtype, float v) {
   }
 }
 
-// float -> 16 bits, then divided by `divisor` in the 16-bit type (computed in float and rounded
-// again), exactly as PyTorch's `bucket.buffer().to(torch.float16).div_(world_size)`. The scalar
-// conversions cost ~10 ns an element, which on a 10M-parameter model is more than the allreduce
-// they save: use F16C where the CPU has it (every x86 CPU since 2012) and a branch-free loop the
-// compiler vectorizes for bfloat16.
-#if defined(__x86_64__)
-__attribute__((target("avx,f16c"))) void f32_to_f16_f16c(const float* src, uint16_t* dst, size_t n,
-                                                         float divisor) {
-  const __m256 d = _mm256_set1_ps(divisor);
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-    const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(src + i), kRound);
-    const __m256 v = _mm256_div_ps(_mm256_cvtph_ps(h), d);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_cvtps_ph(v, kRound));
-  }
-  for (; i < n; ++i)
-    dst[i] = detail::float_to_half(detail::half_to_float(detail::float_to_half(src[i])) / divisor);
-}
-
-__attribute__((target("avx,f16c"))) void f16_to_f32_f16c(const uint16_t* src, float* dst,
-                                                         size_t n) {
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(dst + i,
-                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
-  for (; i < n; ++i) dst[i] = detail::half_to_float(src[i]);
-}
-
-bool have_f16c() {
-  static const bool yes = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
-  return yes;
-}
-#else
-bool have_f16c() { return false; }
-void f32_to_f16_f16c(const float*, uint16_t*, size_t, float) {}
-void f16_to_f32_f16c(const uint16_t*, float*, size_t) {}
-#endif
-
-// Round to nearest even, NaN stays NaN (quiet).
-inline uint16_t bf16_of(float f) {
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  const bool nan = (u & 0x7fffffffu) > 0x7f800000u;
-  return static_cast<uint16_t>(nan ? ((u >> 16) | 0x40u) : rounded);
-}
-
-inline float f32_of_bf16(uint16_t b) {
-  const uint32_t u = static_cast<uint32_t>(b) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 // Compresses to a 16-bit float type (wire = kFloat16 or kBFloat16). As PyTorch's
 // fp16_compress_hook: cast, then divide (before the allreduce, so that the 16-bit sum of the
 // ranks' shares does not overflow where the sum of the raw values would; a single gradient
@@ -138,19 +80,19 @@ class CompressHook : public CommHook {
       throw DdpError(name() + ": bucket " + std::to_string(b.index) + " has dtype " +
                      dtype_name(b.dtype) + "; only floating-point gradients can be compressed");
     std::vector<uint16_t>& s = scratch_[b.index];
-    s.resize(b.numel);
-    const float d = static_cast<float>(b.divisor);
-    const bool f32 = b.dtype == DataType::kFloat32;
-    if (f32 && wire_ == DataType::kFloat16 && have_f16c()) {
-      f32_to_f16_f16c(static_cast<const float*>(b.data), s.data(), b.numel, d);
-    } else if (f32 && wire_ == DataType::kBFloat16) {
-      const float* src = static_cast<const float*>(b.data);
-      for (size_t i = 0; i < b.numel; ++i) s[i] = bf16_of(f32_of_bf16(bf16_of(src[i])) / d);
+    s.resize(b.numel);  // allocates in the first step only
+    if (b.dtype == DataType::kFloat32) {
+      // float -> 16 bits, then divided in the 16-bit type (computed in float, rounded again),
+      // exactly as PyTorch's `bucket.buffer().to(torch.float16).div_(world_size)`; one pass,
+      // vectorised (detail::float_to_16bit: F16C/AVX2/AVX-512 where the CPU has them).
+      detail::float_to_16bit(s.data(), static_cast<const float*>(b.data), b.numel, wire_,
+                             b.divisor);
     } else {
+      const float d = static_cast<float>(b.divisor);
+      const bool f16 = wire_ == DataType::kFloat16;
       for (size_t i = 0; i < b.numel; ++i) {
         const float v = load(b.data, i, b.dtype);
-        s[i] = wire_ == DataType::kFloat16
-                   ? detail::float_to_half(detail::half_to_float(detail::float_to_half(v)) / d)
+        s[i] = f16 ? detail::float_to_half(detail::half_to_float(detail::float_to_half(v)) / d)
                    : detail::float_to_bfloat16(
                          detail::bfloat16_to_float(detail::float_to_bfloat16(v)) / d);
       }
@@ -160,14 +102,8 @@ class CompressHook : public CommHook {
 
   void finish(GradBucket& b) override {
     const std::vector<uint16_t>& s = scratch_.at(b.index);
-    const bool f32 = b.dtype == DataType::kFloat32;
-    if (f32 && wire_ == DataType::kFloat16 && have_f16c())
-      return f16_to_f32_f16c(s.data(), static_cast<float*>(b.data), b.numel);
-    if (f32 && wire_ == DataType::kBFloat16) {
-      float* dst = static_cast<float*>(b.data);
-      for (size_t i = 0; i < b.numel; ++i) dst[i] = f32_of_bf16(s[i]);
-      return;
-    }
+    if (b.dtype == DataType::kFloat32)
+      return detail::float_from_16bit(static_cast<float*>(b.data), s.data(), b.numel, wire_);
     for (size_t i = 0; i < b.numel; ++i) {
       const float v = wire_ == DataType::kFloat16 ? detail::half_to_float(s[i])
                                                   : detail::bfloat16_to_float(s[i]);
