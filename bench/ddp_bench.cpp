@@ -6,7 +6,9 @@
 //             [--caps 1,5,25,100] [--fp16-caps 25] [--bf16-caps 25]
 //
 // Starts a store server and launches N copies of itself as ranks (the environment a trun agent
-// would set). Each rank runs every mode in turn; a step's time is the slowest rank's, and each
+// would set). With RANK in its environment it is one rank instead, --ranks ignored: so a launcher
+// can run it, as scripts/bench_ddp_net.sh does (one rank per node, trun agents in two network
+// namespaces). Each rank runs every mode in turn; a step's time is the slowest rank's, and each
 // mode reports the median over --steps timed steps (after 2 untimed rounds); the modes' steps are
 // interleaved round by round. Prints:
 //   trun mode=local ranks=N params=P step_ms=T
@@ -150,7 +152,7 @@ int rank_main(const Args& a) {
       DistributedDataParallel* ddp = m == 0 ? nullptr : ddps[m - 1].get();
       std::vector<float*>& grads = m == 0 ? local_grads : ddp_grads[m - 1];
       std::vector<const float*> cg(grads.begin(), grads.end());
-      for (size_t k = 0; k < a.batch; ++k) idx[k] = (s * a.batch + k) * a.ranks + pg.rank();
+      for (size_t k = 0; k < a.batch; ++k) idx[k] = (s * a.batch + k) * pg.size() + pg.rank();
       model.make_batch(idx, x, t);
       pg.barrier();
       const auto t0 = Clock::now();

@@ -9,6 +9,7 @@ case "$name" in
   rdzv) exec bash scripts/bench_rdzv.sh "${@:2}" ;;
   allreduce) exec bash scripts/bench_allreduce.sh "${@:2}" ;;
   ddp) exec bash scripts/bench_ddp.sh "${@:2}" ;;
+  ddp_net) exec bash scripts/bench_ddp_net.sh "${@:2}" ;;
   libtorch) exec bash scripts/bench_libtorch.sh "${@:2}" ;;
   checkpoint) exec bash scripts/bench_checkpoint.sh "${@:2}" ;;
   cluster) exec bash scripts/bench_cluster.sh "${@:2}" ;;
@@ -27,7 +28,7 @@ case "$name" in
       --probe "$build/bench/launch_probe" "${@:2}"
     ;;
   *)
-    echo "usage: scripts/bench.sh NAME   (NAME: store, launch, rdzv, cluster, observability, hang, straggler, allreduce, ddp, libtorch, checkpoint, soak)" >&2
+    echo "usage: scripts/bench.sh NAME   (NAME: store, launch, rdzv, cluster, observability, hang, straggler, allreduce, ddp, ddp_net, libtorch, checkpoint, soak)" >&2
     exit 2
     ;;
 esac

@@ -12,9 +12,11 @@
 # computed from its parts: the progress events per step that the board saw times the most
 # expensive hook's cost per call (tests/hang/progress_hook_bench), over the step time. That one is
 # the headline: the difference sits far below the A/B noise (0: skipped).
+# Then, as a second part, the same hooks across 2 nodes on a rate-limited link
+# (scripts/bench_ddp_net.sh: network namespaces, so root only; it says so and skips otherwise).
 # Usage: scripts/bench_ddp.sh [build dir]
 #   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 FP16_CAPS=25 BF16_CAPS=25
-#    RANKS=2 PROGRESS_PAIRS=5)
+#    RANKS=2 PROGRESS_PAIRS=5 DDP_NET=1 (0: skip the cross-node part), and bench_ddp_net.sh's)
 # Quick form, the hooks only against no hook at cap 25 MB, without the PyTorch peer:
 #   CAPS=25 PROGRESS_PAIRS=0 TORCHRUN=/nonexistent scripts/bench.sh ddp
 set -euo pipefail
@@ -216,3 +218,9 @@ for cap in sorted(bf16):
         print(f"RESULT name=ddp_bf16_vs_none_cap{cap:g}MB value={tb / float(t[cap]['step_ms']):.3f} "
               "unit=x peer=none ratio=none")
 PYEOF
+
+# The cross-node part (issue 41): compression on a rate-limited link between 2 namespaces.
+if [[ ${DDP_NET:-1} != 0 ]]; then
+  echo
+  bash scripts/bench_ddp_net.sh "$BUILD"
+fi
