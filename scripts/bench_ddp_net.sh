@@ -5,13 +5,14 @@
 # default 2gbit), one trun agent per namespace (static rendezvous, --nnodes 2 --nproc-per-node 1,
 # node 0 hosting the store on its veth address). The agents run bench/ddp_bench (one rank per
 # node; the ~10M-parameter MLP of scripts/bench_ddp.sh at bucket cap CAP MB) without a hook, with
-# fp16_compress_hook() and with bf16_compress_hook(); then the same agents, in the same
+# fp16_compress_hook() and with bf16_compress_hook(); then two new agents, in the same
 # namespaces, run PyTorch 1.13 DDP over gloo (bench/ddp_torch.py) without a hook and with
 # default_hooks.fp16_compress_hook. PyTorch 1.13 has bf16_compress_hook, but its gloo cannot sum
 # bfloat16 ("Invalid scalar type"), so the bf16 row has no peer.
 # Needs root and `ip netns`; otherwise prints why and exits 0 (nothing measured).
 # Usage: scripts/bench_ddp_net.sh [build dir]
-#   (env: RATE=2gbit SIZES=1024,2560,2048,1024 BATCH=8 STEPS=16 CAP=25 NET_TIME_LIMIT=240)
+#   (env: RATE=2gbit SIZES=1024,2560,2048,1024 BATCH=8 STEPS=16 CAP=25 NET_TIME_LIMIT=240
+#    NET_PEER=1 (0: trun only, no PyTorch run))
 # Cleanup: the agents are killed by pid, then anything left in the two namespaces (by pid), then
 # the namespaces are deleted; names carry this script's pid (tbd<pid>n0, tbd<pid>n1; not the
 # t<pid>... pattern whose leftovers tests/cluster/lib.sh removes).
@@ -99,7 +100,9 @@ run_pair trun "$BUILD/bench/ddp_bench" --sizes "$SIZES" --batch "$BATCH" --steps
   --caps "$CAP" --fp16-caps "$CAP" --bf16-caps "$CAP" || exit 1
 grep -o 'trun mode=.*' "$TMP/trun.0" | tee -a "$out" >&2
 peer_note=""
-if "$PY" -c 'import torch' 2>/dev/null; then
+if [[ ${NET_PEER:-1} == 0 ]]; then
+  peer_note="NET_PEER=0"
+elif "$PY" -c 'import torch' 2>/dev/null; then
   echo "== PyTorch 1.13 DDP (gloo) across the same namespaces, same link" >&2
   if run_pair torch "$PY" bench/ddp_torch.py "$SIZES" "$BATCH" "$STEPS" "$CAP" "$CAP"; then
     grep -o 'torch mode=.*' "$TMP/torch.0" | tee -a "$out" >&2
@@ -151,7 +154,7 @@ for hook in ("fp16", "bf16"):
     p = rows.get(("torch", "ddp_" + hook))
     # ratio: the peer's hook/none over trun's; above 1, trun's hook saves more (bigger is better).
     peer = f"peer={p / pn:.3f} ratio={(p / pn) / v:.2f}" if p and pn else "peer=none ratio=none"
-    print(f"RESULT name=ddp_net_{hook}_vs_none_cap{c}MB value={v:.3f} unit=ratio {peer}")
+    print(f"RESULT name=ddp_net_{hook}_vs_none_cap{c}MB value={v:.3f} unit=x {peer}")
 if tn:
     ratio = f"peer={pn:.1f} ratio={pn / tn:.2f}" if pn else "peer=none ratio=none"
     print(f"RESULT name=ddp_net_none_step_ms_cap{c}MB value={tn:.1f} unit=ms {ratio}")
