@@ -17,8 +17,9 @@
 # Usage: scripts/bench_ddp.sh [build dir]
 #   (env: SIZES=1024,2560,2048,1024 BATCH=8 STEPS=12 CAPS=1,5,25,100 FP16_CAPS=25 BF16_CAPS=25
 #    RANKS=2 PROGRESS_PAIRS=5 DDP_NET=1 (0: skip the cross-node part), and bench_ddp_net.sh's)
-# Quick form, the hooks only against no hook at cap 25 MB, without the PyTorch peer:
-#   CAPS=25 PROGRESS_PAIRS=0 TORCHRUN=/nonexistent scripts/bench.sh ddp
+# Quick form, the hooks only against no hook at cap 25 MB, without the PyTorch peer (NET_PEER=0:
+# none in the cross-node part either; DDP_NET=0 leaves that part out):
+#   CAPS=25 PROGRESS_PAIRS=0 TORCHRUN=/nonexistent NET_PEER=0 scripts/bench.sh ddp
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/lib.sh
