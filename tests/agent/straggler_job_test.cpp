@@ -163,8 +163,8 @@ TEST_CASE(
   // The spare takes B's place: its worker trains with A's.
   const bool replaced =
       excluded && wait_until([&] { return worker_pid(spare->pid(), 0) > 0; }, 60s);
-  RunResult st =
-      run_trun({"status", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run});
+  RunResult st = run_trun_until(
+      {"status", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run}, "excluded: ");
   for (auto* c : {a.get(), spare.get(), b.get()}) c->signal(SIGTERM);
   for (auto* c : {a.get(), spare.get(), b.get()}) REQUIRE(c->wait(60s));
   INFO("a:\n"

@@ -198,6 +198,19 @@ inline RunResult run_trun(const std::vector<std::string>& args,
   return r;
 }
 
+// Runs trun with `args` (e.g. a `trun status` command) until its stdout holds `needle`, at most
+// 20 times, 0.5 s apart: for what an agent publishes right after the line a test waited for.
+// Returns the last run.
+inline RunResult run_trun_until(const std::vector<std::string>& args, const std::string& needle) {
+  RunResult r;
+  for (int i = 0; i < 20; ++i) {
+    if (i > 0) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    r = run_trun(args);
+    if (r.out.find(needle) != std::string::npos) break;
+  }
+  return r;
+}
+
 inline pid_t read_pid(const std::string& path) {
   return static_cast<pid_t>(std::atol(read_file(path).c_str()));
 }
