@@ -151,6 +151,11 @@ void Agent::exclude_node(const std::string& why, int nodes_left) {
   const double cooldown = exclusion_.next_cooldown(p);
   excluded_until_ = clock_.now() + std::chrono::duration_cast<Clock::Duration>(
                                        std::chrono::duration<double>(cooldown));
+  status_.excluded = why;
+  status_.excluded_until = unix_seconds() + cooldown;
+  // In the store before it is said anywhere: an agent killed right after the line (the test
+  // does that) must not have left its exclusion unrecorded.
+  save_exclusion(why, cooldown);
   std::fprintf(stderr,
                "trun: node %s is excluded for %.0f s (exclusion %d): %s; it sits out the next "
                "rounds, then joins again if it passes its health gate\n",
@@ -160,9 +165,6 @@ void Agent::exclude_node(const std::string& why, int nodes_left) {
                                 {"cooldown_s", cooldown},
                                 {"times", int64_t{exclusion_.times}},
                                 {"nodes_left", int64_t{nodes_left}}});
-  status_.excluded = why;
-  status_.excluded_until = unix_seconds() + cooldown;
-  save_exclusion(why, cooldown);
 }
 
 std::string Agent::node_name() const {

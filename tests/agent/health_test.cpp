@@ -431,13 +431,13 @@ TEST_CASE(
   CHECK(berr.find("is excluded for 10 s (exclusion 2)") != std::string::npos);
   CHECK(st.out.find("1 outside (unhealthy or excluded)") != std::string::npos);
   CHECK(st.out.find("excluded: ") != std::string::npos);
+  b2->signal(SIGTERM);
+  REQUIRE(b2->wait(30s));  // its event log is complete
   auto ev = events_named(d / "b2.jsonl", "trun.agent.excluded");
   REQUIRE(ev.size() >= 2);
   CHECK(ev[0]["metadata"]["restored"] == true);
   CHECK(ev[0]["metadata"]["cooldown_s"].get<double>() <= 5.0);
   CHECK(ev[1]["metadata"]["cooldown_s"] == 10.0);
-  b2->signal(SIGTERM);
-  REQUIRE(b2->wait(30s));
   REQUIRE(a->wait(90s));
   REQUIRE(c->wait(30s));
   CHECK(a->exit_code() == 0);
