@@ -125,13 +125,13 @@ bool Agent::exclude_after_failure() {
     std::snprintf(why, sizeof why, "its workers failed %d times within %.0f s", p.after,
                   p.window_s);
   }
-  // The nodes the next round can have without this one: the other members of this round, the
-  // nodes already waiting for the next (spares, and members that rejoined first), or the round
-  // that the others already formed without it, whichever is more. A lower bound (a member that
-  // has not rejoined yet and a spare are not both counted), so a node is never excluded on a
-  // guess.
+  // The nodes the next round can have without this one: the other members of this round and
+  // the spares waiting for the next, the nodes waiting for it (spares, and members that rejoined
+  // first), or the round that the others already formed without it, whichever is more. A member
+  // that has died is counted until the next round shows it gone, as before exclusion existed.
   const int others = session_->info().group_world_size - 1;
-  const int left = std::max({others, session_->nodes_waiting_now(), session_->nodes_gone_on_now()});
+  const int left = std::max({others + session_->newcomers_waiting_now(),
+                             session_->nodes_waiting_now(), session_->nodes_gone_on_now()});
   if (left < config_.min_nodes) {
     std::fprintf(stderr,
                  "trun: node %s %s, but the job keeps it: without it %d node(s) are left, fewer "

@@ -542,6 +542,30 @@ int RendezvousSession::nodes_gone_on_now() {
   }
 }
 
+int RendezvousSession::newcomers_waiting_now() {
+  std::shared_ptr<rendezvous::RendezvousHandler> handler;
+  {
+    std::lock_guard<std::mutex> h(handler_mu_);
+    handler = rdzv_;
+  }
+  const auto& members = info_.participants;
+  if (!handler || members.empty() || static_cast<int>(members.size()) < info_.group_world_size) {
+    return 0;
+  }
+  try {
+    int n = 0;
+    for (const std::string& id : handler->waiting_node_ids(64)) {
+      bool member = false;
+      for (size_t i = 0; i < members.size() && !member; ++i) member = members.at(i).node_id == id;
+      if (!member) ++n;
+    }
+    return n;
+  } catch (const std::exception& e) {
+    spdlog::debug("reading the nodes waiting: {}", e.what());
+    return 0;
+  }
+}
+
 rendezvous::RendezvousHandler::StoreStats RendezvousSession::store_stats() const {
   std::lock_guard<std::mutex> lock(handler_mu_);
   auto total = retired_stats_;

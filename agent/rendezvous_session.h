@@ -136,6 +136,10 @@ class RendezvousSession {
   // The members of a round that formed after this node's last one, without it (a few store
   // requests); 0 when none did or it cannot tell.
   int nodes_gone_on_now();
+  // Nodes waiting for the next round that are not members of this node's round (spares), read
+  // now (one request per waiting node, at most 64); 0 when it cannot tell (also when this round
+  // lists only some of its members).
+  int newcomers_waiting_now();
   // Store traffic of every handler this session has had (counters keep counting across a
   // rejoin). No I/O.
   rendezvous::RendezvousHandler::StoreStats store_stats() const;

@@ -74,6 +74,17 @@ void observe_joined(LeaderState* state, int joined, TimePoint now) {
   }
 }
 
+std::vector<NodeDesc> pick_members(std::vector<NodeDesc> joined, int count,
+                                   int64_t previous_round) {
+  if (static_cast<int>(joined.size()) > count && previous_round >= 0) {
+    std::stable_partition(joined.begin(), joined.end(), [previous_round](const NodeDesc& d) {
+      return d.prev_round == previous_round;
+    });
+  }
+  if (static_cast<int>(joined.size()) > count) joined.resize(static_cast<size_t>(count));
+  return joined;
+}
+
 LeaderAction decide_leader(const LeaderState& s, TimePoint now) {
   LeaderAction a;
   // Never form a second group while the previous one still runs.

@@ -233,6 +233,11 @@ struct QuorumCheck {
 // ok.
 QuorumCheck check_quorum(const RoundResult& previous, int64_t previous_round,
                          const std::vector<OverRecord>& over, const std::vector<NodeDesc>& joined);
+// The `count` members of a round from `joined` (ticket order) when more joined than fit: with
+// `previous_round` >= 0 (the quorum applies), that round's members first, then the others, each
+// in ticket order, so that a spare that joined early never takes the place of a returning member
+// that the quorum needs. Otherwise the first `count` tickets.
+std::vector<NodeDesc> pick_members(std::vector<NodeDesc> joined, int count, int64_t previous_round);
 
 // What a node of round k does when that round's store is lost.
 struct FailoverPlan {

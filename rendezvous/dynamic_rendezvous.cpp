@@ -68,6 +68,27 @@ class DynamicRendezvous : public RoundRendezvous {
     }
   }
 
+  std::vector<std::string> waiting_node_ids(int limit) override {
+    check_not_shut_down();
+    std::vector<std::string> ids;
+    try {
+      auto v = backend_->try_get(keys_.round());
+      if (!v) return ids;
+      const auto rk = parse_round_key(*v);
+      if (rk.closed || backend_->try_get(keys_.result(rk.round))) return ids;
+      const int64_t n = std::min<int64_t>(backend_->add(keys_.ticket(rk.round), 0), limit);
+      for (int64_t t = 1; t <= n; ++t) {
+        // A ticket whose node has not published itself yet is skipped (no wait).
+        if (auto desc = backend_->try_get(keys_.node(rk.round, t))) {
+          ids.push_back(decode_node(*desc, t).id);
+        }
+      }
+    } catch (const store::StoreError& e) {
+      throw RendezvousError(error_prefix() + ": " + e.what());
+    }
+    return ids;
+  }
+
   int nodes_in_round_after(int64_t round) override {
     check_not_shut_down();
     try {

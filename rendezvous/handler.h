@@ -256,6 +256,12 @@ class RendezvousHandler {
   virtual void set_closed() = 0;
   // Nodes waiting for the next round (joined after the current round completed).
   virtual int num_nodes_waiting() = 0;
+  // The ids of the nodes waiting for the next round (num_nodes_waiting's), at most `limit`.
+  // The default: none.
+  virtual std::vector<std::string> waiting_node_ids(int limit) {
+    (void)limit;
+    return {};
+  }
   // The members of the newest round that formed after round `round` (without this node, which
   // has not joined it), 0 when none did. How an agent that sits out learns that the others
   // already went on without it. The default: 0.

@@ -116,9 +116,13 @@ void RoundLeader::lead(int64_t j, TimePoint deadline) {
     if (a.kind == LeaderAction::Kind::kTimeout) return;
     if (a.kind == LeaderAction::Kind::kComplete) {
       const Quorum quorum{prev, &prev_result, &prev_over};
-      if (complete(j, a.target, quorum_applies() && prev >= 0 ? &quorum : nullptr)) return;
-      // Too few of the previous round's members: wait for more of them (or the deadline).
-      s.hold_at = a.target;
+      if (complete(j, std::max(s.joined, a.target), a.target,
+                   quorum_applies() && prev >= 0 ? &quorum : nullptr)) {
+        return;
+      }
+      // Too few of the previous round's members among all that joined: wait for another node
+      // (or the deadline). Every ticket so far was considered, so only a new one can help.
+      s.hold_at = std::max(s.joined, a.target);
       spdlog::warn("{}: {}", prefix_, quorum_line(j, prev));
       continue;
     }
@@ -161,12 +165,15 @@ std::string RoundLeader::quorum_line(int64_t j, int64_t prev) const {
          " needed (a smaller side of a partition never forms a group; docs/rendezvous.md)";
 }
 
-// Writes the result with the first `count` tickets; false (nothing written) when `quorum` is
-// given and they do not hold it.
-bool RoundLeader::complete(int64_t j, int count, const Quorum* quorum) {
+// Writes the result with `count` of the first `available` tickets (pick_members: with a quorum,
+// the previous round's members first); false (nothing written) when `quorum` is given and they do
+// not hold it.
+bool RoundLeader::complete(int64_t j, int available, int count, const Quorum* quorum) {
+  // Without a quorum the first `count` tickets are the members: nothing more to read.
+  if (!quorum) available = count;
   std::vector<std::string> keys;
-  keys.reserve(count);
-  for (int t = 1; t <= count; ++t) keys.push_back(keys_.node(j, t));
+  keys.reserve(available);
+  for (int t = 1; t <= available; ++t) keys.push_back(keys_.node(j, t));
   std::vector<std::string> values;
   try {
     values = multi_get(keys);
@@ -177,8 +184,9 @@ bool RoundLeader::complete(int64_t j, int count, const Quorum* quorum) {
     return true;
   }
   std::vector<NodeDesc> joined;
-  joined.reserve(count);
-  for (int t = 1; t <= count; ++t) joined.push_back(decode_node(values[t - 1], t));
+  joined.reserve(available);
+  for (int t = 1; t <= available; ++t) joined.push_back(decode_node(values[t - 1], t));
+  joined = pick_members(std::move(joined), count, quorum ? quorum->round : -1);
   if (quorum) {
     held_ = check_quorum(*quorum->result, quorum->round, *quorum->over, joined);
     if (!held_.ok) return false;

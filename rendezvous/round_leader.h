@@ -39,7 +39,7 @@ class RoundLeader {
   dynamic::Duration descriptor_wait() const;
   bool quorum_applies() const;
   std::string quorum_line(int64_t j, int64_t prev) const;
-  bool complete(int64_t j, int count, const Quorum* quorum);
+  bool complete(int64_t j, int available, int count, const Quorum* quorum);
   std::vector<std::string> multi_get(const std::vector<std::string>& keys);
   // Round `round`'s result with every member, from Keys::members (a partial result's list).
   dynamic::RoundResult whole_result(int64_t round);

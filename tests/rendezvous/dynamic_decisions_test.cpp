@@ -400,6 +400,36 @@ TEST_CASE("the leader holds a round that lacks a quorum until more nodes join",
   CHECK(decide_leader(s, s.join_deadline).kind == LeaderAction::Kind::kTimeout);
 }
 
+TEST_CASE("a full round keeps the previous round's members ahead of a spare that joined first",
+          "[decisions][quorum]") {
+  // Round 7 was {a, b}; spare x took ticket 1 while it ran, a ticket 2, b (back late) ticket 3.
+  const std::vector<NodeDesc> joined = {node("x", 1), node("a", 2, 7, 0, true), node("b", 3, 7, 1)};
+  auto picked = pick_members(joined, 2, 7);
+  REQUIRE(picked.size() == 2);
+  CHECK(picked[0].id == "a");
+  CHECK(picked[1].id == "b");
+  const RoundResult two =
+      decode_result(encode_complete({node("a", 1, -1, -1, true), node("b", 2)}));
+  CHECK(check_quorum(two, 7, {}, picked).ok);
+  // Room for all, or no quorum to keep: ticket order.
+  CHECK(pick_members(joined, 3, 7).front().id == "x");
+  CHECK(pick_members(joined, 2, -1).front().id == "x");
+  CHECK(pick_members(joined, 2, -1).back().id == "a");
+}
+
+TEST_CASE("a leader held with more nodes than fit waits for another join instead of retrying",
+          "[decisions][quorum]") {
+  // Full (max 2) with 3 tickets whose every pick lacked a quorum: only a 4th node can change it.
+  auto s = leader(1, 2);
+  observe_joined(&s, 3, t0);
+  s.hold_at = 3;
+  auto a = decide_leader(s, t0 + 1s);
+  CHECK(a.kind == LeaderAction::Kind::kWaitForJoins);
+  CHECK(a.target == 4);
+  observe_joined(&s, 4, t0 + 2s);
+  CHECK(decide_leader(s, t0 + 2s).kind == LeaderAction::Kind::kComplete);
+}
+
 TEST_CASE("failover: candidates are the members without the lost store host, in rank order",
           "[decisions][failover]") {
   const RoundResult prev = round4();
