@@ -69,6 +69,11 @@ inline sigset_t agent_signal_set(const LaunchConfig& config) {
   return set;
 }
 
+// Seconds on the steady clock (any epoch): for intervals only.
+inline double monotonic_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
 inline double unix_seconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }

@@ -32,10 +32,6 @@ std::string existing_dir(const std::string& path) {
   return path;
 }
 
-double monotonic_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
 }  // namespace
 
 HealthOptions Agent::health_options() const {

@@ -18,15 +18,6 @@ namespace {
 
 constexpr int kStragglerReportSeconds = 5;
 
-double monotonic_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-// Where the judging node blames a node for its slow rank (--straggler-action=exclude).
-std::string blame_key(const std::string& run_id, const std::string& node_id) {
-  return "trun/blame/" + run_id + "/" + node_id;
-}
-
 }  // namespace
 
 void Agent::start_straggler_reports() {
@@ -65,7 +56,7 @@ void Agent::on_straggler_tick() {
   straggler::score(scored);
   std::vector<int> flagged;
   if (judge) {
-    for (const auto& c : straggler_judge_.update(scored, monotonic_s())) {
+    for (const auto& c : straggler_judge_.update(scored, monotonic_seconds())) {
       on_straggler_change(c, scored);
     }
     flagged = straggler_judge_.flagged();

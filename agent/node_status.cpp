@@ -51,6 +51,10 @@ std::string exclusion_key(const std::string& run_id, const std::string& node_nam
   return "trun/exclusion/" + run_id + "/" + node_name;
 }
 
+std::string blame_key(const std::string& run_id, const std::string& node_id) {
+  return "trun/blame/" + run_id + "/" + node_id;
+}
+
 std::string encode_exclusion(const ExclusionRecord& record) {
   const nlohmann::json j = record;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);

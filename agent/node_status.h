@@ -88,6 +88,9 @@ struct ExclusionRecord {
   std::string node_id;  // the agent that wrote it (a restarted agent retires its status record)
 };
 std::string exclusion_key(const std::string& run_id, const std::string& node_name);
+// Where the judging node blames a node for its slow rank (--straggler-action=exclude): a JSON
+// object {round, rank, reason} under the blamed node's id.
+std::string blame_key(const std::string& run_id, const std::string& node_id);
 std::string encode_exclusion(const ExclusionRecord& record);
 std::optional<ExclusionRecord> decode_exclusion(const std::string& text);
 

@@ -208,6 +208,11 @@ void RendezvousSession::form_round() {
       info_.group_world_size, ranks_.world_size);
 }
 
+std::shared_ptr<rendezvous::RendezvousHandler> RendezvousSession::current_handler() const {
+  std::lock_guard<std::mutex> lock(handler_mu_);
+  return rdzv_;
+}
+
 void RendezvousSession::connect() {
   if (!rdzv_) create_handler();
 }
@@ -246,11 +251,7 @@ bool RendezvousSession::hosts_store() const {
 
 std::shared_ptr<store::Store> RendezvousSession::job_store() {
   if (info_.run_store) return info_.run_store;
-  std::shared_ptr<rendezvous::RendezvousHandler> handler;
-  {
-    std::lock_guard<std::mutex> lock(handler_mu_);
-    handler = rdzv_;
-  }
+  const std::shared_ptr<rendezvous::RendezvousHandler> handler = current_handler();
   return handler ? handler->job_store() : nullptr;
 }
 
@@ -492,11 +493,7 @@ void RendezvousSession::start_sampling(std::chrono::milliseconds interval,
     // Runs until shutdown() (the session's lifetime).
     while (!sampler_cv_.wait_for(lock, interval, [this] { return sampler_stop_; })) {
       lock.unlock();
-      std::shared_ptr<rendezvous::RendezvousHandler> handler;
-      {
-        std::lock_guard<std::mutex> h(handler_mu_);
-        handler = rdzv_;
-      }
+      const std::shared_ptr<rendezvous::RendezvousHandler> handler = current_handler();
       int n = -1;
       if (handler) {
         try {
@@ -513,11 +510,7 @@ void RendezvousSession::start_sampling(std::chrono::milliseconds interval,
 }
 
 int RendezvousSession::nodes_waiting_now() {
-  std::shared_ptr<rendezvous::RendezvousHandler> handler;
-  {
-    std::lock_guard<std::mutex> h(handler_mu_);
-    handler = rdzv_;
-  }
+  const std::shared_ptr<rendezvous::RendezvousHandler> handler = current_handler();
   if (!handler) return -1;
   try {
     return handler->num_nodes_waiting();
@@ -528,11 +521,7 @@ int RendezvousSession::nodes_waiting_now() {
 }
 
 int RendezvousSession::nodes_gone_on_now() {
-  std::shared_ptr<rendezvous::RendezvousHandler> handler;
-  {
-    std::lock_guard<std::mutex> h(handler_mu_);
-    handler = rdzv_;
-  }
+  const std::shared_ptr<rendezvous::RendezvousHandler> handler = current_handler();
   if (!handler || info_.participants.empty()) return 0;
   try {
     return handler->nodes_in_round_after(info_.round);
@@ -543,11 +532,7 @@ int RendezvousSession::nodes_gone_on_now() {
 }
 
 int RendezvousSession::newcomers_waiting_now() {
-  std::shared_ptr<rendezvous::RendezvousHandler> handler;
-  {
-    std::lock_guard<std::mutex> h(handler_mu_);
-    handler = rdzv_;
-  }
+  const std::shared_ptr<rendezvous::RendezvousHandler> handler = current_handler();
   const auto& members = info_.participants;
   if (!handler || members.empty() || static_cast<int>(members.size()) < info_.group_world_size) {
     return 0;

@@ -40,12 +40,12 @@
 
 namespace trun::agent {
 
-// One of the agent's stop signals (LaunchConfig::signals_to_handle) arrived while a round was
-// being formed: the session left the rendezvous (the others see this node leave) and the handler
-// is shut down. The signal itself stays pending for the agent's signalfd.
 // Whether one of `signals` (the handled ones; SIGCHLD is not a stop) is pending for the process.
 bool stop_signal_pending(const std::vector<int>& signals);
 
+// One of the agent's stop signals (LaunchConfig::signals_to_handle) arrived while a round was
+// being formed: the session left the rendezvous (the others see this node leave) and the handler
+// is shut down. The signal itself stays pending for the agent's signalfd.
 class RendezvousInterrupted : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -173,6 +173,9 @@ class RendezvousSession {
   void on_event_fd();
   // Throws RendezvousInterrupted when a stop signal is pending for the process.
   void check_stop_signal();
+  // rdzv_, copied under handler_mu_: for the sampler thread and the store reads that may run
+  // while another thread drops the handler.
+  std::shared_ptr<rendezvous::RendezvousHandler> current_handler() const;
 
   const LaunchConfig& config_;
   const std::string run_id_;

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "rendezvous/c10d/backend.h"
 #include "rendezvous/c10d/failover.h"
@@ -72,14 +73,11 @@ class DynamicRendezvous : public RoundRendezvous {
     check_not_shut_down();
     std::vector<std::string> ids;
     try {
-      auto v = backend_->try_get(keys_.round());
-      if (!v) return ids;
-      const auto rk = parse_round_key(*v);
-      if (rk.closed || backend_->try_get(keys_.result(rk.round))) return ids;
-      const int64_t n = std::min<int64_t>(backend_->add(keys_.ticket(rk.round), 0), limit);
+      const auto [round, tickets] = gathering_round();
+      const int64_t n = std::min<int64_t>(tickets, limit);
       for (int64_t t = 1; t <= n; ++t) {
         // A ticket whose node has not published itself yet is skipped (no wait).
-        if (auto desc = backend_->try_get(keys_.node(rk.round, t))) {
+        if (auto desc = backend_->try_get(keys_.node(round, t))) {
           ids.push_back(decode_node(*desc, t).id);
         }
       }
@@ -112,14 +110,7 @@ class DynamicRendezvous : public RoundRendezvous {
   int num_nodes_waiting() override {
     check_not_shut_down();
     try {
-      auto v = backend_->try_get(keys_.round());
-      if (!v) return 0;
-      auto rk = parse_round_key(*v);
-      if (rk.closed) return 0;
-      // A round that ended before it formed (a joiner left): its tickets wait for nothing.
-      if (backend_->try_get(keys_.result(rk.round))) return 0;
-      // A counter: read with add(0) (the etcd backend keeps counters apart from values).
-      return static_cast<int>(std::max<int64_t>(0, backend_->add(keys_.ticket(rk.round), 0)));
+      return static_cast<int>(gathering_round().second);
     } catch (const store::StoreError& e) {
       throw RendezvousError(error_prefix() + ": " + e.what());
     }
@@ -127,6 +118,18 @@ class DynamicRendezvous : public RoundRendezvous {
 
  protected:
   std::string over_key(int64_t k) const override { return keys_.over(k); }
+
+  // The round nodes are joining now and its tickets so far, the nodes waiting for it: {-1, 0}
+  // when there is none (closed), or it has a result (it formed, or ended before it formed: its
+  // tickets wait for nothing). Throws the backend's store::StoreError.
+  std::pair<int64_t, int64_t> gathering_round() {
+    auto v = backend_->try_get(keys_.round());
+    if (!v) return {-1, 0};
+    const auto rk = parse_round_key(*v);
+    if (rk.closed || backend_->try_get(keys_.result(rk.round))) return {-1, 0};
+    // A counter: read with add(0) (the etcd backend keeps counters apart from values).
+    return {rk.round, std::max<int64_t>(0, backend_->add(keys_.ticket(rk.round), 0))};
+  }
 
   void close_rendezvous(int64_t current, int64_t joining) override {
     backend_->set(keys_.round(), "closed");

@@ -116,13 +116,13 @@ void RoundLeader::lead(int64_t j, TimePoint deadline) {
     if (a.kind == LeaderAction::Kind::kTimeout) return;
     if (a.kind == LeaderAction::Kind::kComplete) {
       const Quorum quorum{prev, &prev_result, &prev_over};
-      if (complete(j, std::max(s.joined, a.target), a.target,
-                   quorum_applies() && prev >= 0 ? &quorum : nullptr)) {
+      const int considered = std::max(s.joined, a.target);
+      if (complete(j, considered, a.target, quorum_applies() && prev >= 0 ? &quorum : nullptr)) {
         return;
       }
       // Too few of the previous round's members among all that joined: wait for another node
       // (or the deadline). Every ticket so far was considered, so only a new one can help.
-      s.hold_at = std::max(s.joined, a.target);
+      s.hold_at = considered;
       spdlog::warn("{}: {}", prefix_, quorum_line(j, prev));
       continue;
     }
