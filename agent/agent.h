@@ -47,6 +47,7 @@
 #include "agent/event_loop.h"
 #include "agent/failure_report.h"
 #include "agent/file_timer_server.h"
+#include "agent/goodput.h"
 #include "agent/hang_watch.h"
 #include "agent/health_gate.h"
 #include "agent/launch_config.h"
@@ -200,6 +201,11 @@ class Agent {
   void publish();
   void refresh_live(AgentSnapshot* s) const;
   void set_phase(const char* phase);
+  // The goodput account (agent/goodput.h) follows every phase change: the running group's board
+  // is sampled first, and the badput intervals it closes go to the event log
+  // (trun.agent.badput). Runs also without --metrics-port.
+  void account_phase(const std::string& phase);
+  void sample_goodput();
   // While this thread waits in a blocking rendezvous call the loop does not run, and /metrics
   // would stand still exactly when an operator looks: the session's sampler thread publishes
   // then (publish_while_waiting), from a copy of the snapshot taken under waiting_mu_. The
@@ -310,6 +316,7 @@ class Agent {
   straggler::Judge straggler_judge_{config_.straggler};
   int64_t straggler_round_ = -1;  // the round the judge's state is of
   NodeStatus status_;             // the last record publish_status wrote
+  goodput::Account goodput_{monotonic_seconds()};
 };
 
 // Marks a blocking rendezvous call for publish_while_waiting (see begin_waiting).

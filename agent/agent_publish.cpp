@@ -59,6 +59,8 @@ bool Agent::start_metrics() {
 
 void Agent::publish() {
   if (!metrics_) return;
+  sample_goodput();
+  snap_.goodput = goodput_;
   refresh_live(&snap_);
   metrics_->publish(snap_);
 }
@@ -96,7 +98,39 @@ void Agent::publish_while_waiting() {
   metrics_->publish(copy);
 }
 
+void Agent::account_phase(const std::string& phase) {
+  const double now = monotonic_seconds();
+  sample_goodput();
+  goodput::Phase p = goodput::Phase::kOther;
+  if (phase == "rendezvous")
+    p = goodput::Phase::kRendezvous;
+  else if (phase == "running")
+    p = goodput::Phase::kRunning;
+  else if (phase == "stopping")
+    p = goodput::Phase::kStopping;
+  else if (phase == "unhealthy" || phase == "excluded")
+    p = goodput::Phase::kOutside;
+  // A node whose first group is not the job's first (round 0) joined a running job.
+  const bool joined_late = session_ && session_->info().round > 0;
+  goodput_.set_phase(p, now, joined_late);
+  const double unix_now = unix_seconds();
+  for (const auto& i : goodput_.take_intervals()) {
+    event("trun.agent.badput",
+          {{"cause", std::string(goodput::cause_name(i.cause))},
+           {"begin_ms", static_cast<int64_t>((unix_now - (now - i.begin)) * 1000)},
+           {"end_ms", static_cast<int64_t>((unix_now - (now - i.end)) * 1000)},
+           {"seconds", i.end - i.begin}});
+  }
+}
+
+void Agent::sample_goodput() {
+  // The account ignores it outside its running phase; the board keeps a stopped group's records
+  // until the next group is spawned.
+  if (hang_) goodput_.progress(hang_->goodput_progress(), monotonic_seconds());
+}
+
 void Agent::set_phase(const char* phase) {
+  account_phase(phase);
   if (!metrics_ || snap_.phase == phase) return;
   snap_.phase = phase;
   snap_.phase_since = std::chrono::steady_clock::now();
@@ -122,6 +156,16 @@ bool Agent::publish_status(const char* state) {
   status_.max_restarts = config_.max_restarts;
   status_.state = state;
   status_.updated_at = unix_seconds();
+  sample_goodput();
+  const goodput::Totals g = goodput_.totals(monotonic_seconds());
+  status_.goodput_ratio = g.wall > 0 ? g.ratio() : -1;
+  status_.goodput_wall_s = g.wall;
+  status_.badput_s.clear();
+  for (int c = 0; c < goodput::kCauses; ++c) {
+    if (g.badput[static_cast<size_t>(c)] > 0)
+      status_.badput_s[goodput::cause_name(static_cast<goodput::Cause>(c))] =
+          g.badput[static_cast<size_t>(c)];
+  }
   const bool took = session_->publish_status(encode_node_status(status_));
   // A node outside the rounds is in no rendezvous list: it lists itself for `trun status`.
   const std::string outside(state);

@@ -235,8 +235,8 @@ void Agent::start_workers() {
       if (!workers_[i].running) set_worker_state(i, "failed");
     }
     snap_.phase = "";  // set_phase publishes the new states with the phase
-    set_phase("running");
   }
+  set_phase("running");
   if (spawn_failed) {
     outcome_ = GroupOutcome::kFailed;
     begin_stop(SIGTERM);

@@ -68,6 +68,11 @@ struct RankProgress {
   bool starting = true;  // in init(), or no progress since init() returned
   uint64_t steps = 0;
   int64_t collective_ns = 0;  // time inside collectives so far (RankRecord::collective_ns)
+  // The goodput fields (RankRecord::first_step_ns ... checkpoint_load_ns; agent/goodput.h).
+  int64_t first_step_ns = 0;
+  int64_t last_step_ns = 0;
+  uint64_t resumed_step_plus1 = 0;
+  int64_t checkpoint_load_ns = 0;
   ProcessState process = ProcessState::kUnknown;
   std::vector<GroupProgress> groups;
 

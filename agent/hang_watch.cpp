@@ -61,6 +61,27 @@ std::vector<straggler::RankStats> HangWatch::straggler_stats() const {
   return tracker_.stats();
 }
 
+goodput::Progress HangWatch::goodput_progress() const {
+  goodput::Progress p;
+  bool first = true;
+  for (int slot = 0; slot < board_->slots(); ++slot) {
+    const hang::RankProgress r = board_->snapshot(slot);
+    if (!r.attached) continue;
+    const double first_step = static_cast<double>(r.first_step_ns) / 1e9;
+    const double last_step = static_cast<double>(r.last_step_ns) / 1e9;
+    if (first || r.steps < p.steps) {
+      p.steps = r.steps;
+      p.last_step = last_step;
+    }
+    p.first_step = first ? first_step : std::max(p.first_step, first_step);
+    if (r.resumed_step_plus1 > 0 && !p.resumed_step) p.resumed_step = r.resumed_step_plus1 - 1;
+    p.load_seconds = std::max(p.load_seconds, static_cast<double>(r.checkpoint_load_ns) / 1e9);
+    p.attached = true;
+    first = false;
+  }
+  return p;
+}
+
 uint64_t HangWatch::steps_taken() const {
   uint64_t most = 0;
   for (int slot = 0; slot < board_->slots(); ++slot) {

@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/goodput.h"
 #include "agent/hang_rules.h"
 #include "agent/progress_monitor.h"
 #include "agent/straggler.h"
@@ -93,6 +94,11 @@ class HangWatch {
   // This node's ranks' step and compute times for the straggler scores (straggler::Tracker, not
   // scored), of the group being watched; empty before the first poll (any thread).
   std::vector<straggler::RankStats> straggler_stats() const;
+
+  // The running group's progress for the goodput accounting (agent/goodput.h), read from the
+  // board now: the slowest attached rank's steps and last step, the latest first step, the
+  // first resume any rank reported and the longest checkpoint load (any thread).
+  goodput::Progress goodput_progress() const;
 
   // Polls made so far (tests wait on it).
   uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }

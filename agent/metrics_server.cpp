@@ -112,6 +112,34 @@ void family(std::ostringstream& out, const char* name, const char* type, const c
   out << "# HELP " << name << ' ' << help << "\n# TYPE " << name << ' ' << type << '\n';
 }
 
+// The goodput account's totals (agent/goodput.h, docs/goodput.md).
+void goodput_families(std::ostringstream& out, const goodput::Totals& t) {
+  family(out, "trun_goodput_ratio", "gauge",
+         "Share of this node's time in the job that moved the model forward (productive / wall).");
+  out << "trun_goodput_ratio " << format_double(t.ratio()) << '\n';
+  family(out, "trun_goodput_wall_seconds", "counter",
+         "This node's time in the job: productive time plus every badput cause.");
+  out << "trun_goodput_wall_seconds " << format_double(t.wall) << '\n';
+  family(out, "trun_goodput_productive_seconds", "counter",
+         "Steps that count toward the model times the reference step time.");
+  out << "trun_goodput_productive_seconds " << format_double(t.productive) << '\n';
+  family(out, "trun_badput_seconds_total", "counter", "Time in the job lost, by cause.");
+  for (int c = 0; c < goodput::kCauses; ++c) {
+    out << "trun_badput_seconds_total{cause=\""
+        << goodput::cause_name(static_cast<goodput::Cause>(c)) << "\"} "
+        << format_double(t.badput[static_cast<size_t>(c)]) << '\n';
+  }
+  family(out, "trun_goodput_outside_seconds", "counter",
+         "Time this node spent outside the job (unhealthy, excluded, a spare before it joined).");
+  out << "trun_goodput_outside_seconds " << format_double(t.outside) << '\n';
+  family(out, "trun_goodput_step_seconds", "gauge",
+         "The reference step time: the median step time measured (0: none yet).");
+  out << "trun_goodput_step_seconds " << format_double(t.step_seconds) << '\n';
+  family(out, "trun_goodput_steps_redone_total", "counter",
+         "Steps this node's groups took again after a restart resumed from an older checkpoint.");
+  out << "trun_goodput_steps_redone_total " << t.steps_redone << '\n';
+}
+
 // One gauge per local rank, labelled with its global and local rank.
 void rank_gauge(std::ostringstream& out, const std::vector<straggler::RankStats>& ranks,
                 const char* name, const char* help, double straggler::RankStats::*field) {
@@ -240,6 +268,8 @@ MetricsServer::Response MetricsServer::metrics(const AgentSnapshot& s,
   family(out, "trun_slow_ranks", "gauge",
          "Ranks flagged slow now (on the node that judges: the only one, or group rank 0).");
   out << "trun_slow_ranks " << s.slow_ranks << '\n';
+  goodput_families(out,
+                   s.goodput.totals(std::chrono::duration<double>(now.time_since_epoch()).count()));
   family(out, "trun_restarts_total", "counter", "Restarts of the worker group so far.");
   out << "trun_restarts_total " << s.restarts << '\n';
   family(out, "trun_restarts_left", "gauge", "Restarts left before a failure ends the job.");

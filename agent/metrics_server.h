@@ -30,6 +30,7 @@
 #include <thread>
 #include <vector>
 
+#include "agent/goodput.h"
 #include "agent/straggler.h"
 
 namespace trun::agent {
@@ -71,6 +72,9 @@ struct AgentSnapshot {
   uint64_t store_requests = 0;                    // the rendezvous' requests to its store (or etcd)
   uint64_t store_errors = 0;                      // of those, the failed ones
   std::optional<uint64_t> store_requests_served;  // when this node hosts the store
+  // The goodput account (agent/goodput.h), copied: /metrics computes its totals at the request's
+  // time (the interval under way counts up to then, also while the agent blocks in a rendezvous).
+  goodput::Account goodput{0};
 };
 
 class MetricsServer {

@@ -19,7 +19,7 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE_WITH_DEFAULT(NodeStatus, node_id, hostname, a
                                                 last_failure_at, root_cause, root_cause_node,
                                                 root_cause_at, root_cause_round, updated_at,
                                                 unhealthy, excluded, excluded_until, ranks,
-                                                slow_ranks)
+                                                slow_ranks, goodput_ratio, goodput_wall_s, badput_s)
 
 std::string encode_node_status(const NodeStatus& s) {
   const nlohmann::json j = s;

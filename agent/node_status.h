@@ -11,6 +11,7 @@
 // Thread safety: plain values and pure functions.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -60,6 +61,12 @@ struct NodeStatus {
   std::vector<RankStatus> ranks;
   // Ranks the judging node flagged as slow (docs/health.md), global ranks; that node's record only.
   std::vector<int> slow_ranks;
+  // This node's goodput (agent/goodput.h) when the record was written: its share of the time in
+  // the job that moved the model forward (-1: nothing measured yet), that time, and the badput
+  // by cause (only causes above 0).
+  double goodput_ratio = -1;
+  double goodput_wall_s = 0;
+  std::map<std::string, double> badput_s;
 };
 
 // "trun/status/<run_id>/<node_id>".

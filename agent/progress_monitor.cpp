@@ -148,6 +148,10 @@ hang::RankProgress read_record(const board::RankRecord& rec) {
   r.attached_ns = rec.attached_ns.load(memory_order_acquire);
   r.steps = rec.steps.load(memory_order_acquire);
   r.collective_ns = rec.collective_ns.load(memory_order_acquire);
+  r.first_step_ns = rec.first_step_ns.load(memory_order_acquire);
+  r.last_step_ns = rec.last_step_ns.load(memory_order_acquire);
+  r.resumed_step_plus1 = rec.resumed_step_plus1.load(memory_order_acquire);
+  r.checkpoint_load_ns = rec.checkpoint_load_ns.load(memory_order_acquire);
   const uint64_t init_end = rec.init_end_heartbeat.load(memory_order_acquire);
   r.heartbeat = rec.heartbeat.load(memory_order_acquire);
   r.starting = r.phase == board::Phase::kInit || init_end == 0 || r.heartbeat == init_end;

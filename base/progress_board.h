@@ -37,7 +37,8 @@
 namespace trun::base::progress {
 
 inline constexpr uint64_t kMagic = 0x3142524f47525054ULL;  // "TPRGROB1", little-endian
-inline constexpr uint32_t kVersion = 2;                    // 2: RankRecord::collective_ns
+// 2: RankRecord::collective_ns; 3: the goodput fields (first_step_ns ... checkpoint_load_ns)
+inline constexpr uint32_t kVersion = 3;
 inline constexpr int kMaxGroups = 8;     // process groups tracked per rank (later ones: not)
 inline constexpr int kRingSize = 16;     // recent collectives kept per group
 inline constexpr int kMaxSections = 16;  // distinct section names per rank (later ones: "other")
@@ -189,6 +190,13 @@ struct alignas(64) RankRecord {
   // finishes (the straggler scores: a rank that waits little in them is the one the others wait
   // for; agent/straggler.h).
   std::atomic<int64_t> collective_ns;
+  // Goodput (agent/goodput.h): when this process's first and last DDP step ended, the step its
+  // checkpoint load resumed from plus one (0: no load yet; 1: it loaded nothing, a fresh start)
+  // and what that load took (Checkpointer::load_latest).
+  std::atomic<int64_t> first_step_ns;
+  std::atomic<int64_t> last_step_ns;
+  std::atomic<uint64_t> resumed_step_plus1;
+  std::atomic<int64_t> checkpoint_load_ns;
   // Written once each, before num_sections publishes them (release).
   char section_names[kMaxSections][kNameMax];
   GroupRecord groups[kMaxGroups];

@@ -135,6 +135,43 @@ Summary summarize(const JobStatus& js) {
   return s;
 }
 
+// The GOODPUT column: the node's goodput ratio as a percentage, "-" before anything is measured.
+std::string goodput_cell(const agent::NodeStatus& r) {
+  if (!(r.goodput_ratio >= 0) || !std::isfinite(r.goodput_ratio)) return "-";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.1f%%", std::min(r.goodput_ratio, 1.0) * 100);
+  return buf;
+}
+
+// The goodput line: the node in the job longest (its account covers the most of the job), with
+// its badput causes, largest first; empty when no node measured any.
+std::string goodput_line(const JobStatus& js) {
+  const agent::NodeStatus* best = nullptr;
+  for (const auto& n : js.nodes) {
+    if (!n.record || !(n.record->goodput_ratio >= 0) || !std::isfinite(n.record->goodput_wall_s))
+      continue;
+    if (!best || n.record->goodput_wall_s > best->goodput_wall_s) best = &*n.record;
+  }
+  if (!best) return {};
+  std::vector<std::pair<double, std::string>> causes;
+  for (const auto& [cause, s] : best->badput_s) {
+    if (std::isfinite(s) && s > 0) causes.emplace_back(s, cause);
+  }
+  std::sort(causes.rbegin(), causes.rend());
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "%.1f%% of %.0f s (node ",
+                std::min(best->goodput_ratio, 1.0) * 100, best->goodput_wall_s);
+  std::string out = buf + safe(best->node_id) + ")";
+  if (!causes.empty()) {
+    out += "; badput:";
+    for (size_t i = 0; i < causes.size() && i < 9; ++i) {
+      std::snprintf(buf, sizeof buf, "%s %.1f s", i ? "," : "", causes[i].first);
+      out += " " + safe(causes[i].second) + buf;
+    }
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string to_json(const JobStatus& js) {
@@ -178,6 +215,19 @@ std::string to_json(const JobStatus& js) {
       j["ranks"] = ranks;
       j["updated_at"] =
           valid_time(n.record->updated_at) ? json(n.record->updated_at) : json(nullptr);
+      if (n.record->goodput_ratio >= 0 && std::isfinite(n.record->goodput_ratio)) {
+        json badput = json::object();
+        for (const auto& [cause, s] : n.record->badput_s) {
+          if (std::isfinite(s)) badput[cause] = s;
+        }
+        j["goodput"] = {
+            {"ratio", n.record->goodput_ratio},
+            {"wall_s", std::isfinite(n.record->goodput_wall_s) ? json(n.record->goodput_wall_s)
+                                                               : json(nullptr)},
+            {"badput_s", std::move(badput)}};
+      } else {
+        j["goodput"] = nullptr;
+      }
     } else {
       j["local_world_size"] = nullptr;
       j["agent_state"] = nullptr;
@@ -256,9 +306,11 @@ std::string to_table(const JobStatus& js) {
            (valid_time(r->root_cause_at) ? ago(r->root_cause_at) : "time unknown") +
            "; the earliest failure across nodes)";
   }
+  if (const std::string g = goodput_line(js); !g.empty()) out += "\ngoodput:      " + g;
   out += "\n\n";
-  std::vector<std::vector<std::string>> rows = {
-      {"NODE", "ADDRESS", "RANK", "WORKERS", "STATE", "AGENT", "RESTARTS", "SLOWEST", "UPDATED"}};
+  std::vector<std::vector<std::string>> rows = {{"NODE", "ADDRESS", "RANK", "WORKERS", "STATE",
+                                                 "AGENT", "RESTARTS", "SLOWEST", "GOODPUT",
+                                                 "UPDATED"}};
   const Scored scored = score_ranks(js);
   for (const auto& n : js.nodes) {
     std::vector<std::string> row = {safe(n.node_id), n.addr.empty() ? "-" : safe(n.addr),
@@ -270,9 +322,10 @@ std::string to_table(const JobStatus& js) {
       row.push_back(std::to_string(n.record->restarts) + "/" +
                     std::to_string(n.record->max_restarts));
       row.push_back(slowest_cell(scored, n.node_id));
+      row.push_back(goodput_cell(*n.record));
       row.push_back(ago(n.record->updated_at));
     } else {
-      row.insert(row.end(), {"-", n.state, "-", "-", "-", "-"});
+      row.insert(row.end(), {"-", n.state, "-", "-", "-", "-", "-"});
     }
     rows.push_back(std::move(row));
   }

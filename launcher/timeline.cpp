@@ -18,6 +18,7 @@ namespace trun::launcher {
 namespace {
 
 namespace col = timeline_colors;
+using timeline_model::Badput;
 using timeline_model::clip;
 using timeline_model::Mark;
 using timeline_model::Node;
@@ -41,6 +42,23 @@ constexpr int kWorkerLaneHeight = 24;
 constexpr int kNodeGap = 8;
 constexpr const char* kAgentBar = "#b8c4d6";  // the agent runs its group
 constexpr const char* kRdzvBar = "#e4e9f2";   // the agent waits in a rendezvous
+
+// The strip under a node's bar for each badput interval (trun.agent.badput), by cause.
+struct BadputColor {
+  const char* cause;
+  const char* color;
+};
+constexpr BadputColor kBadputColors[] = {
+    {"startup", "#9467bd"},    {"detection", "#d62728"}, {"stopping", "#8c564b"},
+    {"rendezvous", "#1f77b4"}, {"restart", "#ff7f0e"},   {"checkpoint_load", "#bcbd22"},
+    {"redone", "#e377c2"},     {"slow", "#7f7f7f"},      {"other", "#c7c7c7"},
+};
+const char* badput_color(const std::string& cause) {
+  for (const auto& c : kBadputColors) {
+    if (cause == c.cause) return c.color;
+  }
+  return "#c7c7c7";
+}
 
 // Printable (no control character reaches the page: they are not even allowed in XML) and
 // HTML-escaped.
@@ -267,10 +285,28 @@ class Page {
          << nodes_.size() << " node(s), " << rounds_.size() << " round(s); time 0 is "
          << esc(utc(t0_)) << ", spanning " << esc(secs(span_))
          << ". Each node's events carry its own clock. Hover for details.</p>\n"
-         << svg_.str();
+         << badput_key() << svg_.str();
     svg_.str(std::string());
     html << table << "</body>\n</html>\n";
     return html.str();
+  }
+
+  // The colours of the badput strips present (docs/goodput.md), as one line above the picture;
+  // empty when no node recorded any.
+  std::string badput_key() const {
+    std::ostringstream key;
+    for (const auto& c : kBadputColors) {
+      bool present = false;
+      for (const Node& n : nodes_) {
+        for (const Badput& b : n.badput) present = present || b.cause == c.cause;
+      }
+      if (!present) continue;
+      key << "<span class=\"badput-key\" style=\"margin-right:10px\"><span style=\"display:inline-"
+             "block;width:12px;height:4px;vertical-align:middle;background:"
+          << c.color << "\"></span> " << c.cause << "</span>";
+    }
+    if (key.str().empty()) return {};
+    return "<p class=\"sub\">badput under each node's bar: " + key.str() + "</p>\n";
   }
 
   void legend(std::ostringstream& svg) const {
@@ -386,6 +422,16 @@ class Page {
            << esc(rel(w.end)) << " (" << esc(secs(w.end - w.start)) << ")</title><rect x=\"" << wx0
            << "\" y=\"" << y + 8 << "\" width=\"" << wx1 - wx0 << "\" height=\"" << h - 16
            << "\" fill=\"" << kRdzvBar << "\" stroke=\"#8899b3\" stroke-width=\"0.5\"/></g>\n";
+      check_size();
+    }
+    for (const Badput& b : n.badput) {  // a strip along the bar's lower edge, by cause
+      const int bx0 = xpos(b.start);
+      const int bx1 = std::max(xpos(b.end), bx0 + 1);
+      bars << "<g class=\"badput\" data-cause=\"" << esc(b.cause)
+           << "\"><title>badput: " << esc(b.cause) << "\nfrom " << esc(rel(b.start)) << " to "
+           << esc(rel(b.end)) << " (" << esc(secs(b.end - b.start)) << ")</title><rect x=\"" << bx0
+           << "\" y=\"" << y + h - 12 << "\" width=\"" << bx1 - bx0 << "\" height=\"4\" fill=\""
+           << badput_color(b.cause) << "\"/></g>\n";
       check_size();
     }
     for (const Mark& m : n.hangs) {

@@ -125,6 +125,13 @@ void TimelineModel::add(const TimelineEvent& e) {
   } else if (name == "trun.agent.straggler") {
     n.slow_ranks.push_back(
         {ts, "slow rank: " + get_str(md, "summary", kMaxTextBytes).value_or("")});
+  } else if (name == "trun.agent.badput") {
+    const auto begin = get_int(md, "begin_ms"), end = get_int(md, "end_ms");
+    if (begin && end && *end >= *begin && n.badput.size() < kMaxBadputPerNode) {
+      n.badput.push_back({std::clamp<int64_t>(*begin, 0, kMaxTimestampMs),
+                          std::clamp<int64_t>(*end, 0, kMaxTimestampMs),
+                          get_str(md, "cause", 32).value_or("other")});
+    }
   } else if (name == "trun.hang") {
     n.hangs.push_back({ts, "hang: " + get_str(md, "summary", kMaxTextBytes).value_or("")});
   }

@@ -47,6 +47,13 @@ struct Wait {
   std::string text;
 };
 
+// trun.agent.badput: an interval of time lost (agent/goodput.h), drawn under the node's bar.
+struct Badput {
+  int64_t start = 0, end = 0;
+  std::string cause;
+};
+inline constexpr size_t kMaxBadputPerNode = 4096;
+
 struct Node {
   std::string run_id, hostname, node_id;
   int64_t pid = 0;
@@ -58,6 +65,7 @@ struct Node {
   std::vector<Mark> round_ends;
   std::vector<Mark> hangs;                            // trun.hang: the verdict
   std::vector<Mark> slow_ranks;                       // trun.agent.straggler: the flag
+  std::vector<Badput> badput;                         // trun.agent.badput (the first kMax...)
   std::map<int64_t, std::vector<WorkerBar>> workers;  // by local rank
   std::map<int64_t, size_t> open_bars;                // worker pid -> index in workers[lr]
   std::map<int64_t, int64_t> open_rank;               // worker pid -> local rank

@@ -1,17 +1,25 @@
 // --metrics-port, black-box with real sockets on 127.0.0.1: a scrape after a worker crash and a
 // restart, /healthz, and clients that send garbage, too much, or too little (each connection is
-// closed without an answer, and the agent and its endpoint go on); a port in use at start.
+// closed without an answer, and the agent and its endpoint go on); a port in use at start; the
+// goodput account after a worker's SIGKILL.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "tests/launcher/free_port.h"
 #include "tests/launcher/process_util.h"
@@ -368,4 +376,109 @@ TEST_CASE("/metrics moves during the first rendezvous: the nodes joined so far a
   a.signal(SIGTERM);
   REQUIRE(a.wait(30s));
   CHECK(a.exit_code() == 128 + SIGTERM);
+}
+
+namespace {
+
+// The value of the sample `name` (with its labels, e.g. `trun_badput_seconds_total{cause="x"}`)
+// in a scrape; NaN when absent.
+double sample_value(const std::string& metrics, const std::string& name) {
+  const size_t at = metrics.find("\n" + name + " ");
+  if (at == std::string::npos) return std::nan("");
+  return std::stod(metrics.substr(at + name.size() + 2));
+}
+
+// The workers among the children of `parent` (of every thread of it; those with LOCAL_RANK in
+// their environment), from /proc, sorted.
+std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  const std::string task = "/proc/" + std::to_string(parent) + "/task";
+  DIR* d = opendir(task.c_str());
+  if (!d) return out;
+  for (dirent* e = readdir(d); e; e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::istringstream in(read_file(task + "/" + e->d_name + "/children"));
+    for (pid_t p; in >> p;) {
+      const std::string env = read_file("/proc/" + std::to_string(p) + "/environ");
+      if (env.find(std::string("\0LOCAL_RANK=", 12)) != std::string::npos) out.push_back(p);
+    }
+  }
+  closedir(d);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+const char* const kCauses[] = {"startup",         "detection", "stopping", "rendezvous", "restart",
+                               "checkpoint_load", "redone",    "slow",     "other"};
+
+}  // namespace
+
+TEST_CASE("goodput: /metrics, the status record and the event log account for a worker's SIGKILL",
+          "[agent][metrics][goodput]") {
+  TempDir d;
+  // No periodic checkpoint after step 0: the restarted group resumes from scratch and redoes
+  // every step the first one took.
+  Child trun({trun_binary(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "2",
+              "--metrics-port", "0", "--event-log", d / "events.jsonl",
+              std::string(TRUN_BINARY_DIR) + "/examples/train_mlp", "--ckpt-dir", d / "ckpt",
+              "--ckpt-every", "100000", "--epochs", "100000", "--step-sleep-ms", "20"},
+             {{"OMP_NUM_THREADS", "1"}}, {"TORCHELASTIC_HEALTH_CHECK_PORT", "LOGLEVEL"});
+  const int port = printed_port(trun);
+  std::string metrics;
+  const auto steps_taken = [&] {
+    metrics = body_of(get(port, "/metrics"));
+    return sample_value(metrics, "trun_goodput_productive_seconds") > 1.0;
+  };
+  REQUIRE(wait_until(steps_taken, 60s));
+  INFO(trun.err());
+  std::vector<pid_t> first = children_of(trun.pid());
+  REQUIRE(first.size() == 2);
+  REQUIRE(kill(first[1], SIGKILL) == 0);
+  // The new group: two other children, and steps again past what was redone.
+  REQUIRE(wait_until(
+      [&] {
+        const auto now = children_of(trun.pid());
+        return now.size() == 2 && now != first &&
+               sample_value(body_of(get(port, "/metrics")), "trun_goodput_steps_redone_total") > 0;
+      },
+      60s));
+  std::this_thread::sleep_for(2s);
+  metrics = body_of(get(port, "/metrics"));
+  INFO(metrics);
+  check_exposition(metrics);
+  const double wall = sample_value(metrics, "trun_goodput_wall_seconds");
+  const double productive = sample_value(metrics, "trun_goodput_productive_seconds");
+  double sum = productive;
+  for (const char* c : kCauses) {
+    const double v =
+        sample_value(metrics, std::string("trun_badput_seconds_total{cause=\"") + c + "\"}");
+    INFO(c);
+    REQUIRE(v >= 0);
+    sum += v;
+  }
+  CHECK(sum == Approx(wall).epsilon(0.001));
+  const double ratio = sample_value(metrics, "trun_goodput_ratio");
+  CHECK(ratio == Approx(productive / wall).epsilon(0.01));
+  CHECK(ratio > 0.1);
+  CHECK(ratio < 1);
+  CHECK(sample_value(metrics, "trun_badput_seconds_total{cause=\"stopping\"}") > 0);
+  CHECK(sample_value(metrics, "trun_badput_seconds_total{cause=\"restart\"}") > 0);
+  CHECK(sample_value(metrics, "trun_badput_seconds_total{cause=\"redone\"}") > 0);
+  CHECK(sample_value(metrics, "trun_goodput_step_seconds") >= 0.02);
+  trun.signal(SIGTERM);
+  REQUIRE(trun.wait(60s));
+  // The event log holds the closed intervals, each a real span.
+  std::set<std::string> causes;
+  for (const auto& line : lines_of(read_file(d / "events.jsonl"))) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || j.value("name", "") != "trun.agent.badput") continue;
+    const auto& md = j["metadata"];
+    CHECK(md["end_ms"].get<int64_t>() >= md["begin_ms"].get<int64_t>());
+    CHECK(md["seconds"].get<double>() >= 0);
+    causes.insert(md["cause"].get<std::string>());
+  }
+  for (const char* c : {"startup", "detection", "stopping", "restart", "redone"}) {
+    INFO(c);
+    CHECK(causes.count(c) == 1);
+  }
 }

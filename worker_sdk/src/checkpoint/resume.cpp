@@ -20,6 +20,7 @@
 #include "worker_sdk/src/checkpoint/checkpointer_state.h"
 #include "worker_sdk/src/checkpoint/directory.h"
 #include "worker_sdk/src/checkpoint/format.h"
+#include "worker_sdk/src/progress/progress.h"
 
 namespace trun::worker {
 
@@ -188,43 +189,49 @@ std::optional<Checkpoint> Checkpointer::State::load_decided() {
 }
 
 std::optional<Checkpoint> Checkpointer::load_latest() {
-  State& s = *state_;
-  const bool collective = s.options.group && s.options.group->size() > 1;
-  if (!s.is_writer()) {
-    // Rank 0 decided and wrote its decision before the barrier.
-    s.options.group->barrier();
-    return s.load_decided();
-  }
-  try {
-    s.wait();
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "[trun.checkpoint] the last async save failed: %s\n", e.what());
-  }
-  std::optional<Checkpoint> chosen;
-  std::exception_ptr error;
-  json d = json::object();
-  try {
-    chosen = s.choose(true);
-    if (chosen) d["load"] = step_name(chosen->step);
-  } catch (const CheckpointOwnerError& e) {
-    error = std::current_exception();
-    d = {{"refused", e.what()}, {"owner", true}};
-  } catch (const std::exception& e) {
-    error = std::current_exception();
-    d = {{"refused", e.what()}};
-  }
-  if (collective) {
-    try {
-      s.write_small_file(".resume", json_text(d) + "\n");
-    } catch (const CheckpointError& e) {
-      // The other ranks then decide alone (read-only): the same choice unless a read differs.
-      std::fprintf(stderr, "[trun.checkpoint] cannot record the resume decision: %s\n", e.what());
-      ::unlinkat(s.dirfd.fd, ".resume", 0);
+  // What the load took and where it resumed go to the progress board (goodput, agent/goodput.h).
+  const int64_t began = detail::progress::now_ns();
+  std::optional<Checkpoint> ck = [this]() -> std::optional<Checkpoint> {
+    State& s = *state_;
+    const bool collective = s.options.group && s.options.group->size() > 1;
+    if (!s.is_writer()) {
+      // Rank 0 decided and wrote its decision before the barrier.
+      s.options.group->barrier();
+      return s.load_decided();
     }
-    s.options.group->barrier();
-  }
-  if (error) std::rethrow_exception(error);
-  return chosen;
+    try {
+      s.wait();
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "[trun.checkpoint] the last async save failed: %s\n", e.what());
+    }
+    std::optional<Checkpoint> chosen;
+    std::exception_ptr error;
+    json d = json::object();
+    try {
+      chosen = s.choose(true);
+      if (chosen) d["load"] = step_name(chosen->step);
+    } catch (const CheckpointOwnerError& e) {
+      error = std::current_exception();
+      d = {{"refused", e.what()}, {"owner", true}};
+    } catch (const std::exception& e) {
+      error = std::current_exception();
+      d = {{"refused", e.what()}};
+    }
+    if (collective) {
+      try {
+        s.write_small_file(".resume", json_text(d) + "\n");
+      } catch (const CheckpointError& e) {
+        // The other ranks then decide alone (read-only): the same choice unless a read differs.
+        std::fprintf(stderr, "[trun.checkpoint] cannot record the resume decision: %s\n", e.what());
+        ::unlinkat(s.dirfd.fd, ".resume", 0);
+      }
+      s.options.group->barrier();
+    }
+    if (error) std::rethrow_exception(error);
+    return chosen;
+  }();
+  detail::progress::resumed(ck ? ck->step : 0, detail::progress::now_ns() - began);
+  return ck;
 }
 
 }  // namespace trun::worker

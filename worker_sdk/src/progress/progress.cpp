@@ -50,6 +50,10 @@ void clear(board::RankRecord* r) {
   r->init_end_heartbeat.store(0, memory_order_relaxed);
   r->steps.store(0, memory_order_relaxed);
   r->collective_ns.store(0, memory_order_relaxed);
+  r->first_step_ns.store(0, memory_order_relaxed);
+  r->last_step_ns.store(0, memory_order_relaxed);
+  r->resumed_step_plus1.store(0, memory_order_relaxed);
+  r->checkpoint_load_ns.store(0, memory_order_relaxed);
   for (auto& g : r->groups) {
     g.key.store(0, memory_order_relaxed);
     g.issued.store(0, memory_order_relaxed);
@@ -152,7 +156,18 @@ void init_end() {
 
 void step() {
   if (auto* r = record()) {
+    const int64_t now = now_ns();
+    if (r->steps.load(memory_order_relaxed) == 0) r->first_step_ns.store(now, memory_order_relaxed);
+    r->last_step_ns.store(now, memory_order_relaxed);
     r->steps.fetch_add(1, memory_order_relaxed);
+    bump(r);
+  }
+}
+
+void resumed(uint64_t step, int64_t load_ns) {
+  if (auto* r = record()) {
+    r->checkpoint_load_ns.store(load_ns, memory_order_relaxed);
+    r->resumed_step_plus1.store(step + 1, memory_order_relaxed);
     bump(r);
   }
 }

@@ -47,7 +47,9 @@ void attach_record_for_testing(board::RankRecord* r, int rank, int local_rank);
 void init_begin();  // attach(), phase kInit
 void init_end();    // phase kRunning; remembers the heartbeat as the end of start-up
 void step();        // a DDP step finished
-void heartbeat();   // trun::worker::heartbeat()
+// Checkpointer::load_latest resumed from `step` (0: it found nothing to load) in `load_ns`.
+void resumed(uint64_t step, int64_t load_ns);
+void heartbeat();  // trun::worker::heartbeat()
 
 // Sets a phase for its lifetime and restores the previous one after (nesting works).
 class PhaseScope {
