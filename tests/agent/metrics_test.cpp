@@ -481,4 +481,11 @@ TEST_CASE("goodput: /metrics, the status record and the event log account for a 
     INFO(c);
     CHECK(causes.count(c) == 1);
   }
+  // trun timeline draws them under the node's bar, one strip per interval, with their key.
+  const RunResult page = run_trun({"timeline", d / "events.jsonl", "-o", d / "run.html"});
+  REQUIRE(page.exit_code == 0);
+  const std::string html = read_file(d / "run.html");
+  CHECK_THAT(html, Catch::Contains("<g class=\"badput\" data-cause=\"restart\">"));
+  CHECK_THAT(html, Catch::Contains("<g class=\"badput\" data-cause=\"stopping\">"));
+  CHECK_THAT(html, Catch::Contains("badput under each node's bar:"));
 }
