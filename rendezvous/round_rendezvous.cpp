@@ -170,6 +170,10 @@ RendezvousInfo RoundRendezvous::next_rendezvous() {
     }
     joining_round_ = -1;
     return info;
+  } catch (const RendezvousTimeoutError&) {
+    joining_round_ = -1;
+    leave_joined_round();
+    throw;
   } catch (const RendezvousError&) {
     joining_round_ = -1;
     throw;
@@ -264,6 +268,28 @@ void RoundRendezvous::keep_alive_loop() {
       spdlog::warn("{}: node {} lost its lease (declared dead by the store)", error_prefix(),
                    options_.node_id);
     }
+  }
+}
+
+// A join that timed out leaves its round as shutdown() does for one under way: its ticket would
+// otherwise stay counted, and when it was ticket 1 nobody would lead the round (the others, and
+// a spare's next incarnation, waited out their own join timeouts: the goodput bench's spare,
+// restarted after each timeout, wedged every re-formation this way).
+void RoundRendezvous::leave_joined_round() {
+  std::string abort_key, abort_value, over;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lease_ || in_round_ || closed_here_) return;
+    abort_key = lease_a_key_;
+    abort_value = lease_a_value_;
+    over = lease_b_key_;
+  }
+  try {
+    backend_->compare_set(abort_key, "", abort_value);
+    backend_->append(over, dynamic::encode_over({RoundEvent::Kind::kNodeLeft, options_.node_id,
+                                                 "its join timed out"}));
+  } catch (const store::StoreError& e) {
+    spdlog::debug("{}: leaving the round after the join timeout: {}", error_prefix(), e.what());
   }
 }
 

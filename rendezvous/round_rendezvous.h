@@ -98,6 +98,9 @@ class RoundRendezvous : public RendezvousHandler {
   // (over_key(k)). Both backends' join_round() call it once per round they join.
   void arm_node_lease(int64_t k, std::string node_key, std::string node_value,
                       std::string abort_key, std::string abort_value);
+  // After a join timed out: ends the round it joined (the abort its lease would write) and says so
+  // in that round's over key. Store errors are logged at debug level and ignored.
+  void leave_joined_round();
   void check_not_shut_down() const;
   std::string error_prefix() const {
     return backend_name_ + " rendezvous '" + options_.run_id + "'";

@@ -257,6 +257,30 @@ DYNAMIC_TEST(lone_node_times_out, "a lone node below min_nodes times out with a 
                     Catch::Contains("join_timeout") && Catch::Contains("at least 2 node"));
 }
 
+DYNAMIC_TEST(timed_out_leader_leaves,
+             "a spare whose join timed out while it led the next round does not wedge it", "") {
+  // a and b fill round 0; spare s1 takes ticket 1 of round 1 (its leader) and times out; s2
+  // waits in round 1 behind it. When b leaves, a and s2 must form a group at once, not wait out
+  // their join timeouts for a leader that is gone.
+  Cluster c(backend, 1, 2);
+  auto a = c.make("a");
+  auto b = c.make("b");
+  join_all({a.get(), b.get()});
+  auto o = c.options("s1");
+  o.join_timeout = 500ms;
+  auto s1 = c.create(o);
+  CHECK_THROWS_AS(s1->next_rendezvous(), RendezvousTimeoutError);
+  s1.reset();
+  auto s2 = c.make("s2");
+  auto spare = std::async(std::launch::async, [&] { return s2->next_rendezvous(); });
+  std::this_thread::sleep_for(300ms);  // s2 waits (the group is full)
+  b->shutdown();
+  auto next = std::async(std::launch::async, [&] { return a->next_rendezvous(); });
+  REQUIRE(next.wait_for(20s) == std::future_status::ready);
+  REQUIRE(spare.wait_for(20s) == std::future_status::ready);
+  check_consistent({next.get(), spare.get()}, 2);
+}
+
 DYNAMIC_TEST(late_node_restarts_group, "a late node makes the running group restart to admit it",
              "") {
   Cluster c(backend, 2, 3);
