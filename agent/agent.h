@@ -261,6 +261,10 @@ class Agent {
 
   // --- stop (agent_stop.cpp) ---
   void begin_stop(int sig);
+  // A group stopped because it broke (a failure, a round over, a hang verdict) whose libtrun_worker
+  // ranks make no progress at all after the stop signal (they wait in collectives with a peer that
+  // is gone) is killed after stall_grace_ instead of --shutdown-timeout. True when it killed.
+  bool kill_if_stalled();
   void kill_all();
   void finish(GroupOutcome outcome);
   void cleanup();
@@ -301,6 +305,11 @@ class Agent {
   std::optional<RootCause> root_cause_;         // of the current attempt, across nodes, once known
   Clock::TimePoint attempt_started_{};          // when start_workers() spawned the current attempt
   std::optional<Clock::TimePoint> stop_began_;  // its first begin_stop()
+  // The stall watch of a broken group's stop (kill_if_stalled): the ranks' progress events when
+  // they last moved, and when.
+  std::optional<uint64_t> stop_events_;
+  Clock::TimePoint stop_moved_at_{};
+  Clock::Duration stall_grace_{};
   CrashLoop crash_loop_;
   bool health_notes_shown_ = false;  // the health gate's skipped-check notes, once per job
   Exclusion exclusion_;

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -51,10 +52,44 @@ void Agent::begin_stop(int sig) {
   phase_ = GroupPhase::kStopping;
   set_phase("stopping");
   kill_at_ = clock_.now() + config_.shutdown_timeout;
+  stop_events_.reset();
+  if (hang_ && outcome_ &&
+      (*outcome_ == GroupOutcome::kFailed || *outcome_ == GroupOutcome::kRoundOver)) {
+    stop_events_ = hang_->progress_events();
+    stop_moved_at_ = clock_.now();
+    // Twice the longest interval between two progress events seen in the training loop (a step
+    // that computes long without a collective), at least 1 s, at most --shutdown-timeout.
+    double longest = 0;
+    for (const auto& [c, l] : hang_->learned()) {
+      if (c.kind == hang::TimeoutClass::kStep) longest = std::max(longest, l.longest_s);
+    }
+    const auto grace = std::chrono::duration_cast<Clock::Duration>(
+        std::chrono::duration<double>(std::max(1.0, 2 * longest)));
+    stall_grace_ =
+        std::min(grace, std::chrono::duration_cast<Clock::Duration>(config_.shutdown_timeout));
+  }
   for (auto& w : workers_) {
     if (w.group_live) sup_.signal_group(w.pid, sig);
   }
   if (config_.shutdown_timeout.count() == 0) kill_all();
+}
+
+bool Agent::kill_if_stalled() {
+  if (!stop_events_ || killed_ || !hang_ || outcome_ == GroupOutcome::kSignaled) return false;
+  const std::optional<uint64_t> now_events = hang_->progress_events();
+  const auto now = clock_.now();
+  if (now_events != stop_events_) {
+    stop_events_ = now_events;
+    stop_moved_at_ = now;
+    return false;
+  }
+  if (now - stop_moved_at_ < stall_grace_) return false;
+  spdlog::warn(
+      "the workers made no progress in {} ms after the stop signal (they wait for a peer that is "
+      "gone); sending SIGKILL",
+      std::chrono::duration_cast<std::chrono::milliseconds>(now - stop_moved_at_).count());
+  kill_all();
+  return true;
 }
 
 void Agent::kill_all() {

@@ -5,6 +5,7 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
@@ -18,6 +19,7 @@ namespace {
 
 // After SIGKILL, how long to wait for the kernel to let the workers go before giving up.
 constexpr auto kAfterKillGrace = std::chrono::seconds(30);
+constexpr auto kStallCheck = std::chrono::milliseconds(200);
 
 }  // namespace
 
@@ -44,10 +46,15 @@ GroupOutcome Agent::supervise() {
     }
     if (outcome_ && running_count() == 0 && all_groups_gone()) break;
     std::optional<Clock::TimePoint> deadline;
+    std::optional<Clock::TimePoint> wake;
     if (phase_ == GroupPhase::kStopping) {
       deadline = killed_ ? killed_at_ + kAfterKillGrace : *kill_at_;
+      wake = deadline;
+      // The stall watch looks again every kStallCheck (kill_if_stalled).
+      if (stop_events_ && !killed_) wake = std::min(*deadline, clock_.now() + kStallCheck);
     }
-    loop_.run_once(deadline);
+    loop_.run_once(wake);
+    if (phase_ == GroupPhase::kStopping && kill_if_stalled()) continue;
     // The phase may have changed inside run_once; only a deadline set before it can expire.
     if (deadline && phase_ == GroupPhase::kStopping && clock_.now() >= *deadline) {
       if (!killed_) {

@@ -61,6 +61,15 @@ std::vector<straggler::RankStats> HangWatch::straggler_stats() const {
   return tracker_.stats();
 }
 
+std::optional<uint64_t> HangWatch::progress_events() const {
+  std::optional<uint64_t> sum;
+  for (int slot = 0; slot < board_->slots(); ++slot) {
+    const hang::RankProgress r = board_->snapshot(slot);
+    if (r.attached) sum = sum.value_or(0) + r.heartbeat;
+  }
+  return sum;
+}
+
 goodput::Progress HangWatch::goodput_progress() const {
   goodput::Progress p;
   bool first = true;

@@ -100,6 +100,10 @@ class HangWatch {
   // first resume any rank reported and the longest checkpoint load (any thread).
   goodput::Progress goodput_progress() const;
 
+  // The sum of the attached ranks' heartbeats (every progress event adds 1), read now; nullopt
+  // when no rank is attached (a program without libtrun_worker). Any thread.
+  std::optional<uint64_t> progress_events() const;
+
   // Polls made so far (tests wait on it).
   uint64_t polls() const { return polls_.load(std::memory_order_relaxed); }
 

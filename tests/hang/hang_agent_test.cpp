@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tests/launcher/free_port.h"
@@ -23,6 +24,27 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string worker() { return std::string(TRUN_BINARY_DIR) + "/tests/hang/progress_worker"; }
+
+// The children of `parent` (of any of its threads), from /proc.
+std::vector<pid_t> worker_children(pid_t parent) {
+  std::vector<pid_t> out;
+  const std::string task = "/proc/" + std::to_string(parent) + "/task";
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator(task, ec)) {
+    std::ifstream in(t.path() / "children");
+    for (pid_t p; in >> p;) out.push_back(p);
+  }
+  return out;
+}
+
+// Unlinks the progress boards an agent killed with SIGKILL left in /dev/shm.
+void remove_boards_of(pid_t agent) {
+  const std::string prefix = "trun-progress-" + std::to_string(agent) + "-";
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec)) {
+    if (e.path().filename().string().rfind(prefix, 0) == 0) std::filesystem::remove(e.path(), ec);
+  }
+}
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p);
@@ -162,6 +184,58 @@ TEST_CASE("two nodes agree on their learned timeouts through the store before th
   CHECK_THAT(out, Catch::Contains("attempt 1 done rank=1"));
   CHECK_THAT(err, Catch::Contains("hang detection: timeout agreed with the other nodes: section "
                                   "eval 10.0 s (was 1800.0 s)"));
+}
+
+TEST_CASE(
+    "a group whose ranks wait on a frozen node is killed once it makes no progress, not "
+    "after --shutdown-timeout",
+    "[hang][stop]") {
+  // Two nodes of one rank; the test freezes node b (its agent and its worker, as a partition
+  // would: no connection closes). Node a's worker waits for b's in an allreduce and ignores
+  // SIGTERM (the first process only: PROGRESS_WORKER_IGNORE_TERM names a marker file). With
+  // --shutdown-timeout 300, a's group could only stop that soon through the stall watch.
+  TempDir d;
+  const std::string endpoint = "127.0.0.1:" + std::to_string(trun::testing::free_port());
+  auto node = [&](const std::string& is_host) {
+    return std::vector<std::string>{
+        trun::testing::trun_binary(),
+        "--nnodes=1:2",
+        "--nproc-per-node=1",
+        "--max-restarts=1",
+        "--shutdown-timeout=300",
+        "--rdzv-backend=c10d",
+        "--rdzv-id=hang-stall",
+        "--rdzv-endpoint=" + endpoint,
+        "--rdzv-conf",
+        "join_timeout=60,last_call_timeout=1,keep_alive_interval=0.5,keep_alive_max_attempt=3,"
+        "is_host=" +
+            is_host,
+        worker()};
+  };
+  trun::testing::Child a(node("1"), {{"PROGRESS_WORKER_IGNORE_TERM", d / "ignored"}},
+                         {"TORCHELASTIC_ERROR_FILE"});
+  REQUIRE(trun::testing::wait_until([&] { return a.out().find("ready") != std::string::npos; },
+                                    std::chrono::seconds(30)));
+  trun::testing::Child b(node("0"), {}, {"TORCHELASTIC_ERROR_FILE"});
+  REQUIRE(trun::testing::wait_until(
+      [&] { return b.out().find("ready rank=1") != std::string::npos; }, std::chrono::seconds(60)));
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // allreduces under way
+  std::vector<pid_t> frozen{b.pid()};
+  for (pid_t p : worker_children(b.pid())) frozen.push_back(p);
+  for (pid_t p : frozen) kill(p, SIGSTOP);
+  const bool stalled = trun::testing::wait_until(
+      [&] { return a.err().find("the workers made no progress in ") != std::string::npos; },
+      std::chrono::seconds(60));
+  // b's agent dies frozen (its worker follows through its parent-death signal), then a stops.
+  kill(b.pid(), SIGKILL);
+  for (pid_t p : frozen) kill(p, SIGCONT);
+  REQUIRE(b.wait(std::chrono::seconds(30)));
+  a.signal(SIGTERM);
+  REQUIRE(a.wait(std::chrono::seconds(60)));
+  remove_boards_of(b.pid());  // the progress board b's agent could not unlink
+  INFO(a.err());
+  CHECK(stalled);
+  CHECK_THAT(a.err(), !Catch::Contains("workers still running"));
 }
 
 TEST_CASE("the workers get the progress board's name unless --hang-detection=off", "[hang]") {

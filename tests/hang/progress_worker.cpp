@@ -13,8 +13,12 @@
 // spends each iteration's user code in trun::worker::Section("eval") (200 ms; so only its node
 // learns that section's intervals) and on attempt 0 exits 3 after 20 iterations, while the other
 // ranks wait in the next allreduce until they are stopped; a later attempt runs 10 iterations and
-// exits 0. The tests end the other modes by pid.
+// exits 0. The tests end the other modes by pid. With PROGRESS_WORKER_IGNORE_TERM=FILE, the first
+// process of a world larger than 1 to find FILE absent creates it and ignores SIGTERM once init()
+// returned (a program whose stop handler waits on its peers: only SIGKILL ends it); later
+// processes do not.
 
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -54,6 +58,14 @@ int main(int argc, char** argv) {
   const bool slow = mode == "slow";
   const bool agree = mode == "agree";
   auto worker = trun::worker::init();
+  if (const char* marker = std::getenv("PROGRESS_WORKER_IGNORE_TERM");
+      marker && *marker && worker.world_size() > 1) {
+    const int fd = ::open(marker, O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      ::close(fd);
+      ::signal(SIGTERM, SIG_IGN);
+    }
+  }
   const bool bounded = ((mode == "stop" || mode == "spin") && attempt > 0) || slow || stop_here ||
                        (agree && (attempt > 0 || worker.rank() == 1));
   const int iterations = agree ? (attempt == 0 ? 20 : 10) : stop_here ? 200 : 40;
