@@ -65,7 +65,7 @@ def schedule(seed, seconds, short):
     rng = random.Random(seed)
     kinds = list(SHORT_KINDS if short else ALL_KINDS)
     rng.shuffle(kinds)
-    warm, quiet, gap = (8.0, 12.0, 13.0) if short else (20.0, 25.0, 30.0)
+    warm, quiet, gap = (8.0, 12.0, 13.0) if short else (30.0, 25.0, 30.0)
     span = seconds - warm - quiet
     n = max(len(kinds), int(span // gap))
     while len(kinds) < n:
@@ -564,42 +564,50 @@ def account(d, side, t0, w_start, w_end, final):
             pieces.append((a, b, "startup"))
             continue
         gid = group_at.get(b)
-        fault = [f for f in faults if last_step_start <= f["time"] < b]
-        tf = fault[-1]["time"] if fault else None
-        nxt = [t for t, k, _ in events if k == "detect" and tf is not None and t >= tf]
-        ready = max(groups[gid]["extra"]["ready"]) if gid and groups[gid]["extra"]["ready"] else b
-        load = max(groups[gid]["extra"]["load"]) if gid and groups[gid]["extra"]["load"] else 0.0
-        proc = min(groups[gid]["extra"]["proc"]) if gid and groups[gid]["extra"]["proc"] else ready
-        formed = [t for t, k, _ in events if k == "formed" and a <= t <= proc]
-        R = formed[-1] if formed else None
-        D = nxt[0] if nxt else None
-        lo = D if D is not None else a
-        joins = [t for t, k, _ in events if k == "join" and lo <= t <= (R if R else b)]
-        J = joins[-1] if joins else None
+        # A small state machine over what happened in the gap: a fault -> detection until the
+        # launcher noticed (its first record after the fault) -> stopping until a node joins the
+        # next round (the first join) -> rendezvous until the round formed -> restart; a fault
+        # or a failure noticed during a restart or a rendezvous starts the cycle again. The gap
+        # starts in detection when a fault hit the last step and nothing noticed it yet, else in
+        # stopping (the group stopped for a membership change, or was already stopping).
+        hit = [f["time"] for f in faults if last_step_start <= f["time"] <= a]
+        noticed = hit and any(hit[-1] <= t <= a for t, k, _ in events if k == "detect")
+        label = "detection" if hit and not noticed else "stopping"
+        marks = sorted([(f["time"], "fault") for f in faults if a < f["time"] < b] +
+                       [(t, k) for t, k, _ in events if a < t < b])
+        cur = a
+        for t, k in marks:
+            nxt = label
+            if k == "fault" and label in ("rendezvous", "restart", "stopping"):
+                nxt = "detection" if label != "stopping" else "stopping"
+            elif k == "detect" and label != "stopping":
+                nxt = "stopping"
+            elif k == "join" and label == "stopping":
+                nxt = "rendezvous"
+            elif k == "formed" and label in ("rendezvous", "stopping"):
+                nxt = "restart"
+            if nxt != label:
+                pieces.append((cur, t, label))
+                cur, label = t, nxt
+        pieces.append((cur, b, label))
+        if gid is not None and groups[gid]["extra"]["ready"]:
+            # the group that trains next: its checkpoint load, then start line to first step
+            ready = min(max(groups[gid]["extra"]["ready"]), b)
+            load = max(groups[gid]["extra"]["load"])
+            if ready > a:
+                pieces.append((max(a, ready - load), ready, "checkpoint_load!"))
+                pieces.append((ready, b, "restart!"))
 
-        def c(x, lo_):
-            return min(max(x, lo_), b)
-        p = [a]
-        if tf is not None and tf > a:
-            pieces.append((a, min(tf, b), "other"))
-            p = [min(tf, b)]
-        if gid is None:  # nothing trained again before the end of the window
-            if tf is not None:
-                d_ = c(D if D is not None else b, p[0])
-                pieces.append((p[0], d_, "detection"))
-                pieces.append((d_, b, "stopping"))
-            else:
-                pieces.append((p[0], b, "other"))
-            continue
-        p1 = c(D if D is not None else (J or R or proc), p[0]) if tf is not None else p[0]
-        p2 = c(J if J is not None else p1, p1)
-        p3 = c(R if R is not None else p2, p2)
-        p4 = c(ready - load, p3)
-        p5 = c(ready, p4)
-        for x0, x1, cause in ((p[0], p1, "detection"), (p1, p2, "stopping"), (p2, p3, "rendezvous"),
-                              (p3, p4, "restart"), (p4, p5, "checkpoint_load"), (p5, b, "restart")):
-            if x1 > x0:
-                pieces.append((x0, x1, cause))
+    # Overrides (cause ending in "!") replace what the state machine said for their span.
+    over = [(x0, x1, c_[:-1]) for x0, x1, c_ in pieces if c_.endswith("!")]
+    plain = [(x0, x1, c_) for x0, x1, c_ in pieces if not c_.endswith("!")]
+    pieces = list(over)
+    for x0, x1, c_ in plain:
+        segs = [(x0, x1)]
+        for o0, o1, _ in over:
+            segs = [piece for u, v in segs
+                    for piece in ((u, min(v, o0)), (max(u, o1), v)) if piece[1] > piece[0]]
+        pieces += [(u, v, c_) for u, v in segs]
 
     total = {c_: 0.0 for c_ in CAUSES}
     bounds = [f["time"] for f in faults]

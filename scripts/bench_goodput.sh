@@ -28,7 +28,7 @@
 # The faults, the accounting and the checks: bench/goodput.py (its header).
 #
 # Usage: scripts/bench_goodput.sh [--short] [build dir]
-#   env: GOODPUT_SECONDS (300; --short: 60) GOODPUT_SEED (39) GOODPUT_FAULT_FREE (25; --short: 12)
+#   env: GOODPUT_SECONDS (300; --short: 60) GOODPUT_SEED (39) GOODPUT_FAULT_FREE (30; --short: 12)
 #        GOODPUT_SIDES (trun,torchrun_best,torchrun_default; --short: trun)
 #        TRUN_BUILD_DIR (build): trun and train_mlp come from there; GOODPUT_TRAIN_MLP overrides
 #        the train_mlp binary; GOODPUT_OUT (the output directory; default
@@ -58,7 +58,7 @@ if ((SHORT)); then
   SIDES=${GOODPUT_SIDES:-trun}
 else
   SECONDS_W=${GOODPUT_SECONDS:-300}
-  FAULT_FREE=${GOODPUT_FAULT_FREE:-25}
+  FAULT_FREE=${GOODPUT_FAULT_FREE:-30}
   SIDES=${GOODPUT_SIDES:-trun,torchrun_best,torchrun_default}
 fi
 SEED=${GOODPUT_SEED:-39}
