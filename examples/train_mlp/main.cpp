@@ -299,6 +299,11 @@ struct Training {
   std::string dir{};                 // the checkpoint directory
   std::FILE* sample_log = nullptr;
   ProcessGroup* pg = nullptr;  // the training group (--hang-kind mismatch issues on it)
+  // For the sample log's start line (bench/goodput.py splits a restart into its parts): when
+  // run() began, how long init() and the group id took, and how long the checkpoint load took.
+  double proc_start = 0.0;
+  double init_seconds = 0.0;
+  double load_seconds = 0.0;
 };
 
 // --hang-at-step: the fault injected after step t.step on the first attempt. Every rank takes
@@ -382,9 +387,10 @@ bool open_sample_log(Training& t) {
   }
   std::fprintf(t.sample_log,
                "start group %s world %d rank %d restart %d step %" PRIu64
-               " resumed_from %s time %.6f\n",
+               " resumed_from %s time %.6f proc_start %.6f init_seconds %.6f load_seconds %.6f\n",
                t.group.c_str(), t.world, t.rank, t.env.restart_count, t.step,
-               t.resumed_from.c_str(), unix_seconds());
+               t.resumed_from.c_str(), unix_seconds(), t.proc_start, t.init_seconds,
+               t.load_seconds);
   std::fflush(t.sample_log);
   return true;
 }
@@ -553,6 +559,7 @@ int finish(Training& t) {
 }
 
 int run(int argc, char** argv) {
+  const double proc_start = unix_seconds();
   const Args args = parse(argc, argv);
   // Before init(): a stop signal that arrives while the group forms or the checkpoint loads is
   // acted on at the first step instead of killing the process.
@@ -595,8 +602,12 @@ int run(int argc, char** argv) {
                 unix_seconds());
     std::fflush(stdout);
   }
+  t.proc_start = proc_start;
   if (!args.sample_log.empty()) t.group = sample_log_group(worker, host_pg);
+  const double load_begin = unix_seconds();
+  t.init_seconds = load_begin - proc_start;
   if (!args.no_ckpt) resume_from_checkpoint(t, worker, pg, host_pg);
+  t.load_seconds = unix_seconds() - load_begin;
   std::fflush(stdout);
   if (!args.sample_log.empty() && !open_sample_log(t)) return 1;
   if (std::optional<int> code = train(t)) return *code;
