@@ -65,7 +65,7 @@ def schedule(seed, seconds, short):
     rng = random.Random(seed)
     kinds = list(SHORT_KINDS if short else ALL_KINDS)
     rng.shuffle(kinds)
-    warm, quiet, gap = (8.0, 12.0, 13.0) if short else (30.0, 25.0, 30.0)
+    warm, quiet, gap = (8.0, 12.0, 13.0) if short else (30.0, 25.0, 40.0)
     span = seconds - warm - quiet
     n = max(len(kinds), int(span // gap))
     while len(kinds) < n:
