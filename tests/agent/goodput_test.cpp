@@ -122,7 +122,7 @@ TEST_CASE("goodput: a spare's wait before it joins is outside the job, not start
 }
 
 TEST_CASE(
-    "goodput: unhealthy or excluded time is outside; a program without a board is "
+    "goodput: unhealthy or excluded time is outside, and a program without a board is "
     "productive while it runs",
     "[goodput]") {
   Account a(0);
