@@ -117,21 +117,21 @@ void goodput_families(std::ostringstream& out, const goodput::Totals& t) {
   family(out, "trun_goodput_ratio", "gauge",
          "Share of this node's time in the job that moved the model forward (productive / wall).");
   out << "trun_goodput_ratio " << format_double(t.ratio()) << '\n';
-  family(out, "trun_goodput_wall_seconds", "counter",
+  family(out, "trun_goodput_wall_seconds_total", "counter",
          "This node's time in the job: productive time plus every badput cause.");
-  out << "trun_goodput_wall_seconds " << format_double(t.wall) << '\n';
-  family(out, "trun_goodput_productive_seconds", "counter",
+  out << "trun_goodput_wall_seconds_total " << format_double(t.wall) << '\n';
+  family(out, "trun_goodput_productive_seconds_total", "counter",
          "Steps that count toward the model times the reference step time.");
-  out << "trun_goodput_productive_seconds " << format_double(t.productive) << '\n';
+  out << "trun_goodput_productive_seconds_total " << format_double(t.productive) << '\n';
   family(out, "trun_badput_seconds_total", "counter", "Time in the job lost, by cause.");
   for (int c = 0; c < goodput::kCauses; ++c) {
     out << "trun_badput_seconds_total{cause=\""
         << goodput::cause_name(static_cast<goodput::Cause>(c)) << "\"} "
         << format_double(t.badput[static_cast<size_t>(c)]) << '\n';
   }
-  family(out, "trun_goodput_outside_seconds", "counter",
+  family(out, "trun_goodput_outside_seconds_total", "counter",
          "Time this node spent outside the job (unhealthy, excluded, a spare before it joined).");
-  out << "trun_goodput_outside_seconds " << format_double(t.outside) << '\n';
+  out << "trun_goodput_outside_seconds_total " << format_double(t.outside) << '\n';
   family(out, "trun_goodput_step_seconds", "gauge",
          "The reference step time: the median step time measured (0: none yet).");
   out << "trun_goodput_step_seconds " << format_double(t.step_seconds) << '\n';

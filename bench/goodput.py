@@ -677,7 +677,7 @@ def final_state(sdir, launcher):
 def parse_metrics(text):
     out = {"badput": {}}
     for line in text.splitlines():
-        m = re.match(r'^(trun_goodput_ratio|trun_goodput_wall_seconds|trun_goodput_productive_seconds)\s+(\S+)', line)
+        m = re.match(r'^(trun_goodput_ratio|trun_goodput_wall_seconds_total|trun_goodput_productive_seconds_total)\s+(\S+)', line)
         if m:
             out[m.group(1)] = float(m.group(2))
         m = re.match(r'^trun_badput_seconds_total\{cause="(\w+)"\}\s+(\S+)', line)
@@ -763,11 +763,11 @@ def report(a):
                 live = m["trun_goodput_ratio"]
                 rel = abs(live - lv["offline_ettr"]) / lv["offline_ettr"] if lv["offline_ettr"] else 1
                 rel2 = abs(live - lv["offline_ettr_run_t0"]) / max(lv["offline_ettr_run_t0"], 1e-9)
-                print("   live metrics of node %d's agent (its %.1f s; trun_goodput_wall_seconds "
+                print("   live metrics of node %d's agent (its %.1f s; trun_goodput_wall_seconds_total "
                       "%.1f): ETTR %.3f live vs %.3f offline (t0 %.1f ms fault-free), relative "
                       "difference %.1f %%; vs %.3f offline with the run's own median step as t0 "
                       "(%.1f ms, the agent's reference), %.1f %%" %
-                      (lv["node"], lv["offline_wall"], m.get("trun_goodput_wall_seconds", 0), live,
+                      (lv["node"], lv["offline_wall"], m.get("trun_goodput_wall_seconds_total", 0), live,
                        lv["offline_ettr"], acc["t0"] * 1e3, rel * 100, lv["offline_ettr_run_t0"],
                        lv["run_t0"] * 1e3, rel2 * 100))
                 print("   live badput:    " + " ".join("%s=%.1f" % (c, m["badput"].get(c, 0))

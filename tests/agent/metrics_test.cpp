@@ -427,7 +427,7 @@ TEST_CASE("goodput: /metrics, the status record and the event log account for a 
   std::string metrics;
   const auto steps_taken = [&] {
     metrics = body_of(get(port, "/metrics"));
-    return sample_value(metrics, "trun_goodput_productive_seconds") > 1.0;
+    return sample_value(metrics, "trun_goodput_productive_seconds_total") > 1.0;
   };
   REQUIRE(wait_until(steps_taken, 60s));
   INFO(trun.err());
@@ -446,8 +446,8 @@ TEST_CASE("goodput: /metrics, the status record and the event log account for a 
   metrics = body_of(get(port, "/metrics"));
   INFO(metrics);
   check_exposition(metrics);
-  const double wall = sample_value(metrics, "trun_goodput_wall_seconds");
-  const double productive = sample_value(metrics, "trun_goodput_productive_seconds");
+  const double wall = sample_value(metrics, "trun_goodput_wall_seconds_total");
+  const double productive = sample_value(metrics, "trun_goodput_productive_seconds_total");
   double sum = productive;
   for (const char* c : kCauses) {
     const double v =
