@@ -3,20 +3,17 @@
 // closed without an answer, and the agent and its endpoint go on); a port in use at start; the
 // goodput account after a worker's SIGKILL.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -388,23 +385,13 @@ double sample_value(const std::string& metrics, const std::string& name) {
   return std::stod(metrics.substr(at + name.size() + 2));
 }
 
-// The workers among the children of `parent` (of every thread of it; those with LOCAL_RANK in
-// their environment), from /proc, sorted.
-std::vector<pid_t> children_of(pid_t parent) {
+// The workers among trun's children (those with LOCAL_RANK in their environment), sorted.
+std::vector<pid_t> workers_of(pid_t trun) {
   std::vector<pid_t> out;
-  const std::string task = "/proc/" + std::to_string(parent) + "/task";
-  DIR* d = opendir(task.c_str());
-  if (!d) return out;
-  for (dirent* e = readdir(d); e; e = readdir(d)) {
-    if (e->d_name[0] == '.') continue;
-    std::istringstream in(read_file(task + "/" + e->d_name + "/children"));
-    for (pid_t p; in >> p;) {
-      const std::string env = read_file("/proc/" + std::to_string(p) + "/environ");
-      if (env.find(std::string("\0LOCAL_RANK=", 12)) != std::string::npos) out.push_back(p);
-    }
+  for (pid_t p : children_of(trun)) {
+    const std::string env = read_file("/proc/" + std::to_string(p) + "/environ");
+    if (env.find(std::string("\0LOCAL_RANK=", 12)) != std::string::npos) out.push_back(p);
   }
-  closedir(d);
-  std::sort(out.begin(), out.end());
   return out;
 }
 
@@ -431,13 +418,13 @@ TEST_CASE("goodput: /metrics, the status record and the event log account for a 
   };
   REQUIRE(wait_until(steps_taken, 60s));
   INFO(trun.err());
-  std::vector<pid_t> first = children_of(trun.pid());
+  std::vector<pid_t> first = workers_of(trun.pid());
   REQUIRE(first.size() == 2);
   REQUIRE(kill(first[1], SIGKILL) == 0);
   // The new group: two other children, and steps again past what was redone.
   REQUIRE(wait_until(
       [&] {
-        const auto now = children_of(trun.pid());
+        const auto now = workers_of(trun.pid());
         return now.size() == 2 && now != first &&
                sample_value(body_of(get(port, "/metrics")), "trun_goodput_steps_redone_total") > 0;
       },

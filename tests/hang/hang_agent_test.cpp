@@ -25,18 +25,6 @@ namespace fs = std::filesystem;
 
 std::string worker() { return std::string(TRUN_BINARY_DIR) + "/tests/hang/progress_worker"; }
 
-// The children of `parent` (of any of its threads), from /proc.
-std::vector<pid_t> worker_children(pid_t parent) {
-  std::vector<pid_t> out;
-  const std::string task = "/proc/" + std::to_string(parent) + "/task";
-  std::error_code ec;
-  for (const auto& t : std::filesystem::directory_iterator(task, ec)) {
-    std::ifstream in(t.path() / "children");
-    for (pid_t p; in >> p;) out.push_back(p);
-  }
-  return out;
-}
-
 // Unlinks the progress boards an agent killed with SIGKILL left in /dev/shm.
 void remove_boards_of(pid_t agent) {
   const std::string prefix = "trun-progress-" + std::to_string(agent) + "-";
@@ -221,7 +209,7 @@ TEST_CASE(
       [&] { return b.out().find("ready rank=1") != std::string::npos; }, std::chrono::seconds(60)));
   std::this_thread::sleep_for(std::chrono::seconds(2));  // allreduces under way
   std::vector<pid_t> frozen{b.pid()};
-  for (pid_t p : worker_children(b.pid())) frozen.push_back(p);
+  for (pid_t p : trun::testing::children_of(b.pid())) frozen.push_back(p);
   for (pid_t p : frozen) kill(p, SIGSTOP);
   const bool stalled = trun::testing::wait_until(
       [&] { return a.err().find("the workers made no progress in ") != std::string::npos; },

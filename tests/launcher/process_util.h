@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -67,6 +68,19 @@ inline bool wait_until(const std::function<bool()>& pred,
 }
 
 // Alive = exists and is not a zombie.
+// The children of `parent` (of every one of its threads), from /proc, sorted.
+inline std::vector<pid_t> children_of(pid_t parent) {
+  std::vector<pid_t> out;
+  const std::string task = "/proc/" + std::to_string(parent) + "/task";
+  std::error_code ec;
+  for (const auto& t : std::filesystem::directory_iterator(task, ec)) {
+    std::ifstream in(t.path() / "children");
+    for (pid_t p; in >> p;) out.push_back(p);
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
 inline bool pid_alive(pid_t pid) {
   if (pid <= 0 || kill(pid, 0) != 0) return false;
   std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
