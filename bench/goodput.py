@@ -700,9 +700,14 @@ def report(a):
     for name in sides:
         sdir = os.path.join(a.dir, name)
         side = json.load(open(os.path.join(sdir, "side.json")))
-        t0, n = step_time(os.path.join(a.dir, name + "_faultfree"))
+        t0_from = "fault-free"
+        if os.path.isdir(os.path.join(a.dir, name + "_faultfree")):
+            t0, n = step_time(os.path.join(a.dir, name + "_faultfree"))
+        else:  # no fault-free run (GOODPUT_FAULT_FREE=0): the run's own median step
+            t0, n = step_time(sdir)
+            t0_from = "the run's own"
         if t0 is None:
-            print("goodput: no fault-free step time for %s" % name)
+            print("goodput: no step time (%s run) for %s" % (t0_from, name))
             ok = False
             continue
         final = final_state(sdir, side["launcher"])
@@ -711,7 +716,7 @@ def report(a):
             ([], ["no final checkpoint with a sample log (%s)" % (final,)])
         once, last_epoch = exactly_once(groups, chain, a.dataset_size) if chain else (["no chain"], -1)
         acc = account(sdir, side, t0, side["start"], side["start"] + side["seconds"], final)
-        acc.update(t0=t0, t0_samples=n, final=final, chain_problems=problems[:5],
+        acc.update(t0=t0, t0_samples=n, t0_from=t0_from, final=final, chain_problems=problems[:5],
                    exactly_once_problems=once[:5], epochs=last_epoch + 1, log_problems=bad[:5],
                    launcher=side["launcher"], lifetimes=side["lifetimes"])
         sc = side.get("scrape")
@@ -732,8 +737,8 @@ def report(a):
 
     for name, acc in res.items():
         print()
-        print("== %s: wall %.1f s, fault-free step t0 %.1f ms (median of %d), %d committed steps, "
-              "%d epochs" % (name, acc["wall"], acc["t0"] * 1e3, acc["t0_samples"],
+        print("== %s: wall %.1f s, %s step t0 %.1f ms (median of %d), %d committed steps, "
+              "%d epochs" % (name, acc["wall"], acc["t0_from"], acc["t0"] * 1e3, acc["t0_samples"],
                              acc["committed_steps"], acc["epochs"]))
         print("   final checkpoint: step %s of group %s; chain %s; exactly once per epoch: %s" %
               (acc["final"][0] if acc["final"] else "?", acc["final"][1] if acc["final"] else "?",
@@ -764,11 +769,12 @@ def report(a):
                 rel = abs(live - lv["offline_ettr"]) / lv["offline_ettr"] if lv["offline_ettr"] else 1
                 rel2 = abs(live - lv["offline_ettr_run_t0"]) / max(lv["offline_ettr_run_t0"], 1e-9)
                 print("   live metrics of node %d's agent (its %.1f s; trun_goodput_wall_seconds_total "
-                      "%.1f): ETTR %.3f live vs %.3f offline (t0 %.1f ms fault-free), relative "
+                      "%.1f): ETTR %.3f live vs %.3f offline (t0 %.1f ms, %s run), relative "
                       "difference %.1f %%; vs %.3f offline with the run's own median step as t0 "
                       "(%.1f ms, the agent's reference), %.1f %%" %
                       (lv["node"], lv["offline_wall"], m.get("trun_goodput_wall_seconds_total", 0), live,
-                       lv["offline_ettr"], acc["t0"] * 1e3, rel * 100, lv["offline_ettr_run_t0"],
+                       lv["offline_ettr"], acc["t0"] * 1e3, acc["t0_from"], rel * 100,
+                       lv["offline_ettr_run_t0"],
                        lv["run_t0"] * 1e3, rel2 * 100))
                 print("   live badput:    " + " ".join("%s=%.1f" % (c, m["badput"].get(c, 0))
                                                        for c in CAUSES))

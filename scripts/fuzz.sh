@@ -36,6 +36,28 @@ OUT=build-fuzz
 # header_field FILE FIELD: the words after "// FIELD:" in FILE's leading comment (empty if none).
 header_field() { sed -n "s|^// $2: *||p" "$1" | head -n 1; }
 
+FUZZ_JOBS=${FUZZ_JOBS:-$(nproc)}
+# build_one BIN SRC [SOURCE...] -- [LIB...]: one clang of the target with its sources.
+build_one() {
+  local bin=$1 src=$2
+  shift 2
+  local sources=() libs=()
+  while (($#)) && [[ $1 != -- ]]; do
+    sources+=("$1")
+    shift
+  done
+  (($#)) && shift
+  libs=("$@")
+  "$CXX" -std=c++17 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter \
+    -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+    -I. -Iworker_sdk/include "$src" "${sources[@]}" "${libs[@]}" -o "$bin"
+}
+
+# First every target that needs it is built, FUZZ_JOBS compilers at once (each is one clang of
+# ASan code, 20-30 s on a CI machine: one after the other they took most of the step), then each
+# runs for its time, one after the other.
+building=()
+failed=0
 for name in "${targets[@]}"; do
   src=tests/fuzz/${name}_fuzz.cpp
   if [[ ! -f $src ]]; then
@@ -45,19 +67,32 @@ for name in "${targets[@]}"; do
   read -r -a sources <<<"$(header_field "$src" fuzz-sources)"
   read -r -a libs <<<"$(header_field "$src" fuzz-libs)"
   bin=$OUT/${name}_fuzz
-  corpus=$OUT/corpus/$name
-  artifacts=$OUT/artifacts/$name
-  mkdir -p "$corpus" "$artifacts"
+  mkdir -p "$OUT"
   # Rebuild when the target, one of its sources or any header of the project is newer.
   if [[ ! -x $bin ]] || [[ -n $({
     find "$src" "${sources[@]}" -newer "$bin"
     find rendezvous launcher agent worker_sdk -name '*.h' -newer "$bin"
   } | head -n 1) ]]; then
     echo "fuzz: building $bin"
-    "$CXX" -std=c++17 -g -O1 -fno-omit-frame-pointer -Wall -Wextra -Wno-unused-parameter \
-      -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-      -I. -Iworker_sdk/include "$src" "${sources[@]}" "${libs[@]}" -o "$bin"
+    build_one "$bin" "$src" "${sources[@]}" -- "${libs[@]}" &
+    building+=($!)
+    if ((${#building[@]} >= FUZZ_JOBS)); then
+      wait "${building[0]}" || failed=1
+      building=("${building[@]:1}")
+    fi
   fi
+done
+for pid in "${building[@]}"; do wait "$pid" || failed=1; done
+if ((failed)); then
+  echo "fuzz: a target did not build (the compiler's message is above)" >&2
+  exit 1
+fi
+
+for name in "${targets[@]}"; do
+  bin=$OUT/${name}_fuzz
+  corpus=$OUT/corpus/$name
+  artifacts=$OUT/artifacts/$name
+  mkdir -p "$corpus" "$artifacts"
   seeds=()
   [[ -d tests/fuzz/corpus/$name ]] && seeds=("tests/fuzz/corpus/$name")
   echo "fuzz: running $name for ${SECONDS_TO_RUN}s"

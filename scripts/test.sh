@@ -63,12 +63,12 @@ run_ctest() {
 }
 
 JOBS=$(nproc)
-# Many tests start several processes; run fewer at once than there are cores' worth of work.
-TEST_JOBS=${TRUN_TEST_JOBS:-2}
-# The ASan+UBSan step's tests mostly wait (for processes, timeouts, sockets): one more than the
-# cores. Measured on a 2-core machine: at -j3 the step took 270 s with the CPU still 19% idle and
-# every test passing; at -j2 its 730 s of test time take at least 365 s.
-ASAN_TEST_JOBS=${TRUN_TEST_JOBS:-$((JOBS + 1))}
+# The tests mostly wait (for processes, timeouts, sockets; the plain step's for podman,
+# mmdebstrap, dpkg and Python imports): one more at once than the cores. Measured on a 2-core
+# machine: the ASan+UBSan step at -j3 took 270 s with the CPU still 19% idle and every test
+# passing, where at -j2 its 730 s of test time take at least 365 s; the TSan and plain steps at
+# -j2 took 380 s and 364 s (755 s and 657 s of test time), which put CI over its 45 minutes.
+TEST_JOBS=${TRUN_TEST_JOBS:-$((JOBS + 1))}
 
 # TRUN_UNITY_BUILD (CMakeLists.txt): trun's libraries and trun compiled in batches, about 40%
 # less compile time for them; these builds start clean on a CI machine.
@@ -109,7 +109,7 @@ bash scripts/fuzz.sh 6
 failed=()
 step "tests (ASan+UBSan)"
 ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-  run_ctest "ASan+UBSan" --test-dir build-asan --output-on-failure -j "$ASAN_TEST_JOBS" -LE no_sanitize --timeout 900 ||
+  run_ctest "ASan+UBSan" --test-dir build-asan --output-on-failure -j "$TEST_JOBS" -LE no_sanitize --timeout 900 ||
   failed+=("tests (ASan+UBSan)")
 
 step "tests (TSan)"
