@@ -37,8 +37,9 @@
 namespace trun::base::progress {
 
 inline constexpr uint64_t kMagic = 0x3142524f47525054ULL;  // "TPRGROB1", little-endian
-// 2: RankRecord::collective_ns; 3: the goodput fields (first_step_ns ... checkpoint_load_ns)
-inline constexpr uint32_t kVersion = 3;
+// 2: RankRecord::collective_ns; 3: the goodput fields (first_step_ns ... checkpoint_load_ns);
+// 4: the resilient loop's fields (Header::generation, RankRecord::resilient and generation)
+inline constexpr uint32_t kVersion = 4;
 inline constexpr int kMaxGroups = 8;     // process groups tracked per rank (later ones: not)
 inline constexpr int kRingSize = 16;     // recent collectives kept per group
 inline constexpr int kMaxSections = 16;  // distinct section names per rank (later ones: "other")
@@ -197,6 +198,11 @@ struct alignas(64) RankRecord {
   std::atomic<int64_t> last_step_ns;
   std::atomic<uint64_t> resumed_step_plus1;
   std::atomic<int64_t> checkpoint_load_ns;
+  // The resilient loop (trun/resilient.h, docs/worker_sdk.md): 1 once this process runs one, so
+  // that its agent may replace a failed local rank alone instead of stopping the group; and the
+  // generation (Header::generation) its process groups were last built at (0: not yet).
+  std::atomic<uint32_t> resilient;
+  std::atomic<uint64_t> generation;
   // Written once each, before num_sections publishes them (release).
   char section_names[kMaxSections][kNameMax];
   GroupRecord groups[kMaxGroups];
@@ -210,7 +216,14 @@ struct alignas(64) Header {
   std::atomic<uint32_t> max_groups;
   std::atomic<uint32_t> ring_size;
   std::atomic<int64_t> created_ns;
+  // The generation of the workers now meant to run: the agent's restart count of the attempt,
+  // stored before it spawns them, and again (one higher) when it replaces failed workers of
+  // resilient loops in place. A resilient worker whose groups run at a lower generation leaves
+  // them and builds new ones at this one (with the replacements), in the same process.
+  std::atomic<uint64_t> generation;
+  std::atomic<int64_t> generation_ns;  // CLOCK_MONOTONIC when `generation` was last stored
 };
+static_assert(sizeof(Header) == 64, "the header is one cache line");
 
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<int64_t>::is_always_lock_free,

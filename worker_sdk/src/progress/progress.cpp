@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "base/decimal.h"
 #include "base/shm_names.h"
@@ -30,6 +31,7 @@ static_assert(static_cast<int>(DataType::kFloat32) == 0 && static_cast<int>(Data
               "base/progress_board.h's dtype names follow trun::worker::DataType");
 
 std::atomic<board::RankRecord*> g_record{nullptr};
+std::atomic<board::Header*> g_header{nullptr};
 std::once_flag g_attach_once;
 std::mutex g_mu;  // registering groups and section names
 
@@ -54,6 +56,8 @@ void clear(board::RankRecord* r) {
   r->last_step_ns.store(0, memory_order_relaxed);
   r->resumed_step_plus1.store(0, memory_order_relaxed);
   r->checkpoint_load_ns.store(0, memory_order_relaxed);
+  r->resilient.store(0, memory_order_relaxed);
+  r->generation.store(0, memory_order_relaxed);
   for (auto& g : r->groups) {
     g.key.store(0, memory_order_relaxed);
     g.issued.store(0, memory_order_relaxed);
@@ -117,6 +121,7 @@ void attach_from_environment() {
     return fail(why);
   }
   // Mapped for the life of the process: hooks may run until exit.
+  g_header.store(h, memory_order_release);
   take(board::record_at(p, static_cast<uint32_t>(local_rank)), env_int("RANK", local_rank),
        local_rank);
 }
@@ -131,6 +136,36 @@ void set_phase(board::RankRecord* r, uint32_t phase, uint32_t section) {
 }  // namespace
 
 board::RankRecord* record() { return g_record.load(memory_order_acquire); }
+
+void declare_resilient() {
+  if (board::RankRecord* r = record()) {
+    r->resilient.store(1, memory_order_relaxed);
+    bump(r);
+  }
+}
+
+std::optional<uint64_t> board_generation() {
+  board::Header* h = g_header.load(memory_order_acquire);
+  if (!h || !record()) return std::nullopt;
+  return h->generation.load(memory_order_acquire);
+}
+
+void joined_generation(uint64_t generation) {
+  if (board::RankRecord* r = record()) {
+    r->generation.store(generation, memory_order_relaxed);
+    bump(r);
+  }
+}
+
+void forget_groups() {
+  board::RankRecord* r = record();
+  if (!r) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  r->num_groups.store(0, memory_order_release);
+  r->untracked_groups.store(0, memory_order_relaxed);
+  for (auto& g : r->groups) g.key.store(0, memory_order_relaxed);
+  bump(r);
+}
 
 void attach() { std::call_once(g_attach_once, attach_from_environment); }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/progress_board.h"
@@ -50,6 +51,16 @@ void step();        // a DDP step finished
 // Checkpointer::load_latest resumed from `step` (0: it found nothing to load) in `load_ns`.
 void resumed(uint64_t step, int64_t load_ns);
 void heartbeat();  // trun::worker::heartbeat()
+
+// The resilient loop (trun/resilient.h). declare_resilient(): this process runs one (its agent
+// may then replace a failed local rank alone). board_generation(): the generation of the workers
+// now meant to run (Header::generation); nullopt when not attached. joined_generation(): this
+// process's groups now run at `generation`. forget_groups(): the process's groups were destroyed;
+// the next ones take the record's group slots from the first (call before building new ones).
+void declare_resilient();
+std::optional<uint64_t> board_generation();
+void joined_generation(uint64_t generation);
+void forget_groups();
 
 // Sets a phase for its lifetime and restores the previous one after (nesting works).
 class PhaseScope {
