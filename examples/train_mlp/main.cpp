@@ -28,6 +28,7 @@
 #include <trun/checkpoint.h>
 #include <trun/ddp.h>
 #include <trun/error_file.h>
+#include <trun/resilient.h>
 #include <trun/sampler.h>
 #include <trun/stop.h>
 #include <trun/worker.h>
@@ -71,6 +72,7 @@ struct Args {
   std::string sample_log;         // prefix of per-process sample logs
   uint64_t stop_check_every = 1;  // steps between stop agreements (trun/stop.h)
   std::string final_params;       // rank 0 writes the final parameters and momentum here
+  bool classic = false;           // no resilient loop: a failure ends the process
 };
 
 void usage() {
@@ -108,6 +110,9 @@ void usage() {
       "  --sample-log PREFIX    append the sample indices of each step to PREFIX.<pid>\n"
       "                         (with the group, step and time; see the README)\n"
       "  --stop-check-every K   agree on stop requests every K steps (default 1)\n"
+      "  --classic              without the resilient loop: a peer's failure ends this process\n"
+      "                         too, and trun restarts the whole group (default: the loop keeps\n"
+      "                         running and takes the replacement in; trun/resilient.h)\n"
       "  --final-params FILE    rank 0 writes the final parameters and momentum (raw\n"
       "                         float32, in registration order) to FILE\n"
       "On a stop signal (TORCHELASTIC_SIGNALS_TO_HANDLE; default SIGTERM, SIGINT, SIGHUP,\n"
@@ -204,6 +209,8 @@ Args parse(int argc, char** argv) {
       a.stop_check_every = count(val());
     else if (k == "--final-params")
       a.final_params = val();
+    else if (k == "--classic")
+      a.classic = true;
     else if (k == "-h" || k == "--help") {
       usage();
       std::exit(0);
@@ -284,12 +291,13 @@ struct Training {
   const Args& args;
   Mlp& model;
   Sgd& opt;
-  DistributedSampler& sampler;
-  DistributedDataParallel& ddp;
-  StopAgreement& stop;
-  const WorkerEnv& env;
-  int rank;
-  int world;
+  // Built over each formation's groups (one formation without the resilient loop).
+  DistributedSampler* sampler = nullptr;
+  DistributedDataParallel* ddp = nullptr;
+  StopAgreement* stop = nullptr;
+  const WorkerEnv* env = nullptr;  // the current formation's (restart_count: its generation)
+  int rank = 0;
+  int world = 1;
   std::string group{};             // the sample log's group id ("" without --sample-log)
   std::string resumed_from = "-";  // the group that saved the checkpoint resumed from
   std::unique_ptr<Checkpointer> ckpt{};
@@ -304,6 +312,18 @@ struct Training {
   double proc_start = 0.0;
   double init_seconds = 0.0;
   double load_seconds = 0.0;
+  uint64_t steps_this_run = 0;  // for --stop-after-steps
+  double loss_sum = 0.0;        // of this epoch's steps on this rank, for its epoch line
+  uint64_t loss_n = 0;
+  std::optional<int> exit_code{};    // training ended early: the process's exit code
+  std::vector<float> x{}, target{};  // a step's batch
+};
+
+// What one formation's groups carry: built by build_group_objects, dropped before the next.
+struct GroupObjects {
+  std::unique_ptr<ProcessGroup> cpu_group;  // the stop agreement's, when the training group is NCCL
+  std::unique_ptr<DistributedDataParallel> ddp;
+  std::unique_ptr<StopAgreement> stop;
 };
 
 // --hang-at-step: the fault injected after step t.step on the first attempt. Every rank takes
@@ -312,12 +332,12 @@ struct Training {
 void inject_hang(const Training& t) {
   const Args& args = t.args;
   if (args.hang_at_step < 0 || t.step != static_cast<uint64_t>(args.hang_at_step) ||
-      t.env.restart_count != 0)
+      t.env->restart_count != 0)
     return;
   const bool culprit = t.rank == args.hang_rank;
   if (culprit) {
     std::printf("hangbench fault kind=%s rank=%d step=%" PRIu64 " attempt=%d pid=%d t=%.3f\n",
-                args.hang_kind.c_str(), t.rank, t.step, t.env.restart_count,
+                args.hang_kind.c_str(), t.rank, t.step, t.env->restart_count,
                 static_cast<int>(::getpid()), unix_seconds());
     std::fflush(stdout);
   }
@@ -333,15 +353,13 @@ void inject_hang(const Training& t) {
     t.pg->allreduce(buf.data(), buf.size(), DataType::kFloat32);
 }
 
-// Opens the checkpoint directory (the default one unless --ckpt-dir) and resumes from its newest
-// valid checkpoint, if any.
-void resume_from_checkpoint(Training& t, Worker& worker, ProcessGroup& pg, ProcessGroup& host_pg) {
+// Opens the checkpoint directory (the default one unless --ckpt-dir) with `pg` as the load's group.
+void open_checkpointer(Training& t, Worker& worker, ProcessGroup& pg, ProcessGroup& host_pg) {
   const Args& args = t.args;
-  Mlp& model = t.model;
   t.dir = args.ckpt_dir;
   if (t.dir.empty()) {
     t.dir = default_ckpt_dir(worker, host_pg, &t.own_dir);
-    if (t.own_dir && t.rank == 0)
+    if (t.own_dir && t.rank == 0 && !t.ckpt)
       std::printf(
           "[%d] checkpoints in %s (no run id from a launcher: this run's own directory; "
           "pass --ckpt-dir to be able to resume)\n",
@@ -353,7 +371,13 @@ void resume_from_checkpoint(Training& t, Worker& worker, ProcessGroup& pg, Proce
   co.async = args.async_ckpt;
   co.start_fresh_if_damaged = args.fresh_start;
   co.set_aside_other_jobs = args.fresh_start;
+  t.ckpt.reset();  // the previous formation's: releases the directory's lock first
   t.ckpt = std::make_unique<Checkpointer>(t.dir, co);
+}
+
+// Resumes from the newest valid checkpoint, if any (collective over the checkpointer's group).
+void load_checkpoint(Training& t) {
+  Mlp& model = t.model;
   if (auto c = t.ckpt->load_latest()) {
     for (size_t i = 0; i < model.num_params(); ++i) {
       c->copy_to("model", model.param_name(i), model.param(i), model.param_numel(i),
@@ -361,15 +385,15 @@ void resume_from_checkpoint(Training& t, Worker& worker, ProcessGroup& pg, Proce
       c->copy_to("optimizer", model.param_name(i) + ".momentum", t.opt.momentum_buffers()[i].data(),
                  model.param_numel(i), DataType::kFloat32);
     }
-    if (c->sampler) t.sampler.load_state(*c->sampler);
+    if (c->sampler) t.sampler->load_state(*c->sampler);
     t.step = c->step;
     t.saved_step = t.step;
     t.resumed_from = metadata_group(c->metadata);
     if (t.rank == 0)
       std::printf("[%d] resumed from %s (step %" PRIu64 ", epoch %" PRIu64
                   ", sample offset %" PRIu64 ", saved at world size %d, now %d)\n",
-                  static_cast<int>(::getpid()), c->path.c_str(), t.step, t.sampler.epoch(),
-                  t.sampler.offset(), c->world_size, t.world);
+                  static_cast<int>(::getpid()), c->path.c_str(), t.step, t.sampler->epoch(),
+                  t.sampler->offset(), c->world_size, t.world);
   } else if (t.rank == 0) {
     std::printf("[%d] no checkpoint in %s: starting from scratch\n", static_cast<int>(::getpid()),
                 t.dir.c_str());
@@ -380,7 +404,8 @@ void resume_from_checkpoint(Training& t, Worker& worker, ProcessGroup& pg, Proce
 // cannot be opened.
 bool open_sample_log(Training& t) {
   const std::string path = t.args.sample_log + "." + std::to_string(::getpid());
-  t.sample_log = std::fopen(path.c_str(), "a");
+  // A resilient loop's later formation writes another start line into the same file.
+  if (!t.sample_log) t.sample_log = std::fopen(path.c_str(), "a");
   if (!t.sample_log) {
     std::fprintf(stderr, "train_mlp: cannot open %s: %s\n", path.c_str(), std::strerror(errno));
     return false;
@@ -388,7 +413,7 @@ bool open_sample_log(Training& t) {
   std::fprintf(t.sample_log,
                "start group %s world %d rank %d restart %d step %" PRIu64
                " resumed_from %s time %.6f proc_start %.6f init_seconds %.6f load_seconds %.6f\n",
-               t.group.c_str(), t.world, t.rank, t.env.restart_count, t.step,
+               t.group.c_str(), t.world, t.rank, t.env->restart_count, t.step,
                t.resumed_from.c_str(), unix_seconds(), t.proc_start, t.init_seconds,
                t.load_seconds);
   std::fflush(t.sample_log);
@@ -409,7 +434,7 @@ void save(Training& t, bool final_save) {
     req.optimizer.push_back({model.param_name(i) + ".momentum", DataType::kFloat32,
                              model.param_shape(i), t.opt.momentum_buffers()[i].data()});
   }
-  req.sampler = t.sampler.state();
+  req.sampler = t.sampler->state();
   req.metadata = "{\"sizes\": \"" + t.args.sizes +
                  "\", \"world_size\": " + std::to_string(t.world) +
                  (t.group.empty() ? "" : ", \"group\": \"" + t.group + "\"") + "}";
@@ -432,7 +457,7 @@ void save(Training& t, bool final_save) {
 void log_samples(const Training& t, const std::vector<uint64_t>& idx) {
   std::fprintf(t.sample_log,
                "epoch %" PRIu64 " step %" PRIu64 " world %d rank %d group %s time %.6f idx",
-               t.sampler.epoch(), t.step + 1, t.world, t.rank, t.group.c_str(), unix_seconds());
+               t.sampler->epoch(), t.step + 1, t.world, t.rank, t.group.c_str(), unix_seconds());
   for (uint64_t v : idx) std::fprintf(t.sample_log, " %" PRIu64, v);
   std::fprintf(t.sample_log, "\n");
   std::fflush(t.sample_log);
@@ -452,7 +477,7 @@ int stop_on_request(Training& t) {
     const std::string what = t.ckpt ? "checkpoint step_" + std::to_string(t.step) + " saved"
                                     : "no checkpoint (--no-ckpt)";
     std::printf("[%d] stopped on request (%s) at step %" PRIu64 ": %s\n",
-                static_cast<int>(::getpid()), stop_signal_name(t.stop.agreed_signal()).c_str(),
+                static_cast<int>(::getpid()), stop_signal_name(t.stop->agreed_signal()).c_str(),
                 t.step, what.c_str());
     if (t.ckpt && t.own_dir)
       std::printf("[%d] resume with --ckpt-dir %s\n", static_cast<int>(::getpid()), t.dir.c_str());
@@ -461,67 +486,74 @@ int stop_on_request(Training& t) {
   return kExitStoppedOnRequest;
 }
 
-// Trains to the end of the last epoch. Returns the exit code if the run ends before that (a stop
-// request, --stop-after-steps), nullopt once training is complete.
-std::optional<int> train(Training& t) {
+// The end of an epoch: its loss line, and the next epoch.
+void end_epoch(Training& t) {
+  if (t.loss_n) {
+    std::printf("[%d] epoch %" PRIu64 " (rank %d, local_rank %d) loss %.6f\n",
+                static_cast<int>(::getpid()), t.sampler->epoch(), t.rank, t.env->local_rank,
+                t.loss_sum / static_cast<double>(t.loss_n));
+    std::fflush(stdout);
+  }
+  t.loss_sum = 0.0;
+  t.loss_n = 0;
+  t.sampler->set_epoch(t.sampler->epoch() + 1);
+}
+
+// One training step. False when training ends instead: complete (t.exit_code unset), or early (a
+// stop request, --stop-after-steps: t.exit_code). Stop checks come before the step's work, so a
+// step that throws (a peer failed) has changed nothing but the sampler and the loss sums, and
+// the parameters and momentum change only after its last collective (trun/resilient.h).
+bool train_step(Training& t) {
   const Args& args = t.args;
   Mlp& model = t.model;
-  DistributedSampler& sampler = t.sampler;
-  std::vector<float> x, target;
+  if (t.sampler->epoch_done()) end_epoch(t);
+  if (t.sampler->epoch() >= args.epochs) return false;
+  if (t.stop->should_stop(t.step)) {  // the same step on every rank
+    t.exit_code = stop_on_request(t);
+    return false;
+  }
+  if (args.stop_after_steps && t.steps_this_run >= args.stop_after_steps) {
+    if (t.ckpt) t.ckpt->wait();
+    std::printf("[%d] stopping after %" PRIu64 " steps (--stop-after-steps), at step %" PRIu64 "\n",
+                static_cast<int>(::getpid()), t.steps_this_run, t.step);
+    t.exit_code = 0;
+    return false;
+  }
+  std::vector<float>& x = t.x;
+  std::vector<float>& target = t.target;
   std::vector<float*> grads(model.num_params());
   std::vector<const float*> cgrads(model.num_params());
   for (size_t i = 0; i < model.num_params(); ++i) {
-    grads[i] = t.ddp.grad_as<float>(i);
+    grads[i] = t.ddp->grad_as<float>(i);
     cgrads[i] = grads[i];
   }
-  uint64_t steps_this_run = 0;
-  if (sampler.epoch_done()) sampler.set_epoch(sampler.epoch() + 1);
-  while (sampler.epoch() < args.epochs) {
-    double loss_sum = 0.0;
-    uint64_t loss_n = 0;
-    while (!sampler.epoch_done()) {
-      const std::vector<uint64_t> idx = sampler.next_batch(args.batch_size);
-      if (t.sample_log) log_samples(t, idx);
-      model.make_batch(idx, x, target);
-      t.ddp.zero_grad();
-      loss_sum += model.forward(x.data(), target.data(), idx.size());
-      ++loss_n;
-      model.backward(grads, [&](size_t i) { t.ddp.mark_ready(i); });
-      t.ddp.finalize();
-      t.opt.step(model, cgrads);
-      ++t.step;
-      ++steps_this_run;
-      if (args.crash_at_step >= 0 && t.step == static_cast<uint64_t>(args.crash_at_step) &&
-          t.rank == args.crash_rank && t.env.restart_count == 0) {
-        std::fprintf(stderr, "[%d] rank %d crashing at step %" PRIu64 " (--crash-at-step)\n",
-                     static_cast<int>(::getpid()), t.rank, t.step);
-        std::exit(1);
-      }
-      if (args.print_steps && t.rank == 0) {
-        std::printf("hangbench step=%" PRIu64 " rank=0 attempt=%d t=%.3f\n", t.step,
-                    t.env.restart_count, unix_seconds());
-        std::fflush(stdout);
-      }
-      inject_hang(t);
-      if (t.step % args.ckpt_every == 0) save(t, false);
-      if (args.step_sleep_ms > 0)
-        std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
-      if (t.stop.should_stop(t.step)) return stop_on_request(t);  // the same step on every rank
-      if (args.stop_after_steps && steps_this_run >= args.stop_after_steps) {
-        if (t.ckpt) t.ckpt->wait();
-        std::printf("[%d] stopping after %" PRIu64 " steps (--stop-after-steps), at step %" PRIu64
-                    "\n",
-                    static_cast<int>(::getpid()), steps_this_run, t.step);
-        return 0;
-      }
-    }
-    std::printf("[%d] epoch %" PRIu64 " (rank %d, local_rank %d) loss %.6f\n",
-                static_cast<int>(::getpid()), sampler.epoch(), t.rank, t.env.local_rank,
-                loss_n ? loss_sum / static_cast<double>(loss_n) : 0.0);
-    std::fflush(stdout);
-    sampler.set_epoch(sampler.epoch() + 1);
+  const std::vector<uint64_t> idx = t.sampler->next_batch(args.batch_size);
+  if (t.sample_log) log_samples(t, idx);
+  model.make_batch(idx, x, target);
+  t.ddp->zero_grad();
+  t.loss_sum += model.forward(x.data(), target.data(), idx.size());
+  ++t.loss_n;
+  model.backward(grads, [&](size_t i) { t.ddp->mark_ready(i); });
+  t.ddp->finalize();
+  t.opt.step(model, cgrads);
+  ++t.step;
+  ++t.steps_this_run;
+  if (args.crash_at_step >= 0 && t.step == static_cast<uint64_t>(args.crash_at_step) &&
+      t.rank == args.crash_rank && t.env->restart_count == 0) {
+    std::fprintf(stderr, "[%d] rank %d crashing at step %" PRIu64 " (--crash-at-step)\n",
+                 static_cast<int>(::getpid()), t.rank, t.step);
+    std::exit(1);
   }
-  return std::nullopt;
+  if (args.print_steps && t.rank == 0) {
+    std::printf("hangbench step=%" PRIu64 " rank=0 attempt=%d t=%.3f\n", t.step,
+                t.env->restart_count, unix_seconds());
+    std::fflush(stdout);
+  }
+  inject_hang(t);
+  if (t.step % args.ckpt_every == 0) save(t, false);
+  if (args.step_sleep_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(args.step_sleep_ms));
+  return true;
 }
 
 // Training is complete: saves the last step, writes --final-params, removes a run's own
@@ -558,6 +590,134 @@ int finish(Training& t) {
   return 0;
 }
 
+// The DDP reducer and the stop agreement over a formation's groups (dropping the previous ones).
+// The resilient loop moves the state itself: its DDP does not broadcast rank 0's parameters.
+void build_group_objects(Training& t, GroupObjects& g, Worker& worker, bool broadcast) {
+  g = GroupObjects{};
+  Mlp& model = t.model;
+  ProcessGroup& pg = worker.process_group();
+  std::vector<Parameter> params;
+  for (size_t i = 0; i < model.num_params(); ++i)
+    params.push_back({model.param_name(i), model.param(i), model.param_numel(i), DataType::kFloat32,
+                      Device::kCpu});
+  DdpOptions dopt;
+  dopt.bucket_cap_mb = t.args.bucket_cap_mb;
+  dopt.broadcast_on_construction = broadcast;
+  g.ddp = std::make_unique<DistributedDataParallel>(pg, params, dopt);
+  // The stop agreement's flag is host memory: with NCCL it runs on a CPU group of its own.
+  if (pg.backend() == Backend::kNccl) g.cpu_group = worker.new_group(Backend::kCpu);
+  g.stop =
+      std::make_unique<StopAgreement>(g.cpu_group ? *g.cpu_group : pg, t.args.stop_check_every);
+  t.ddp = g.ddp.get();
+  t.stop = g.stop.get();
+  t.pg = &pg;
+  t.env = &worker.env();
+  t.rank = worker.rank();
+  t.world = worker.world_size();
+}
+
+// The sampler for this rank and world size, at the position of the one it replaces (if any).
+void place_sampler(Training& t, std::unique_ptr<DistributedSampler>& sampler) {
+  if (sampler && sampler->rank() == t.rank && sampler->world_size() == t.world) return;
+  SamplerOptions so;
+  so.seed = t.args.seed;
+  auto next = std::make_unique<DistributedSampler>(t.args.dataset_size, t.rank, t.world, so);
+  if (sampler) next->load_state(sampler->state());  // a global offset: any world size
+  sampler = std::move(next);
+  t.sampler = sampler.get();
+}
+
+// The sample log's group and start line, once per formation.
+bool start_sample_log(Training& t, Worker& worker, ProcessGroup& host_pg) {
+  if (t.args.sample_log.empty()) return true;
+  t.group = sample_log_group(worker, host_pg);
+  return open_sample_log(t);
+}
+
+// Without the resilient loop (--classic): one formation; a peer's failure ends this process and
+// the agent restarts the whole group, which resumes from the newest checkpoint.
+int run_classic(Training& t, const InitOptions& io) {
+  Worker worker = init(io);
+  // Each rank starts from its own random weights; DDP broadcasts rank 0's.
+  t.model.init(t.args.seed + static_cast<uint64_t>(worker.rank()));
+  GroupObjects g;
+  build_group_objects(t, g, worker, true);
+  std::unique_ptr<DistributedSampler> sampler;
+  place_sampler(t, sampler);
+  ProcessGroup& host_pg = g.cpu_group ? *g.cpu_group : worker.process_group();
+  if (t.args.print_steps) {
+    std::printf("hangbench start rank=%d local_rank=%d attempt=%d pid=%d t=%.3f\n", t.rank,
+                worker.env().local_rank, worker.env().restart_count, static_cast<int>(::getpid()),
+                unix_seconds());
+    std::fflush(stdout);
+  }
+  if (!t.args.sample_log.empty()) t.group = sample_log_group(worker, host_pg);
+  const double load_begin = unix_seconds();
+  t.init_seconds = load_begin - t.proc_start;
+  if (!t.args.no_ckpt) {
+    open_checkpointer(t, worker, worker.process_group(), host_pg);
+    load_checkpoint(t);
+  }
+  t.load_seconds = unix_seconds() - load_begin;
+  std::fflush(stdout);
+  if (!t.args.sample_log.empty() && !open_sample_log(t)) return 1;
+  while (train_step(t)) {
+  }
+  if (t.exit_code) return *t.exit_code;
+  return finish(t);
+}
+
+// With the resilient loop (trun/resilient.h): a peer's failure makes this process build new
+// groups with the peer's replacement and continue from the most advanced step any rank holds.
+int run_resilient(Training& t, const InitOptions& io) {
+  Mlp& model = t.model;
+  ResilientState state;
+  state.set_step(&t.step);
+  for (size_t i = 0; i < model.num_params(); ++i) {
+    state.add(model.param_name(i), model.param(i), model.param_numel(i) * sizeof(float));
+    state.add(model.param_name(i) + ".momentum", t.opt.momentum_buffers()[i].data(),
+              model.param_numel(i) * sizeof(float));
+  }
+  ResilientOptions ro;
+  ro.init = io;
+  ResilientLoop loop(state, ro);
+  // A rank's own start: rank 0's weights (or the checkpoint's) are moved to every rank.
+  model.init(t.args.seed + static_cast<uint64_t>(loop.worker().rank()));
+  GroupObjects g;
+  std::unique_ptr<DistributedSampler> sampler;
+  bool sample_log_ok = true;
+  ResilientProgram program;
+  program.on_group = [&](Worker& worker, const Formation& f) {
+    build_group_objects(t, g, worker, false);
+    place_sampler(t, sampler);
+    state.set_sampler(t.sampler);
+    ProcessGroup& host_pg = g.cpu_group ? *g.cpu_group : worker.process_group();
+    if (t.args.print_steps) {
+      std::printf("hangbench start rank=%d local_rank=%d attempt=%d pid=%d t=%.3f\n", t.rank,
+                  worker.env().local_rank, worker.env().restart_count, static_cast<int>(::getpid()),
+                  unix_seconds());
+      std::fflush(stdout);
+    }
+    if (f.number == 0) t.init_seconds = unix_seconds() - t.proc_start;
+    if (!t.args.no_ckpt) open_checkpointer(t, worker, worker.process_group(), host_pg);
+    sample_log_ok = start_sample_log(t, worker, host_pg) && sample_log_ok;
+  };
+  program.release = [&] {
+    t.ckpt.reset();  // waits for its background write
+    g = GroupObjects{};
+  };
+  program.restore = [&](Worker&) {
+    const double load_begin = unix_seconds();
+    if (t.ckpt) load_checkpoint(t);
+    t.load_seconds = unix_seconds() - load_begin;
+  };
+  program.step = [&](Worker&) { return sample_log_ok && train_step(t); };
+  loop.run(program);
+  if (!sample_log_ok) return 1;
+  if (t.exit_code) return *t.exit_code;
+  return finish(t);
+}
+
 int run(int argc, char** argv) {
   const double proc_start = unix_seconds();
   const Args args = parse(argc, argv);
@@ -565,53 +725,13 @@ int run(int argc, char** argv) {
   // acted on at the first step instead of killing the process.
   watch_stop_signals();
   Mlp model(trun::examples::parse_sizes(args.sizes));
-
   InitOptions io;
   io.backend = parse_backend(args.backend);
-  Worker worker = init(io);
-  ProcessGroup& pg = worker.process_group();
-  const int rank = worker.rank(), world = worker.world_size();
-
-  // Each rank starts from its own random weights; DDP broadcasts rank 0's.
-  model.init(args.seed + static_cast<uint64_t>(rank));
-  std::vector<Parameter> params;
-  for (size_t i = 0; i < model.num_params(); ++i)
-    params.push_back({model.param_name(i), model.param(i), model.param_numel(i), DataType::kFloat32,
-                      Device::kCpu});
-  DdpOptions dopt;
-  dopt.bucket_cap_mb = args.bucket_cap_mb;
-  DistributedDataParallel ddp(pg, params, dopt);
-
   Sgd opt(args.lr, args.momentum);
   opt.ensure_buffers(model);
-  SamplerOptions so;
-  so.seed = args.seed;
-  DistributedSampler sampler(args.dataset_size, rank, world, so);
-
-  // The stop agreement's flag is host memory: with NCCL it runs on a CPU group of its own.
-  std::unique_ptr<ProcessGroup> cpu_group;
-  if (pg.backend() == Backend::kNccl) cpu_group = worker.new_group(Backend::kCpu);
-  ProcessGroup& host_pg = cpu_group ? *cpu_group : pg;
-  StopAgreement stop(host_pg, args.stop_check_every);
-
-  Training t{args, model, opt, sampler, ddp, stop, worker.env(), rank, world};
-  t.pg = &pg;
-  if (args.print_steps) {
-    std::printf("hangbench start rank=%d local_rank=%d attempt=%d pid=%d t=%.3f\n", rank,
-                worker.env().local_rank, worker.env().restart_count, static_cast<int>(::getpid()),
-                unix_seconds());
-    std::fflush(stdout);
-  }
+  Training t{args, model, opt};
   t.proc_start = proc_start;
-  if (!args.sample_log.empty()) t.group = sample_log_group(worker, host_pg);
-  const double load_begin = unix_seconds();
-  t.init_seconds = load_begin - proc_start;
-  if (!args.no_ckpt) resume_from_checkpoint(t, worker, pg, host_pg);
-  t.load_seconds = unix_seconds() - load_begin;
-  std::fflush(stdout);
-  if (!args.sample_log.empty() && !open_sample_log(t)) return 1;
-  if (std::optional<int> code = train(t)) return *code;
-  return finish(t);
+  return args.classic ? run_classic(t, io) : run_resilient(t, io);
 }
 
 }  // namespace

@@ -107,6 +107,19 @@ Worker init(const InitOptions& options) {
   return w;
 }
 
+Worker Worker::at_generation(uint64_t generation) const {
+  detail::DieOnStopScope die_on_stop;
+  Worker w;
+  w.env_ = env_;
+  w.env_.restart_count = static_cast<int>(generation);
+  w.options_ = options_;
+  w.hosted_store_ = hosted_store_;
+  w.store_ = store_;
+  w.groups_ = std::make_shared<Worker::Groups>();
+  if (options_.create_default_group) w.default_group_ = w.new_group(options_.backend);
+  return w;
+}
+
 ProcessGroup& Worker::process_group() {
   if (!default_group_)
     throw CollectiveError("no default process group: init() ran with create_default_group=false");

@@ -176,7 +176,11 @@ class TRUN_API Worker {
 
  private:
   friend Worker init(const InitOptions& options);
+  friend class ResilientLoop;
   Worker() = default;
+  // The resilient loop's next formation: the same environment and store, with `generation` as
+  // the restart count (new group keys and segments), new group numbering and a new default group.
+  Worker at_generation(uint64_t generation) const;
   WorkerEnv env_;
   InitOptions options_;
   std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when it hosts the store

@@ -110,6 +110,7 @@ DistributedDataParallel::DistributedDataParallel(worker::ProcessGroup& group,
   ro.first_bucket_cap_mb = options.first_bucket_cap_mb;
   ro.find_unused_parameters = options.find_unused_parameters;
   ro.check_parameters_across_ranks = false;  // done above
+  ro.broadcast_on_construction = options.broadcast_parameters;
   ro.timeout = options.timeout;
   reducer_ = std::make_unique<worker::DistributedDataParallel>(group, std::move(params), ro,
                                                                std::move(buffers));
@@ -316,6 +317,28 @@ void restore(const worker::Checkpoint& checkpoint, torch::nn::Module& module,
     ar.load_from(is);
     optimizer->load(ar);
   }
+}
+
+void add_to_resilient_state(worker::ResilientState& state, torch::nn::Module& module,
+                            torch::optim::Optimizer* optimizer) {
+  auto add = [&](const std::string& name, torch::Tensor& t) {
+    if (!t.defined()) return;
+    if (!t.device().is_cpu() || !t.is_contiguous())
+      throw std::invalid_argument("trun::libtorch::add_to_resilient_state: tensor '" + name +
+                                  "' must be a contiguous CPU tensor");
+    state.add(name, t.data_ptr(), t.nbytes());
+  };
+  for (auto& p : module.named_parameters(true)) add(p.key(), p.value());
+  for (auto& b : module.named_buffers(true)) add(b.key(), b.value());
+  if (!optimizer) return;
+  state.add_serialized(
+      kOptimizerBlob, [optimizer] { return archive_of(*optimizer); },
+      [optimizer](const std::string& bytes) {
+        std::istringstream is(bytes);
+        torch::serialize::InputArchive ar;
+        ar.load_from(is);
+        optimizer->load(ar);
+      });
 }
 
 std::optional<Resumed> load_latest(worker::Checkpointer& checkpointer, torch::nn::Module& module,

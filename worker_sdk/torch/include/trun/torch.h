@@ -74,6 +74,7 @@
 #include <trun/checkpoint.h>
 #include <trun/ddp.h>
 #include <trun/process_group.h>
+#include <trun/resilient.h>
 #include <trun/sampler.h>
 
 namespace trun::libtorch {
@@ -84,6 +85,9 @@ struct DdpOptions {
   bool find_unused_parameters = false;
   bool broadcast_buffers = true;
   bool check_parameters_across_ranks = true;
+  // Off: construction does not broadcast rank 0's parameters and buffers (the caller makes them
+  // equal itself: a resilient loop moves its state after the groups form, trun/resilient.h).
+  bool broadcast_parameters = true;
   // Deadline of each collective; 0: the group's.
   std::chrono::milliseconds timeout{0};
 };
@@ -169,6 +173,16 @@ std::optional<Resumed> load_latest(worker::Checkpointer& checkpointer, torch::nn
 // Restores a loaded checkpoint into `module` / `optimizer` (existing storage kept).
 void restore(const worker::Checkpoint& checkpoint, torch::nn::Module& module,
              torch::optim::Optimizer* optimizer = nullptr);
+
+// ---- the resilient loop (trun/resilient.h)
+//
+// Registers `module`'s parameters and buffers (every one a contiguous CPU tensor, whose storage
+// must stay where it is while the loop runs: load checkpoints with restore() above, which keeps
+// it) as buffers of `state`, and `optimizer`'s state (Optimizer::save / load, e.g. SGD's
+// momentum) as serialized state, so that a ResilientLoop moves them to a replaced rank.
+// std::invalid_argument for a tensor on a device or not contiguous.
+void add_to_resilient_state(worker::ResilientState& state, torch::nn::Module& module,
+                            torch::optim::Optimizer* optimizer = nullptr);
 
 // The model's libtorch archive bytes (torch::load reads them). CheckpointError when absent.
 std::string model_archive(const worker::Checkpoint& checkpoint);

@@ -1,0 +1,352 @@
+// The resilient loop (trun/resilient.h): formations, the state's transfer, recovery.
+#include "trun/resilient.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <stdexcept>
+#include <thread>
+
+#include "store/store.h"
+#include "trun/process_group.h"
+#include "trun/stop.h"
+#include "worker_sdk/src/progress/progress.h"
+
+namespace trun::worker {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double resilient_seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// What one rank says at the start of a formation: whether it holds a state and at which step.
+struct StateClaim {
+  int64_t holds = 0;
+  int64_t step = 0;
+};
+
+// The state's small part, moved before the buffers: the step and the sampler's position.
+struct TransferHeader {
+  uint64_t step = 0;
+  uint64_t epoch = 0;
+  uint64_t offset = 0;
+  uint64_t bytes = 0;  // the sender's total, checked against the receiver's registration
+};
+
+// The small part of the state as it was before a step.
+struct StepSnapshot {
+  uint64_t step = 0;
+  std::optional<SamplerState> sampler;
+  std::vector<std::vector<unsigned char>> small;
+};
+
+// Moves at most this much per broadcast call (the backends count elements in size_t, but a
+// bounded call keeps each collective's deadline meaningful for a large state).
+constexpr size_t kTransferChunk = size_t{256} << 20;
+
+}  // namespace
+
+void ResilientState::add(std::string name, void* data, size_t bytes) {
+  if (!data && bytes) throw std::invalid_argument("ResilientState::add: " + name + " is null");
+  buffers_.push_back({std::move(name), data, bytes, false});
+}
+
+void ResilientState::add_small(std::string name, void* data, size_t bytes) {
+  if (!data && bytes)
+    throw std::invalid_argument("ResilientState::add_small: " + name + " is null");
+  buffers_.push_back({std::move(name), data, bytes, true});
+}
+
+void ResilientState::add_serialized(std::string name, std::function<std::string()> save,
+                                    std::function<void(const std::string&)> load) {
+  if (!save || !load)
+    throw std::invalid_argument("ResilientState::add_serialized: " + name +
+                                " needs both save and load");
+  serialized_.push_back({std::move(name), std::move(save), std::move(load)});
+}
+
+size_t ResilientState::bytes() const {
+  size_t n = 0;
+  for (const Buffer& b : buffers_) n += b.bytes;
+  return n;
+}
+
+struct ResilientLoop::Impl {
+  ResilientState& state;
+  ResilientOptions options;
+  std::optional<Worker> worker;
+  std::unique_ptr<ProcessGroup> cpu_group;  // when the default group is NCCL
+  uint64_t generation = 0;
+  bool holds = false;  // this process holds a valid state (its step's)
+  int formations = 0;
+  Stats stats;
+
+  Impl(ResilientState& s, ResilientOptions o) : state(s), options(std::move(o)) {}
+
+  std::string who() const {
+    return "[trun.worker] rank " + std::to_string(worker->rank()) + "/" +
+           std::to_string(worker->world_size());
+  }
+
+  ProcessGroup& host_group() { return cpu_group ? *cpu_group : worker->process_group(); }
+
+  StepSnapshot snapshot() const {
+    StepSnapshot s;
+    s.step = *state.step();
+    if (state.sampler()) s.sampler = state.sampler()->state();
+    for (const auto& b : state.buffers()) {
+      if (!b.small) continue;
+      const auto* p = static_cast<const unsigned char*>(b.data);
+      s.small.emplace_back(p, p + b.bytes);
+    }
+    return s;
+  }
+
+  void put_back(const StepSnapshot& s) {
+    *state.step() = s.step;
+    if (s.sampler) state.sampler()->load_state(*s.sampler);
+    size_t i = 0;
+    for (const auto& b : state.buffers()) {
+      if (!b.small) continue;
+      std::memcpy(b.data, s.small[i++].data(), b.bytes);
+    }
+  }
+
+  // Waits for a generation above the current one on the board (the agent replaced a worker).
+  // Rethrows `cause` when there is no board, when a stop was requested, or after reform_timeout.
+  void await_generation(const std::exception_ptr& cause) {
+    const Clock::time_point deadline = Clock::now() + options.reform_timeout;
+    for (;;) {
+      const std::optional<uint64_t> g = detail::progress::board_generation();
+      if (!g || stop_requested()) std::rethrow_exception(cause);
+      if (*g > generation) {
+        generation = *g;
+        return;
+      }
+      if (Clock::now() >= deadline) {
+        std::fprintf(stderr, "%s: no new generation from the agent within %lld ms; giving up\n",
+                     who().c_str(), static_cast<long long>(options.reform_timeout.count()));
+        std::rethrow_exception(cause);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // Drops the current groups (after the program dropped what holds them).
+  void drop_groups(const ResilientProgram& program) {
+    if (program.release) program.release();
+    if (worker) {
+      try {
+        worker->process_group().abort("the resilient loop forms new groups");
+      } catch (const CollectiveError&) {
+        // no default group: nothing to abort
+      }
+    }
+    cpu_group.reset();
+    if (worker) worker->default_group_.reset();
+    detail::progress::forget_groups();
+  }
+
+  // Every rank to the state of the most advanced completed step (see trun/resilient.h).
+  void sync(const ResilientProgram& program) {
+    ProcessGroup& pg = host_group();
+    const int world = pg.size();
+    StateClaim mine{holds ? 1 : 0, holds ? static_cast<int64_t>(*state.step()) : -1};
+    std::vector<StateClaim> all(static_cast<size_t>(world));
+    pg.allgather(&mine, all.data(), 2, DataType::kInt64);
+    int source = -1;
+    bool equal = true;
+    for (int r = 0; r < world; ++r) {
+      const StateClaim& c = all[static_cast<size_t>(r)];
+      if (!c.holds) {
+        equal = false;
+        continue;
+      }
+      if (source < 0 || c.step > all[static_cast<size_t>(source)].step) {
+        if (source >= 0) equal = false;
+        source = r;
+      } else if (c.step != all[static_cast<size_t>(source)].step) {
+        equal = false;
+      }
+    }
+    stats.restored = source < 0;
+    if (source < 0) {
+      // Nobody holds a state: the program loads the checkpoint (or starts fresh) on every rank,
+      // and rank 0's result is everyone's (fresh ranks may have drawn different weights).
+      if (program.restore) program.restore(*worker);
+      holds = true;
+      source = 0;
+      equal = false;
+    }
+    stats.last_source_rank = equal ? -1 : source;
+    if (equal) return;  // every rank holds the same step's state
+    const bool sender = pg.rank() == source;
+    // A rank at the source's step keeps a valid state even if the transfer breaks (the bytes it
+    // receives equal its own); any other receiver does not, until the transfer completes.
+    const bool same_step =
+        holds && static_cast<int64_t>(*state.step()) == all[static_cast<size_t>(source)].step;
+    if (!sender && !same_step) holds = false;
+    const Clock::time_point t0 = Clock::now();
+    TransferHeader h;
+    if (sender) {
+      h.step = *state.step();
+      if (state.sampler()) {
+        h.epoch = state.sampler()->epoch();
+        h.offset = state.sampler()->offset();
+      }
+      h.bytes = state.bytes();
+    }
+    pg.broadcast(&h, sizeof h / sizeof(uint64_t), DataType::kInt64, source);
+    if (h.bytes != state.bytes())
+      throw std::runtime_error(who() + ": the resilient state of rank " + std::to_string(source) +
+                               " has " + std::to_string(h.bytes) + " bytes, this rank's " +
+                               std::to_string(state.bytes()) +
+                               ": every rank must register the same buffers");
+    for (const auto& b : state.buffers()) {
+      auto* p = static_cast<unsigned char*>(b.data);
+      for (size_t off = 0; off < b.bytes; off += kTransferChunk)
+        pg.broadcast(p + off, std::min(kTransferChunk, b.bytes - off), DataType::kUInt8, source);
+    }
+    size_t moved = h.bytes;
+    for (const auto& o : state.serialized()) {
+      std::string bytes;
+      uint64_t n = 0;
+      if (sender) {
+        bytes = o.save();
+        n = bytes.size();
+      }
+      pg.broadcast(&n, 1, DataType::kInt64, source);
+      bytes.resize(n);
+      for (size_t off = 0; off < n; off += kTransferChunk)
+        pg.broadcast(bytes.data() + off, std::min<size_t>(kTransferChunk, n - off),
+                     DataType::kUInt8, source);
+      if (!sender) o.load(bytes);
+      moved += n;
+    }
+    *state.step() = h.step;
+    if (state.sampler()) {
+      SamplerState s = state.sampler()->state();
+      s.epoch = h.epoch;
+      s.offset = h.offset;
+      state.sampler()->load_state(s);
+    }
+    holds = true;
+    stats.last_bytes = moved;
+    stats.last_transfer_s = resilient_seconds_since(t0);
+  }
+};
+
+ResilientLoop::ResilientLoop(ResilientState& state, ResilientOptions options)
+    : impl_(std::make_unique<Impl>(state, std::move(options))) {
+  if (!state.step()) throw std::invalid_argument("ResilientState: set_step() was not called");
+  impl_->worker.emplace(init(impl_->options.init));
+  impl_->generation = static_cast<uint64_t>(impl_->worker->env().restart_count);
+  detail::progress::declare_resilient();
+}
+
+ResilientLoop::~ResilientLoop() = default;
+
+Worker& ResilientLoop::worker() { return *impl_->worker; }
+
+const ResilientLoop::Stats& ResilientLoop::stats() const { return impl_->stats; }
+
+void ResilientLoop::run(const ResilientProgram& program) {
+  if (!program.on_group || !program.step)
+    throw std::invalid_argument("ResilientProgram: on_group and step are required");
+  Impl& m = *impl_;
+  std::optional<Clock::time_point> failed_at;  // the failure being recovered from
+  std::string failure;
+  for (;;) {
+    try {
+      if (failed_at) {
+        m.drop_groups(program);
+        m.worker.emplace(m.worker->at_generation(m.generation));
+        m.formations = std::max(m.formations, 1);
+      }
+      // The first formation's groups come from init(); later ones from at_generation() above.
+      if (m.worker->process_group().backend() == Backend::kNccl && !m.cpu_group)
+        m.cpu_group = m.worker->new_group(Backend::kCpu);
+      Formation f;
+      f.generation = m.generation;
+      f.number = m.formations++;
+      ++m.stats.formations;
+      program.on_group(*m.worker, f);
+      m.sync(program);
+      detail::progress::joined_generation(m.generation);
+      if (failed_at) {
+        ++m.stats.recoveries;
+        m.stats.last_reform_s = resilient_seconds_since(*failed_at);
+        if (m.options.verbose) {
+          const std::string from =
+              m.stats.restored ? "no rank held a state: restored (checkpoint or fresh start)"
+              : m.stats.last_source_rank < 0
+                  ? "every rank held it"
+                  : "from rank " + std::to_string(m.stats.last_source_rank) + " (" +
+                        std::to_string(m.stats.last_bytes) + " bytes in " +
+                        std::to_string(m.stats.last_transfer_s * 1e3) + " ms)";
+          std::fprintf(stderr,
+                       "%s: re-formed at generation %" PRIu64
+                       " %.1f ms after %s; state of step "
+                       "%" PRIu64 " %s\n",
+                       m.who().c_str(), m.generation, m.stats.last_reform_s * 1e3, failure.c_str(),
+                       *m.state.step(), from.c_str());
+        }
+        failed_at.reset();
+      }
+    } catch (const CollectiveError& e) {
+      // The formation broke (a peer died while the groups formed or the state moved): the next
+      // generation, and its holders or the checkpoint, provide the state.
+      if (!failed_at) failed_at = Clock::now();
+      failure = std::string("a failure while re-forming (") + e.what() + ")";
+      if (m.options.verbose)
+        std::fprintf(stderr, "%s: %s; waiting for the next generation\n", m.who().c_str(),
+                     failure.c_str());
+      m.await_generation(std::current_exception());
+      continue;
+    } catch (const store::StoreError& e) {
+      if (!failed_at) failed_at = Clock::now();
+      failure = std::string("a store failure while re-forming (") + e.what() + ")";
+      m.await_generation(std::current_exception());
+      continue;
+    }
+    // Steps until the end, a failure, or a new generation from the agent.
+    try {
+      for (;;) {
+        const std::optional<uint64_t> g = detail::progress::board_generation();
+        if (g && *g > m.generation) {
+          failed_at = Clock::now();
+          failure = "the agent's generation " + std::to_string(*g);
+          m.generation = *g;
+          break;
+        }
+        const StepSnapshot before = m.snapshot();
+        bool stepped = false;
+        try {
+          stepped = program.step(*m.worker);
+        } catch (const CollectiveError&) {
+          m.put_back(before);
+          ++m.stats.steps_redone;
+          throw;
+        }
+        if (!stepped) return;
+      }
+    } catch (const CollectiveError& e) {
+      failed_at = Clock::now();
+      failure = std::string("a failed collective (") + e.what() + ")";
+      if (m.options.verbose)
+        std::fprintf(stderr, "%s: step %" PRIu64 " failed: %s; waiting for the next generation\n",
+                     m.who().c_str(), *m.state.step() + 1, e.what());
+      m.await_generation(std::current_exception());
+    }
+  }
+}
+
+}  // namespace trun::worker
