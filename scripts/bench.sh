@@ -18,6 +18,7 @@ case "$name" in
   hang) exec bash scripts/bench_hang.sh "${@:2}" ;;
   straggler) exec bash scripts/bench_straggler.sh "${@:2}" ;;
   goodput) exec bash scripts/bench_goodput.sh "${@:2}" ;;
+  recover) exec bash scripts/bench_recover.sh "${@:2}" ;;
   launch)
     # trun vs torchrun 1.13 in the same run: launch latency (N=1,2,4,8), restart latency (N=4),
     # the agent's RSS/CPU over 10 s with idle workers. Extra arguments go to launch_bench
@@ -29,7 +30,7 @@ case "$name" in
       --probe "$build/bench/launch_probe" "${@:2}"
     ;;
   *)
-    echo "usage: scripts/bench.sh NAME   (NAME: store, launch, rdzv, cluster, observability, hang, straggler, goodput, allreduce, ddp, ddp_net, libtorch, checkpoint, soak)" >&2
+    echo "usage: scripts/bench.sh NAME   (NAME: store, launch, rdzv, cluster, observability, hang, straggler, goodput, recover, allreduce, ddp, ddp_net, libtorch, checkpoint, soak)" >&2
     exit 2
     ;;
 esac

@@ -398,6 +398,7 @@ void load_checkpoint(Training& t) {
     std::printf("[%d] no checkpoint in %s: starting from scratch\n", static_cast<int>(::getpid()),
                 t.dir.c_str());
   }
+  std::fflush(stdout);
 }
 
 // Opens PREFIX.<pid> for --sample-log and writes its "start" line. False (said on stderr) if it
@@ -627,13 +628,6 @@ void place_sampler(Training& t, std::unique_ptr<DistributedSampler>& sampler) {
   t.sampler = sampler.get();
 }
 
-// The sample log's group and start line, once per formation.
-bool start_sample_log(Training& t, Worker& worker, ProcessGroup& host_pg) {
-  if (t.args.sample_log.empty()) return true;
-  t.group = sample_log_group(worker, host_pg);
-  return open_sample_log(t);
-}
-
 // Without the resilient loop (--classic): one formation; a peer's failure ends this process and
 // the agent restarts the whole group, which resumes from the newest checkpoint.
 int run_classic(Training& t, const InitOptions& io) {
@@ -686,6 +680,7 @@ int run_resilient(Training& t, const InitOptions& io) {
   GroupObjects g;
   std::unique_ptr<DistributedSampler> sampler;
   bool sample_log_ok = true;
+  bool start_line_due = false;
   ResilientProgram program;
   program.on_group = [&](Worker& worker, const Formation& f) {
     build_group_objects(t, g, worker, false);
@@ -700,7 +695,13 @@ int run_resilient(Training& t, const InitOptions& io) {
     }
     if (f.number == 0) t.init_seconds = unix_seconds() - t.proc_start;
     if (!t.args.no_ckpt) open_checkpointer(t, worker, worker.process_group(), host_pg);
-    sample_log_ok = start_sample_log(t, worker, host_pg) && sample_log_ok;
+    if (!t.args.sample_log.empty()) {
+      // A group id per formation; its start line once the state is in place (the first step).
+      const std::string previous = t.group;
+      t.group = sample_log_group(worker, host_pg);
+      if (f.number > 0) t.resumed_from = previous;
+      start_line_due = true;
+    }
   };
   program.release = [&] {
     t.ckpt.reset();  // waits for its background write
@@ -711,7 +712,13 @@ int run_resilient(Training& t, const InitOptions& io) {
     if (t.ckpt) load_checkpoint(t);
     t.load_seconds = unix_seconds() - load_begin;
   };
-  program.step = [&](Worker&) { return sample_log_ok && train_step(t); };
+  program.step = [&](Worker&) {
+    if (start_line_due) {
+      start_line_due = false;
+      sample_log_ok = open_sample_log(t);
+    }
+    return sample_log_ok && train_step(t);
+  };
   loop.run(program);
   if (!sample_log_ok) return 1;
   if (t.exit_code) return *t.exit_code;
