@@ -1,12 +1,14 @@
 // The resilient loop (trun/resilient.h): formations, the state's transfer, recovery.
 #include "trun/resilient.h"
 
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cinttypes>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -155,6 +157,18 @@ struct ResilientLoop::Impl {
     detail::progress::forget_groups();
   }
 
+  // Tests of the fallbacks (tests/examples/resilient_test.cpp): with
+  // TRUN_TEST_DIE_SENDING_STATE=G, the rank that sends the state at generation G dies (SIGKILL)
+  // after the transfer's header, before the buffers.
+  void die_if_testing_a_lost_sender(bool sender) const {
+    static const char* const at = std::getenv("TRUN_TEST_DIE_SENDING_STATE");
+    if (sender && at && std::to_string(generation) == at) {
+      std::fprintf(stderr, "%s: dying while it sends the state (TRUN_TEST_DIE_SENDING_STATE)\n",
+                   who().c_str());
+      ::raise(SIGKILL);
+    }
+  }
+
   // Every rank to the state of the most advanced completed step (see trun/resilient.h).
   void sync(const ResilientProgram& program) {
     ProcessGroup& pg = host_group();
@@ -205,6 +219,7 @@ struct ResilientLoop::Impl {
       h.bytes = state.bytes();
     }
     pg.broadcast(&h, sizeof h / sizeof(uint64_t), DataType::kInt64, source);
+    die_if_testing_a_lost_sender(sender);
     if (h.bytes != state.bytes())
       throw std::runtime_error(who() + ": the resilient state of rank " + std::to_string(source) +
                                " has " + std::to_string(h.bytes) + " bytes, this rank's " +
