@@ -112,9 +112,10 @@ std::string reference_params(const TempDir& d, int nproc) {
 
 }  // namespace
 
-TEST_CASE("train_mlp with the resilient loop: a killed worker is replaced alone, the others keep "
-          "training, and the final parameters equal an uninterrupted run's bit for bit",
-          "[resilient][train_mlp]") {
+TEST_CASE(
+    "train_mlp with the resilient loop: a killed worker is replaced alone, the others keep "
+    "training, and the final parameters equal an uninterrupted run's bit for bit",
+    "[resilient][train_mlp]") {
   TempDir d;
   const std::string reference = reference_params(d, 4);
   REQUIRE(reference.size() > 0);
@@ -154,9 +155,10 @@ TEST_CASE("train_mlp with the resilient loop: a killed worker is replaced alone,
   CHECK(first1 <= last0 + 1);
 }
 
-TEST_CASE("resilient loop: when the sender dies during the transfer, the next holder sends the "
-          "state, and the result is still bit for bit",
-          "[resilient][train_mlp]") {
+TEST_CASE(
+    "resilient loop: when the sender dies during the transfer, the next holder sends the "
+    "state, and the result is still bit for bit",
+    "[resilient][train_mlp]") {
   TempDir d;
   const std::string reference = reference_params(d, 4);
   // Generation 1's sender (rank 0, the lowest holder) dies after the transfer's header; ranks 1
@@ -172,9 +174,10 @@ TEST_CASE("resilient loop: when the sender dies during the transfer, the next ho
   CHECK(file_bytes(j.params) == reference);
 }
 
-TEST_CASE("resilient loop: when no live rank holds the state any more, the group resumes from the "
-          "checkpoint",
-          "[resilient][train_mlp]") {
+TEST_CASE(
+    "resilient loop: when no live rank holds the state any more, the group resumes from the "
+    "checkpoint",
+    "[resilient][train_mlp]") {
   TempDir d;
   const std::string reference = reference_params(d, 2);
   // Two ranks: rank 1 is killed; at generation 1 rank 0 sends and dies, and rank 1's replacement
@@ -191,9 +194,10 @@ TEST_CASE("resilient loop: when no live rank holds the state any more, the group
   CHECK(file_bytes(j.params) == reference);
 }
 
-TEST_CASE("train_mlp --classic: a killed worker restarts the whole group, which resumes from the "
-          "checkpoint",
-          "[resilient][train_mlp]") {
+TEST_CASE(
+    "train_mlp --classic: a killed worker restarts the whole group, which resumes from the "
+    "checkpoint",
+    "[resilient][train_mlp]") {
   TempDir d;
   std::vector<std::string> argv = {trun::testing::trun_binary(),
                                    "--standalone",

@@ -177,13 +177,61 @@ TEST_CASE("libtorch_toy: digest equals PyTorch DistributedDataParallel's at worl
   }
 }
 
-TEST_CASE("libtorch_toy: a worker killed under trun --max-restarts=3 resumes from its checkpoint",
-          "[torch][toy]") {
+TEST_CASE(
+    "libtorch_toy: with the resilient loop a killed worker is replaced alone, and the "
+    "digest equals an uninterrupted run's bit for bit",
+    "[torch][toy][resilient]") {
+  if (const auto why = torch_missing(); !why.empty()) TRUN_SKIP(why, kSetup);
   TempDir d;
   fs::create_directories(d / "out");
   Child trun({trun_binary(), "--standalone", "--nproc-per-node=2", "--max-restarts=3", toy(),
-              "--out", d / "out", "--ckpt-dir", d / "ck", "--steps", "60", "--ckpt-every", "5",
-              "--step-sleep-ms", "50"},
+              "--out", d / "out", "--ckpt-dir", d / "ck", "--steps", "60", "--ckpt-every", "1000",
+              "--step-sleep-ms", "30"},
+             {{"TRUN_JOB_ID", "libtorch-toy-loop"}},
+             {"TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "SLURM_JOB_ID"});
+  auto pid_of = [&](int rank) {
+    pid_t pid = 0;
+    std::ifstream in(d / ("out/rank" + std::to_string(rank) + ".pid"));
+    in >> pid;
+    return pid;
+  };
+  REQUIRE(
+      wait_until([&] { return trun.out().find("rank 0 step 20 ") != std::string::npos; }, 120s));
+  const pid_t survivor = pid_of(0), victim = pid_of(1);
+  REQUIRE(survivor > 0);
+  REQUIRE(victim > 0);
+  REQUIRE(::kill(victim, SIGKILL) == 0);
+  REQUIRE(trun.wait(180s));
+  INFO("trun stdout:\n" << trun.out() << "\nstderr:\n" << trun.err());
+  REQUIRE(trun.exit_code() == 0);
+  CHECK(pid_of(0) == survivor);  // rank 0 kept its process
+  CHECK(pid_of(1) != victim);
+  CHECK(trun.err().find("re-formed at generation 1") != std::string::npos);
+  CHECK(trun.out().find("resumed from") == std::string::npos);  // no checkpoint was needed
+  fs::create_directories(d / "ref");
+  test::JobSpec spec;
+  spec.argv = {toy(), "--out", d / "ref", "--steps", "60"};
+  spec.nodes = {2};
+  spec.run_id = test::unique_run_id("toy-ref");
+  test::run_job_ok(spec, 120s);
+  for (int r = 0; r < 2; ++r) {
+    const auto ref = read_rank(d / "ref", r), got = read_rank(d / "out", r);
+    CHECK(got.identical);
+    CHECK(got.steps == 60);
+    CHECK(got.sum == ref.sum);
+    CHECK(got.squares == ref.squares);
+  }
+}
+
+TEST_CASE(
+    "libtorch_toy --classic: a worker killed under trun --max-restarts=3 resumes from its "
+    "checkpoint",
+    "[torch][toy]") {
+  TempDir d;
+  fs::create_directories(d / "out");
+  Child trun({trun_binary(), "--standalone", "--nproc-per-node=2", "--max-restarts=3", toy(),
+              "--classic", "--out", d / "out", "--ckpt-dir", d / "ck", "--steps", "60",
+              "--ckpt-every", "5", "--step-sleep-ms", "50"},
              {{"TRUN_JOB_ID", "libtorch-toy-kill"}},
              {"TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "SLURM_JOB_ID"});
   // Wait for a checkpoint beyond the first, then SIGKILL rank 1.
