@@ -215,6 +215,46 @@ TEST_CASE("a failed worker of resilient loops is replaced alone while the others
   for (pid_t p : all) CHECK_FALSE(pid_alive(p));
 }
 
+TEST_CASE("a replacement that fails again is replaced again, as the next restart",
+          "[agent][resilient]") {
+  TempDir d;
+  Child trun(job(d, 3, {}), {}, {"LOGLEVEL", "TORCHELASTIC_ERROR_FILE"});
+  const std::vector<pid_t> first = wait_pids(d, 0);
+  std::vector<pid_t> all = first;
+  const std::string events = d / "events.jsonl";
+  auto reformed_at = [&](int generation) {
+    for (const auto& e : events_named(events, "trun.agent.reformed")) {
+      if (e["metadata"]["generation"] == generation) return true;
+    }
+    return false;
+  };
+  REQUIRE(::kill(first[1], SIGKILL) == 0);
+  bool ok = wait_until([&] { return file_exists(pid_file(d, 1, 1)) && reformed_at(1); }, 60s);
+  if (file_exists(pid_file(d, 1, 1))) all.push_back(read_pid(pid_file(d, 1, 1)));
+  if (!ok) end_all(all);
+  REQUIRE(ok);
+  REQUIRE(::kill(all.back(), SIGKILL) == 0);
+  ok = wait_until([&] { return file_exists(pid_file(d, 2, 1)) && reformed_at(2); }, 60s);
+  if (file_exists(pid_file(d, 2, 1))) all.push_back(read_pid(pid_file(d, 2, 1)));
+  if (!ok) end_all(all);
+  REQUIRE(ok);
+  for (int lr : {0, 2, 3}) {
+    CHECK(pid_alive(first[static_cast<size_t>(lr)]));
+    CHECK(log_has(d, lr, "joined 2"));
+  }
+  finish(d);
+  const bool done = trun.wait(60s);
+  if (!done) end_all(all);
+  REQUIRE(done);
+  const std::string err = trun.err();
+  INFO(err);
+  CHECK(trun.exit_code() == 0);
+  CHECK_THAT(err, Catch::Contains("(resilient loop; restart 2/3)"));
+  CHECK_THAT(err, Catch::Contains("trun: 2 workers were replaced alone"));
+  CHECK(events_named(events, "trun.agent.worker_replaced").size() == 2);
+  for (pid_t p : all) CHECK_FALSE(pid_alive(p));
+}
+
 TEST_CASE("a group with one worker that runs no resilient loop restarts whole",
           "[agent][resilient]") {
   TempDir d;
