@@ -21,6 +21,9 @@
 //                                   cleanup() (the destructor).
 //   hang       agent_hang.cpp       hang detection (agent/hang_watch.h): the watch's start, and
 //                                   on_hang(): the dumps, the failure and the stop.
+//   replace    agent_replace.cpp    resilient loops (docs/launcher.md): a failed worker replaced
+//                                   alone while the others keep running, the watch for the
+//                                   group's re-formation, and the fallback to a whole restart.
 //   publish    agent_publish.cpp    what operators see, fed from the agent's thread: the event
 //                                   log, the /metrics snapshot (and its publication while a
 //                                   rendezvous blocks) and the status record for `trun status`.
@@ -93,6 +96,7 @@ struct WorkerProcess {
   bool running = false;     // started and not yet reaped
   bool group_live = false;  // its process group may still have members
   int exitcode = 0;
+  std::string dir;  // its log directory: <base dir>/attempt_<restart count>/<local rank>
   std::string error_file;
   Clock::TimePoint started{};  // when it was spawned (the agent's clock)
 };
@@ -128,6 +132,15 @@ class Agent {
   std::vector<SpawnRequest> spawn_requests(const std::string& attempt_dir);
   // Returns false when a worker could not be started (its failure is recorded).
   bool record_spawn_results(const std::vector<SpawnResult>& results);
+  // attempt_<restart count> under the base directory, made empty (an earlier run's is replaced).
+  std::string fresh_attempt_dir();
+  // What is the same for every worker spawned now (the current restart count and round).
+  AttemptEnv attempt_env() const;
+  // Worker i's ranks, directory and error file (in workers_[i]), and what to spawn for it: argv,
+  // environment, CPU binding, and where its output goes (attempt_dir/<i>).
+  SpawnRequest spawn_request(size_t i, const std::string& attempt_dir, const AttemptEnv& attempt);
+  // Records worker i's spawn: its pid and event, or its failure to start (false).
+  bool record_spawn_result(size_t i, const SpawnResult& result);
   StreamMode stream_mode(int local_rank, int stream) const;
 
   // --- hang (agent_hang.cpp) ---
@@ -219,6 +232,35 @@ class Agent {
   bool publish_status(const char* state);
   void set_worker_state(size_t i, const char* state);
 
+  // --- replace (agent_replace.cpp) ---
+  // In on_children, when workers of the running group failed (`failed`: their indices and
+  // failures): replaces them alone when decide_in_place says so (a resilient loop on this node
+  // only, restarts left; see docs/launcher.md) and returns true; false leaves them to the caller,
+  // which stops the group as after any failure.
+  bool replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& failed);
+  InPlaceFacts in_place_facts(const std::vector<std::pair<size_t, WorkerFailure>>& failed) const;
+  // How long a group may take to re-form around its replacements before it is restarted whole:
+  // the rendezvous' join_timeout, at least kMinReformTimeout (agent_replace.cpp).
+  Clock::Duration reform_timeout() const;
+  // The re-formation watch: a timer on the loop while a group re-forms.
+  void arm_reform_timer(bool on);
+  void on_reform_tick();
+  // The group did not re-form in time: says so, then abandon_reformation().
+  void reformation_timed_out();
+  // The failures replaced since the re-formation began become the attempt's failures again
+  // (`note` appended to each message) and the group stops, then restarts whole (counted) or
+  // fails, as after any failure.
+  void abandon_reformation(const std::string& note);
+  // Ends the watch (the group re-formed, stops or ends).
+  void end_reformation_watch();
+  // Kills what is left of a dead worker's process group (its children), and keeps the group
+  // tracked until it is empty (retired_groups_).
+  void retire_group(WorkerProcess& w);
+  // The end-of-job lines for the workers replaced in place ("" when none was).
+  std::string replaced_summary() const;
+  // The badput intervals the goodput account closed since, to the event log.
+  void record_badput_intervals();
+
   // --- supervise (agent_supervise.cpp) ---
   GroupOutcome supervise();
   void on_signalfd();
@@ -252,7 +294,9 @@ class Agent {
   bool prepare_next_attempt(const Next& next, bool after_round);
   // Counts a failed attempt in the crash-loop guard (`root_line`: the root cause's failure line);
   // true when the guard stops the job instead of restarting it.
-  bool crash_loop_reached(const std::string& root_line);
+  // `progress`: whether the failed attempt made progress (unset: attempt_made_progress()).
+  bool crash_loop_reached(const std::string& root_line,
+                          std::optional<bool> progress = std::nullopt);
   // Says so on stderr and in the event log.
   void announce_crash_loop(const std::string& root_line);
   // Whether the attempt that just stopped made progress: a step on the progress board, or it ran
@@ -311,7 +355,32 @@ class Agent {
   Clock::TimePoint stop_moved_at_{};
   Clock::Duration stall_grace_{};
   CrashLoop crash_loop_;
-  bool health_notes_shown_ = false;  // the health gate's skipped-check notes, once per job
+  // The crash-loop guard was reached by a failure that would have been replaced in place: the
+  // group stops, and the job ends with kExitCrashLoop instead of restarting.
+  bool crash_looped_ = false;
+  // The attempt's failure was already counted by the crash-loop guard: replace_in_place counted
+  // it, and the group then did not re-form around the replacement (abandon_reformation).
+  bool crash_loop_recorded_ = false;
+  // Resilient loops (agent_replace.cpp). A group re-forming around replaced workers: the
+  // generation it re-forms at, when the failure was seen, until when it may take, and where its
+  // failures start in replaced_.
+  struct Reformation {
+    uint64_t generation = 0;
+    Clock::TimePoint failed_at{};
+    Clock::TimePoint deadline{};
+    size_t first_failure = 0;
+  };
+  std::optional<Reformation> reformation_;
+  int reform_fd_ = -1;  // a timerfd, armed while reformation_ is set
+  struct Replaced {
+    WorkerFailure failure;
+    uint64_t generation = 0;  // the replacement's
+  };
+  std::vector<Replaced> replaced_;      // failures replaced in place, this job
+  std::vector<pid_t> retired_groups_;   // process groups of replaced workers not yet empty
+  std::vector<int> goodput_slots_;      // the replacements' local ranks (goodput_progress)
+  bool multi_node_note_shown_ = false;  // said once that a multi-node job restarts whole
+  bool health_notes_shown_ = false;     // the health gate's skipped-check notes, once per job
   Exclusion exclusion_;
   // The last hang verdict of this group blamed a rank of this node (on_hang): the failure that
   // follows excludes the node at once (not after --exclude-after failures).

@@ -174,7 +174,8 @@ std::string Agent::write_hang_dumps(const HangWatch::Finding& f, const std::vect
     if (std::count(culprits.begin(), culprits.end(), w.local_rank) && culprit_stacks.empty()) {
       culprit_stacks = stacks;
     }
-    const std::string path = attempt_dir_ + "/" + std::to_string(w.local_rank) + "/hang_dump.txt";
+    // Its own directory: a worker replaced alone logs under the attempt of its generation.
+    const std::string path = w.dir + "/hang_dump.txt";
     std::ofstream out(path, std::ios::trunc);
     out << text;
     if (!out) spdlog::warn("cannot write the hang dump {}", path);

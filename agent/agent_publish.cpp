@@ -113,6 +113,11 @@ void Agent::account_phase(const std::string& phase) {
   // A node whose first group is not the job's first (round 0) joined a running job.
   const bool joined_late = session_ && session_->info().round > 0;
   goodput_.set_phase(p, now, joined_late);
+  record_badput_intervals();
+}
+
+void Agent::record_badput_intervals() {
+  const double now = monotonic_seconds();
   const double unix_now = unix_seconds();
   for (const auto& i : goodput_.take_intervals()) {
     event("trun.agent.badput",
@@ -126,7 +131,7 @@ void Agent::account_phase(const std::string& phase) {
 void Agent::sample_goodput() {
   // The account ignores it outside its running phase; the board keeps a stopped group's records
   // until the next group is spawned.
-  if (hang_) goodput_.progress(hang_->goodput_progress(), monotonic_seconds());
+  if (hang_) goodput_.progress(hang_->goodput_progress(goodput_slots_), monotonic_seconds());
 }
 
 void Agent::set_phase(const char* phase) {

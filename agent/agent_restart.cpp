@@ -118,8 +118,11 @@ Agent::Next Agent::after_stop(GroupOutcome outcome) {
     crash_loop_ = CrashLoop{};
     return Next{Next::kAgain, true};
   }
+  // crash_looped_: the guard was reached by a failure that would have been replaced in place
+  // (replace_in_place counted it, with that worker's own progress).
   if (const std::string& root_line = root_cause_ ? root_cause_->detail : snap_.last_failure;
-      outcome == GroupOutcome::kFailed && crash_loop_reached(root_line)) {
+      outcome == GroupOutcome::kFailed &&
+      (crash_looped_ || (!crash_loop_recorded_ && crash_loop_reached(root_line)))) {
     finish(outcome);  // the failure summary, and the job closed on every node
     announce_crash_loop(root_line);
     return Next{kExitCrashLoop};
@@ -190,8 +193,8 @@ bool Agent::attempt_made_progress() const {
   return end - attempt_started_ >= config_.crash_loop_uptime;
 }
 
-bool Agent::crash_loop_reached(const std::string& root_line) {
-  const bool progress = attempt_made_progress();
+bool Agent::crash_loop_reached(const std::string& root_line, std::optional<bool> made_progress) {
+  const bool progress = made_progress ? *made_progress : attempt_made_progress();
   crash_loop_.record_failure(progress, failure_signature(root_line));
   if (crash_loop_.reached(config_.crash_loop_limit)) return true;
   if (!progress && crash_loop_.streak > 1 && config_.crash_loop_limit > 0) {

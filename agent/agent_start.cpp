@@ -218,7 +218,9 @@ void Agent::start_workers() {
   if (hang_) {
     agree_hang_timeouts();
     hang_->begin_group();  // clears the board the new workers attach to
+    hang_->set_generation(static_cast<uint64_t>(restart_count_));
   }
+  goodput_slots_.clear();
   attempt_started_ = clock_.now();
   auto results = sup_.spawn(spawn_requests(attempt_dir_));
   logs_->close_child_ends();
@@ -251,6 +253,9 @@ void Agent::reset_group() {
   killed_ = false;
   failures_.clear();
   root_cause_.reset();
+  crash_looped_ = false;
+  crash_loop_recorded_ = false;
+  end_reformation_watch();
   hang_blamed_rank_ = -1;
   stop_began_.reset();
   by_pid_.clear();
@@ -261,9 +266,7 @@ void Agent::reset_group() {
   if (hang_) hang_->end_group();
 }
 
-// attempt_<restart count> under the base directory (an earlier run's is replaced), with the
-// filtered copies of trun's stdout and stderr there.
-std::string Agent::make_attempt_dir() {
+std::string Agent::fresh_attempt_dir() {
   const std::string attempt_dir = base_dir_ + "/attempt_" + std::to_string(restart_count_);
   std::error_code ec;
   if (fs::exists(attempt_dir, ec)) {
@@ -271,6 +274,12 @@ std::string Agent::make_attempt_dir() {
     fs::remove_all(attempt_dir, ec);
   }
   fs::create_directories(attempt_dir);
+  return attempt_dir;
+}
+
+// fresh_attempt_dir(), with the filtered copies of trun's stdout and stderr there.
+std::string Agent::make_attempt_dir() {
+  const std::string attempt_dir = fresh_attempt_dir();
   if (!config_.duplicate_stdout_filters.empty()) {
     logs_->duplicate(STDOUT_FILENO, attempt_dir + "/filtered_stdout.log",
                      config_.duplicate_stdout_filters);
@@ -282,9 +291,16 @@ std::string Agent::make_attempt_dir() {
   return attempt_dir;
 }
 
-// Each worker's ranks and error file (in workers_), and what to spawn: argv, environment, CPU
-// binding, and where its output goes (a directory per local rank under attempt_dir).
+// Every worker's spawn_request.
 std::vector<SpawnRequest> Agent::spawn_requests(const std::string& attempt_dir) {
+  const AttemptEnv attempt = attempt_env();
+  std::vector<SpawnRequest> requests;
+  for (size_t i = 0; i < workers_.size(); ++i)
+    requests.push_back(spawn_request(i, attempt_dir, attempt));
+  return requests;
+}
+
+AttemptEnv Agent::attempt_env() const {
   const rendezvous::RendezvousInfo& info = session_->info();
   AttemptEnv attempt;
   attempt.run_id = run_id_;
@@ -299,62 +315,66 @@ std::vector<SpawnRequest> Agent::spawn_requests(const std::string& attempt_dir) 
   if (timer_server_) attempt.timer_file = timer_server_->path();
   attempt.python_fault_handler = timer_server_ && python_fault_handler();
   if (hang_) attempt.progress_shm = hang_->shm_name();
-  std::vector<SpawnRequest> requests(workers_.size());
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    WorkerProcess& w = workers_[i];
-    w.local_rank = static_cast<int>(i);
-    w.rank = session_->ranks().global[i];
-    w.role_rank = session_->ranks().role[i];
-    const std::string dir = attempt_dir + "/" + std::to_string(i);
-    fs::create_directories(dir);
-    w.error_file = dir + "/error.json";
-    SpawnRequest& req = requests[i];
-    req.argv = worker_argv(config_.entrypoint, w.local_rank);
-    req.env = worker_env(base_env_, config_, attempt,
-                         WorkerIdentity{w.local_rank, w.rank, w.role_rank, w.error_file});
-    if (i < config_.numa_bindings.size()) {
-      req.cpus = config_.numa_bindings[i].cpus;
-      req.memory_node = config_.numa_bindings[i].memory_node;
-    }
-    const std::string prefix =
-        line_prefix(config_.log_line_prefix_template, config_.role, w.rank, w.local_rank);
-    req.stdout_fd = logs_->prepare(stream_mode(w.local_rank, kStdOut), STDOUT_FILENO,
-                                   dir + "/stdout.log", prefix);
-    req.stderr_fd = logs_->prepare(stream_mode(w.local_rank, kStdErr), STDERR_FILENO,
-                                   dir + "/stderr.log", prefix);
+  return attempt;
+}
+
+SpawnRequest Agent::spawn_request(size_t i, const std::string& attempt_dir,
+                                  const AttemptEnv& attempt) {
+  WorkerProcess& w = workers_[i];
+  w.local_rank = static_cast<int>(i);
+  w.rank = session_->ranks().global[i];
+  w.role_rank = session_->ranks().role[i];
+  w.dir = attempt_dir + "/" + std::to_string(i);
+  fs::create_directories(w.dir);
+  w.error_file = w.dir + "/error.json";
+  SpawnRequest req;
+  req.argv = worker_argv(config_.entrypoint, w.local_rank);
+  req.env = worker_env(base_env_, config_, attempt,
+                       WorkerIdentity{w.local_rank, w.rank, w.role_rank, w.error_file});
+  if (i < config_.numa_bindings.size()) {
+    req.cpus = config_.numa_bindings[i].cpus;
+    req.memory_node = config_.numa_bindings[i].memory_node;
   }
-  return requests;
+  const std::string prefix =
+      line_prefix(config_.log_line_prefix_template, config_.role, w.rank, w.local_rank);
+  req.stdout_fd = logs_->prepare(stream_mode(w.local_rank, kStdOut), STDOUT_FILENO,
+                                 w.dir + "/stdout.log", prefix);
+  req.stderr_fd = logs_->prepare(stream_mode(w.local_rank, kStdErr), STDERR_FILENO,
+                                 w.dir + "/stderr.log", prefix);
+  return req;
 }
 
 bool Agent::record_spawn_results(const std::vector<SpawnResult>& results) {
   bool spawn_failed = false;
-  for (size_t i = 0; i < workers_.size(); ++i) {
-    WorkerProcess& w = workers_[i];
-    if (results[i].pid > 0) {
-      w.pid = results[i].pid;
-      w.started = clock_.now();
-      w.running = true;
-      w.group_live = true;
-      by_pid_[w.pid] = i;
-      event("trun.agent.worker_started", {{"local_rank", int64_t{w.local_rank}},
-                                          {"global_rank", int64_t{w.rank}},
-                                          {"role_rank", int64_t{w.role_rank}},
-                                          {"worker_pid", int64_t{w.pid}}});
-    } else {
-      w.exitcode = results[i].error == ENOENT ? 127 : 126;
-      WorkerFailure f = read_failure(w.local_rank, w.rank, -1, w.exitcode, "", failure_seq_++);
-      f.message = "cannot start worker: " + results[i].error_message;
-      f.exited_at_ms = unix_ms();
-      event("trun.agent.worker_exited", {{"local_rank", int64_t{w.local_rank}},
-                                         {"global_rank", int64_t{w.rank}},
-                                         {"exitcode", int64_t{w.exitcode}},
-                                         {"state", std::string("FAILED")},
-                                         {"raw_error", f.message}});
-      failures_.push_back(std::move(f));
-      spawn_failed = true;
-    }
-  }
+  for (size_t i = 0; i < workers_.size(); ++i) spawn_failed |= !record_spawn_result(i, results[i]);
   return !spawn_failed;
+}
+
+bool Agent::record_spawn_result(size_t i, const SpawnResult& result) {
+  WorkerProcess& w = workers_[i];
+  if (result.pid > 0) {
+    w.pid = result.pid;
+    w.started = clock_.now();
+    w.running = true;
+    w.group_live = true;
+    by_pid_[w.pid] = i;
+    event("trun.agent.worker_started", {{"local_rank", int64_t{w.local_rank}},
+                                        {"global_rank", int64_t{w.rank}},
+                                        {"role_rank", int64_t{w.role_rank}},
+                                        {"worker_pid", int64_t{w.pid}}});
+    return true;
+  }
+  w.exitcode = result.error == ENOENT ? 127 : 126;
+  WorkerFailure f = read_failure(w.local_rank, w.rank, -1, w.exitcode, "", failure_seq_++);
+  f.message = "cannot start worker: " + result.error_message;
+  f.exited_at_ms = unix_ms();
+  event("trun.agent.worker_exited", {{"local_rank", int64_t{w.local_rank}},
+                                     {"global_rank", int64_t{w.rank}},
+                                     {"exitcode", int64_t{w.exitcode}},
+                                     {"state", std::string("FAILED")},
+                                     {"raw_error", f.message}});
+  failures_.push_back(std::move(f));
+  return false;
 }
 
 StreamMode Agent::stream_mode(int local_rank, int stream) const {

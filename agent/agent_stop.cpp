@@ -24,6 +24,7 @@ void Agent::finish(GroupOutcome outcome) {
     std::string summary = format_summary(config_.entrypoint_name, failures_, hostname_,
                                          across ? &*root_cause_ : nullptr);
     if (across) summary += "trun: " + root_cause_line(*root_cause_) + "\n";
+    summary += replaced_summary();
     std::fputs(summary.c_str(), stderr);
     std::fflush(stderr);
     const auto& root = failures_[root_cause_index(failures_)];
@@ -36,6 +37,10 @@ void Agent::finish(GroupOutcome outcome) {
     spdlog::warn("stopped the workers after {}; exiting with {}", signal_name(received_signal_),
                  kExitSignalBase + received_signal_);
   } else if (outcome == GroupOutcome::kSucceeded) {
+    if (const std::string replaced = replaced_summary(); !replaced.empty()) {
+      std::fputs(replaced.c_str(), stderr);
+      std::fflush(stderr);
+    }
     set_phase("exit_barrier");
     try {
       session_->exit_barrier(config_.exit_barrier_timeout);
@@ -49,6 +54,7 @@ void Agent::finish(GroupOutcome outcome) {
 void Agent::begin_stop(int sig) {
   if (!stop_began_) stop_began_ = clock_.now();
   if (hang_) hang_->end_group();  // a stopping group is not judged
+  end_reformation_watch();
   phase_ = GroupPhase::kStopping;
   set_phase("stopping");
   kill_at_ = clock_.now() + config_.shutdown_timeout;
@@ -71,6 +77,7 @@ void Agent::begin_stop(int sig) {
   for (auto& w : workers_) {
     if (w.group_live) sup_.signal_group(w.pid, sig);
   }
+  for (pid_t g : retired_groups_) sup_.signal_group(g, sig);
   if (config_.shutdown_timeout.count() == 0) kill_all();
 }
 
@@ -96,6 +103,7 @@ void Agent::kill_all() {
   for (auto& w : workers_) {
     if (w.group_live) sup_.signal_group(w.pid, SIGKILL);
   }
+  for (pid_t g : retired_groups_) sup_.signal_group(g, SIGKILL);
   killed_ = true;
   killed_at_ = clock_.now();
 }
@@ -117,6 +125,11 @@ void Agent::cleanup() {
     loop_.remove(straggler_fd_);
     close(straggler_fd_);
     straggler_fd_ = -1;
+  }
+  if (reform_fd_ >= 0) {
+    loop_.remove(reform_fd_);
+    close(reform_fd_);
+    reform_fd_ = -1;
   }
   if (heartbeat_fd_ >= 0) {
     loop_.remove(heartbeat_fd_);

@@ -33,7 +33,7 @@ bool Agent::all_groups_gone() const {
   for (const auto& w : workers_) {
     if (w.group_live) return false;
   }
-  return true;
+  return retired_groups_.empty();
 }
 
 GroupOutcome Agent::supervise() {
@@ -103,9 +103,11 @@ void Agent::on_children() {
   // worker may exit on its own handler before trun has read its own signal. on_signalfd() reads
   // again after this, and run() once more when the group has stopped, so such an exit ends in
   // the shutdown (128+N), not a restart.
-  bool failed = false;
+  // This batch's failures, by worker index: replaced in place, or the attempt's (failures_).
+  std::vector<std::pair<size_t, WorkerFailure>> failed;
   for (const auto& e : exits) {
-    WorkerProcess& w = workers_[by_pid_.at(e.pid)];
+    const size_t index = by_pid_.at(e.pid);
+    WorkerProcess& w = workers_[index];
     w.running = false;
     w.exitcode = e.exitcode();
     spdlog::debug("worker local_rank={} pid={} exited with {}", w.local_rank, w.pid, w.exitcode);
@@ -144,14 +146,17 @@ void Agent::on_children() {
       f.hint = python_start_hint(config_.python_interpreter, path ? path : "",
                                  std::chrono::duration<double>(clock_.now() - w.started).count(),
                                  w.exitcode, f.message);
-      failures_.push_back(std::move(f));
-      failed = true;
+      failed.emplace_back(index, std::move(f));
     }
   }
   update_groups();
-  if (failed && phase_ == GroupPhase::kRunning) {
-    outcome_ = GroupOutcome::kFailed;
-    begin_stop(SIGTERM);
+  const bool running = phase_ == GroupPhase::kRunning;
+  if (!failed.empty() && (!running || !replace_in_place(failed))) {
+    for (auto& [index, f] : failed) failures_.push_back(std::move(f));
+    if (running) {
+      outcome_ = GroupOutcome::kFailed;
+      begin_stop(SIGTERM);
+    }
   }
   publish();
 }
@@ -162,6 +167,14 @@ void Agent::update_groups() {
       w.group_live = false;
       sup_.forget_group(w.pid);
     }
+  }
+  for (size_t i = 0; i < retired_groups_.size();) {
+    if (sup_.group_alive(retired_groups_[i])) {
+      ++i;
+      continue;
+    }
+    sup_.forget_group(retired_groups_[i]);
+    retired_groups_.erase(retired_groups_.begin() + static_cast<std::ptrdiff_t>(i));
   }
 }
 
@@ -188,6 +201,7 @@ void Agent::on_agent_signal(int sig) {
     for (auto& w : workers_) {
       if (w.group_live) sup_.signal_group(w.pid, sig);
     }
+    for (pid_t g : retired_groups_) sup_.signal_group(g, sig);
   }
 }
 

@@ -34,6 +34,63 @@ inline ExitAction on_worker_exit(GroupPhase phase, int exitcode, int workers_sti
   return workers_still_running == 0 ? ExitAction::kGroupSucceeded : ExitAction::kKeepRunning;
 }
 
+// Whether the failed workers of a running group are replaced alone, in place, while the others
+// keep running (a resilient loop: docs/launcher.md, "Resilient loops: replacing one worker"), or
+// the group stops as after any failure. The facts are the agent's, read when the failure is seen.
+struct InPlaceFacts {
+  bool board = false;     // the progress board exists (hang detection on, not Python)
+  bool stopping = false;  // a signal to trun, or a stop of the group, came first
+  // Every local worker still runs or is one of the failed ones (none exited 0 before).
+  bool all_present = false;
+  // Every local worker's record, the failed ones' included (what the dead process declared),
+  // says it runs a resilient loop, with the pid trun spawned for that local rank.
+  bool all_resilient = false;
+  int group_world_size = 1;  // nodes in the round
+  int restart_count = 0;
+  int max_restarts = 0;
+};
+
+enum class InPlace {
+  kReplace,         // replace the failed workers alone, counted as a restart
+  kNoBoard,         // no progress board: nothing says the workers run resilient loops
+  kStopping,        // the group stops anyway
+  kWorkerExited,    // a worker already exited: the group cannot re-form whole
+  kNotResilient,    // some local worker runs no resilient loop (or not as the pid trun spawned)
+  kMultiNode,       // the round has other nodes: re-forming across nodes is not done yet
+  kNoRestartsLeft,  // --max-restarts is used up: the job fails as after any failure
+};
+
+inline InPlace decide_in_place(const InPlaceFacts& f) {
+  if (!f.board) return InPlace::kNoBoard;
+  if (f.stopping) return InPlace::kStopping;
+  if (!f.all_present) return InPlace::kWorkerExited;
+  if (!f.all_resilient) return InPlace::kNotResilient;
+  if (f.group_world_size != 1) return InPlace::kMultiNode;
+  if (f.restart_count >= f.max_restarts) return InPlace::kNoRestartsLeft;
+  return InPlace::kReplace;
+}
+
+// Why a failure is not handled in place, in a few words (kReplace: "replaced in place").
+inline const char* in_place_reason(InPlace d) {
+  switch (d) {
+    case InPlace::kReplace:
+      return "replaced in place";
+    case InPlace::kNoBoard:
+      return "no progress board";
+    case InPlace::kStopping:
+      return "the group is stopping";
+    case InPlace::kWorkerExited:
+      return "a worker of the group has exited";
+    case InPlace::kNotResilient:
+      return "not every local worker runs a resilient loop";
+    case InPlace::kMultiNode:
+      return "the job spans several nodes";
+    case InPlace::kNoRestartsLeft:
+      return "no restarts are left";
+  }
+  return "?";
+}
+
 struct AfterStop {
   bool restart = false;
   int exit_code = kExitSuccess;  // when not restarting

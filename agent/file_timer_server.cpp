@@ -16,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <limits>
 #include <nlohmann/json.hpp>
 
@@ -250,6 +251,22 @@ void FileTimerServer::set_workers(const std::vector<pid_t>& pids) {
   }
   const uint64_t one = 1;
   (void)!::write(wake_fd_, &one, sizeof one);
+}
+
+void FileTimerServer::replace_worker(pid_t old_pid, pid_t fresh) {
+  const int fd = fresh > 0 ? pidfd_open(fresh) : -1;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (pid_t pid : {old_pid, fresh}) {
+    auto it = workers_.find(pid);
+    if (it == workers_.end()) continue;
+    if (it->second >= 0) ::close(it->second);
+    workers_.erase(it);
+  }
+  for (auto it = timers_.begin(); it != timers_.end();) {
+    it = it->first.first == old_pid ? timers_.erase(it) : std::next(it);
+  }
+  follow_ups_.erase(old_pid);
+  if (fresh > 0) workers_[fresh] = fd;
 }
 
 uint64_t FileTimerServer::refused(TimerRefusal kind) const {

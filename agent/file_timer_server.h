@@ -136,6 +136,10 @@ class FileTimerServer {
   // The pids of the group just started (the agent's unreaped children: call it from the thread
   // that reaps them, before it reaps any). Forgets every timer and resumes reading.
   void set_workers(const std::vector<pid_t>& pids);
+  // One worker replaced alone (a resilient loop's failed worker; docs/launcher.md): forgets
+  // `old_pid` (its timers, a pending follow-up) and takes `fresh` (the agent's unreaped child, as
+  // for set_workers) among the workers. The other workers' timers stay.
+  void replace_worker(pid_t old_pid, pid_t fresh);
 
   // Counters, for tests and logs.
   uint64_t refused(TimerRefusal kind) const;

@@ -144,6 +144,14 @@ void Account::set_phase(Phase p, double now, bool joined_late) {
   since_ = now;
 }
 
+void Account::replaced(double now) {
+  if (phase_ != Phase::kRunning) return;
+  close(now);
+  group_ = Progress{};
+  resume_seen_ = true;
+  group_redone_ = 0;
+}
+
 Totals Account::totals(double now) const {
   Account a = *this;
   a.close(now, /*provisional=*/true);

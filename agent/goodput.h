@@ -12,7 +12,9 @@
 //                    counts its time before its first group as outside)
 //   rendezvous       waiting for a round after the job had started
 //   restart          a group's start to its first step (spawning, init(), the first step), less
-//                    its checkpoint load
+//                    its checkpoint load; after failed workers were replaced alone (a resilient
+//                    loop: replaced()), the failure to the replacements' first step (spawning
+//                    them, the group's re-formation, the state they get from a live peer)
 //   checkpoint_load  what Checkpointer::load_latest took (RankRecord::checkpoint_load_ns)
 //   detection        the last step before a group stopped to the moment the stop began
 //   stopping         the stop began to the workers gone
@@ -99,6 +101,12 @@ class Account {
   void set_phase(Phase p, double now, bool joined_late = false);
   // The board of the running group at `now` (kRunning only; ignored otherwise).
   void progress(const Progress& p, double now);
+  // Failed workers of the running group were replaced alone at `now` (kRunning only): the group's
+  // interval ends here as if it had stopped (from its last step: detection) and a new one begins,
+  // whose time to its first step is restart time. From here, progress() must describe the
+  // replacements alone (their records start now; the survivors' first steps are old). No step is
+  // redone: the survivors keep their state, and a resume the replacements report is not a loss.
+  void replaced(double now);
 
   // The sums up to `now`. A running group's time since its last sampled step counts as
   // productive until the group ends (then it is detection time, if no step followed).

@@ -135,6 +135,10 @@ class TimeoutRule {
   // (Sampled, so an interval may span several events: an upper bound, which errs on the side of
   // a longer timeout.) A rank whose pid changed starts afresh.
   void update(const std::vector<RankProgress>& ranks);
+  // Forgets each rank's last progress: the next update() starts afresh, so that no interval is
+  // learned across what came before (a group's re-formation around a replaced worker, whose pause
+  // is no step: agent/hang_watch.h).
+  void forget_progress() { last_.clear(); }
 
   // How long a rank of class `c` may go without progress; nullopt: never timed out.
   std::optional<double> timeout_s(const TimeoutClass& c) const;

@@ -42,7 +42,23 @@ void HangWatch::begin_group() {
   finding_.reset();
   drain_notify();
   active_ = true;
+  reforming_ = false;
   cv_.notify_all();
+}
+
+void HangWatch::begin_reformation(const std::vector<int>& slots) {
+  std::lock_guard<std::mutex> lock(mu_);  // a poll under way holds it
+  for (int slot : slots) board_->reset_slot(slot);
+  tracker_.reset();
+  finding_.reset();
+  drain_notify();
+  reforming_ = true;
+}
+
+void HangWatch::end_reformation() {
+  std::lock_guard<std::mutex> lock(mu_);
+  reforming_ = false;
+  rule_.forget_progress();
 }
 
 void HangWatch::drain_notify() {
@@ -70,10 +86,11 @@ std::optional<uint64_t> HangWatch::progress_events() const {
   return sum;
 }
 
-goodput::Progress HangWatch::goodput_progress() const {
+goodput::Progress HangWatch::goodput_progress(const std::vector<int>& only) const {
   goodput::Progress p;
   bool first = true;
   for (int slot = 0; slot < board_->slots(); ++slot) {
+    if (!only.empty() && std::find(only.begin(), only.end(), slot) == only.end()) continue;
     const hang::RankProgress r = board_->snapshot(slot);
     if (!r.attached) continue;
     const double first_step = static_cast<double>(r.first_step_ns) / 1e9;
@@ -135,7 +152,7 @@ std::optional<HangWatch::Finding> HangWatch::take_verdict() {
 void HangWatch::thread_main() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    if (active_ && !finding_) poll_once();
+    if (active_ && !reforming_ && !finding_) poll_once();
     cv_.wait_for(lock, options_.poll, [this] { return stop_; });
   }
 }

@@ -17,9 +17,15 @@
 // group keeps its predecessor's timeouts; between groups the agent merges them with every other
 // node's through the store and adopts the result (agent/hang_agree.h).
 //
+// A worker replaced alone (a resilient loop: docs/launcher.md, "Resilient loops: replacing one
+// worker"): begin_reformation() clears the failed worker's record and stops judging while the
+// survivors leave their process groups and build new ones with the replacement (a pause that is
+// no hang, and that the learned intervals must not include); end_reformation() judges again, from
+// fresh intervals. The agent bounds the re-formation itself.
+//
 // Threads: the watch's thread only reads the board and computes; begin_group(), end_group(),
-// take_verdict() and the destructor are for the agent's thread. The eventfd stays readable from
-// the verdict until take_verdict().
+// begin_reformation(), end_reformation(), set_generation(), take_verdict() and the destructor are
+// for the agent's thread. The eventfd stays readable from the verdict until take_verdict().
 
 #include <atomic>
 #include <chrono>
@@ -70,6 +76,18 @@ class HangWatch {
   void begin_group();
   // The group stops (for any reason): stop judging it. Waits for a poll under way.
   void end_group();
+
+  // Header::generation (ProgressMonitor::set_generation): before the workers of `generation`
+  // are spawned, whole groups and replacements alike.
+  void set_generation(uint64_t generation) { board_->set_generation(generation); }
+  // What local rank `slot`'s record says of its resilient loop (any thread).
+  ProgressMonitor::Member member(int slot) const { return board_->member(slot); }
+  // Local ranks `slots` failed and are replaced alone (before their replacements are spawned):
+  // clears their records, drops a verdict not yet taken, starts the straggler measurements
+  // afresh and stops judging until end_reformation(). Waits for a poll under way.
+  void begin_reformation(const std::vector<int>& slots);
+  // The group re-formed: judging resumes; no interval learned spans the re-formation.
+  void end_reformation();
   // The hung verdict, once (with the snapshots it was made from); nullopt when none is ready.
   // A verdict ends the watching of its group, as end_group() does.
   struct Finding {
@@ -97,8 +115,10 @@ class HangWatch {
 
   // The running group's progress for the goodput accounting (agent/goodput.h), read from the
   // board now: the slowest attached rank's steps and last step, the latest first step, the
-  // first resume any rank reported and the longest checkpoint load (any thread).
-  goodput::Progress goodput_progress() const;
+  // first resume any rank reported and the longest checkpoint load (any thread). Of the local
+  // ranks `only` alone when it is not empty (the replacements of a re-formed group, whose
+  // records start with it).
+  goodput::Progress goodput_progress(const std::vector<int>& only = {}) const;
 
   // The sum of the attached ranks' heartbeats (every progress event adds 1), read now; nullopt
   // when no rank is attached (a program without libtrun_worker). Any thread.
@@ -122,9 +142,10 @@ class HangWatch {
   straggler::Tracker tracker_;  // under mu_; reset by begin_group
   int event_fd_ = -1;
 
-  mutable std::mutex mu_;  // guards rule_, active_, finding_, stop_; held for a whole poll
+  mutable std::mutex mu_;  // guards rule_, active_, reforming_, finding_, stop_; held for a poll
   std::condition_variable cv_;
   bool active_ = false;
+  bool reforming_ = false;  // begin_reformation() .. end_reformation(): no judging
   bool stop_ = false;
   std::optional<Finding> finding_;
   std::atomic<uint64_t> polls_{0};

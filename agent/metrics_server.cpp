@@ -274,6 +274,10 @@ MetricsServer::Response MetricsServer::metrics(const AgentSnapshot& s,
   out << "trun_restarts_total " << s.restarts << '\n';
   family(out, "trun_restarts_left", "gauge", "Restarts left before a failure ends the job.");
   out << "trun_restarts_left " << std::max(0, s.max_restarts - s.restarts) << '\n';
+  family(out, "trun_workers_replaced_total", "counter",
+         "Failed workers replaced alone while the others kept running (resilient loops; each "
+         "also counts as a restart).");
+  out << "trun_workers_replaced_total " << s.workers_replaced << '\n';
   family(out, "trun_rendezvous_rounds_total", "counter", "Rendezvous rounds this node formed.");
   out << "trun_rendezvous_rounds_total " << s.rounds_total << '\n';
   family(out, "trun_rendezvous_round_duration_seconds", "histogram",

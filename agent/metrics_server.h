@@ -59,6 +59,9 @@ struct AgentSnapshot {
   std::optional<TimePoint> last_round_at;
   int restarts = 0;
   int max_restarts = 0;
+  // Failed workers replaced alone while the others kept running (resilient loops; each also
+  // counted in `restarts`).
+  uint64_t workers_replaced = 0;
   std::vector<std::string> worker_states;  // by local rank: running, succeeded, failed, stopped
   std::map<std::string, uint64_t> worker_exits;  // `exit_code="3"` or `signal="SIGKILL"` -> count
   std::string last_failure;                      // one line; empty when none

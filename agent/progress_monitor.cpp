@@ -60,7 +60,10 @@ std::unique_ptr<ProgressMonitor> ProgressMonitor::create(const std::string& name
   h->record_size.store(sizeof(board::RankRecord), memory_order_relaxed);
   h->max_groups.store(board::kMaxGroups, memory_order_relaxed);
   h->ring_size.store(board::kRingSize, memory_order_relaxed);
-  h->created_ns.store(board::monotonic_ns(), memory_order_relaxed);
+  const int64_t now = board::monotonic_ns();
+  h->created_ns.store(now, memory_order_relaxed);
+  h->generation.store(0, memory_order_relaxed);
+  h->generation_ns.store(now, memory_order_relaxed);
   h->magic.store(board::kMagic, memory_order_release);
   return m;
 }
@@ -106,6 +109,35 @@ void ProgressMonitor::reset() {
     board::RankRecord* r = board::record_at(base_, static_cast<uint32_t>(i));
     std::memset(static_cast<void*>(r), 0, sizeof(*r));
   }
+}
+
+void ProgressMonitor::reset_slot(int slot) {
+  if (slot < 0 || slot >= slots_)
+    throw std::out_of_range("progress board: no slot " + std::to_string(slot));
+  board::RankRecord* r = board::record_at(base_, static_cast<uint32_t>(slot));
+  std::memset(static_cast<void*>(r), 0, sizeof(*r));
+}
+
+void ProgressMonitor::set_generation(uint64_t generation) {
+  auto* h = static_cast<board::Header*>(base_);
+  h->generation_ns.store(board::monotonic_ns(), memory_order_relaxed);
+  h->generation.store(generation, memory_order_release);
+}
+
+uint64_t ProgressMonitor::generation() const {
+  return static_cast<const board::Header*>(base_)->generation.load(memory_order_acquire);
+}
+
+ProgressMonitor::Member ProgressMonitor::member(int slot) const {
+  if (slot < 0 || slot >= slots_)
+    throw std::out_of_range("progress board: no slot " + std::to_string(slot));
+  const board::RankRecord& rec = *board::record_at(base_, static_cast<uint32_t>(slot));
+  Member m;
+  m.pid = std::max(0, rec.pid.load(memory_order_acquire));
+  m.resilient = rec.resilient.load(memory_order_acquire) == 1;
+  m.generation = rec.generation.load(memory_order_acquire);
+  m.steps = rec.steps.load(memory_order_acquire);
+  return m;
 }
 
 namespace {

@@ -11,8 +11,14 @@
 // indices are clamped, names bounded, so a worker that scribbles over the board can make its own
 // snapshot wrong but cannot harm the agent.
 //
-// Thread safety: snapshot() and process_state() from any thread; reset() only while no worker is
-// attached (before a group is spawned); the rest is immutable after create().
+// The resilient loop (docs/launcher.md, "Resilient loops: replacing one worker"): the agent stores
+// the generation of the workers meant to run in the header (set_generation) and reads what each
+// record says of its worker's loop (member: untrusted, as everything read here).
+//
+// Thread safety: snapshot(), member(), generation() and process_state() from any thread;
+// set_generation() from one thread at a time (the agent's); reset() only while no worker is
+// attached (before a group is spawned) and reset_slot(i) only while no worker writes record i
+// (its worker is gone, its replacement not yet spawned); the rest is immutable after create().
 
 #include <memory>
 #include <string>
@@ -46,6 +52,25 @@ class ProgressMonitor {
 
   // Clears every record (call before spawning a group: a worker clears its own on attach too).
   void reset();
+  // Clears record `slot` alone (a failed worker's, before its replacement is spawned).
+  void reset_slot(int slot);
+
+  // Header::generation: the generation of the workers now meant to run. set_generation() stores
+  // it (and generation_ns, now) with release, before the workers of that generation are spawned.
+  // The board starts at generation 0.
+  void set_generation(uint64_t generation);
+  uint64_t generation() const;
+
+  // What record `slot` says of its worker's resilient loop: its pid (0: nobody attached), whether
+  // it runs one (RankRecord::resilient is exactly 1), the generation its groups were last built at
+  // and the steps it took (RankRecord::steps).
+  struct Member {
+    int pid = 0;
+    bool resilient = false;
+    uint64_t generation = 0;
+    uint64_t steps = 0;
+  };
+  Member member(int slot) const;
 
   // The record of local rank `slot`, as hang::RankProgress (node left empty, process kUnknown).
   hang::RankProgress snapshot(int slot) const;

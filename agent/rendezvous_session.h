@@ -156,6 +156,8 @@ class RendezvousSession {
   // "standalone" for --standalone, else the handler's backend name.
   std::string backend() const;
   const std::string& store_endpoint() const { return store_endpoint_; }
+  // The rendezvous' join_timeout (--rdzv-conf join_timeout, else the backend's default).
+  std::chrono::milliseconds join_timeout() const { return timeout_; }
 
  private:
   enum class FailoverOutcome { kNotNeeded, kJoined, kFailed };

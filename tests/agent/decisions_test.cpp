@@ -92,3 +92,40 @@ TEST_CASE("a node is excluded after K failures in the window, for a cooldown tha
   Exclusion n;
   for (int i = 0; i < 10; ++i) CHECK_FALSE(n.record_failure(never, i));
 }
+
+TEST_CASE("a failed worker is replaced in place only when every condition holds",
+          "[decisions][resilient]") {
+  InPlaceFacts ok;
+  ok.board = true;
+  ok.all_present = true;
+  ok.all_resilient = true;
+  ok.group_world_size = 1;
+  ok.restart_count = 1;
+  ok.max_restarts = 3;
+  CHECK(decide_in_place(ok) == InPlace::kReplace);
+  auto with = [&](auto change) {
+    InPlaceFacts f = ok;
+    change(f);
+    return decide_in_place(f);
+  };
+  CHECK(with([](InPlaceFacts& f) { f.board = false; }) == InPlace::kNoBoard);
+  CHECK(with([](InPlaceFacts& f) { f.stopping = true; }) == InPlace::kStopping);
+  CHECK(with([](InPlaceFacts& f) { f.all_present = false; }) == InPlace::kWorkerExited);
+  CHECK(with([](InPlaceFacts& f) { f.all_resilient = false; }) == InPlace::kNotResilient);
+  CHECK(with([](InPlaceFacts& f) { f.group_world_size = 2; }) == InPlace::kMultiNode);
+  CHECK(with([](InPlaceFacts& f) { f.restart_count = 3; }) == InPlace::kNoRestartsLeft);
+  CHECK(with([](InPlaceFacts& f) {
+          f.max_restarts = 0;
+          f.restart_count = 0;
+        }) == InPlace::kNoRestartsLeft);
+  // A job of several nodes whose workers run no resilient loop says nothing about nodes.
+  CHECK(with([](InPlaceFacts& f) {
+          f.group_world_size = 2;
+          f.all_resilient = false;
+        }) == InPlace::kNotResilient);
+  for (InPlace d :
+       {InPlace::kReplace, InPlace::kNoBoard, InPlace::kStopping, InPlace::kWorkerExited,
+        InPlace::kNotResilient, InPlace::kMultiNode, InPlace::kNoRestartsLeft}) {
+    CHECK(std::string(in_place_reason(d)) != "?");
+  }
+}

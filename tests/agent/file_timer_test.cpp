@@ -496,6 +496,30 @@ TEST_CASE("a request is refused while its pid is not a worker and honoured once 
   CHECK_FALSE(old_worker.exited());
 }
 
+TEST_CASE("a worker replaced alone takes its predecessor's place, the others keep their timers",
+          "[file_timer][resilient]") {
+  TempDir dir;
+  Reports reports;
+  const std::string fifo = dir / "timer";
+  FileTimerServer server(options(fifo, reports));
+  Sleeper failed, survivor;
+  server.set_workers({failed.pid, survivor.pid});
+  send(fifo, request(failed.pid, "x", unix_now() + 60, SIGKILL));
+  send(fifo, request(survivor.pid, "y", unix_now() + 60, SIGKILL));
+  REQUIRE(eventually([&] { return server.active_timers() == 2; }));
+  ::kill(failed.pid, SIGKILL);
+  REQUIRE(eventually([&] { return failed.exited(); }));
+  Sleeper replacement;
+  server.replace_worker(failed.pid, replacement.pid);
+  CHECK(server.active_timers() == 1);  // the survivor's
+  send(fifo, request(replacement.pid, "z", unix_now() + 0.3, SIGKILL));
+  REQUIRE(eventually([&] { return replacement.exited(); }));
+  CHECK(replacement.term_signal() == SIGKILL);
+  CHECK_FALSE(survivor.exited());
+  CHECK(server.active_timers() == 1);
+  CHECK(server.refused(TimerRefusal::kForeignPid) == 0);
+}
+
 TEST_CASE_METHOD(Served, "a worker that has exited is not signalled, even when its timer expires",
                  "[file_timer]") {
   send(fifo, request(worker.pid, "x", unix_now() + 0.3, SIGKILL));

@@ -154,3 +154,38 @@ TEST_CASE("goodput: once a program wrote the board, a group that never does is r
   CHECK(t.productive == Approx(1));
   CHECK(sum(t) == Approx(t.wall));
 }
+
+TEST_CASE(
+    "goodput: a worker replaced alone costs detection and restart time, and no step is "
+    "redone",
+    "[goodput][resilient]") {
+  Account a(0);
+  a.set_phase(Phase::kRunning, 0);
+  a.progress(board(1, 1, 1, 0), 1);
+  a.progress(board(101, 1, 11, 0), 11);   // 100 steps of 0.1 s
+  a.replaced(11.5);                       // a worker died 0.5 s after the last step
+  CHECK(a.take_intervals().size() == 2);  // start-up, detection
+  // From here the replacement's record: not attached yet, then attached with a "fresh start"
+  // resume (it got its state from a live peer: no step is lost), then its first step at 13.
+  a.progress(Progress{}, 12);
+  a.progress(board(0, 0, 0, 0), 12.5);
+  a.progress(board(1, 13, 13, 0), 13);
+  a.progress(board(21, 13, 15, 0), 15);
+  const Totals t = a.totals(15);
+  CHECK(t.wall == Approx(15));
+  CHECK(sum(t) == Approx(15));
+  CHECK(t.of(Cause::kStartup) == Approx(1));
+  CHECK(t.of(Cause::kDetection) == Approx(0.5));
+  CHECK(t.of(Cause::kRestart) == Approx(1.5));  // the failure to the replacement's first step
+  CHECK(t.of(Cause::kStopping) == Approx(0));
+  CHECK(t.steps_redone == 0);
+  CHECK(t.steps == 122);
+  CHECK(t.productive == Approx(12));
+  a.set_phase(Phase::kStopping, 15.5);
+  const auto iv = a.take_intervals();
+  REQUIRE(iv.size() == 2);
+  CHECK(iv[0].cause == Cause::kRestart);
+  CHECK(iv[0].begin == Approx(11.5));
+  CHECK(iv[0].end == Approx(13));
+  CHECK(iv[1].cause == Cause::kDetection);
+}

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "agent/hang_rules.h"
+#include "agent/hang_watch.h"
 #include "agent/progress_monitor.h"
 #include "base/shm_names.h"
 #include "tests/launcher/free_port.h"
@@ -210,6 +211,72 @@ TEST_CASE("progress board: a scribbled record cannot harm the reader", "[progres
   CHECK_THROWS_AS(m->snapshot(1), std::out_of_range);
   CHECK_THROWS_AS(ProgressMonitor::create(board_name("x"), 0), std::invalid_argument);
   CHECK_THROWS_AS(ProgressMonitor::create("a/b", 1), std::invalid_argument);
+}
+
+TEST_CASE("progress board: the generation, and what each record says of its resilient loop",
+          "[progress][resilient]") {
+  auto m = ProgressMonitor::create(board_name("resilient"), 2);
+  CHECK(m->generation() == 0);
+  m->set_generation(3);
+  CHECK(m->generation() == 3);
+  CHECK(m->member(0).pid == 0);
+  CHECK_FALSE(m->member(0).resilient);
+  // The worker side: the SDK's declare_resilient and joined_generation.
+  wp::attach_record_for_testing(m->record_for_testing(1), 1, 1);
+  CHECK_FALSE(m->member(1).resilient);
+  wp::declare_resilient();
+  wp::joined_generation(3);
+  wp::step();
+  ProgressMonitor::Member mb = m->member(1);
+  CHECK(mb.pid == ::getpid());
+  CHECK(mb.resilient);
+  CHECK(mb.generation == 3);
+  CHECK(mb.steps == 1);
+  wp::attach_record_for_testing(nullptr, 0, 0);
+  // One record cleared alone (a failed worker's, before its replacement), the other kept.
+  board::RankRecord* rec0 = m->record_for_testing(0);
+  rec0->pid.store(4242);
+  rec0->resilient.store(1);
+  m->reset_slot(1);
+  CHECK(m->member(1).pid == 0);
+  CHECK_FALSE(m->member(1).resilient);
+  CHECK(m->member(0).pid == 4242);
+  // Untrusted: only 1 is resilient, a negative pid is nobody.
+  rec0->resilient.store(7);
+  rec0->pid.store(-5);
+  CHECK_FALSE(m->member(0).resilient);
+  CHECK(m->member(0).pid == 0);
+  CHECK_THROWS_AS(m->member(2), std::out_of_range);
+  CHECK_THROWS_AS(m->reset_slot(-1), std::out_of_range);
+}
+
+TEST_CASE("hang watch: no judging while a group re-forms around a replaced worker",
+          "[progress][resilient]") {
+  HangWatchOptions o;
+  o.poll = std::chrono::milliseconds(5);
+  auto monitor = ProgressMonitor::create(board_name("reform"), 2);
+  board::RankRecord* failed = monitor->record_for_testing(1);  // mapped while the watch lives
+  HangWatch watch(std::move(monitor), o);
+  auto polled = [&](uint64_t n) {
+    for (int i = 0; i < 20000 && watch.polls() < n; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return watch.polls() >= n;
+  };
+  watch.begin_group();
+  watch.set_generation(1);
+  failed->pid.store(4242);  // what the failed worker left
+  failed->resilient.store(1);
+  REQUIRE(polled(watch.polls() + 2));
+  watch.begin_reformation({1});
+  CHECK(watch.member(1).pid == 0);
+  CHECK_FALSE(watch.member(1).resilient);
+  const uint64_t paused = watch.polls();  // a poll under way finished before it returned
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(watch.polls() == paused);
+  CHECK_FALSE(watch.take_verdict());
+  watch.end_reformation();
+  CHECK(polled(paused + 2));
+  watch.end_group();
 }
 
 TEST_CASE("progress board: boards of agents that are gone are removed, others kept", "[progress]") {

@@ -1,0 +1,311 @@
+// Resilient loops (agent/agent.h, docs/launcher.md "Resilient loops: replacing one worker"): a
+// worker of a running group that fails is replaced alone while the others keep running, when
+// every local worker runs trun::worker::ResilientLoop and this node is the only one of the round.
+// The survivors see the new generation on the progress board, leave their process groups and
+// build new ones with the replacement; the agent watches the board until every worker's groups
+// run at that generation, and restarts the group whole when they do not in time.
+#include <signal.h>
+#include <spdlog/spdlog.h>
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+
+#include "agent/agent.h"
+
+namespace trun::agent {
+namespace {
+
+// A re-formation may take the rendezvous' join_timeout (what this job allows a group to take to
+// come together: spawning the replacement, its init(), the new process groups), never less.
+constexpr auto kMinReformTimeout = std::chrono::seconds(10);
+// How often the watch reads the board while a group re-forms.
+constexpr long kReformPollNs = 50L * 1000 * 1000;
+
+std::string exit_text(int exitcode) {
+  return exitcode < 0 ? "signal " + signal_name(-exitcode)
+                      : "exit code " + std::to_string(exitcode);
+}
+
+int64_t ms_between(Clock::TimePoint from, Clock::TimePoint to) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(to - from).count();
+}
+
+}  // namespace
+
+Clock::Duration Agent::reform_timeout() const {
+  return std::max<Clock::Duration>(kMinReformTimeout, session_->join_timeout());
+}
+
+InPlaceFacts Agent::in_place_facts(
+    const std::vector<std::pair<size_t, WorkerFailure>>& failed) const {
+  InPlaceFacts f;
+  f.board = hang_ != nullptr;
+  f.stopping = received_signal_ != 0 || outcome_.has_value() || phase_ != GroupPhase::kRunning;
+  f.group_world_size = session_->info().group_world_size;
+  f.restart_count = restart_count_;
+  f.max_restarts = config_.max_restarts;
+  f.all_present = true;
+  f.all_resilient = f.board;
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    const WorkerProcess& w = workers_[i];
+    const bool failed_now = std::any_of(failed.begin(), failed.end(),
+                                        [i](const auto& entry) { return entry.first == i; });
+    if (!w.running && !failed_now) {
+      f.all_present = false;
+      continue;
+    }
+    if (!hang_) continue;
+    // A failed worker's record still holds what the dead process declared (untrusted data).
+    const ProgressMonitor::Member m = hang_->member(static_cast<int>(i));
+    if (!m.resilient || m.pid != w.pid) f.all_resilient = false;
+  }
+  return f;
+}
+
+bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& failed) {
+  const Clock::TimePoint failed_at = clock_.now();
+  const InPlace decision = decide_in_place(in_place_facts(failed));
+  if (decision != InPlace::kReplace) {
+    if (decision == InPlace::kMultiNode && !multi_node_note_shown_) {
+      multi_node_note_shown_ = true;
+      spdlog::info(
+          "the workers run resilient loops, but the round has {} nodes: a failed worker is "
+          "replaced alone only in a job of one node for now; the group restarts whole",
+          session_->info().group_world_size);
+    } else if (decision != InPlace::kNoBoard) {
+      spdlog::debug("worker failure not handled in place: {}", in_place_reason(decision));
+    }
+    return false;
+  }
+  arm_reform_timer(false);  // makes the watch's timer (once)
+  if (reform_fd_ < 0) {
+    spdlog::warn("cannot watch a re-formation (timerfd_create failed): the group restarts whole");
+    return false;
+  }
+  std::vector<WorkerFailure> batch;
+  for (const auto& [i, f] : failed) batch.push_back(f);
+  const std::string line = failure_line(batch, hostname_);
+  // The crash-loop guard, per replaced worker: the same failure again and again, each replacement
+  // dying before it took a step or ran --crash-loop-uptime, stops the job as on the classic path
+  // (whose progress test would see the survivors' steps).
+  bool progress = false;
+  for (const auto& [i, f] : failed) {
+    progress = progress || hang_->member(static_cast<int>(i)).steps > 0 ||
+               failed_at - workers_[i].started >= config_.crash_loop_uptime;
+  }
+  if (crash_loop_reached(line, progress)) {
+    crash_looped_ = true;
+    return false;
+  }
+
+  // Counted as any restart; the survivors' view of it is the board's generation.
+  const WorkerFailure& root = batch[root_cause_index(batch)];
+  event("trun.agent.failure", {{"local_rank", int64_t{root.local_rank}},
+                               {"global_rank", int64_t{root.rank}},
+                               {"exitcode", int64_t{root.exitcode}},
+                               {"raw_error", line},
+                               {"failed_workers", int64_t(batch.size())},
+                               {"restart", true},
+                               {"in_place", true}});
+  ++restart_count_;
+  const auto generation = static_cast<uint64_t>(restart_count_);
+  std::vector<int> slots;
+  for (const auto& [i, f] : failed) slots.push_back(static_cast<int>(i));
+  const int survivors = running_count();
+  const size_t first_failure = reformation_ ? reformation_->first_failure : replaced_.size();
+
+  // The goodput account: the group's interval ends with the failure; from here the replacements'
+  // records (fresh) tell when the group steps again (the time until then is restart time).
+  sample_goodput();
+  goodput_.replaced(monotonic_seconds());
+  record_badput_intervals();
+  goodput_slots_ = slots;
+  // The replacements attach to empty records; no verdict while the group re-forms. The
+  // generation is stored before they are spawned: the survivors begin re-forming at once.
+  hang_->begin_reformation(slots);
+  hang_->set_generation(generation);
+
+  std::vector<pid_t> old_pids;
+  for (auto& [i, f] : failed) {
+    WorkerProcess& w = workers_[i];
+    spdlog::warn(
+        "worker local_rank={} (rank {}) exited with {}: replacing it alone, the other {} {} "
+        "running (resilient loop; restart {}/{})",
+        w.local_rank, w.rank, exit_text(w.exitcode), survivors,
+        survivors == 1 ? "worker keeps" : "workers keep", restart_count_, config_.max_restarts);
+    EventMetadata md{{"local_rank", int64_t{w.local_rank}},
+                     {"global_rank", int64_t{w.rank}},
+                     {"worker_pid", int64_t{w.pid}},
+                     {"exitcode", int64_t{w.exitcode}},
+                     {"generation", static_cast<int64_t>(generation)}};
+    if (w.exitcode < 0) md["signal"] = signal_name(-w.exitcode);
+    event("trun.agent.worker_replaced", std::move(md));
+    retire_group(w);
+    by_pid_.erase(w.pid);
+    old_pids.push_back(w.pid);
+    replaced_.push_back({std::move(f), generation});
+  }
+  event("trun.agent.restart", {{"counted", true},
+                               {"max_restarts", int64_t{config_.max_restarts}},
+                               {"reason", std::string("worker replaced in place")}});
+  snap_.restarts = restart_count_;
+  snap_.workers_replaced += failed.size();
+  snap_.last_failure = line;
+  status_.last_failure = line;
+  status_.last_failure_at = unix_seconds();
+
+  // The replacements: attempt_<generation>/<local rank>, TORCHELASTIC_RESTART_COUNT=<generation>,
+  // everything else as for the group.
+  const std::string dir = fresh_attempt_dir();
+  const AttemptEnv attempt = attempt_env();
+  std::vector<SpawnRequest> requests;
+  for (int slot : slots) {
+    workers_[static_cast<size_t>(slot)] = WorkerProcess{};
+    requests.push_back(spawn_request(static_cast<size_t>(slot), dir, attempt));
+  }
+  const std::vector<SpawnResult> results = sup_.spawn(requests);
+  logs_->close_child_ends();
+  bool spawned = true;
+  for (size_t k = 0; k < slots.size(); ++k) {
+    const auto i = static_cast<size_t>(slots[k]);
+    const bool ok = record_spawn_result(i, results[k]);
+    spawned = spawned && ok;
+    set_worker_state(i, ok ? "running" : "failed");
+    if (ok && timer_server_) timer_server_->replace_worker(old_pids[k], workers_[i].pid);
+    if (ok) {
+      spdlog::info("generation {}: started local_rank {} again (pid {})", generation, slots[k],
+                   workers_[i].pid);
+    }
+  }
+  reformation_ = Reformation{generation, reformation_ ? reformation_->failed_at : failed_at,
+                             clock_.now() + reform_timeout(), first_failure};
+  if (!spawned) {
+    // record_spawn_result put the failure to start in failures_ (and said why).
+    spdlog::warn("could not start the replacement: stopping the group and restarting it whole");
+    abandon_reformation("replaced alone at generation " + std::to_string(generation) +
+                        ", but the replacement could not start");
+    return true;
+  }
+  arm_reform_timer(true);
+  publish_status("running");  // the restart count, in `trun status`
+  return true;
+}
+
+void Agent::arm_reform_timer(bool on) {
+  if (reform_fd_ < 0) {
+    reform_fd_ = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+    if (reform_fd_ < 0) return;
+    loop_.add(reform_fd_, EPOLLIN, [this](uint32_t) {
+      uint64_t ticks;
+      while (read(reform_fd_, &ticks, sizeof ticks) > 0) {
+      }
+      on_reform_tick();
+    });
+  }
+  itimerspec spec{};
+  if (on) spec = itimerspec{{0, kReformPollNs}, {0, kReformPollNs}};
+  timerfd_settime(reform_fd_, 0, &spec, nullptr);
+}
+
+void Agent::end_reformation_watch() {
+  reformation_.reset();
+  if (reform_fd_ >= 0) arm_reform_timer(false);
+}
+
+void Agent::on_reform_tick() {
+  if (!reformation_) return;
+  if (!hang_ || phase_ != GroupPhase::kRunning || outcome_ || running_count() == 0) {
+    end_reformation_watch();  // the group stops or ended: nothing re-forms
+    return;
+  }
+  bool reformed = true;
+  for (size_t i = 0; i < workers_.size() && reformed; ++i) {
+    const WorkerProcess& w = workers_[i];
+    if (!w.running) continue;
+    const ProgressMonitor::Member m = hang_->member(static_cast<int>(i));
+    reformed = m.pid == w.pid && m.generation == reformation_->generation;
+  }
+  if (reformed) {
+    const int64_t ms = ms_between(reformation_->failed_at, clock_.now());
+    spdlog::warn("group re-formed at generation {} in {} ms after the failure",
+                 reformation_->generation, ms);
+    event("trun.agent.reformed",
+          {{"generation", static_cast<int64_t>(reformation_->generation)}, {"ms", ms}});
+    hang_->end_reformation();
+    end_reformation_watch();
+    publish();
+    return;
+  }
+  if (clock_.now() >= reformation_->deadline) reformation_timed_out();
+}
+
+void Agent::reformation_timed_out() {
+  const Reformation r = *reformation_;
+  std::string behind;
+  if (hang_) {
+    for (size_t i = 0; i < workers_.size(); ++i) {
+      const WorkerProcess& w = workers_[i];
+      if (!w.running) continue;
+      const ProgressMonitor::Member m = hang_->member(static_cast<int>(i));
+      if (m.pid != w.pid || m.generation != r.generation)
+        behind += (behind.empty() ? "" : ",") + std::to_string(i);
+    }
+  }
+  const double waited_s = std::chrono::duration<double>(clock_.now() - r.failed_at).count();
+  spdlog::warn(
+      "the group did not re-form at generation {} within {:.0f} s of the failure (local ranks "
+      "not there: {}): stopping it and restarting it whole",
+      r.generation, waited_s, behind.empty() ? "none" : behind);
+  event("trun.agent.reform_timeout", {{"generation", static_cast<int64_t>(r.generation)},
+                                      {"seconds", waited_s},
+                                      {"behind", behind}});
+  abandon_reformation("replaced alone at generation " + std::to_string(r.generation) +
+                      ", but the group did not re-form");
+}
+
+void Agent::abandon_reformation(const std::string& note) {
+  const size_t first = reformation_ ? reformation_->first_failure : replaced_.size();
+  end_reformation_watch();
+  // The replaced failures are this attempt's again: the root cause, the summary and the restart
+  // that follows see them as after any failure.
+  for (size_t k = first; k < replaced_.size(); ++k) {
+    WorkerFailure f = std::move(replaced_[k].failure);
+    f.message += "\n(" + note + ")";
+    failures_.push_back(std::move(f));
+  }
+  replaced_.resize(std::min(replaced_.size(), first));
+  crash_loop_recorded_ = true;  // replace_in_place counted these failures
+  outcome_ = GroupOutcome::kFailed;
+  begin_stop(SIGTERM);
+  publish();
+}
+
+void Agent::retire_group(WorkerProcess& w) {
+  if (!w.group_live) return;
+  // What is left of a dead worker's group (its children) is no use to the re-formed group.
+  w.group_live = false;
+  sup_.signal_group(w.pid, SIGKILL);
+  if (sup_.group_alive(w.pid)) {
+    retired_groups_.push_back(w.pid);
+  } else {
+    sup_.forget_group(w.pid);
+  }
+}
+
+std::string Agent::replaced_summary() const {
+  if (replaced_.empty()) return {};
+  std::string out = "trun: " + std::to_string(replaced_.size()) +
+                    (replaced_.size() == 1 ? " worker was" : " workers were") +
+                    " replaced alone while the others kept running (resilient loop):\n";
+  for (const auto& r : replaced_) {
+    out += "trun:   generation " + std::to_string(r.generation) + ": " +
+           failure_line({r.failure}, hostname_) + "\n";
+  }
+  return out;
+}
+
+}  // namespace trun::agent
