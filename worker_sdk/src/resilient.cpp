@@ -50,9 +50,10 @@ struct StepSnapshot {
   std::vector<std::vector<unsigned char>> small;
 };
 
-// Moves at most this much per broadcast call (the backends count elements in size_t, but a
-// bounded call keeps each collective's deadline meaningful for a large state).
-constexpr size_t kTransferChunk = size_t{256} << 20;
+// The state moves in messages of at most this much: between local ranks 16 MiB messages moved
+// 1 GiB at memcpy's rate (256 MiB ones at about half of it), and each one's deadline stays
+// meaningful for a large state.
+constexpr size_t kTransferChunk = size_t{16} << 20;
 
 }  // namespace
 
@@ -160,7 +161,7 @@ struct ResilientLoop::Impl {
   // Tests of the fallbacks (tests/examples/resilient_test.cpp): with
   // TRUN_TEST_DIE_SENDING_STATE=G, the rank that sends the state at generation G dies (SIGKILL)
   // after the transfer's header, before the buffers.
-  void die_if_testing_a_lost_sender(bool sender) const {
+  void die_if_testing_a_lost_sender(bool sender) const {  // after the header
     static const char* const at = std::getenv("TRUN_TEST_DIE_SENDING_STATE");
     if (sender && at && std::to_string(generation) == at) {
       std::fprintf(stderr, "%s: dying while it sends the state (TRUN_TEST_DIE_SENDING_STATE)\n",
@@ -176,86 +177,116 @@ struct ResilientLoop::Impl {
     StateClaim mine{holds ? 1 : 0, holds ? static_cast<int64_t>(*state.step()) : -1};
     std::vector<StateClaim> all(static_cast<size_t>(world));
     pg.allgather(&mine, all.data(), 2, DataType::kInt64);
-    int source = -1;
-    bool equal = true;
+    int source = -1;  // the lowest rank at the highest step
     for (int r = 0; r < world; ++r) {
       const StateClaim& c = all[static_cast<size_t>(r)];
-      if (!c.holds) {
-        equal = false;
-        continue;
-      }
-      if (source < 0 || c.step > all[static_cast<size_t>(source)].step) {
-        if (source >= 0) equal = false;
-        source = r;
-      } else if (c.step != all[static_cast<size_t>(source)].step) {
-        equal = false;
-      }
+      if (c.holds && (source < 0 || c.step > all[static_cast<size_t>(source)].step)) source = r;
     }
     stats.restored = source < 0;
+    // The ranks that need the state: those without one, or with an older step's.
+    std::vector<int> needy;
     if (source < 0) {
       // Nobody holds a state: the program loads the checkpoint (or starts fresh) on every rank,
       // and rank 0's result is everyone's (fresh ranks may have drawn different weights).
       if (program.restore) program.restore(*worker);
       holds = true;
       source = 0;
-      equal = false;
-    }
-    stats.last_source_rank = equal ? -1 : source;
-    if (equal) return;  // every rank holds the same step's state
-    const bool sender = pg.rank() == source;
-    // A rank at the source's step keeps a valid state even if the transfer breaks (the bytes it
-    // receives equal its own); any other receiver does not, until the transfer completes.
-    const bool same_step =
-        holds && static_cast<int64_t>(*state.step()) == all[static_cast<size_t>(source)].step;
-    if (!sender && !same_step) holds = false;
-    const Clock::time_point t0 = Clock::now();
-    TransferHeader h;
-    if (sender) {
-      h.step = *state.step();
-      if (state.sampler()) {
-        h.epoch = state.sampler()->epoch();
-        h.offset = state.sampler()->offset();
+      for (int r = 1; r < world; ++r) needy.push_back(r);
+    } else {
+      const int64_t top = all[static_cast<size_t>(source)].step;
+      for (int r = 0; r < world; ++r) {
+        const StateClaim& c = all[static_cast<size_t>(r)];
+        if (!c.holds || c.step != top) needy.push_back(r);
       }
-      h.bytes = state.bytes();
     }
-    pg.broadcast(&h, sizeof h / sizeof(uint64_t), DataType::kInt64, source);
-    die_if_testing_a_lost_sender(sender);
+    stats.last_source_rank = needy.empty() ? -1 : source;
+    stats.last_bytes = 0;
+    stats.last_transfer_s = 0;
+    if (needy.empty()) return;  // every rank holds the same step's state
+    const int me = pg.rank();
+    const bool sender = me == source;
+    const bool receiver = std::find(needy.begin(), needy.end(), me) != needy.end();
+    if (!sender && !receiver) return;
+    // The state goes point to point from the source to each rank that needs it (between local
+    // ranks: pipelined copies through shared memory, or reads of the sender's memory); the
+    // others keep theirs. A receiver holds no valid state until its transfer completes.
+    if (receiver) holds = false;
+    const Clock::time_point t0 = Clock::now();
+    std::vector<std::string> blobs;
+    if (sender)
+      for (const auto& o : state.serialized()) blobs.push_back(o.save());
+    for (int r : needy) {
+      if (sender)
+        send_state(pg, r, blobs);
+      else if (r == me)
+        receive_state(pg, source);
+    }
+    stats.last_transfer_s = resilient_seconds_since(t0);
+  }
+
+  static constexpr int kStateTag = 0x3338;  // "38"
+
+  void send_state(ProcessGroup& pg, int to, const std::vector<std::string>& blobs) {
+    TransferHeader h;
+    h.step = *state.step();
+    if (state.sampler()) {
+      h.epoch = state.sampler()->epoch();
+      h.offset = state.sampler()->offset();
+    }
+    h.bytes = state.bytes();
+    pg.send(&h, sizeof h / sizeof(uint64_t), DataType::kInt64, to, kStateTag);
+    die_if_testing_a_lost_sender(true);
+    for (const auto& b : state.buffers()) {
+      const auto* p = static_cast<const unsigned char*>(b.data);
+      for (size_t off = 0; off < b.bytes; off += kTransferChunk)
+        pg.send(p + off, std::min(kTransferChunk, b.bytes - off), DataType::kUInt8, to, kStateTag);
+    }
+    size_t moved = h.bytes;
+    for (const std::string& bytes : blobs) {
+      uint64_t n = bytes.size();
+      pg.send(&n, 1, DataType::kInt64, to, kStateTag);
+      for (size_t off = 0; off < n; off += kTransferChunk)
+        pg.send(bytes.data() + off, std::min<size_t>(kTransferChunk, n - off), DataType::kUInt8, to,
+                kStateTag);
+      moved += n;
+    }
+    stats.last_bytes += moved;
+  }
+
+  void receive_state(ProcessGroup& pg, int from) {
+    TransferHeader h;
+    pg.recv(&h, sizeof h / sizeof(uint64_t), DataType::kInt64, from, kStateTag);
     if (h.bytes != state.bytes())
-      throw std::runtime_error(who() + ": the resilient state of rank " + std::to_string(source) +
+      throw std::runtime_error(who() + ": the resilient state of rank " + std::to_string(from) +
                                " has " + std::to_string(h.bytes) + " bytes, this rank's " +
                                std::to_string(state.bytes()) +
                                ": every rank must register the same buffers");
     for (const auto& b : state.buffers()) {
       auto* p = static_cast<unsigned char*>(b.data);
       for (size_t off = 0; off < b.bytes; off += kTransferChunk)
-        pg.broadcast(p + off, std::min(kTransferChunk, b.bytes - off), DataType::kUInt8, source);
+        pg.recv(p + off, std::min(kTransferChunk, b.bytes - off), DataType::kUInt8, from,
+                kStateTag);
     }
     size_t moved = h.bytes;
     for (const auto& o : state.serialized()) {
-      std::string bytes;
       uint64_t n = 0;
-      if (sender) {
-        bytes = o.save();
-        n = bytes.size();
-      }
-      pg.broadcast(&n, 1, DataType::kInt64, source);
-      bytes.resize(n);
+      pg.recv(&n, 1, DataType::kInt64, from, kStateTag);
+      std::string bytes(n, '\0');
       for (size_t off = 0; off < n; off += kTransferChunk)
-        pg.broadcast(bytes.data() + off, std::min<size_t>(kTransferChunk, n - off),
-                     DataType::kUInt8, source);
-      if (!sender) o.load(bytes);
+        pg.recv(bytes.data() + off, std::min<size_t>(kTransferChunk, n - off), DataType::kUInt8,
+                from, kStateTag);
+      o.load(bytes);
       moved += n;
     }
     *state.step() = h.step;
     if (state.sampler()) {
-      SamplerState s = state.sampler()->state();
-      s.epoch = h.epoch;
-      s.offset = h.offset;
-      state.sampler()->load_state(s);
+      SamplerState st = state.sampler()->state();
+      st.epoch = h.epoch;
+      st.offset = h.offset;
+      state.sampler()->load_state(st);
     }
     holds = true;
     stats.last_bytes = moved;
-    stats.last_transfer_s = resilient_seconds_since(t0);
   }
 };
 
@@ -306,7 +337,8 @@ void ResilientLoop::run(const ResilientProgram& program) {
                   ? "every rank held it"
                   : "from rank " + std::to_string(m.stats.last_source_rank) + " (" +
                         std::to_string(m.stats.last_bytes) + " bytes in " +
-                        std::to_string(m.stats.last_transfer_s * 1e3) + " ms)";
+                        std::to_string(static_cast<int64_t>(m.stats.last_transfer_s * 1e6)) +
+                        " us)";
           std::fprintf(stderr,
                        "%s: re-formed at generation %" PRIu64
                        " %.1f ms after %s; state of step "
