@@ -628,6 +628,15 @@ void place_sampler(Training& t, std::unique_ptr<DistributedSampler>& sampler) {
   t.sampler = sampler.get();
 }
 
+// --print-steps: the "hangbench start" line of a formation (its generation as the attempt).
+void print_start(const Training& t) {
+  if (!t.args.print_steps) return;
+  std::printf("hangbench start rank=%d local_rank=%d attempt=%d pid=%d t=%.3f\n", t.rank,
+              t.env->local_rank, t.env->restart_count, static_cast<int>(::getpid()),
+              unix_seconds());
+  std::fflush(stdout);
+}
+
 // Without the resilient loop (--classic): one formation; a peer's failure ends this process and
 // the agent restarts the whole group, which resumes from the newest checkpoint.
 int run_classic(Training& t, const InitOptions& io) {
@@ -639,12 +648,7 @@ int run_classic(Training& t, const InitOptions& io) {
   std::unique_ptr<DistributedSampler> sampler;
   place_sampler(t, sampler);
   ProcessGroup& host_pg = g.cpu_group ? *g.cpu_group : worker.process_group();
-  if (t.args.print_steps) {
-    std::printf("hangbench start rank=%d local_rank=%d attempt=%d pid=%d t=%.3f\n", t.rank,
-                worker.env().local_rank, worker.env().restart_count, static_cast<int>(::getpid()),
-                unix_seconds());
-    std::fflush(stdout);
-  }
+  print_start(t);
   if (!t.args.sample_log.empty()) t.group = sample_log_group(worker, host_pg);
   const double load_begin = unix_seconds();
   t.init_seconds = load_begin - t.proc_start;
@@ -687,12 +691,7 @@ int run_resilient(Training& t, const InitOptions& io) {
     place_sampler(t, sampler);
     state.set_sampler(t.sampler);
     ProcessGroup& host_pg = g.cpu_group ? *g.cpu_group : worker.process_group();
-    if (t.args.print_steps) {
-      std::printf("hangbench start rank=%d local_rank=%d attempt=%d pid=%d t=%.3f\n", t.rank,
-                  worker.env().local_rank, worker.env().restart_count, static_cast<int>(::getpid()),
-                  unix_seconds());
-      std::fflush(stdout);
-    }
+    print_start(t);
     if (f.number == 0) t.init_seconds = unix_seconds() - t.proc_start;
     if (!t.args.no_ckpt) open_checkpointer(t, worker, worker.process_group(), host_pg);
     if (!t.args.sample_log.empty()) {
