@@ -331,14 +331,17 @@ void ResilientLoop::run(const ResilientProgram& program) {
         ++m.stats.recoveries;
         m.stats.last_reform_s = resilient_seconds_since(*failed_at);
         if (m.options.verbose) {
+          const std::string us =
+              std::to_string(static_cast<int64_t>(m.stats.last_transfer_s * 1e6)) + " us)";
+          const std::string bytes = std::to_string(m.stats.last_bytes) + " bytes in ";
+          const int me = m.worker->rank(), src = m.stats.last_source_rank;
           const std::string from =
               m.stats.restored ? "no rank held a state: restored (checkpoint or fresh start)"
-              : m.stats.last_source_rank < 0
-                  ? "every rank held it"
-                  : "from rank " + std::to_string(m.stats.last_source_rank) + " (" +
-                        std::to_string(m.stats.last_bytes) + " bytes in " +
-                        std::to_string(static_cast<int64_t>(m.stats.last_transfer_s * 1e6)) +
-                        " us)";
+              : src < 0        ? "held by every rank"
+              : src == me      ? "sent by this rank (" + bytes + us
+              : m.stats.last_bytes > 0
+                  ? "from rank " + std::to_string(src) + " (" + bytes + us
+                  : "kept (rank " + std::to_string(src) + " sent it to the ranks without it)";
           std::fprintf(stderr,
                        "%s: re-formed at generation %" PRIu64
                        " %.1f ms after %s; state of step "
