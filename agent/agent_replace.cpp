@@ -19,9 +19,12 @@
 namespace trun::agent {
 namespace {
 
-// A re-formation may take the rendezvous' join_timeout (what this job allows a group to take to
-// come together: spawning the replacement, its init(), the new process groups), never less.
+// A re-formation (spawning the replacement, its init(), the new process groups, the state's
+// transfer) may take the rendezvous' join_timeout, but at least 10 s and at most 45 s: the
+// survivors' loop gives up after its own 60 s (ResilientOptions::reform_timeout), and trun's
+// whole-group restart must come first.
 constexpr auto kMinReformTimeout = std::chrono::seconds(10);
+constexpr auto kMaxReformTimeout = std::chrono::seconds(45);
 // How often the watch reads the board while a group re-forms.
 constexpr long kReformPollNs = 50L * 1000 * 1000;
 
@@ -37,7 +40,8 @@ int64_t ms_between(Clock::TimePoint from, Clock::TimePoint to) {
 }  // namespace
 
 Clock::Duration Agent::reform_timeout() const {
-  return std::max<Clock::Duration>(kMinReformTimeout, session_->join_timeout());
+  return std::clamp<Clock::Duration>(session_->join_timeout(), kMinReformTimeout,
+                                     kMaxReformTimeout);
 }
 
 InPlaceFacts Agent::in_place_facts(
