@@ -167,10 +167,11 @@ TEST_CASE("failures that differ, or that come after progress, are not a crash lo
   SECTION("the attempt completed steps (libtrun_worker's progress board)") {
     // With a limit of 1, any failure without progress would stop the job; the first attempt
     // crashes after 3 steps (uptime cannot count: 1000 s), so it restarts and finishes.
-    auto r = run_trun({"--standalone", "--nproc-per-node=2", "--max-restarts=3",
-                       "--crash-loop-limit=1", "--crash-loop-uptime=1000", train_mlp(), "--no-ckpt",
-                       "--dataset-size", "256", "--crash-at-step", "3", "--crash-rank", "1"},
-                      {}, 120s);
+    auto r =
+        run_trun({"--standalone", "--nproc-per-node=2", "--max-restarts=3", "--crash-loop-limit=1",
+                  "--crash-loop-uptime=1000", train_mlp(), "--classic", "--no-ckpt",
+                  "--dataset-size", "256", "--crash-at-step", "3", "--crash-rank", "1"},
+                 {}, 120s);
     INFO(r.err);
     REQUIRE(r.finished);
     CHECK(r.exit_code == 0);

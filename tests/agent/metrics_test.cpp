@@ -403,12 +403,29 @@ const char* const kCauses[] = {"startup",         "detection", "stopping", "rend
 TEST_CASE("goodput: /metrics, the status record and the event log account for a worker's SIGKILL",
           "[agent][metrics][goodput]") {
   TempDir d;
-  // No periodic checkpoint after step 0: the restarted group resumes from scratch and redoes
-  // every step the first one took.
-  Child trun({trun_binary(), "--standalone", "--nproc-per-node", "2", "--max-restarts", "2",
-              "--metrics-port", "0", "--event-log", d / "events.jsonl",
-              std::string(TRUN_BINARY_DIR) + "/examples/train_mlp", "--ckpt-dir", d / "ckpt",
-              "--ckpt-every", "100000", "--epochs", "100000", "--step-sleep-ms", "20"},
+  // The classic path (the resilient loop's replacement redoes nothing: agent_resilient_test and
+  // resilient_test). No periodic checkpoint after step 0: the restarted group resumes from
+  // scratch and redoes every step the first one took.
+  Child trun({trun_binary(),
+              "--standalone",
+              "--nproc-per-node",
+              "2",
+              "--max-restarts",
+              "2",
+              "--metrics-port",
+              "0",
+              "--event-log",
+              d / "events.jsonl",
+              std::string(TRUN_BINARY_DIR) + "/examples/train_mlp",
+              "--classic",
+              "--ckpt-dir",
+              d / "ckpt",
+              "--ckpt-every",
+              "100000",
+              "--epochs",
+              "100000",
+              "--step-sleep-ms",
+              "20"},
              {{"OMP_NUM_THREADS", "1"}}, {"TORCHELASTIC_HEALTH_CHECK_PORT", "LOGLEVEL"});
   const int port = printed_port(trun);
   std::string metrics;

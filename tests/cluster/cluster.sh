@@ -305,8 +305,10 @@ joinrestart)  # a node joins after the other spent a restart: the group of both 
   # group by it; they did, and the group of 2 waited forever)
   MLP=$BIN/examples/train_mlp
   [ -x "$MLP" ] || fail "$MLP is not built"
-  WORKER_CMD=("$MLP" --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5 --epochs 1
-    --ckpt-every 5 --step-sleep-ms 20 --crash-at-step 20 --crash-rank 0)
+  # --classic: node 0 alone would otherwise replace its crashed worker in place (the resilient
+  # loop); this case is about a whole-group restart's count.
+  WORKER_CMD=("$MLP" --classic --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5
+    --epochs 1 --ckpt-every 5 --step-sleep-ms 20 --crash-at-step 20 --crash-rank 0)
   for i in 0 1; do add_node $i; done
   start_agent 0 --nnodes 1:2 --nproc-per-node 1 --max-restarts 1 $(c10d)
   restarted() { grep -q "restarting the worker group (1/1 restarts)" "$TMP/agent_0.log"; }
