@@ -100,7 +100,10 @@ def transfer(a, nodes):
     """bench/state_transfer on 2 local ranks (nodes=1) or 2 agents of one rank each (nodes=2)."""
     args = ["--mib", str(a.mib)]
     if nodes == 1:
-        out = subprocess.run([a.trun, "--standalone", "--nproc-per-node", "2", a.state_transfer]
+        # --hang-detection off: rank 0's references (memcpy, the TCP stream) after the transfer are
+        # no training steps, and a slow transfer must not be judged a hang.
+        out = subprocess.run([a.trun, "--standalone", "--nproc-per-node", "2",
+                              "--hang-detection", "off", a.state_transfer]
                              + args, capture_output=True, text=True, timeout=300,
                              env=dict(os.environ, OMP_NUM_THREADS="1"))
         text = out.stdout + out.stderr
@@ -108,7 +111,8 @@ def transfer(a, nodes):
         port = 29740
         procs = []
         for node in range(2):
-            cmd = [a.trun, "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
+            cmd = [a.trun, "--nnodes", "2", "--nproc-per-node", "1", "--hang-detection", "off",
+                   "--rdzv-backend", "c10d",
                    "--rdzv-endpoint", "127.0.0.1:%d" % port, "--rdzv-id", "transfer",
                    "--rdzv-conf", "is_host=%d" % (1 if node == 0 else 0), a.state_transfer] + args
             procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
