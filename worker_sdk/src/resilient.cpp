@@ -226,6 +226,18 @@ struct ResilientLoop::Impl {
 
   static constexpr int kStateTag = 0x3338;  // "38"
 
+  // `bytes` bytes to (from) one rank, in messages of at most kTransferChunk.
+  static void send_bytes(ProcessGroup& pg, const void* data, size_t bytes, int to) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t off = 0; off < bytes; off += kTransferChunk)
+      pg.send(p + off, std::min(kTransferChunk, bytes - off), DataType::kUInt8, to, kStateTag);
+  }
+  static void receive_bytes(ProcessGroup& pg, void* data, size_t bytes, int from) {
+    auto* p = static_cast<unsigned char*>(data);
+    for (size_t off = 0; off < bytes; off += kTransferChunk)
+      pg.recv(p + off, std::min(kTransferChunk, bytes - off), DataType::kUInt8, from, kStateTag);
+  }
+
   void send_state(ProcessGroup& pg, int to, const std::vector<std::string>& blobs) {
     TransferHeader h;
     h.step = *state.step();
@@ -236,18 +248,12 @@ struct ResilientLoop::Impl {
     h.bytes = state.bytes();
     pg.send(&h, sizeof h / sizeof(uint64_t), DataType::kInt64, to, kStateTag);
     die_if_testing_a_lost_sender(true);
-    for (const auto& b : state.buffers()) {
-      const auto* p = static_cast<const unsigned char*>(b.data);
-      for (size_t off = 0; off < b.bytes; off += kTransferChunk)
-        pg.send(p + off, std::min(kTransferChunk, b.bytes - off), DataType::kUInt8, to, kStateTag);
-    }
+    for (const auto& b : state.buffers()) send_bytes(pg, b.data, b.bytes, to);
     size_t moved = h.bytes;
     for (const std::string& bytes : blobs) {
       uint64_t n = bytes.size();
       pg.send(&n, 1, DataType::kInt64, to, kStateTag);
-      for (size_t off = 0; off < n; off += kTransferChunk)
-        pg.send(bytes.data() + off, std::min<size_t>(kTransferChunk, n - off), DataType::kUInt8, to,
-                kStateTag);
+      send_bytes(pg, bytes.data(), n, to);
       moved += n;
     }
     stats.last_bytes += moved;
@@ -261,20 +267,13 @@ struct ResilientLoop::Impl {
                                " has " + std::to_string(h.bytes) + " bytes, this rank's " +
                                std::to_string(state.bytes()) +
                                ": every rank must register the same buffers");
-    for (const auto& b : state.buffers()) {
-      auto* p = static_cast<unsigned char*>(b.data);
-      for (size_t off = 0; off < b.bytes; off += kTransferChunk)
-        pg.recv(p + off, std::min(kTransferChunk, b.bytes - off), DataType::kUInt8, from,
-                kStateTag);
-    }
+    for (const auto& b : state.buffers()) receive_bytes(pg, b.data, b.bytes, from);
     size_t moved = h.bytes;
     for (const auto& o : state.serialized()) {
       uint64_t n = 0;
       pg.recv(&n, 1, DataType::kInt64, from, kStateTag);
       std::string bytes(n, '\0');
-      for (size_t off = 0; off < n; off += kTransferChunk)
-        pg.recv(bytes.data() + off, std::min<size_t>(kTransferChunk, n - off), DataType::kUInt8,
-                from, kStateTag);
+      receive_bytes(pg, bytes.data(), n, from);
       o.load(bytes);
       moved += n;
     }
@@ -315,7 +314,6 @@ void ResilientLoop::run(const ResilientProgram& program) {
       if (failed_at) {
         m.drop_groups(program);
         m.worker.emplace(m.worker->at_generation(m.generation));
-        m.formations = std::max(m.formations, 1);
       }
       // The first formation's groups come from init(); later ones from at_generation() above.
       if (m.worker->process_group().backend() == Backend::kNccl && !m.cpu_group)
@@ -351,19 +349,18 @@ void ResilientLoop::run(const ResilientProgram& program) {
         }
         failed_at.reset();
       }
-    } catch (const CollectiveError& e) {
-      // The formation broke (a peer died while the groups formed or the state moved): the next
-      // generation, and its holders or the checkpoint, provide the state.
+    } catch (const std::exception& e) {
+      // The formation broke (a peer died while the groups formed or the state moved, or the
+      // store failed meanwhile): the next generation, and its holders or the checkpoint, provide
+      // the state. Anything else ends the process.
+      const bool collective = dynamic_cast<const CollectiveError*>(&e) != nullptr;
+      if (!collective && !dynamic_cast<const store::StoreError*>(&e)) throw;
       if (!failed_at) failed_at = Clock::now();
-      failure = std::string("a failure while re-forming (") + e.what() + ")";
+      failure = std::string(collective ? "a failure" : "a store failure") + " while re-forming (" +
+                e.what() + ")";
       if (m.options.verbose)
         std::fprintf(stderr, "%s: %s; waiting for the next generation\n", m.who().c_str(),
                      failure.c_str());
-      m.await_generation(std::current_exception());
-      continue;
-    } catch (const store::StoreError& e) {
-      if (!failed_at) failed_at = Clock::now();
-      failure = std::string("a store failure while re-forming (") + e.what() + ")";
       m.await_generation(std::current_exception());
       continue;
     }
