@@ -637,6 +637,17 @@ void print_start(const Training& t) {
   std::fflush(stdout);
 }
 
+// What every formation does first: the group's objects, the sampler for this rank and world
+// size, the start line. Returns the group for host memory (the stop agreement's).
+ProcessGroup& form_training(Training& t, GroupObjects& g,
+                            std::unique_ptr<DistributedSampler>& sampler, Worker& worker,
+                            bool broadcast) {
+  build_group_objects(t, g, worker, broadcast);
+  place_sampler(t, sampler);
+  print_start(t);
+  return g.cpu_group ? *g.cpu_group : worker.process_group();
+}
+
 // Without the resilient loop (--classic): one formation; a peer's failure ends this process and
 // the agent restarts the whole group, which resumes from the newest checkpoint.
 int run_classic(Training& t, const InitOptions& io) {
@@ -644,11 +655,8 @@ int run_classic(Training& t, const InitOptions& io) {
   // Each rank starts from its own random weights; DDP broadcasts rank 0's.
   t.model.init(t.args.seed + static_cast<uint64_t>(worker.rank()));
   GroupObjects g;
-  build_group_objects(t, g, worker, true);
   std::unique_ptr<DistributedSampler> sampler;
-  place_sampler(t, sampler);
-  ProcessGroup& host_pg = g.cpu_group ? *g.cpu_group : worker.process_group();
-  print_start(t);
+  ProcessGroup& host_pg = form_training(t, g, sampler, worker, true);
   if (!t.args.sample_log.empty()) t.group = sample_log_group(worker, host_pg);
   const double load_begin = unix_seconds();
   t.init_seconds = load_begin - t.proc_start;
@@ -687,11 +695,8 @@ int run_resilient(Training& t, const InitOptions& io) {
   bool start_line_due = false;
   ResilientProgram program;
   program.on_group = [&](Worker& worker, const Formation& f) {
-    build_group_objects(t, g, worker, false);
-    place_sampler(t, sampler);
+    ProcessGroup& host_pg = form_training(t, g, sampler, worker, false);
     state.set_sampler(t.sampler);
-    ProcessGroup& host_pg = g.cpu_group ? *g.cpu_group : worker.process_group();
-    print_start(t);
     if (f.number == 0) t.init_seconds = unix_seconds() - t.proc_start;
     if (!t.args.no_ckpt) open_checkpointer(t, worker, worker.process_group(), host_pg);
     if (!t.args.sample_log.empty()) {
