@@ -84,6 +84,24 @@ RankJson read_rank(const std::string& dir, int rank) {
   return r;
 }
 
+// The pid libtorch_toy's rank `rank` wrote to DIR/rank<R>.pid (0 if none yet).
+pid_t toy_pid(const std::string& dir, int rank) {
+  pid_t pid = 0;
+  std::ifstream in(dir + "/rank" + std::to_string(rank) + ".pid");
+  in >> pid;
+  return pid;
+}
+
+// An uninterrupted libtorch_toy run of `steps` steps on 2 ranks, its results in `out`.
+void run_toy_reference(const std::string& out, uint64_t steps) {
+  fs::create_directories(out);
+  test::JobSpec spec;
+  spec.argv = {toy(), "--out", out, "--steps", std::to_string(steps)};
+  spec.nodes = {2};
+  spec.run_id = test::unique_run_id("toy-ref");
+  test::run_job_ok(spec, 120s);
+}
+
 // tests/torch/toy_ddp.py under torchrun (static rendezvous on a free port) with `world` ranks.
 void run_python_twin(int world, const std::string& out) {
   TempDir tmp;  // torchrun leaves a /tmp/torchelastic_* directory behind
@@ -189,31 +207,20 @@ TEST_CASE(
               "--step-sleep-ms", "30"},
              {{"TRUN_JOB_ID", "libtorch-toy-loop"}},
              {"TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "SLURM_JOB_ID"});
-  auto pid_of = [&](int rank) {
-    pid_t pid = 0;
-    std::ifstream in(d / ("out/rank" + std::to_string(rank) + ".pid"));
-    in >> pid;
-    return pid;
-  };
   REQUIRE(
       wait_until([&] { return trun.out().find("rank 0 step 20 ") != std::string::npos; }, 120s));
-  const pid_t survivor = pid_of(0), victim = pid_of(1);
+  const pid_t survivor = toy_pid(d / "out", 0), victim = toy_pid(d / "out", 1);
   REQUIRE(survivor > 0);
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGKILL) == 0);
   REQUIRE(trun.wait(180s));
   INFO("trun stdout:\n" << trun.out() << "\nstderr:\n" << trun.err());
   REQUIRE(trun.exit_code() == 0);
-  CHECK(pid_of(0) == survivor);  // rank 0 kept its process
-  CHECK(pid_of(1) != victim);
+  CHECK(toy_pid(d / "out", 0) == survivor);  // rank 0 kept its process
+  CHECK(toy_pid(d / "out", 1) != victim);
   CHECK(trun.err().find("re-formed at generation 1") != std::string::npos);
   CHECK(trun.out().find("resumed from") == std::string::npos);  // no checkpoint was needed
-  fs::create_directories(d / "ref");
-  test::JobSpec spec;
-  spec.argv = {toy(), "--out", d / "ref", "--steps", "60"};
-  spec.nodes = {2};
-  spec.run_id = test::unique_run_id("toy-ref");
-  test::run_job_ok(spec, 120s);
+  run_toy_reference(d / "ref", 60);
   for (int r = 0; r < 2; ++r) {
     const auto ref = read_rank(d / "ref", r), got = read_rank(d / "out", r);
     CHECK(got.identical);
@@ -236,11 +243,7 @@ TEST_CASE(
              {"TORCHELASTIC_ERROR_FILE", "OMP_NUM_THREADS", "SLURM_JOB_ID"});
   // Wait for a checkpoint beyond the first, then SIGKILL rank 1.
   REQUIRE(wait_until([&] { return fs::exists(d / "ck/step_10"); }, 120s));
-  pid_t victim = 0;
-  {
-    std::ifstream in(d / "out/rank1.pid");
-    in >> victim;
-  }
+  const pid_t victim = toy_pid(d / "out", 1);
   REQUIRE(victim > 0);
   REQUIRE(::kill(victim, SIGKILL) == 0);
   REQUIRE(trun.wait(180s));
@@ -260,12 +263,7 @@ TEST_CASE(
   }
   // The resumed run ends where an uninterrupted one does (the data generator is advanced past
   // the steps already done).
-  fs::create_directories(d / "ref");
-  test::JobSpec spec;
-  spec.argv = {toy(), "--out", d / "ref", "--steps", "60"};
-  spec.nodes = {2};
-  spec.run_id = test::unique_run_id("toy-ref");
-  test::run_job_ok(spec, 120s);
+  run_toy_reference(d / "ref", 60);
   const auto ref = read_rank(d / "ref", 0), got = read_rank(d / "out", 0);
   CHECK(std::abs(ref.sum - got.sum) <= 1e-6);
   CHECK(std::abs(ref.squares - got.squares) <= 1e-6);
