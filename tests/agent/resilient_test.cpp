@@ -86,6 +86,14 @@ void end_all(const std::vector<pid_t>& pids) {
   }
 }
 
+// Waits (60 s) for trun to exit; if it does not, ends every pid in `pids` still alive first, so
+// that a failing case leaves nothing behind. True when trun exited.
+bool wait_or_end(Child& trun, const std::vector<pid_t>& pids) {
+  const bool done = trun.wait(60s);
+  if (!done) end_all(pids);
+  return done;
+}
+
 // GET http://127.0.0.1:port/metrics, the body ("" when it cannot be read).
 std::string scrape(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -169,9 +177,7 @@ TEST_CASE("a failed worker of resilient loops is replaced alone while the others
   CHECK_THAT(metrics, Catch::Contains("trun_worker_exits_total{signal=\"SIGKILL\"} 1\n"));
 
   finish(d);
-  const bool done = trun.wait(60s);
-  if (!done) end_all(all);
-  REQUIRE(done);
+  REQUIRE(wait_or_end(trun, all));
   const std::string err = trun.err();
   INFO(err);
   CHECK(trun.exit_code() == 0);
@@ -243,9 +249,7 @@ TEST_CASE("a replacement that fails again is replaced again, as the next restart
     CHECK(log_has(d, lr, "joined 2"));
   }
   finish(d);
-  const bool done = trun.wait(60s);
-  if (!done) end_all(all);
-  REQUIRE(done);
+  REQUIRE(wait_or_end(trun, all));
   const std::string err = trun.err();
   INFO(err);
   CHECK(trun.exit_code() == 0);
@@ -269,9 +273,7 @@ TEST_CASE("a group with one worker that runs no resilient loop restarts whole",
   finish(d);
   std::vector<pid_t> all = first;
   all.insert(all.end(), second.begin(), second.end());
-  const bool done = trun.wait(60s);
-  if (!done) end_all(all);
-  REQUIRE(done);
+  REQUIRE(wait_or_end(trun, all));
   INFO(trun.err());
   CHECK(trun.exit_code() == 0);
   CHECK(events_named(d / "events.jsonl", "trun.agent.worker_replaced").empty());
@@ -285,9 +287,7 @@ TEST_CASE("with no restarts left a failed worker of resilient loops fails the jo
   Child trun(job(d, 0, {}), {}, {"LOGLEVEL", "TORCHELASTIC_ERROR_FILE"});
   const std::vector<pid_t> first = wait_pids(d, 0);
   REQUIRE(::kill(first[1], SIGKILL) == 0);
-  const bool done = trun.wait(60s);
-  if (!done) end_all(first);
-  REQUIRE(done);
+  REQUIRE(wait_or_end(trun, first));
   INFO(trun.err());
   CHECK(trun.exit_code() == 1);
   CHECK_THAT(trun.err(), Catch::Contains("FAILED"));
@@ -320,9 +320,7 @@ TEST_CASE("SIGTERM to trun during or after a replacement stops every worker, the
   if (!replaced) end_all(all);
   REQUIRE(replaced);
   trun.signal(SIGTERM);
-  const bool done = trun.wait(60s);
-  if (!done) end_all(all);
-  REQUIRE(done);
+  REQUIRE(wait_or_end(trun, all));
   INFO(trun.err());
   CHECK(trun.exit_code() == 128 + SIGTERM);
   CHECK_THAT(trun.err(), Catch::Contains("received SIGTERM"));
@@ -350,9 +348,7 @@ TEST_CASE("a group that does not re-form around its replacement is restarted who
   all.insert(all.end(), third.begin(), third.end());
   for (size_t lr = 0; lr < 4; ++lr) CHECK_FALSE(pid_alive(first[lr]));
   finish(d);
-  const bool done = trun.wait(60s);
-  if (!done) end_all(all);
-  REQUIRE(done);
+  REQUIRE(wait_or_end(trun, all));
   const std::string err = trun.err();
   INFO(err);
   CHECK(trun.exit_code() == 0);
