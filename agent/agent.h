@@ -58,6 +58,7 @@
 #include "agent/metrics_server.h"
 #include "agent/node_status.h"
 #include "agent/process_spawner.h"
+#include "agent/reform_watch.h"
 #include "agent/rendezvous_session.h"
 #include "agent/worker_env.h"
 #include "rendezvous/handler.h"
@@ -253,6 +254,17 @@ class Agent {
   void abandon_reformation(const std::string& note);
   // Ends the watch (the group re-formed, stops or ends).
   void end_reformation_watch();
+  // The generation the workers re-form at after a replacement here: on a static rendezvous the
+  // restart count after this one; on a dynamic one (every node of the round must use the same)
+  // the next value of the round store's counter (agent/reform_watch.h). nullopt when the store
+  // did not answer (the group then restarts whole).
+  std::optional<uint64_t> next_generation();
+  // Multi-node rounds of a dynamic rendezvous: the counter's reader (reform_watch_) while the
+  // group runs.
+  void start_reform_watch();
+  // The counter went up to `generation`: another node replaced a worker in place, and this
+  // node's workers re-form with it, keeping running (the board's generation moves).
+  void on_remote_generation(int64_t generation);
   // Kills what is left of a dead worker's process group (its children), and keeps the group
   // tracked until it is empty (retired_groups_).
   void retire_group(WorkerProcess& w);
@@ -364,13 +376,19 @@ class Agent {
   // Resilient loops (agent_replace.cpp). A group re-forming around replaced workers: the
   // generation it re-forms at, when the failure was seen, until when it may take, and where its
   // failures start in replaced_.
+  // `remote`: another node replaced the worker; this node only follows (no failure of its own to
+  // restart for when its workers do not re-form: that node's watch decides).
   struct Reformation {
     uint64_t generation = 0;
     Clock::TimePoint failed_at{};
     Clock::TimePoint deadline{};
     size_t first_failure = 0;
+    bool remote = false;
   };
   std::optional<Reformation> reformation_;
+  // The generation on the progress board: the workers' formations (agent/agent_replace.cpp).
+  uint64_t generation_ = 0;
+  std::unique_ptr<ReformWatch> reform_watch_;
   int reform_fd_ = -1;  // a timerfd, armed while reformation_ is set
   struct Replaced {
     WorkerFailure failure;

@@ -1,9 +1,11 @@
 // Resilient loops (agent/agent.h, docs/launcher.md "Resilient loops: replacing one worker"): a
 // worker of a running group that fails is replaced alone while the others keep running, when
-// every local worker runs trun::worker::ResilientLoop and this node is the only one of the round.
-// The survivors see the new generation on the progress board, leave their process groups and
-// build new ones with the replacement; the agent watches the board until every worker's groups
-// run at that generation, and restarts the group whole when they do not in time.
+// every local worker runs trun::worker::ResilientLoop and the other nodes of the round, if any,
+// can follow (a dynamic rendezvous). The survivors see the new generation on the progress board,
+// leave their process groups and build new ones with the replacement; on other nodes the
+// generation comes through the round's store (agent/reform_watch.h). The agent watches the board
+// until every local worker's groups run at that generation, and restarts the group whole when
+// they do not in time.
 #include <signal.h>
 #include <spdlog/spdlog.h>
 #include <sys/epoll.h>
@@ -12,6 +14,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <optional>
 #include <string>
 
 #include "agent/agent.h"
@@ -50,6 +54,7 @@ InPlaceFacts Agent::in_place_facts(
   f.board = hang_ != nullptr;
   f.stopping = received_signal_ != 0 || outcome_.has_value() || phase_ != GroupPhase::kRunning;
   f.group_world_size = session_->info().group_world_size;
+  f.dynamic = session_->dynamic();
   f.restart_count = restart_count_;
   f.max_restarts = config_.max_restarts;
   f.all_present = true;
@@ -77,8 +82,9 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
     if (decision == InPlace::kMultiNode && !multi_node_note_shown_) {
       multi_node_note_shown_ = true;
       spdlog::info(
-          "the workers run resilient loops, but the round has {} nodes: a failed worker is "
-          "replaced alone only in a job of one node for now; the group restarts whole",
+          "the workers run resilient loops, but the round has {} nodes of a static rendezvous, "
+          "which cannot follow a replacement: the group restarts whole (a failed worker is "
+          "replaced alone with --rdzv-backend=c10d or etcd, or on one node)",
           session_->info().group_world_size);
     } else if (decision != InPlace::kNoBoard) {
       spdlog::debug("worker failure not handled in place: {}", in_place_reason(decision));
@@ -105,6 +111,8 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
     crash_looped_ = true;
     return false;
   }
+  const std::optional<uint64_t> next = next_generation();
+  if (!next) return false;  // next_generation said why
 
   // Counted as any restart; the survivors' view of it is the board's generation.
   const WorkerFailure& root = batch[root_cause_index(batch)];
@@ -116,7 +124,8 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
                                {"restart", true},
                                {"in_place", true}});
   ++restart_count_;
-  const auto generation = static_cast<uint64_t>(restart_count_);
+  const uint64_t generation = *next;
+  generation_ = generation;
   std::vector<int> slots;
   for (const auto& [i, f] : failed) slots.push_back(static_cast<int>(i));
   const int survivors = running_count();
@@ -186,7 +195,7 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
     }
   }
   reformation_ = Reformation{generation, reformation_ ? reformation_->failed_at : failed_at,
-                             clock_.now() + reform_timeout(), first_failure};
+                             clock_.now() + reform_timeout(), first_failure, false};
   if (!spawned) {
     // record_spawn_result put the failure to start in failures_ (and said why).
     spdlog::warn("could not start the replacement: stopping the group and restarting it whole");
@@ -197,6 +206,71 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
   arm_reform_timer(true);
   publish_status("running");  // the restart count, in `trun status`
   return true;
+}
+
+std::optional<uint64_t> Agent::next_generation() {
+  if (!session_->dynamic()) return static_cast<uint64_t>(restart_count_) + 1;
+  try {
+    // Every value read before this add is below the one it returns: above generation_.
+    const int64_t g = session_->info().store->add(kReformGenerationKey, 1);
+    if (g > 0) return static_cast<uint64_t>(g);
+    spdlog::warn("the round store's {} is {}: the group restarts whole", kReformGenerationKey, g);
+  } catch (const std::exception& e) {
+    spdlog::warn(
+        "cannot take the next generation from the round store ({}): the other nodes would not "
+        "follow a replacement, so the group restarts whole",
+        e.what());
+  }
+  return std::nullopt;
+}
+
+void Agent::start_reform_watch() {
+  reform_watch_.reset();
+  const rendezvous::RendezvousInfo& info = session_->info();
+  if (!hang_ || !session_->dynamic() || info.group_world_size < 2 || !info.store) return;
+  try {
+    reform_watch_ =
+        std::make_unique<ReformWatch>(info.store, ReformWatch::interval_for(info.group_world_size),
+                                      loop_, [this](int64_t g) { on_remote_generation(g); });
+  } catch (const std::exception& e) {
+    spdlog::warn("cannot watch for workers replaced on other nodes ({}): they restart the group",
+                 e.what());
+  }
+}
+
+void Agent::on_remote_generation(int64_t value) {
+  const auto g = static_cast<uint64_t>(value);
+  if (!hang_ || g <= generation_ || phase_ != GroupPhase::kRunning || outcome_ ||
+      received_signal_ != 0) {
+    return;
+  }
+  generation_ = g;
+  const InPlaceFacts f = in_place_facts({});
+  if (!f.all_present || !f.all_resilient) {
+    // The workers here cannot re-form: they fail on their own (their peer is gone), and this
+    // node's failure ends the round for every node.
+    spdlog::warn(
+        "another node replaced a failed worker alone (generation {}), but {} here: this node's "
+        "workers cannot re-form with it",
+        g, f.all_present ? "not every worker runs a resilient loop" : "a worker has exited");
+    return;
+  }
+  arm_reform_timer(false);  // makes the watch's timer (once)
+  if (reform_fd_ < 0) return;
+  spdlog::warn(
+      "another node replaced a failed worker alone: the {} workers here keep running and re-form "
+      "with it at generation {}",
+      running_count(), g);
+  event("trun.agent.reforming", {{"generation", static_cast<int64_t>(g)},
+                                 {"reason", std::string("a worker was replaced on another node")}});
+  const Clock::TimePoint now = clock_.now();
+  hang_->begin_reformation({});
+  hang_->set_generation(g);
+  reformation_ =
+      Reformation{g, reformation_ ? reformation_->failed_at : now, now + reform_timeout(),
+                  reformation_ ? reformation_->first_failure : replaced_.size(),
+                  !reformation_ || reformation_->remote};
+  arm_reform_timer(true);
 }
 
 void Agent::arm_reform_timer(bool on) {
@@ -249,6 +323,17 @@ void Agent::on_reform_tick() {
 
 void Agent::reformation_timed_out() {
   const Reformation r = *reformation_;
+  if (r.remote) {
+    // The node that replaced its worker restarts the group (its own watch) if it does not re-form;
+    // the hang watch judges this node's workers again meanwhile.
+    spdlog::warn(
+        "the workers here did not re-form at generation {} (a replacement on another node) in "
+        "time: leaving it to that node, which restarts the group whole if it does not re-form",
+        r.generation);
+    hang_->end_reformation();
+    end_reformation_watch();
+    return;
+  }
   std::string behind;
   if (hang_) {
     for (size_t i = 0; i < workers_.size(); ++i) {

@@ -218,7 +218,10 @@ void Agent::start_workers() {
   if (hang_) {
     agree_hang_timeouts();
     hang_->begin_group();  // clears the board the new workers attach to
-    hang_->set_generation(static_cast<uint64_t>(restart_count_));
+    // A dynamic round's generations come from its store and start again with each round (every
+    // node uses the same); a static one's follow the restart count.
+    generation_ = session_->dynamic() ? 0 : static_cast<uint64_t>(restart_count_);
+    hang_->set_generation(generation_);
   }
   goodput_slots_.clear();
   attempt_started_ = clock_.now();
@@ -239,6 +242,7 @@ void Agent::start_workers() {
     snap_.phase = "";  // set_phase publishes the new states with the phase
   }
   set_phase("running");
+  start_reform_watch();
   if (spawn_failed) {
     outcome_ = GroupOutcome::kFailed;
     begin_stop(SIGTERM);
@@ -256,6 +260,7 @@ void Agent::reset_group() {
   crash_looped_ = false;
   crash_loop_recorded_ = false;
   end_reformation_watch();
+  reform_watch_.reset();
   hang_blamed_rank_ = -1;
   stop_began_.reset();
   by_pid_.clear();

@@ -46,6 +46,9 @@ struct InPlaceFacts {
   // says it runs a resilient loop, with the pid trun spawned for that local rank.
   bool all_resilient = false;
   int group_world_size = 1;  // nodes in the round
+  // A dynamic rendezvous (c10d, etcd): the other nodes of the round follow a replacement through
+  // the round's store (agent/reform_watch.h). A static one's nodes cannot.
+  bool dynamic = false;
   int restart_count = 0;
   int max_restarts = 0;
 };
@@ -56,7 +59,7 @@ enum class InPlace {
   kStopping,        // the group stops anyway
   kWorkerExited,    // a worker already exited: the group cannot re-form whole
   kNotResilient,    // some local worker runs no resilient loop (or not as the pid trun spawned)
-  kMultiNode,       // the round has other nodes: re-forming across nodes is not done yet
+  kMultiNode,       // the round has other nodes of a static rendezvous: they cannot follow
   kNoRestartsLeft,  // --max-restarts is used up: the job fails as after any failure
 };
 
@@ -65,7 +68,7 @@ inline InPlace decide_in_place(const InPlaceFacts& f) {
   if (f.stopping) return InPlace::kStopping;
   if (!f.all_present) return InPlace::kWorkerExited;
   if (!f.all_resilient) return InPlace::kNotResilient;
-  if (f.group_world_size != 1) return InPlace::kMultiNode;
+  if (f.group_world_size != 1 && !f.dynamic) return InPlace::kMultiNode;
   if (f.restart_count >= f.max_restarts) return InPlace::kNoRestartsLeft;
   return InPlace::kReplace;
 }
@@ -84,7 +87,7 @@ inline const char* in_place_reason(InPlace d) {
     case InPlace::kNotResilient:
       return "not every local worker runs a resilient loop";
     case InPlace::kMultiNode:
-      return "the job spans several nodes";
+      return "the job spans several nodes of a static rendezvous";
     case InPlace::kNoRestartsLeft:
       return "no restarts are left";
   }

@@ -113,6 +113,16 @@ TEST_CASE("a failed worker is replaced in place only when every condition holds"
   CHECK(with([](InPlaceFacts& f) { f.all_present = false; }) == InPlace::kWorkerExited);
   CHECK(with([](InPlaceFacts& f) { f.all_resilient = false; }) == InPlace::kNotResilient);
   CHECK(with([](InPlaceFacts& f) { f.group_world_size = 2; }) == InPlace::kMultiNode);
+  // The other nodes of a dynamic round follow through the round's store.
+  CHECK(with([](InPlaceFacts& f) {
+          f.group_world_size = 2;
+          f.dynamic = true;
+        }) == InPlace::kReplace);
+  CHECK(with([](InPlaceFacts& f) {
+          f.group_world_size = 2;
+          f.dynamic = true;
+          f.restart_count = 3;
+        }) == InPlace::kNoRestartsLeft);
   CHECK(with([](InPlaceFacts& f) { f.restart_count = 3; }) == InPlace::kNoRestartsLeft);
   CHECK(with([](InPlaceFacts& f) {
           f.max_restarts = 0;

@@ -300,6 +300,48 @@ straggler)  # a rank on node 1 slowed by a SIGSTOP duty cycle is named by the ju
     [ "$RC" = 143 ] || fail "agent $i exited $RC after SIGTERM, expected 143"
   done
   ;;
+reform)  # resilient loops on two nodes of 2 (issue 38): a worker that dies is replaced alone; the
+  # workers of both nodes keep running and re-form with it, and the final parameters equal an
+  # uninterrupted run's bit for bit. Twice: rank 3, then rank 0, which hosts the workers' store
+  # (its replacement hosts a new one, and the survivors connect to that).
+  MLP=$BIN/examples/train_mlp
+  [ -x "$MLP" ] || fail "$MLP is not built"
+  for i in 0 1; do add_node $i; done
+  # --no-ckpt: a state after the failure can only come from the live peers.
+  run_mlp() {  # run_mlp NAME [train_mlp options]: both agents to the end, exit 0
+    local name=$1
+    shift
+    WORKER_CMD=("$MLP" --no-ckpt --dataset-size 3000 --batch-size 5 --epochs 1 --step-sleep-ms 20
+      --final-params "$TMP/$name.params" "$@")
+    for i in 0 1; do
+      start_agent $i --nnodes 2 --nproc-per-node 2 --max-restarts 2 $(c10d)
+    done
+    for i in 0 1; do
+      agent_exit $i
+      [ "$RC" = 0 ] || fail "$name: agent $i exited $RC"
+      cp "$TMP/agent_$i.log" "$TMP/$name.agent_$i.log"
+    done
+    [ -s "$TMP/$name.params" ] || fail "$name: rank 0 wrote no final parameters"
+  }
+  run_mlp reference
+  for victim in 3 0; do
+    log "rank $victim dies at step 40"
+    run_mlp "rank$victim" --crash-at-step 40 --crash-rank "$victim"
+    own=$(grep -l "replacing it alone" "$TMP"/rank$victim.agent_*.log | wc -l)
+    [ "$own" = 1 ] || fail "rank $victim: expected one node to replace its worker, $own did"
+    followed=$(grep -l "another node replaced a failed worker alone: the 2 workers here keep" \
+      "$TMP"/rank$victim.agent_*.log | wc -l)
+    [ "$followed" = 1 ] || fail "rank $victim: the other node did not re-form with it"
+    [ "$(grep -c "group re-formed at generation 1" "$TMP"/rank$victim.agent_*.log |
+      grep -c ':1$')" = 2 ] || fail "rank $victim: not both nodes re-formed at generation 1"
+    ! grep -q "restarting the worker group\|re-forming the group" "$TMP"/rank$victim.agent_*.log ||
+      fail "rank $victim: a whole-group restart or a new round"
+    cmp -s "$TMP/reference.params" "$TMP/rank$victim.params" ||
+      fail "rank $victim: the final parameters differ from the uninterrupted run's"
+    grep -h "re-formed at generation 1" "$TMP"/rank$victim.agent_*.log | grep "rank $victim\|trun" |
+      head -n 4
+  done
+  ;;
 joinrestart)  # a node joins after the other spent a restart: the group of both still forms
   # (node 0's TORCHELASTIC_RESTART_COUNT is 1, node 1's is 0: the ranks must not key their process
   # group by it; they did, and the group of 2 waited forever)

@@ -293,7 +293,7 @@ ResilientLoop::ResilientLoop(ResilientState& state, ResilientOptions options)
     : impl_(std::make_unique<Impl>(state, std::move(options))) {
   if (!state.step()) throw std::invalid_argument("ResilientState: set_step() was not called");
   impl_->worker.emplace(init(impl_->options.init));
-  impl_->generation = static_cast<uint64_t>(impl_->worker->env().restart_count);
+  impl_->generation = impl_->worker->generation_;
   detail::progress::declare_resilient();
 }
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 
 #include "base/build_info.h"
 #include "base/shm_names.h"
@@ -35,6 +36,10 @@ std::string store_description(const WorkerEnv& env) {
 // The job's store, before namespacing: the file of file://, else a TcpStore connected to the
 // agent's store or to the one rank 0 hosts (started here, into *hosted). Connecting reports on
 // stderr while it waits (detail::wait_reporting).
+bool store_outlives_group(const WorkerEnv& env) {
+  return env.use_agent_store || !env.store_path.empty();
+}
+
 std::shared_ptr<store::Store> open_store(const WorkerEnv& env, const InitOptions& options,
                                          std::shared_ptr<void>* hosted) {
   if (!env.store_path.empty()) {
@@ -101,6 +106,12 @@ Worker init(const InitOptions& options) {
     auto base = open_store(w.env_, options, &w.hosted_store_);
     w.store_ = std::make_shared<store::PrefixStore>("trun/worker/" + w.env_.run_id, base);
   }
+  if (const std::optional<uint64_t> g = detail::progress::board_generation()) {
+    w.generation_ = *g;
+    w.board_generation_ = true;
+  } else {
+    w.generation_ = static_cast<uint64_t>(w.env_.restart_count);
+  }
   w.groups_ = std::make_shared<Worker::Groups>();
   if (options.create_default_group) w.default_group_ = w.new_group(options.backend);
   detail::progress::init_end();
@@ -113,8 +124,16 @@ Worker Worker::at_generation(uint64_t generation) const {
   w.env_ = env_;
   w.env_.restart_count = static_cast<int>(generation);
   w.options_ = options_;
+  w.generation_ = generation;
+  w.board_generation_ = board_generation_;
   w.hosted_store_ = hosted_store_;
   w.store_ = store_;
+  if (!store_outlives_group(env_) && store_ && !hosted_store_) {
+    // Rank 0's store: if rank 0 was replaced, its successor hosts a new one at the same address.
+    std::shared_ptr<void> none;
+    w.store_ = std::make_shared<store::PrefixStore>("trun/worker/" + env_.run_id,
+                                                    open_store(env_, options_, &none));
+  }
   w.groups_ = std::make_shared<Worker::Groups>();
   if (options_.create_default_group) w.default_group_ = w.new_group(options_.backend);
   return w;
@@ -172,19 +191,27 @@ std::unique_ptr<ProcessGroup> Worker::new_subgroups(int group_size, Backend back
   return build_group(first + mine, members, backend);
 }
 
+// The agent's store (and a file store) outlives an attempt: the restart count keeps a re-created
+// group from old keys. A store hosted by rank 0 is new with every group, and the restart count is
+// not the group's but each agent's (a node that joins after the others spent restarts has 0; with
+// it in the prefix the ranks would never meet), so it is left out there; within one group the
+// resilient loop's generations (the same on every node: agent/agent_replace.cpp) keep the keys
+// of its formations apart.
+int Worker::naming_generation() const {
+  if (store_outlives_group(env_)) return env_.restart_count;
+  return board_generation_ && generation_ > 0 ? static_cast<int>(generation_) : -1;
+}
+
 // Builds group number `n` over `members` (sorted, valid); nullptr when this rank is not one.
 std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>& members,
                                                   Backend backend) {
   auto me = std::find(members.begin(), members.end(), env_.rank);
   if (me == members.end()) return nullptr;
-  // The agent's store (and a file store) outlives an attempt: the restart count keeps a
-  // re-created group from old keys. A store hosted by rank 0 is new with every group, and the
-  // restart count is not the group's but each agent's (a node that joins after the others spent
-  // restarts has 0; with it in the prefix the ranks would never meet), so it is left out there.
-  const bool store_outlives_group = env_.use_agent_store || !env_.store_path.empty();
-  const std::string round =
-      (store_outlives_group ? "restart" + std::to_string(env_.restart_count) + "/" : "") + "pg" +
-      std::to_string(n);
+  const int naming = naming_generation();
+  const std::string round = (naming < 0                   ? std::string()
+                             : store_outlives_group(env_) ? "restart" + std::to_string(naming) + "/"
+                                                          : "gen" + std::to_string(naming) + "/") +
+                            "pg" + std::to_string(n);
   ProcessGroupOptions o;
   if (store_) {
     // Waiting for the other ranks says so on stderr (detail::WaitingStore).
@@ -200,7 +227,7 @@ std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>&
   o.backend = backend == Backend::kAuto ? options_.backend : backend;
   o.timeout = options_.timeout;
   // Shared-memory segment names: the agent removes leftovers by the same rule.
-  o.tag = base::shm_group_tag(env_.run_id, env_.restart_count, n);
+  o.tag = base::shm_group_tag(env_.run_id, naming < 0 ? env_.restart_count : naming, n);
   o.gloo_peer_hint = env_.master_addr;
   o.cuda_stream = options_.cuda_stream;
   return std::make_unique<ProcessGroup>(std::move(o));

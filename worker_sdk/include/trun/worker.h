@@ -178,10 +178,20 @@ class TRUN_API Worker {
   friend Worker init(const InitOptions& options);
   friend class ResilientLoop;
   Worker() = default;
-  // The resilient loop's next formation: the same environment and store, with `generation` as
-  // the restart count (new group keys and segments), new group numbering and a new default group.
+  // The resilient loop's next formation: the same environment with `generation` as the restart
+  // count, the generation in the group keys and segment names, new group numbering and a new
+  // default group. A store that rank 0 hosts is connected to again (rank 0 may be the replaced
+  // worker, whose successor hosts a new one).
   Worker at_generation(uint64_t generation) const;
+  // What names this formation's group keys and shared-memory segments: the restart count where
+  // the store outlives the group (the agent's store, a file), else the generation when it is
+  // above 0 (-1: none; the first formation keeps the names torchrun's workers use).
+  int naming_generation() const;
   WorkerEnv env_;
+  // The agent's generation (the progress board's when there is one, else the restart count):
+  // it goes up when the resilient loop re-forms the group around a replaced worker.
+  uint64_t generation_ = 0;
+  bool board_generation_ = false;  // generation_ came from the progress board
   InitOptions options_;
   std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when it hosts the store
   std::shared_ptr<store::Store> store_;
