@@ -684,6 +684,14 @@ int run_resilient(Training& t, const InitOptions& io) {
     state.add(model.param_name(i) + ".momentum", t.opt.momentum_buffers()[i].data(),
               model.param_numel(i) * sizeof(float));
   }
+  // The sample log's chain: the group whose steps this state continues moves with the state, so
+  // that a replacement's start line names the same one as the survivors' (the formation it
+  // re-formed from), and a restore names the checkpoint's.
+  if (!t.args.sample_log.empty()) {
+    state.add_serialized(
+        "sample_log.resumed_from", [&t] { return t.resumed_from; },
+        [&t](const std::string& group) { t.resumed_from = group; });
+  }
   ResilientOptions ro;
   ro.init = io;
   ResilientLoop loop(state, ro);
@@ -701,6 +709,8 @@ int run_resilient(Training& t, const InitOptions& io) {
     if (!t.args.no_ckpt) open_checkpointer(t, worker, worker.process_group(), host_pg);
     if (!t.args.sample_log.empty()) {
       // A group id per formation; its start line once the state is in place (the first step).
+      // A survivor's state continues its previous formation; a replacement receives that name
+      // with the state, and a restore sets the checkpoint's.
       const std::string previous = t.group;
       t.group = sample_log_group(worker, host_pg);
       if (f.number > 0) t.resumed_from = previous;
@@ -713,6 +723,7 @@ int run_resilient(Training& t, const InitOptions& io) {
   };
   program.restore = [&](Worker&) {
     const double load_begin = unix_seconds();
+    t.resumed_from = "-";  // the checkpoint's group, when one loads
     if (t.ckpt) load_checkpoint(t);
     t.load_seconds = unix_seconds() - load_begin;
   };
