@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """The chaos scenario's schedule and its verification (tests/cluster/chaos.sh runs both).
 
-  chaos.py schedule --seed S --seconds T [--store-host]
+  chaos.py schedule --seed S --seconds T [--store-host] [--workers-only]
       prints the schedule, one event a line: "AT_S EVENT NODE" (AT_S: seconds from the start, one
       decimal). The same seed and duration give the same schedule (random.Random(seed) only).
   chaos.py verify --logs PREFIX --epochs E --dataset-size D --verify-log FILE --agent-logs F...
@@ -26,6 +26,8 @@ Bounds (why: see docs/rendezvous.md, "Chaos test"):
     s (shorter and longer than join_timeout=8 s: the agent either rejoins or gives up and is
     started again);
   - node 0 (the store host) is killed or partitioned only with --store-host (CHAOS_STORE_HOST=1).
+  - --workers-only: kill_worker events only, WORKER_GAP_MIN..WORKER_GAP_MAX s apart (the faults
+    a resilient loop recovers from in place: the modes' comparison, CHAOS_MODES in chaos.sh);
   - nothing happens in the first WARMUP s (the first group forms and saves a checkpoint) nor in
     the last QUIET s.
 """
@@ -39,10 +41,18 @@ GAP_MIN, GAP_MAX = 6.0, 14.0
 START_MIN, START_MAX = 4.0, 15.0
 PART_MIN, PART_MAX = 2.0, 12.0
 WARMUP, QUIET = 8.0, 6.0
+WORKER_GAP_MIN, WORKER_GAP_MAX = 4.0, 8.0
 
 
-def schedule(seed, seconds, store_host):
+def schedule(seed, seconds, store_host, workers_only=False):
     rng = random.Random(seed)
+    if workers_only:
+        events = []
+        t = WARMUP + rng.uniform(0, WORKER_GAP_MIN)
+        while t <= seconds - QUIET:
+            events.append((t, "kill_worker", rng.choice([0, 1, 2])))
+            t += rng.uniform(WORKER_GAP_MIN, WORKER_GAP_MAX)
+        return events
     # state per node: "up", "out" (killed or partitioned: the pending event brings it back),
     # "absent" (node 3 before it is started)
     state = {0: "up", 1: "up", 2: "up", 3: "absent"}
@@ -290,6 +300,7 @@ def main():
     s.add_argument("--seed", type=int, required=True)
     s.add_argument("--seconds", type=float, required=True)
     s.add_argument("--store-host", action="store_true")
+    s.add_argument("--workers-only", action="store_true")
     v = sub.add_parser("verify")
     v.add_argument("--logs", required=True, help="the --sample-log prefix of the run")
     v.add_argument("--epochs", type=int, required=True)
@@ -303,7 +314,7 @@ def main():
     if a.cmd == "schedule":
         if a.seconds < WARMUP + QUIET:
             sys.exit("chaos.py: --seconds must be at least %g" % (WARMUP + QUIET))
-        for t, ev, n in schedule(a.seed, a.seconds, a.store_host):
+        for t, ev, n in schedule(a.seed, a.seconds, a.store_host, a.workers_only):
             print("%.1f %s %d" % (t, ev, n))
         return 0
     return verify(a)

@@ -23,6 +23,14 @@
 #                       failover (an agent that accepts an --rdzv-endpoint list)
 #   CHAOS_EPOCHS=E      training length (default: scaled with CHAOS_SECONDS, see below)
 #   CHAOS_KEEP=DIR      copy the logs (sample logs, agent logs, schedule) to DIR at the end
+#   CHAOS_MODES="classic loop"  run the same schedule once per mode, each verified on its own,
+#                       then compare the steps redone: the loop must redo fewer than the classic
+#                       path (default: "loop" alone). loop: train_mlp's resilient loop (a killed
+#                       worker is replaced alone, every node's others keep running; issue 38);
+#                       classic: train_mlp --classic (every failure restarts the whole group,
+#                       which resumes from the checkpoint). CHAOS_MODE=M runs one mode.
+#                       CHAOS_KEEP gets a folder per mode.
+#   CHAOS_KINDS=workers worker kills only (chaos.py schedule --workers-only), default: every kind
 #   CLUSTER_TIME_LIMIT  the harness's watchdog (lib.sh)
 # Replay: the schedule is printed first, with the line to run it again (same seed and length).
 # Timing still varies between runs; the schedule (what happens when, to which node) does not.
@@ -30,6 +38,44 @@ set -uo pipefail
 BIN=$1
 TEST=${2:-chaos}
 SRC=$(cd "$(dirname "$0")" && pwd)
+
+# Several modes: this script once per mode, one after the other (each with its own namespaces
+# and its share of the watchdog's time), then the comparison.
+read -r -a MODES <<<"${CHAOS_MODES:-loop}"
+if [ -z "${CHAOS_MODE:-}" ] && [ "${#MODES[@]}" -gt 1 ]; then
+  out=$(mktemp /tmp/trun-chaos-modes-XXXXXX)
+  trap 'rm -f "$out"' EXIT
+  declare -A REDONE
+  for m in "${MODES[@]}"; do
+    [ "$m" = loop ] || [ "$m" = classic ] || { echo "FAIL: CHAOS_MODES: unknown mode '$m'"; exit 1; }
+    limit=()
+    [ -n "${CLUSTER_TIME_LIMIT:-}" ] && limit=(CLUSTER_TIME_LIMIT=$((CLUSTER_TIME_LIMIT / ${#MODES[@]})))
+    keep=()
+    [ -n "${CHAOS_KEEP:-}" ] && keep=(CHAOS_KEEP="$CHAOS_KEEP/$m")
+    env "${limit[@]}" "${keep[@]}" CHAOS_MODE="$m" bash "$0" "$BIN" "$TEST.$m" 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    [ "$rc" = 0 ] || exit "$rc"  # 77 (skipped) included
+    REDONE[$m]=$(grep -o '[0-9]* logged steps not committed (redone)' "$out" | tail -n 1 | cut -d' ' -f1)
+    [ -n "${REDONE[$m]}" ] || { echo "FAIL: mode $m printed no count of steps redone"; exit 1; }
+  done
+  summary=""
+  for m in "${MODES[@]}"; do summary+="$m ${REDONE[$m]}, "; done
+  echo "chaos: steps redone (logged, not committed) per mode: ${summary%, }"
+  if [ -n "${REDONE[loop]:-}" ] && [ -n "${REDONE[classic]:-}" ] &&
+    ((REDONE[loop] >= REDONE[classic])); then
+    echo "FAIL: the resilient loop redid ${REDONE[loop]} steps, not fewer than the classic path's ${REDONE[classic]}"
+    exit 1
+  fi
+  echo "PASS: $TEST in modes ${MODES[*]}"
+  exit 0
+fi
+MODE=${CHAOS_MODE:-${MODES[0]}}
+MODE_FLAG=()
+case "$MODE" in
+loop) ;;
+classic) MODE_FLAG=(--classic) ;;
+*) echo "FAIL: CHAOS_MODE must be loop or classic, got '$MODE'"; exit 1 ;;
+esac
 unset TRUN_JOB_ID  # the checkpoints' job id is the rdzv id (job-$TAG)
 # shellcheck source=tests/cluster/lib.sh
 source "$SRC/lib.sh"
@@ -74,7 +120,8 @@ EPOCHS=${CHAOS_EPOCHS:-$((DURATION * 2 / 3))}
 [[ $EPOCHS =~ ^[1-9][0-9]*$ ]] || fail "CHAOS_EPOCHS must be a positive whole number, got '$EPOCHS'"
 mkdir -p "$TMP/samples" "$TMP/verify"
 WORKER_CMD=("$MLP" --ckpt-dir "$TMP/ckpt" --dataset-size "$DATASET" --batch-size "$BATCH"
-  --epochs "$EPOCHS" --ckpt-every 10 --step-sleep-ms 40 --sample-log "$TMP/samples/s")
+  --epochs "$EPOCHS" --ckpt-every 10 --step-sleep-ms 40 --sample-log "$TMP/samples/s"
+  "${MODE_FLAG[@]}")
 
 # Rendezvous. join_timeout=15: a restarted agent has 15 s to get into a round, and a partitioned
 # agent rejoins within 15 s of losing the store or gives up (exit 3); partitions last 2..12 s.
@@ -107,11 +154,16 @@ AGENT_LOG_APPEND=1
 SCHED=$TMP/schedule.txt
 store_flag=()
 [ "$STORE_HOST" = 1 ] && store_flag=(--store-host)
+case "${CHAOS_KINDS:-all}" in
+all) ;;
+workers) store_flag+=(--workers-only) ;;
+*) fail "CHAOS_KINDS must be all or workers, got '$CHAOS_KINDS'" ;;
+esac
 "${CHAOS_PY[@]}" schedule --seed "$SEED" --seconds "$DURATION" "${store_flag[@]}" >"$SCHED" ||
   fail "chaos.py schedule failed"
 mapfile -t EVENTS <"$SCHED"
 echo "chaos: seed $SEED, $DURATION s, CHAOS_STORE_HOST=$STORE_HOST, $EPOCHS epochs of $DATASET samples," \
-  "endpoint $C10D_ENDPOINT"
+  "endpoint $C10D_ENDPOINT, mode $MODE"
 echo "chaos: replay with CHAOS_SEED=$SEED CHAOS_SECONDS=$DURATION CHAOS_STORE_HOST=$STORE_HOST" \
   "CHAOS_EPOCHS=$EPOCHS bash tests/cluster/chaos.sh $BIN"
 echo "chaos: schedule (${#EVENTS[@]} events; seconds from the start, event, node):"
