@@ -258,7 +258,23 @@ class Agent {
   // restart count after this one; on a dynamic one (every node of the round must use the same)
   // the next value of the round store's counter (agent/reform_watch.h). nullopt when the store
   // did not answer (the group then restarts whole).
-  std::optional<uint64_t> next_generation();
+  struct NextFormation {
+    uint64_t generation = 0;
+    int64_t naming = -1;
+  };
+  std::optional<NextFormation> next_formation();
+  // Stores `generation` on the board with this round's Formation (the workers' places) and
+  // `naming` (see base/progress_board.h).
+  void publish_generation(uint64_t generation, int64_t naming);
+  // A node joined or left while every local worker runs a resilient loop (dynamic rendezvous):
+  // the workers keep running while the next round forms, then re-form in it (keep_workers_).
+  bool can_keep_workers() const;
+  // start_workers() after such a round: the running workers' new places on the board, a new
+  // generation, the re-formation watch.
+  void reform_kept_workers();
+  // The workers kept for the next round are not going to be in it (the job ends, the round
+  // cannot form, a stop signal): stops them as any group stops (`sig`), and waits.
+  void stop_kept_workers(int sig);
   // Multi-node rounds of a dynamic rendezvous: the counter's reader (reform_watch_) while the
   // group runs.
   void start_reform_watch();
@@ -384,10 +400,14 @@ class Agent {
     Clock::TimePoint deadline{};
     size_t first_failure = 0;
     bool remote = false;
+    bool round = false;  // a new round formed around the running workers (reform_kept_workers)
   };
   std::optional<Reformation> reformation_;
   // The generation on the progress board: the workers' formations (agent/agent_replace.cpp).
   uint64_t generation_ = 0;
+  // The round store's counter of replacements (agent/reform_watch.h) as this node last saw it.
+  int64_t seq_seen_ = 0;
+  bool keep_workers_ = false;  // see can_keep_workers
   std::unique_ptr<ReformWatch> reform_watch_;
   int reform_fd_ = -1;  // a timerfd, armed while reformation_ is set
   struct Replaced {

@@ -111,8 +111,8 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
     crash_looped_ = true;
     return false;
   }
-  const std::optional<uint64_t> next = next_generation();
-  if (!next) return false;  // next_generation said why
+  const std::optional<NextFormation> next = next_formation();
+  if (!next) return false;  // next_formation said why
 
   // Counted as any restart; the survivors' view of it is the board's generation.
   const WorkerFailure& root = batch[root_cause_index(batch)];
@@ -124,7 +124,7 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
                                {"restart", true},
                                {"in_place", true}});
   ++restart_count_;
-  const uint64_t generation = *next;
+  const uint64_t generation = next->generation;
   generation_ = generation;
   std::vector<int> slots;
   for (const auto& [i, f] : failed) slots.push_back(static_cast<int>(i));
@@ -140,7 +140,7 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
   // The replacements attach to empty records; no verdict while the group re-forms. The
   // generation is stored before they are spawned: the survivors begin re-forming at once.
   hang_->begin_reformation(slots);
-  hang_->set_generation(generation);
+  publish_generation(generation, next->naming);
 
   std::vector<pid_t> old_pids;
   for (auto& [i, f] : failed) {
@@ -194,8 +194,12 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
                    workers_[i].pid);
     }
   }
-  reformation_ = Reformation{generation, reformation_ ? reformation_->failed_at : failed_at,
-                             clock_.now() + reform_timeout(), first_failure, false};
+  reformation_ = Reformation{generation,
+                             reformation_ ? reformation_->failed_at : failed_at,
+                             clock_.now() + reform_timeout(),
+                             first_failure,
+                             false,
+                             false};
   if (!spawned) {
     // record_spawn_result put the failure to start in failures_ (and said why).
     spdlog::warn("could not start the replacement: stopping the group and restarting it whole");
@@ -208,13 +212,17 @@ bool Agent::replace_in_place(std::vector<std::pair<size_t, WorkerFailure>>& fail
   return true;
 }
 
-std::optional<uint64_t> Agent::next_generation() {
-  if (!session_->dynamic()) return static_cast<uint64_t>(restart_count_) + 1;
+std::optional<Agent::NextFormation> Agent::next_formation() {
+  // A static rendezvous's store outlives the group: the restart count names the groups.
+  if (!session_->dynamic()) return NextFormation{static_cast<uint64_t>(restart_count_) + 1, -1};
   try {
-    // Every value read before this add is below the one it returns: above generation_.
-    const int64_t g = session_->info().store->add(kReformGenerationKey, 1);
-    if (g > 0) return static_cast<uint64_t>(g);
-    spdlog::warn("the round store's {} is {}: the group restarts whole", kReformGenerationKey, g);
+    // Every value read before this add is below the one it returns, on every node.
+    const int64_t seq = session_->info().store->add(kReformGenerationKey, 1);
+    if (seq > 0) {
+      seq_seen_ = std::max(seq_seen_, seq);
+      return NextFormation{generation_ + 1, seq};
+    }
+    spdlog::warn("the round store's {} is {}: the group restarts whole", kReformGenerationKey, seq);
   } catch (const std::exception& e) {
     spdlog::warn(
         "cannot take the next generation from the round store ({}): the other nodes would not "
@@ -222,6 +230,19 @@ std::optional<uint64_t> Agent::next_generation() {
         e.what());
   }
   return std::nullopt;
+}
+
+void Agent::publish_generation(uint64_t generation, int64_t naming) {
+  const rendezvous::RendezvousInfo& info = session_->info();
+  ProgressMonitor::FormationFacts f;
+  f.naming = naming;
+  f.world_size = session_->ranks().world_size;
+  f.group_rank = info.group_rank;
+  f.group_world_size = info.group_world_size;
+  f.master_addr = info.master_addr;
+  f.master_port = info.master_port;
+  f.ranks = session_->ranks().global;
+  hang_->set_generation(generation, f);
 }
 
 void Agent::start_reform_watch() {
@@ -238,13 +259,13 @@ void Agent::start_reform_watch() {
   }
 }
 
-void Agent::on_remote_generation(int64_t value) {
-  const auto g = static_cast<uint64_t>(value);
-  if (!hang_ || g <= generation_ || phase_ != GroupPhase::kRunning || outcome_ ||
+void Agent::on_remote_generation(int64_t seq) {
+  if (!hang_ || seq <= seq_seen_ || phase_ != GroupPhase::kRunning || outcome_ ||
       received_signal_ != 0) {
     return;
   }
-  generation_ = g;
+  seq_seen_ = seq;
+  const uint64_t g = ++generation_;
   const InPlaceFacts f = in_place_facts({});
   if (!f.all_present || !f.all_resilient) {
     // The workers here cannot re-form: they fail on their own (their peer is gone), and this
@@ -265,12 +286,60 @@ void Agent::on_remote_generation(int64_t value) {
                                  {"reason", std::string("a worker was replaced on another node")}});
   const Clock::TimePoint now = clock_.now();
   hang_->begin_reformation({});
-  hang_->set_generation(g);
-  reformation_ =
-      Reformation{g, reformation_ ? reformation_->failed_at : now, now + reform_timeout(),
-                  reformation_ ? reformation_->first_failure : replaced_.size(),
-                  !reformation_ || reformation_->remote};
+  publish_generation(g, seq);
+  reformation_ = Reformation{g,
+                             reformation_ ? reformation_->failed_at : now,
+                             now + reform_timeout(),
+                             reformation_ ? reformation_->first_failure : replaced_.size(),
+                             !reformation_ || reformation_->remote,
+                             false};
   arm_reform_timer(true);
+}
+
+bool Agent::can_keep_workers() const {
+  if (!hang_ || !session_->dynamic() || excluded_until_ || stepped_out_) return false;
+  const InPlaceFacts f = in_place_facts({});
+  return !f.stopping && f.all_present && f.all_resilient && running_count() > 0;
+}
+
+void Agent::reform_kept_workers() {
+  keep_workers_ = false;
+  outcome_.reset();  // the round over that kept them (on_round_over); nothing else ended
+  root_cause_.reset();
+  const Ranks& ranks = session_->ranks();
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    workers_[i].rank = ranks.global[i];
+    workers_[i].role_rank = ranks.role[i];
+  }
+  const rendezvous::RendezvousInfo& info = session_->info();
+  const uint64_t g = ++generation_;
+  seq_seen_ = 0;  // the new round's counter
+  hang_->begin_reformation({});
+  publish_generation(g, -1);  // a new store: rank 0 of this round hosts it
+  spdlog::warn(
+      "round {}: the {} running workers re-form in it at generation {}, as ranks {}..{} of {} "
+      "(resilient loops: nothing was restarted)",
+      info.round, running_count(), g, ranks.global.front(), ranks.global.back(), ranks.world_size);
+  event("trun.agent.reforming", {{"generation", static_cast<int64_t>(g)},
+                                 {"reason", std::string("a new round")},
+                                 {"round", info.round},
+                                 {"world_size", int64_t{ranks.world_size}}});
+  set_phase("running");
+  start_reform_watch();
+  arm_reform_timer(false);  // makes the watch's timer (once)
+  const Clock::TimePoint now = clock_.now();
+  reformation_ = Reformation{g, now, now + reform_timeout(), replaced_.size(), false, true};
+  if (reform_fd_ >= 0) arm_reform_timer(true);
+  publish_status("running");
+}
+
+void Agent::stop_kept_workers(int sig) {
+  keep_workers_ = false;
+  if (running_count() == 0) return;
+  spdlog::warn("stopping the workers that were kept running for the next round");
+  if (!outcome_) outcome_ = GroupOutcome::kRoundOver;
+  begin_stop(sig);
+  supervise();
 }
 
 void Agent::arm_reform_timer(bool on) {
@@ -323,6 +392,22 @@ void Agent::on_reform_tick() {
 
 void Agent::reformation_timed_out() {
   const Reformation r = *reformation_;
+  if (r.round) {
+    // The kept workers did not re-form in the new round: they stop, and the next round starts
+    // fresh ones (the other nodes see this node ask for it).
+    spdlog::warn(
+        "the workers kept for round {} did not re-form in it within {:.0f} s: stopping them; the "
+        "next round starts new ones",
+        session_->info().round, std::chrono::duration<double>(clock_.now() - r.failed_at).count());
+    event("trun.agent.reform_timeout",
+          {{"generation", static_cast<int64_t>(r.generation)}, {"round", session_->info().round}});
+    hang_->end_reformation();
+    end_reformation_watch();
+    outcome_ = GroupOutcome::kRoundOver;
+    begin_stop(SIGTERM);
+    publish();
+    return;
+  }
   if (r.remote) {
     // The node that replaced its worker restarts the group (its own watch) if it does not re-form;
     // the hang watch judges this node's workers again meanwhile.

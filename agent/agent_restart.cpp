@@ -33,6 +33,7 @@ Agent::Next Agent::after_round_over() {
   }
   const RoundAction action =
       decide_after_round(e.kind, session_->dynamic(), restart_count_, config_.max_restarts);
+  if (keep_workers_ && action != RoundAction::kReform) stop_kept_workers(SIGTERM);
   switch (action) {
     case RoundAction::kRejoin: {
       // The rejoin forms the next round itself.
@@ -154,7 +155,7 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
   // member's. Only when the store has just answered: one that is gone or cut off would hold the
   // restart for its timeout once more.
   if (publish_status(same_round ? "running" : "rendezvous")) agree_hang_timeouts();
-  if (next.kind != Next::kAgainNow) {
+  if (next.kind != Next::kAgainNow && !keep_workers_) {
     sit_out_exclusion();
     wait_until_healthy(next.counted ? "after the failure" : "before rejoining");
   }

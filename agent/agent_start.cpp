@@ -61,6 +61,8 @@ int Agent::run() {
     if (served) code = run_job();
   } catch (const RendezvousInterrupted& e) {
     code = after_interrupted_rendezvous();
+    // Workers kept running for the round that a stop signal interrupted: they stop with it.
+    if (keep_workers_) stop_kept_workers(received_signal_ != 0 ? received_signal_ : SIGTERM);
   }
   const bool signaled = code >= kExitSignalBase;
   // Not after exit 3 (rendezvous or store trouble): the store may be gone, and a set would spend
@@ -158,8 +160,14 @@ int Agent::run_job() {
       return kExitAgentError;
     }
     const Next next = after_stop(outcome);
-    if (next.kind == Next::kExit) return next.exit_code;
-    if (!prepare_next_attempt(next, outcome == GroupOutcome::kRoundOver)) return kExitAgentError;
+    if (next.kind == Next::kExit) {
+      stop_kept_workers(SIGTERM);
+      return next.exit_code;
+    }
+    if (!prepare_next_attempt(next, outcome == GroupOutcome::kRoundOver)) {
+      stop_kept_workers(SIGTERM);
+      return kExitAgentError;
+    }
   }
 }
 
@@ -213,6 +221,10 @@ bool Agent::make_base_dir() {
 }
 
 void Agent::start_workers() {
+  if (keep_workers_) {
+    reform_kept_workers();
+    return;
+  }
   reset_group();
   attempt_dir_ = make_attempt_dir();
   if (hang_) {
@@ -221,7 +233,8 @@ void Agent::start_workers() {
     // A dynamic round's generations come from its store and start again with each round (every
     // node uses the same); a static one's follow the restart count.
     generation_ = session_->dynamic() ? 0 : static_cast<uint64_t>(restart_count_);
-    hang_->set_generation(generation_);
+    seq_seen_ = 0;
+    publish_generation(generation_, -1);
   }
   goodput_slots_.clear();
   attempt_started_ = clock_.now();

@@ -45,6 +45,8 @@ GroupOutcome Agent::supervise() {
       if (!all_groups_gone()) begin_stop(SIGTERM);
     }
     if (outcome_ && running_count() == 0 && all_groups_gone()) break;
+    // on_round_over kept the workers for the next round: their output keeps flowing.
+    if (outcome_ == GroupOutcome::kRoundOver && keep_workers_) return *outcome_;
     std::optional<Clock::TimePoint> deadline;
     std::optional<Clock::TimePoint> wake;
     if (phase_ == GroupPhase::kStopping) {
@@ -209,6 +211,18 @@ void Agent::on_agent_signal(int sig) {
 // group already stops for a local reason.
 bool Agent::on_round_over(const rendezvous::RoundEvent& e) {
   if (workers_.empty() || outcome_) return false;
+  using Kind = rendezvous::RoundEvent::Kind;
+  if ((e.kind == Kind::kNodeJoined || e.kind == Kind::kNodeLeft) && can_keep_workers()) {
+    // Resilient loops: the workers keep running (or wait for the next generation, when the
+    // node that left held their peers) while the next round forms; then they re-form in it.
+    spdlog::warn("{}; the workers keep running (resilient loops) and re-form in the next round",
+                 e.describe());
+    keep_workers_ = true;
+    outcome_ = GroupOutcome::kRoundOver;
+    end_reformation_watch();
+    hang_->begin_reformation({});
+    return true;
+  }
   spdlog::warn("{}; stopping the workers", e.describe());
   outcome_ = GroupOutcome::kRoundOver;
   begin_stop(SIGTERM);

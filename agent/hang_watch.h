@@ -80,6 +80,9 @@ class HangWatch {
   // Header::generation (ProgressMonitor::set_generation): before the workers of `generation`
   // are spawned, whole groups and replacements alike.
   void set_generation(uint64_t generation) { board_->set_generation(generation); }
+  void set_generation(uint64_t generation, const ProgressMonitor::FormationFacts& facts) {
+    board_->set_generation(generation, facts);
+  }
   // What local rank `slot`'s record says of its resilient loop (any thread).
   ProgressMonitor::Member member(int slot) const { return board_->member(slot); }
   // Local ranks `slots` failed and are replaced alone (before their replacements are spawned):

@@ -124,6 +124,23 @@ void ProgressMonitor::set_generation(uint64_t generation) {
   h->generation.store(generation, memory_order_release);
 }
 
+void ProgressMonitor::set_generation(uint64_t generation, const FormationFacts& facts) {
+  board::Formation* f = board::formation_at(base_);
+  f->generation.store(0, memory_order_release);  // a reader that copies now retries
+  f->naming.store(facts.naming, memory_order_relaxed);
+  f->world_size.store(facts.world_size, memory_order_relaxed);
+  f->group_rank.store(facts.group_rank, memory_order_relaxed);
+  f->group_world_size.store(facts.group_world_size, memory_order_relaxed);
+  f->master_port.store(facts.master_port, memory_order_relaxed);
+  const size_t n = std::min(facts.master_addr.size(), size_t{board::kAddrMax - 1});
+  std::memcpy(f->master_addr, facts.master_addr.data(), n);
+  f->master_addr[n] = '\0';
+  const size_t slots = std::min(facts.ranks.size(), static_cast<size_t>(slots_));
+  for (size_t i = 0; i < slots; ++i) f->ranks[i].store(facts.ranks[i], memory_order_relaxed);
+  f->generation.store(generation, memory_order_release);
+  set_generation(generation);
+}
+
 uint64_t ProgressMonitor::generation() const {
   return static_cast<const board::Header*>(base_)->generation.load(memory_order_acquire);
 }

@@ -60,6 +60,18 @@ class ProgressMonitor {
   // The board starts at generation 0.
   void set_generation(uint64_t generation);
   uint64_t generation() const;
+  // The Formation (base/progress_board.h) of `generation`, then set_generation(generation): what
+  // its workers are told of their places and of the names of their groups.
+  struct FormationFacts {
+    int64_t naming = -1;
+    int world_size = 0;
+    int group_rank = 0;
+    int group_world_size = 0;
+    int master_port = 0;
+    std::string master_addr;  // cut to kAddrMax - 1 bytes
+    std::vector<int> ranks;   // the global rank of each local slot (at most slots())
+  };
+  void set_generation(uint64_t generation, const FormationFacts& facts);
 
   // What record `slot` says of its worker's resilient loop: its pid (0: nobody attached), whether
   // it runs one (RankRecord::resilient is exactly 1), the generation its groups were last built at

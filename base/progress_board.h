@@ -4,10 +4,10 @@
 // is the contract between libtrun_worker (worker_sdk/src/progress/, the writer) and the agent
 // (agent/progress_monitor.*, the creator and reader), so it lives here, where both may look.
 //
-// Layout: a Header, then `slots` RankRecords (one per local rank), each cache-line aligned. A
-// record holds the rank's heartbeat counter and time of last progress, its phase, its section
-// names and, per process group, the last issued and completed collective sequence numbers and
-// a ring of the most recent kRingSize collectives (PyTorch's flight recorder idea).
+// Layout: a Header, a Formation, then `slots` RankRecords (one per local rank), each cache-line
+// aligned. A record holds the rank's heartbeat counter and time of last progress, its phase, its
+// section names and, per process group, the last issued and completed collective sequence
+// numbers and a ring of the most recent kRingSize collectives (PyTorch's flight recorder idea).
 //
 // Writing is plain atomic stores (and one fetch_add for the heartbeat) into a mapped page: no
 // system call, no lock. Every field is a lock-free std::atomic, so that the reader in another
@@ -38,13 +38,15 @@ namespace trun::base::progress {
 
 inline constexpr uint64_t kMagic = 0x3142524f47525054ULL;  // "TPRGROB1", little-endian
 // 2: RankRecord::collective_ns; 3: the goodput fields (first_step_ns ... checkpoint_load_ns);
-// 4: the resilient loop's fields (Header::generation, RankRecord::resilient and generation)
-inline constexpr uint32_t kVersion = 4;
+// 4: the resilient loop's fields (Header::generation, RankRecord::resilient and generation);
+// 5: the Formation after the Header
+inline constexpr uint32_t kVersion = 5;
 inline constexpr int kMaxGroups = 8;     // process groups tracked per rank (later ones: not)
 inline constexpr int kRingSize = 16;     // recent collectives kept per group
 inline constexpr int kMaxSections = 16;  // distinct section names per rank (later ones: "other")
 inline constexpr int kNameMax = 32;      // bytes of a section name, with its terminator
 inline constexpr int kMaxSlots = 1024;   // local ranks one board may hold
+inline constexpr int kAddrMax = 256;     // bytes of Formation::master_addr, with its terminator
 // The variable that carries the board's name ("/trun-progress-...") to the workers. A worker
 // without it (run outside trun, or under torchrun) reports nothing and pays nothing.
 inline constexpr const char* kEnvVar = "TRUN_PROGRESS_SHM";
@@ -225,6 +227,27 @@ struct alignas(64) Header {
 };
 static_assert(sizeof(Header) == 64, "the header is one cache line");
 
+// After the Header: where the workers of Header::generation stand, for the resilient loop
+// (trun/resilient.h). The agent fills it in, then stores `generation` (release), then the
+// Header's (release); a worker that saw the Header's generation (acquire) reads `generation`
+// (acquire), copies the rest and reads `generation` again: the same value means it copied one
+// formation's fields, not a mix of two.
+struct alignas(64) Formation {
+  std::atomic<uint64_t> generation;  // the Header::generation these fields are of (0: unset)
+  // What names the process groups' store keys and shared-memory segments when rank 0 hosts the
+  // store: the same on every node of the round (the round store's counter of replacements,
+  // agent/reform_watch.h); -1: nothing (a new store, or the names torchrun's workers use).
+  std::atomic<int64_t> naming;
+  // The workers' places: after a new round formed around running workers (a node joined or
+  // left) they differ from the environment the workers were started with.
+  std::atomic<int32_t> world_size;
+  std::atomic<int32_t> group_rank;
+  std::atomic<int32_t> group_world_size;
+  std::atomic<int32_t> master_port;
+  char master_addr[kAddrMax];             // NUL-terminated (a reader forces the terminator)
+  std::atomic<int32_t> ranks[kMaxSlots];  // the global rank of each local slot
+};
+
 static_assert(std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<int64_t>::is_always_lock_free,
               "the board is shared between processes: its atomics must be lock-free");
@@ -238,11 +261,17 @@ inline int64_t monotonic_ns() {
 }
 
 inline constexpr size_t board_bytes(uint32_t slots) {
-  return sizeof(Header) + static_cast<size_t>(slots) * sizeof(RankRecord);
+  return sizeof(Header) + sizeof(Formation) + static_cast<size_t>(slots) * sizeof(RankRecord);
+}
+
+inline Formation* formation_at(void* board) {
+  return reinterpret_cast<Formation*>(static_cast<char*>(board) + sizeof(Header));
 }
 
 inline RankRecord* record_at(void* board, uint32_t slot) {
-  return reinterpret_cast<RankRecord*>(static_cast<char*>(board) + sizeof(Header)) + slot;
+  return reinterpret_cast<RankRecord*>(static_cast<char*>(board) + sizeof(Header) +
+                                       sizeof(Formation)) +
+         slot;
 }
 
 // FNV-1a 64, the group's key (never 0: 0 marks an unused slot).

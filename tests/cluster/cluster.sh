@@ -342,6 +342,45 @@ reform)  # resilient loops on two nodes of 2 (issue 38): a worker that dies is r
       head -n 4
   done
   ;;
+reform_join)  # resilient loops (issue 38): a node joins, later its agent is SIGKILLed; each time the
+  # running workers of the other two nodes re-form in the new round (world 4 -> 6 -> 4) in the
+  # same processes, with no restart and no checkpoint (the state comes from the live ranks).
+  MLP=$BIN/examples/train_mlp
+  [ -x "$MLP" ] || fail "$MLP is not built"
+  WORKER_CMD=("$MLP" --no-ckpt --dataset-size 6000 --batch-size 5 --epochs 4 --step-sleep-ms 20
+    --print-steps)
+  for i in 0 1 2; do add_node $i; done
+  for i in 0 1; do start_agent $i --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 $(c10d); done
+  steps_on_0() { grep -c "hangbench step=" "$TMP/agent_0.log" "$TMP/agent_1.log" | awk -F: '{n += $2} END {print n + 0}'; }
+  stepping() { [ "$(steps_on_0)" -ge "$1" ]; }
+  wait_for 30 "the 4 workers of nodes 0 and 1 stepping" stepping 20
+  kept_pids() { grep -ho "hangbench start .* pid=[0-9]*" "$TMP/agent_0.log" "$TMP/agent_1.log" | grep -o "pid=[0-9]*" | sort -u; }
+  before=$(kept_pids)
+  [ "$(echo "$before" | wc -l)" = 4 ] || fail "expected 4 worker pids on nodes 0 and 1, got: $before"
+  log "node 2 joins"
+  start_agent 2 --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 $(c10d)
+  placed() { [ "$(grep -h "places it as rank [0-9]* of $1" "$TMP/agent_0.log" "$TMP/agent_1.log" | wc -l)" -ge "$2" ]; }
+  wait_for 40 "the 4 running workers re-form at world 6" placed 6 4
+  n=$(steps_on_0)
+  wait_for 30 "steps at world 6" stepping $((n + 20))
+  log "node 2's agent is SIGKILLed"
+  kill -KILL "${AGENT_PID[2]}"
+  wait "${AGENT_PID[2]}" 2>/dev/null
+  unset "AGENT_PID[2]"
+  wait_for 40 "the 4 running workers re-form at world 4" placed 4 4
+  for i in 0 1; do
+    agent_exit $i
+    [ "$RC" = 0 ] || fail "agent $i exited $RC"
+  done
+  after=$(kept_pids)
+  [ "$before" = "$after" ] || fail "the workers of nodes 0 and 1 changed: '$before' then '$after'"
+  grep -q "done: [0-9]* steps, world size 4" "$TMP"/agent_0.log "$TMP"/agent_1.log ||
+    fail "rank 0 did not finish training at world size 4"
+  ! grep -q "restarting the worker group\|stopping the workers" "$TMP"/agent_0.log "$TMP"/agent_1.log ||
+    fail "a worker group was stopped or restarted"
+  grep -h "re-form in it at generation\|keep running (resilient" "$TMP"/agent_0.log
+  grep -h "re-formed at generation" "$TMP"/agent_[01].log | head -n 4
+  ;;
 joinrestart)  # a node joins after the other spent a restart: the group of both still forms
   # (node 0's TORCHELASTIC_RESTART_COUNT is 1, node 1's is 0: the ranks must not key their process
   # group by it; they did, and the group of 2 waited forever)

@@ -314,6 +314,7 @@ void ResilientLoop::run(const ResilientProgram& program) {
       if (failed_at) {
         m.drop_groups(program);
         m.worker.emplace(m.worker->at_generation(m.generation));
+        m.generation = m.worker->generation_;  // the board's newest
       }
       // The first formation's groups come from init(); later ones from at_generation() above.
       if (m.worker->process_group().backend() == Backend::kNccl && !m.cpu_group)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <mutex>
 #include <optional>
@@ -106,11 +107,10 @@ Worker init(const InitOptions& options) {
     auto base = open_store(w.env_, options, &w.hosted_store_);
     w.store_ = std::make_shared<store::PrefixStore>("trun/worker/" + w.env_.run_id, base);
   }
+  w.generation_ = static_cast<uint64_t>(w.env_.restart_count);
   if (const std::optional<uint64_t> g = detail::progress::board_generation()) {
     w.generation_ = *g;
-    w.board_generation_ = true;
-  } else {
-    w.generation_ = static_cast<uint64_t>(w.env_.restart_count);
+    if (const auto f = detail::progress::board_formation(*g)) w.naming_ = f->naming;
   }
   w.groups_ = std::make_shared<Worker::Groups>();
   if (options.create_default_group) w.default_group_ = w.new_group(options.backend);
@@ -120,19 +120,46 @@ Worker init(const InitOptions& options) {
 
 Worker Worker::at_generation(uint64_t generation) const {
   detail::DieOnStopScope die_on_stop;
+  // The agent may have moved on since the caller looked: the newest generation's description.
+  if (const std::optional<uint64_t> g = detail::progress::board_generation(); g && *g > generation)
+    generation = *g;
   Worker w;
   w.env_ = env_;
   w.env_.restart_count = static_cast<int>(generation);
   w.options_ = options_;
   w.generation_ = generation;
-  w.board_generation_ = board_generation_;
   w.hosted_store_ = hosted_store_;
   w.store_ = store_;
-  if (!store_outlives_group(env_) && store_ && !hosted_store_) {
-    // Rank 0's store: if rank 0 was replaced, its successor hosts a new one at the same address.
-    std::shared_ptr<void> none;
-    w.store_ = std::make_shared<store::PrefixStore>("trun/worker/" + env_.run_id,
-                                                    open_store(env_, options_, &none));
+  // The agent's description of this generation: the names of its groups and, after a new round
+  // formed around the running workers, this rank's new place in it.
+  bool moved = false;
+  if (const auto f = detail::progress::board_formation(generation)) {
+    w.naming_ = f->naming;
+    WorkerEnv& e = w.env_;
+    moved = f->master_addr != e.master_addr || f->master_port != e.master_port;
+    if (f->rank != e.rank || f->world_size != e.world_size) {
+      std::fprintf(stderr, "%s: generation %llu places it as rank %d of %d\n", who(e).c_str(),
+                   static_cast<unsigned long long>(generation), f->rank, f->world_size);
+    }
+    if (e.role_rank == e.rank) e.role_rank = f->rank;  // one role: the role rank is the rank
+    e.rank = f->rank;
+    e.world_size = f->world_size;
+    e.group_rank = f->group_rank;
+    e.group_world_size = f->group_world_size;
+    e.master_addr = f->master_addr;
+    e.master_port = static_cast<uint16_t>(f->master_port);
+  }
+  if (!store_outlives_group(w.env_) && store_) {
+    // Rank 0's store. Rank 0 may have been replaced (its successor hosts a new one at the same
+    // address) or, in a new round, be another process at another address: every rank connects
+    // again, and a new rank 0, or rank 0 at a new address, hosts a new one.
+    const bool host = w.env_.rank == 0 && (!hosted_store_ || moved);
+    std::shared_ptr<void> hosted;
+    if (host || !hosted_store_ || moved) {
+      auto base = open_store(w.env_, options_, &hosted);
+      w.store_ = std::make_shared<store::PrefixStore>("trun/worker/" + w.env_.run_id, base);
+      w.hosted_store_ = host ? hosted : (w.env_.rank == 0 ? hosted_store_ : nullptr);
+    }
   }
   w.groups_ = std::make_shared<Worker::Groups>();
   if (options_.create_default_group) w.default_group_ = w.new_group(options_.backend);
@@ -199,7 +226,7 @@ std::unique_ptr<ProcessGroup> Worker::new_subgroups(int group_size, Backend back
 // of its formations apart.
 int Worker::naming_generation() const {
   if (store_outlives_group(env_)) return env_.restart_count;
-  return board_generation_ && generation_ > 0 ? static_cast<int>(generation_) : -1;
+  return naming_ < 0 || naming_ > INT_MAX ? -1 : static_cast<int>(naming_);
 }
 
 // Builds group number `n` over `members` (sorted, valid); nullptr when this rank is not one.

@@ -184,14 +184,14 @@ class TRUN_API Worker {
   // worker, whose successor hosts a new one).
   Worker at_generation(uint64_t generation) const;
   // What names this formation's group keys and shared-memory segments: the restart count where
-  // the store outlives the group (the agent's store, a file), else the generation when it is
-  // above 0 (-1: none; the first formation keeps the names torchrun's workers use).
+  // the store outlives the group (the agent's store, a file), else the board's naming (-1: none,
+  // the names torchrun's workers use).
   int naming_generation() const;
   WorkerEnv env_;
   // The agent's generation (the progress board's when there is one, else the restart count):
-  // it goes up when the resilient loop re-forms the group around a replaced worker.
+  // it goes up when the resilient loop re-forms the group (a replaced worker, a new round).
   uint64_t generation_ = 0;
-  bool board_generation_ = false;  // generation_ came from the progress board
+  int64_t naming_ = -1;  // the board's Formation::naming of generation_
   InitOptions options_;
   std::shared_ptr<void> hosted_store_;  // rank 0's StoreServer when it hosts the store
   std::shared_ptr<store::Store> store_;

@@ -150,6 +150,43 @@ std::optional<uint64_t> board_generation() {
   return h->generation.load(memory_order_acquire);
 }
 
+std::optional<FormationView> board_formation(uint64_t generation) {
+  board::Header* h = g_header.load(memory_order_acquire);
+  board::RankRecord* r = record();
+  if (!h || !r) return std::nullopt;
+  const board::Formation* f = board::formation_at(h);
+  const uint32_t slots = h->slots.load(memory_order_relaxed);
+  const int local_rank = r->local_rank.load(memory_order_relaxed);
+  if (local_rank < 0 || static_cast<uint32_t>(local_rank) >= slots) return std::nullopt;
+  // The agent may be writing the next formation: a copy between two equal reads of `generation`
+  // is one formation's (a few tries; the agent writes one in microseconds).
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    if (f->generation.load(memory_order_acquire) != generation) return std::nullopt;
+    FormationView v;
+    v.generation = generation;
+    v.naming = f->naming.load(memory_order_relaxed);
+    v.rank = f->ranks[local_rank].load(memory_order_relaxed);
+    v.world_size = f->world_size.load(memory_order_relaxed);
+    v.group_rank = f->group_rank.load(memory_order_relaxed);
+    v.group_world_size = f->group_world_size.load(memory_order_relaxed);
+    v.master_port = f->master_port.load(memory_order_relaxed);
+    char addr[board::kAddrMax];
+    std::memcpy(addr, f->master_addr, sizeof addr);
+    addr[board::kAddrMax - 1] = '\0';
+    v.master_addr = addr;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (f->generation.load(memory_order_relaxed) != generation) continue;
+    // Untrusted (a worker may write anything on the board): a formation that does not hold
+    // together is none.
+    if (v.world_size < 1 || v.rank < 0 || v.rank >= v.world_size || v.group_world_size < 1 ||
+        v.group_rank < 0 || v.group_rank >= v.group_world_size || v.master_port < 0 ||
+        v.master_port > 65535 || v.naming < -1)
+      return std::nullopt;
+    return v;
+  }
+  return std::nullopt;
+}
+
 void joined_generation(uint64_t generation) {
   if (board::RankRecord* r = record()) {
     r->generation.store(generation, memory_order_relaxed);

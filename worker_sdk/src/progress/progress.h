@@ -59,6 +59,20 @@ void heartbeat();  // trun::worker::heartbeat()
 // the next ones take the record's group slots from the first (call before building new ones).
 void declare_resilient();
 std::optional<uint64_t> board_generation();
+// board_formation(): the board's Formation (base/progress_board.h) of `generation` as the agent
+// described it, with this local rank's global rank; nullopt when not attached, or when the board
+// describes no formation of that generation (it moved on, or its agent sets none).
+struct FormationView {
+  uint64_t generation = 0;
+  int64_t naming = -1;
+  int rank = 0;
+  int world_size = 0;
+  int group_rank = 0;
+  int group_world_size = 0;
+  int master_port = 0;
+  std::string master_addr;
+};
+std::optional<FormationView> board_formation(uint64_t generation);
 void joined_generation(uint64_t generation);
 void forget_groups();
 
