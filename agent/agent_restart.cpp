@@ -160,7 +160,10 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
     wait_until_healthy(next.counted ? "after the failure" : "before rejoining");
   }
   if (same_round) return true;
-  set_phase("rendezvous");
+  // Workers kept for the next round keep the node in its running phase: for the goodput account
+  // their group goes on (a pause without steps is slow time, as a re-formation around a
+  // replacement on another node is).
+  if (!keep_workers_) set_phase("rendezvous");
   WaitingWindow waiting(*this);
   try {
     session_->next_round();

@@ -232,8 +232,10 @@ status)  # trun status (from a third namespace) shows both nodes; after a SIGKIL
 mlp)  # examples/train_mlp: a node joins mid-training; it resumes from the checkpoint at world 4
   MLP=$BIN/examples/train_mlp
   [ -x "$MLP" ] || fail "$MLP is not built"
-  WORKER_CMD=("$MLP" --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5 --epochs 1
-    --ckpt-every 5 --step-sleep-ms 20)
+  # --classic: with the resilient loop the running workers re-form with the new node instead
+  # (reform_join); this case is about the whole-group restart's resume.
+  WORKER_CMD=("$MLP" --classic --ckpt-dir "$TMP/ckpt" --dataset-size 3000 --batch-size 5
+    --epochs 1 --ckpt-every 5 --step-sleep-ms 20)
   for i in 0 1; do add_node $i; done
   start_agent 0 --nnodes 1:2 --nproc-per-node 2 --max-restarts 0 $(c10d)
   # `latest` names a complete checkpoint (the directory holds the owner's .lock from the start).
