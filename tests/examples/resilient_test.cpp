@@ -175,6 +175,29 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "resilient loop: a second failure while the groups re-form moves every rank to the next "
+    "generation at once, still bit for bit",
+    "[resilient][train_mlp]") {
+  TempDir d;
+  const std::string reference = reference_params(d, 4);
+  // Local rank 2 is killed; as generation 1 forms, rank 1 dies too (after leaving its groups).
+  // The others, building generation 1's groups, stop waiting when trun moves to generation 2
+  // (instead of waiting for the group build's timeout), and every rank re-forms there.
+  Job j = start_job(d, "second-failure", 4, 1000, {{"TRUN_TEST_DIE_REFORMING", "1:1"}});
+  kill_worker_at(j, 20, 2);
+  REQUIRE(j.child->wait(120s));
+  const std::string out = j.child->out(), err = j.child->err();
+  INFO(out << err);
+  CHECK(j.child->exit_code() == 0);
+  CHECK(err.find("dying as it re-forms") != std::string::npos);
+  CHECK(err.find("the agent moved on to generation 2") != std::string::npos);
+  CHECK(std::regex_search(err, std::regex(R"(rank 0/4: re-formed at generation 2 )")));
+  CHECK(err.find("did not re-form") == std::string::npos);
+  CHECK(err.find("restarting the worker group") == std::string::npos);
+  CHECK(file_bytes(j.params) == reference);
+}
+
+TEST_CASE(
     "resilient loop: when no live rank holds the state any more, the group resumes from the "
     "checkpoint",
     "[resilient][train_mlp]") {

@@ -170,6 +170,16 @@ struct ResilientLoop::Impl {
     }
   }
 
+  // TRUN_TEST_DIE_REFORMING=G:R: rank R dies (SIGKILL) as it begins to re-form at generation G,
+  // after leaving its groups: the others are then building G's groups without it.
+  void die_if_testing_reforming() const {
+    static const char* const at = std::getenv("TRUN_TEST_DIE_REFORMING");
+    if (at && std::to_string(generation) + ":" + std::to_string(worker->rank()) == at) {
+      std::fprintf(stderr, "%s: dying as it re-forms (TRUN_TEST_DIE_REFORMING)\n", who().c_str());
+      ::raise(SIGKILL);
+    }
+  }
+
   // Every rank to the state of the most advanced completed step (see trun/resilient.h).
   void sync(const ResilientProgram& program) {
     ProcessGroup& pg = host_group();
@@ -292,9 +302,12 @@ struct ResilientLoop::Impl {
 ResilientLoop::ResilientLoop(ResilientState& state, ResilientOptions options)
     : impl_(std::make_unique<Impl>(state, std::move(options))) {
   if (!state.step()) throw std::invalid_argument("ResilientState: set_step() was not called");
+  // Declared before init(): a second failure while this process is still building its first
+  // groups (a replacement) is then replaced alone too.
+  detail::progress::init_begin();
+  detail::progress::declare_resilient();
   impl_->worker.emplace(init(impl_->options.init));
   impl_->generation = impl_->worker->generation_;
-  detail::progress::declare_resilient();
 }
 
 ResilientLoop::~ResilientLoop() = default;
@@ -313,6 +326,7 @@ void ResilientLoop::run(const ResilientProgram& program) {
     try {
       if (failed_at) {
         m.drop_groups(program);
+        m.die_if_testing_reforming();
         m.worker.emplace(m.worker->at_generation(m.generation));
         m.generation = m.worker->generation_;  // the board's newest
       }
@@ -383,6 +397,12 @@ void ResilientLoop::run(const ResilientProgram& program) {
           m.put_back(before);
           ++m.stats.steps_redone;
           throw;
+        } catch (const store::StoreError& e) {
+          // A group's store wait inside the step (a point-to-point pair built on first use)
+          // that the peers' move to a newer generation ended: a failure of the step as well.
+          m.put_back(before);
+          ++m.stats.steps_redone;
+          throw CollectiveError(e.what());
         }
         if (!stepped) return;
       }

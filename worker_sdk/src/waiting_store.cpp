@@ -17,14 +17,20 @@ long long whole_seconds(Clock::duration d) {
 
 void wait_reporting(const std::string& who, const std::string& what,
                     std::chrono::milliseconds timeout,
-                    const std::function<void(std::chrono::milliseconds)>& attempt) {
+                    const std::function<void(std::chrono::milliseconds)>& attempt,
+                    const std::function<std::string()>& abandon) {
   const auto start = Clock::now();
   const auto deadline = start + timeout;
   auto next_report = start + kFirstWaitReport;
   const long long up_to = whole_seconds(timeout);
   for (;;) {
     const auto now = Clock::now();
-    const auto until = std::min(deadline, next_report);
+    auto until = std::min(deadline, next_report);
+    if (abandon) {
+      if (const std::string why = abandon(); !why.empty())
+        throw AbandonedWaitError(who + ": stopped waiting for " + what + ": " + why);
+      until = std::min(until, now + kAbandonCheck);
+    }
     const auto slice = std::max(std::chrono::milliseconds(1),
                                 std::chrono::ceil<std::chrono::milliseconds>(until - now));
     try {
@@ -48,11 +54,12 @@ void wait_reporting(const std::string& who, const std::string& what,
 }
 
 WaitingStore::WaitingStore(std::shared_ptr<store::Store> base, std::string who, std::string purpose,
-                           std::string where)
+                           std::string where, std::function<std::string()> abandon)
     : base_(std::move(base)),
       who_(std::move(who)),
       purpose_(std::move(purpose)),
-      where_(std::move(where)) {
+      where_(std::move(where)),
+      abandon_(std::move(abandon)) {
   set_timeout(base_->timeout());
 }
 
@@ -66,19 +73,22 @@ std::string WaitingStore::what(const std::vector<std::string>& keys) const {
 
 std::string WaitingStore::get(const std::string& key, Duration timeout) {
   std::string out;
-  wait_reporting(who_, what({key}), timeout, [&](Duration slice) { out = base_->get(key, slice); });
+  wait_reporting(
+      who_, what({key}), timeout, [&](Duration slice) { out = base_->get(key, slice); }, abandon_);
   return out;
 }
 
 void WaitingStore::wait(const std::vector<std::string>& keys, Duration timeout) {
-  wait_reporting(who_, what(keys), timeout, [&](Duration slice) { base_->wait(keys, slice); });
+  wait_reporting(
+      who_, what(keys), timeout, [&](Duration slice) { base_->wait(keys, slice); }, abandon_);
 }
 
 std::vector<std::string> WaitingStore::multi_get(const std::vector<std::string>& keys,
                                                  Duration timeout) {
   std::vector<std::string> out;
-  wait_reporting(who_, what(keys), timeout,
-                 [&](Duration slice) { out = base_->multi_get(keys, slice); });
+  wait_reporting(
+      who_, what(keys), timeout, [&](Duration slice) { out = base_->multi_get(keys, slice); },
+      abandon_);
   return out;
 }
 

@@ -23,16 +23,28 @@ inline constexpr std::chrono::seconds kWaitReportEvery{30};
 // for <what>; waiting up to <timeout> s". `attempt` throws store::StoreTimeoutError when its
 // slice passes; at the end of `timeout` that becomes "<who>: gave up after <s> s waiting for
 // <what>: <error>". Other errors pass through.
+// `abandon` (optional): asked between slices of at most kAbandonCheck; when it returns a
+// non-empty reason the wait ends with store::StoreError("<who>: stopped waiting for <what>:
+// <reason>").
 void wait_reporting(const std::string& who, const std::string& what,
                     std::chrono::milliseconds timeout,
-                    const std::function<void(std::chrono::milliseconds slice)>& attempt);
+                    const std::function<void(std::chrono::milliseconds slice)>& attempt,
+                    const std::function<std::string()>& abandon = nullptr);
+inline constexpr std::chrono::milliseconds kAbandonCheck{100};
+// What wait_reporting throws when `abandon` ended the wait.
+class AbandonedWaitError : public store::StoreError {
+ public:
+  using store::StoreError::StoreError;
+};
 
 class WaitingStore : public store::Store {
  public:
   // `who`: "rank 1/2"; `purpose`: e.g. "the other ranks to build process group 0"; `where`: "the
   // store at 127.0.0.1:29500 (MASTER_ADDR/MASTER_PORT; ...)".
+  // `abandon`: see wait_reporting (the resilient loop's groups: the agent's generation moved past
+  // the one being built, so the peers waited for are building another).
   WaitingStore(std::shared_ptr<store::Store> base, std::string who, std::string purpose,
-               std::string where);
+               std::string where, std::function<std::string()> abandon = nullptr);
 
   void set(const std::string& key, std::string_view value) override { base_->set(key, value); }
   using Store::get;
@@ -73,6 +85,7 @@ class WaitingStore : public store::Store {
 
   std::shared_ptr<store::Store> base_;
   std::string who_, purpose_, where_;
+  std::function<std::string()> abandon_;
 };
 
 }  // namespace trun::worker::detail

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <functional>
 #include <mutex>
 #include <optional>
 
@@ -113,7 +114,22 @@ Worker init(const InitOptions& options) {
     if (const auto f = detail::progress::board_formation(*g)) w.naming_ = f->naming;
   }
   w.groups_ = std::make_shared<Worker::Groups>();
-  if (options.create_default_group) w.default_group_ = w.new_group(options.backend);
+  for (int tries = 0; options.create_default_group; ++tries) {
+    try {
+      w.default_group_ = w.new_group(options.backend);
+      break;
+    } catch (const detail::AbandonedWaitError&) {
+      // A resilient loop's replacement: the agent moved to a newer generation (another failure)
+      // while this process built its first groups; the others build that one's.
+      const std::optional<uint64_t> g = detail::progress::board_generation();
+      if (!g || *g <= w.generation_ || tries >= 100) throw;
+      w.generation_ = *g;
+      if (store_outlives_group(w.env_)) w.env_.restart_count = static_cast<int>(*g);
+      const auto f = detail::progress::board_formation(*g);
+      w.naming_ = f ? f->naming : -1;
+      w.groups_ = std::make_shared<Worker::Groups>();
+    }
+  }
   detail::progress::init_end();
   return w;
 }
@@ -242,9 +258,21 @@ std::unique_ptr<ProcessGroup> Worker::build_group(int n, const std::vector<int>&
   ProcessGroupOptions o;
   if (store_) {
     // Waiting for the other ranks says so on stderr (detail::WaitingStore).
+    // A resilient loop's agent that moved to a newer generation meanwhile (another failure) has
+    // the peers build that one's groups: waiting for this one's would last until the timeout.
+    std::function<std::string()> abandon;
+    if (detail::progress::board_generation()) {
+      abandon = [generation = generation_]() -> std::string {
+        const std::optional<uint64_t> g = detail::progress::board_generation();
+        if (!g || *g <= generation) return {};
+        return "the agent moved on to generation " + std::to_string(*g) + " (this group is of " +
+               std::to_string(generation) + ")";
+      };
+    }
     o.store = std::make_shared<detail::WaitingStore>(
         std::make_shared<store::PrefixStore>(round, store_), who(env_),
-        "the other ranks to build process group " + std::to_string(n), store_description(env_));
+        "the other ranks to build process group " + std::to_string(n), store_description(env_),
+        std::move(abandon));
   }
   o.rank = static_cast<int>(me - members.begin());
   o.world_size = static_cast<int>(members.size());
