@@ -552,14 +552,14 @@ def main():
     if local:
         print("state transfer of %d MiB (median of 3 by rate; references measured in the same "
               "run)" % a.mib)
-        print("%-32s %10s %22s %10s" % ("between", "GB/s", "reference", "ref GB/s"))
-        print("%-32s %10.2f %22s %10.2f" % ("2 local ranks (%s)" % local["via"], local["gbps"],
+        print("%-32s %10s %24s %10s" % ("between", "GB/s", "reference", "ref GB/s"))
+        print("%-32s %10.2f %24s %10.2f" % ("2 local ranks (%s)" % local["via"], local["gbps"],
                                              "memcpy", local["memcpy_gbps"]))
-        print("%-32s %10.2f %22s %10.2f" % ("2 nodes on loopback (%s)" % remote["via"],
+        print("%-32s %10.2f %24s %10.2f" % ("2 nodes on loopback (%s)" % remote["via"],
                                              remote["gbps"], "loopback TCP stream",
                                              remote["tcp_gbps"]))
         if netns:
-            print("%-32s %10.2f %22s %10.2f" % ("2 netns nodes (%s)" % netns["via"],
+            print("%-32s %10.2f %24s %10.2f" % ("2 netns nodes (%s)" % netns["via"],
                                                  netns["gbps"], "TCP stream between them",
                                                  netns["tcp_gbps"]))
         print()
