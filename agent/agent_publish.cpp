@@ -1,5 +1,6 @@
 // What operators see of the agent (agent/agent.h), fed from the agent's thread: the event log
 // (--event-log), the /metrics snapshot (--metrics-port) and the status record (`trun status`).
+#include <spdlog/spdlog.h>
 #include <sys/epoll.h>
 #include <sys/timerfd.h>
 #include <unistd.h>

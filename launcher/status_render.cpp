@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "agent/straggler.h"
 #include "launcher/timeline.h"  // printable()
 
 namespace trun::launcher::status {
