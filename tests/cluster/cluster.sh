@@ -349,7 +349,7 @@ reform_join)  # resilient loops (issue 38): a node joins, later its agent is SIG
   # same processes, with no restart and no checkpoint (the state comes from the live ranks).
   MLP=$BIN/examples/train_mlp
   [ -x "$MLP" ] || fail "$MLP is not built"
-  WORKER_CMD=("$MLP" --no-ckpt --dataset-size 6000 --batch-size 5 --epochs 4 --step-sleep-ms 20
+  WORKER_CMD=("$MLP" --no-ckpt --dataset-size 6000 --batch-size 5 --epochs 2 --step-sleep-ms 20
     --print-steps)
   for i in 0 1 2; do add_node $i; done
   for i in 0 1; do start_agent $i --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 $(c10d); done
