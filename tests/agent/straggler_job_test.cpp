@@ -122,28 +122,18 @@ TEST_CASE(
   const std::string run = "slowexclude-" + std::to_string(::getpid());
   auto agent = [&](const std::string& name, bool host) {
     return std::make_unique<Child>(
-        std::vector<std::string>{trun_binary(),
-                                 "--nnodes=2:2",
-                                 "--nproc-per-node=1",
-                                 "--max-restarts=0",
-                                 "--rdzv-backend=c10d",
-                                 "--rdzv-endpoint=" + ep,
-                                 "--rdzv-id=" + run,
-                                 "--straggler-window=5",
-                                 "--straggler-action=exclude",
-                                 "--exclude-cooldown=60",
-                                 "--event-log",
-                                 d / (name + ".jsonl"),
+        std::vector<std::string>{trun_binary(), "--nnodes=2:2", "--nproc-per-node=1",
+                                 "--max-restarts=0", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep,
+                                 "--rdzv-id=" + run, "--straggler-window=5",
+                                 "--straggler-action=exclude", "--exclude-cooldown=60",
+                                 "--event-log", d / (name + ".jsonl"),
                                  std::string("--rdzv-conf=last_call_timeout=1,join_timeout=60") +
                                      (host ? ",is_host=1" : ",is_host=0"),
                                  train_mlp(),
-                                 "--no-ckpt",
-                                 "--dataset-size",
-                                 "1000000",
-                                 "--epochs",
-                                 "1000",
-                                 "--step-sleep-ms",
-                                 "20"},
+                                 // The whole-group path: this case is about the exclusion and
+                                 // the spare's round, not the resilient loop's kept workers.
+                                 "--classic", "--no-ckpt", "--dataset-size", "1000000", "--epochs",
+                                 "1000", "--step-sleep-ms", "20"},
         std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}});
   };
   auto a = agent("a", true);

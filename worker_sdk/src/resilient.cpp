@@ -171,10 +171,12 @@ struct ResilientLoop::Impl {
   }
 
   // TRUN_TEST_DIE_REFORMING=G:R: rank R dies (SIGKILL) as it begins to re-form at generation G,
-  // after leaving its groups: the others are then building G's groups without it.
+  // after leaving its groups and 2 s more: the others are then building G's groups without it,
+  // and G's replacement had the time to start (under a sanitizer too) and declare its loop.
   void die_if_testing_reforming() const {
     static const char* const at = std::getenv("TRUN_TEST_DIE_REFORMING");
     if (at && std::to_string(generation) + ":" + std::to_string(worker->rank()) == at) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
       std::fprintf(stderr, "%s: dying as it re-forms (TRUN_TEST_DIE_REFORMING)\n", who().c_str());
       ::raise(SIGKILL);
     }
