@@ -154,11 +154,13 @@ case $CASE in
     mkdir -p "$TMP/ckpt"
     # A lost node is declared dead after 5 missed keep-alives of 1 s.
     conf="last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=5,join_timeout=30,read_timeout=5"
+    # --classic: this case checks the whole-group resume from the checkpoint after a node is lost
+    # (with the resilient loop node 0's workers would keep running: cluster.reform_join).
     for i in 0 1; do
       run_demo "$TAG-n$i" --network "$NETWORK" --ip "$subnet.1$i" -e LOGLEVEL=INFO "$DEMO" \
         --nnodes=1:2 --nproc-per-node=2 --max-restarts=0 --rdzv-backend=c10d \
         --rdzv-endpoint="$subnet.10:29400" --rdzv-id=ctest --rdzv-conf="$conf" \
-        --local-addr="$subnet.1$i" --no-python train_mlp --ckpt-dir /ckpt --epochs 40 \
+        --local-addr="$subnet.1$i" --no-python train_mlp --classic --ckpt-dir /ckpt --epochs 40 \
         --ckpt-every 4 --step-sleep-ms 20
     done
     for i in 0 1; do
