@@ -212,7 +212,11 @@ void Agent::on_agent_signal(int sig) {
 bool Agent::on_round_over(const rendezvous::RoundEvent& e) {
   if (workers_.empty() || outcome_) return false;
   using Kind = rendezvous::RoundEvent::Kind;
-  if ((e.kind == Kind::kNodeJoined || e.kind == Kind::kNodeLeft) && can_keep_workers()) {
+  // Not after a planned leave ("agent shut down": a SIGTERM to that agent, an exclusion): the
+  // leaving node's workers stop by their stop agreement, which stops every rank's program too.
+  const bool planned_leave = e.kind == Kind::kNodeLeft && e.detail.rfind("agent shut down", 0) == 0;
+  if ((e.kind == Kind::kNodeJoined || (e.kind == Kind::kNodeLeft && !planned_leave)) &&
+      can_keep_workers()) {
     // Resilient loops: the workers keep running (or wait for the next generation, when the
     // node that left held their peers) while the next round forms; then they re-form in it.
     spdlog::warn("{}; the workers keep running (resilient loops) and re-form in the next round",
