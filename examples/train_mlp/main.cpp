@@ -701,6 +701,7 @@ int run_resilient(Training& t, const InitOptions& io) {
   std::unique_ptr<DistributedSampler> sampler;
   bool sample_log_ok = true;
   bool start_line_due = false;
+  bool group_logged = false;  // the current formation wrote its start line (it took a step)
   ResilientProgram program;
   program.on_group = [&](Worker& worker, const Formation& f) {
     ProcessGroup& host_pg = form_training(t, g, sampler, worker, false);
@@ -713,7 +714,9 @@ int run_resilient(Training& t, const InitOptions& io) {
       // with the state, and a restore sets the checkpoint's.
       const std::string previous = t.group;
       t.group = sample_log_group(worker, host_pg);
-      if (f.number > 0) t.resumed_from = previous;
+      // A formation that broke before its first step logged nothing: the chain skips it.
+      if (f.number > 0 && group_logged) t.resumed_from = previous;
+      group_logged = false;
       start_line_due = true;
     }
   };
@@ -731,6 +734,7 @@ int run_resilient(Training& t, const InitOptions& io) {
     if (start_line_due) {
       start_line_due = false;
       sample_log_ok = open_sample_log(t);
+      group_logged = true;
     }
     return sample_log_ok && train_step(t);
   };
