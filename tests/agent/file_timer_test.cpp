@@ -44,12 +44,12 @@ bool eventually(Pred pred, std::chrono::milliseconds timeout = std::chrono::seco
   return pred();
 }
 
-struct TempDir {
-  TempDir() {
+struct ScratchDir {
+  ScratchDir() {
     char tmpl[] = "/tmp/trun-timer-XXXXXX";
     path = ::mkdtemp(tmpl);
   }
-  ~TempDir() {
+  ~ScratchDir() {
     std::error_code ec;
     fs::remove_all(path, ec);
   }
@@ -171,7 +171,7 @@ struct Served {
   Served() : fifo(dir / "timer"), server(options(fifo, reports)) {
     server.set_workers({worker.pid});
   }
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string fifo;
   FileTimerServer server;
@@ -250,7 +250,7 @@ TEST_CASE(
     "with a dump signal, an expired SIGKILL timer sends it first and SIGKILL only to a worker "
     "that outlives it",
     "[file_timer][dump]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   FileTimerOptions o = options(dir / "timer", reports);
   o.dump_signal = SIGABRT;
@@ -400,7 +400,7 @@ TEST_CASE_METHOD(Served,
 
 TEST_CASE("bad requests are refused and reported once per kind, and the server goes on",
           "[file_timer]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string fifo = dir / "timer";
   FileTimerOptions o = options(fifo, reports);
@@ -468,7 +468,7 @@ TEST_CASE("bad requests are refused and reported once per kind, and the server g
 
 TEST_CASE("a request is refused while its pid is not a worker and honoured once it is",
           "[file_timer]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string fifo = dir / "timer";
   FileTimerServer server(options(fifo, reports));
@@ -498,7 +498,7 @@ TEST_CASE("a request is refused while its pid is not a worker and honoured once 
 
 TEST_CASE("a worker replaced alone takes its predecessor's place, the others keep their timers",
           "[file_timer][resilient]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string fifo = dir / "timer";
   FileTimerServer server(options(fifo, reports));
@@ -535,7 +535,7 @@ TEST_CASE_METHOD(Served, "a worker that has exited is not signalled, even when i
 }
 
 TEST_CASE("the FIFO is made with mode 0600 and removed at the end", "[file_timer]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string fifo = dir / "timer";
   const mode_t old_mask = ::umask(0277);  // would leave the owner no write bit
@@ -553,7 +553,7 @@ TEST_CASE("the FIFO is made with mode 0600 and removed at the end", "[file_timer
 }
 
 TEST_CASE("what replaced the FIFO is not removed at the end", "[file_timer]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string fifo = dir / "timer";
   {
@@ -568,7 +568,7 @@ TEST_CASE("what replaced the FIFO is not removed at the end", "[file_timer]") {
 
 TEST_CASE("a symbolic link, a file that is not a FIFO and a FIFO in use are refused",
           "[file_timer]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string target = dir / "target";
   std::ofstream(target) << "keep\n";
@@ -596,7 +596,7 @@ TEST_CASE("a symbolic link, a file that is not a FIFO and a FIFO in use are refu
 }
 
 TEST_CASE("a FIFO left behind by an earlier run is replaced", "[file_timer]") {
-  TempDir dir;
+  ScratchDir dir;
   Reports reports;
   const std::string fifo = dir / "timer";
   const mode_t old_mask = ::umask(0);

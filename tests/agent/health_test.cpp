@@ -26,7 +26,7 @@ using nlohmann::json;
 
 namespace {
 
-std::string train_mlp() { return std::string(TRUN_BINARY_DIR) + "/examples/train_mlp"; }
+std::string train_mlp_binary() { return std::string(TRUN_BINARY_DIR) + "/examples/train_mlp"; }
 
 size_t count_of(const std::string& text, const std::string& what) {
   size_t n = 0;
@@ -35,7 +35,7 @@ size_t count_of(const std::string& text, const std::string& what) {
 }
 
 // The event log's records named `name`, in order.
-std::vector<json> events_named(const std::string& path, const std::string& name) {
+std::vector<json> records_named(const std::string& path, const std::string& name) {
   std::vector<json> out;
   for (const auto& line : lines_of(read_file(path))) {
     json j = json::parse(line, nullptr, false);
@@ -122,7 +122,7 @@ TEST_CASE("a worker that fails the same way at every start stops the job at --cr
                        test_worker(), "signal", "11"});
     INFO(r.err);
     CHECK(r.exit_code == 4);
-    auto ev = events_named(d / "events.jsonl", "trun.agent.crash_loop");
+    auto ev = records_named(d / "events.jsonl", "trun.agent.crash_loop");
     REQUIRE(ev.size() == 1);
     CHECK(ev[0]["metadata"]["streak"] == 3);
     CHECK(ev[0]["metadata"]["failure"] == "exited with SIGSEGV");
@@ -169,7 +169,7 @@ TEST_CASE("failures that differ, or that come after progress, are not a crash lo
     // crashes after 3 steps (uptime cannot count: 1000 s), so it restarts and finishes.
     auto r =
         run_trun({"--standalone", "--nproc-per-node=2", "--max-restarts=3", "--crash-loop-limit=1",
-                  "--crash-loop-uptime=1000", train_mlp(), "--classic", "--no-ckpt",
+                  "--crash-loop-uptime=1000", train_mlp_binary(), "--classic", "--no-ckpt",
                   "--dataset-size", "256", "--crash-at-step", "3", "--crash-rank", "1"},
                  {}, 120s);
     INFO(r.err);
@@ -204,13 +204,13 @@ TEST_CASE("a node whose --health-check fails stays out of the job until it passe
     CHECK(r.err.find("checks again in 2 s") != std::string::npos);
     CHECK(r.err.find("healthy again after 2 failed check(s)") != std::string::npos);
     CHECK(read_file(check + ".count") == "3\n");
-    auto ev = events_named(d / "events.jsonl", "trun.agent.health");
+    auto ev = records_named(d / "events.jsonl", "trun.agent.health");
     REQUIRE(ev.size() == 3);
     CHECK(ev[0]["metadata"]["healthy"] == false);
     CHECK(ev[0]["metadata"]["output"] == "check 1: GPU 3 reports uncorrectable ECC errors\n");
     CHECK(ev[2]["metadata"]["healthy"] == true);
     // Never a failure of the job: no restart was spent on it.
-    CHECK(events_named(d / "events.jsonl", "trun.agent.restart").empty());
+    CHECK(records_named(d / "events.jsonl", "trun.agent.restart").empty());
   }
   SECTION("after a failure of this node's workers, before the restart") {
     write_flaky_check(check, 0);  // passes at the first join
@@ -326,7 +326,7 @@ TEST_CASE(
         std::string::npos);
   CHECK(berr.find("is excluded for 4 s (exclusion 2)") != std::string::npos);
   CHECK(berr.find("the exclusion of this node is over; joining again") != std::string::npos);
-  auto ev = events_named(d / "b.jsonl", "trun.agent.excluded");
+  auto ev = records_named(d / "b.jsonl", "trun.agent.excluded");
   REQUIRE(ev.size() >= 2);
   CHECK(ev[0]["metadata"]["cooldown_s"] == 2.0);
   CHECK(ev[1]["metadata"]["cooldown_s"] == 4.0);
@@ -434,7 +434,7 @@ TEST_CASE(
   CHECK(st.out.find("excluded: ") != std::string::npos);
   b2->signal(SIGTERM);
   REQUIRE(b2->wait(30s));  // its event log is complete
-  auto ev = events_named(d / "b2.jsonl", "trun.agent.excluded");
+  auto ev = records_named(d / "b2.jsonl", "trun.agent.excluded");
   REQUIRE(ev.size() >= 2);
   CHECK(ev[0]["metadata"]["restored"] == true);
   CHECK(ev[0]["metadata"]["cooldown_s"].get<double>() <= 5.0);

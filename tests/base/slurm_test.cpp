@@ -8,13 +8,13 @@
 using trun::base::expand_tasks_per_node;
 using trun::base::is_srun_step_id;
 using trun::base::slurm_port;
-using V = std::vector<int>;
+using Tasks = std::vector<int>;
 
 TEST_CASE("tasks per node: counts, repeats and lists of both", "[slurm]") {
-  CHECK(expand_tasks_per_node("4") == V{4});
-  CHECK(expand_tasks_per_node("2(x3)") == V{2, 2, 2});
-  CHECK(expand_tasks_per_node("2(x3),1") == V{2, 2, 2, 1});
-  CHECK(expand_tasks_per_node("1,3(x2),2") == V{1, 3, 3, 2});
+  CHECK(expand_tasks_per_node("4") == Tasks{4});
+  CHECK(expand_tasks_per_node("2(x3)") == Tasks{2, 2, 2});
+  CHECK(expand_tasks_per_node("2(x3),1") == Tasks{2, 2, 2, 1});
+  CHECK(expand_tasks_per_node("1,3(x2),2") == Tasks{1, 3, 3, 2});
 }
 
 TEST_CASE("tasks per node: malformed text is refused with the text quoted", "[slurm]") {

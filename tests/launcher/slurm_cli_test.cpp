@@ -52,8 +52,8 @@ Env with(Env env, const Env& more) {
   return env;
 }
 
-RunResult dry_run(std::vector<std::string> args, const Env& env,
-                  const std::vector<std::string>& also_unset = {}) {
+RunResult dry_run_with(std::vector<std::string> args, const Env& env,
+                       const std::vector<std::string>& also_unset = {}) {
   args.insert(args.begin(), "--dry-run");
   std::vector<std::string> unset = kUnset;
   unset.insert(unset.end(), also_unset.begin(), also_unset.end());
@@ -74,7 +74,7 @@ void expect_error(const std::vector<std::string>& args, const Env& env, const st
   INFO("env SLURM_STEP_NODELIST=" << (env.count("SLURM_STEP_NODELIST")
                                           ? env.at("SLURM_STEP_NODELIST")
                                           : std::string("(unset)")));
-  auto r = dry_run(args, env);
+  auto r = dry_run_with(args, env);
   REQUIRE(r.finished);
   CHECK(r.exit_code == 2);
   auto lines = lines_of(r.err);
@@ -105,9 +105,9 @@ std::pair<unsigned, int> free_slurm_job() {
 
 TEST_CASE("trun --dry-run prints the resolved configuration and starts nothing", "[slurm_cli]") {
   TempDir d;
-  auto r = dry_run({"--nproc-per-node=2", "--max-restarts=3", "--tee=3", "--log-dir", d / "logs",
-                    test_worker(), "pidfile", d.path(), "exit", "0"},
-                   {{"PET_MONITOR_INTERVAL", "2.5"}});
+  auto r = dry_run_with({"--nproc-per-node=2", "--max-restarts=3", "--tee=3", "--log-dir",
+                         d / "logs", test_worker(), "pidfile", d.path(), "exit", "0"},
+                        {{"PET_MONITOR_INTERVAL", "2.5"}});
   json j = config_of(r);
   CHECK(j["nnodes"] == json({{"min", 1}, {"max", 1}}));
   CHECK(j["nproc_per_node"] == 2);
@@ -137,7 +137,7 @@ TEST_CASE("trun --dry-run prints the resolved configuration and starts nothing",
 
 TEST_CASE("in an srun step the rendezvous options come from SLURM, with one line saying so",
           "[slurm_cli]") {
-  auto r = dry_run({test_worker()}, step_env(1));
+  auto r = dry_run_with({test_worker()}, step_env(1));
   json j = config_of(r);
   CHECK(j["rendezvous"]["backend"] == "c10d");
   CHECK(j["rendezvous"]["run_id"] == "12.0");
@@ -168,8 +168,8 @@ TEST_CASE("in an srun step the rendezvous options come from SLURM, with one line
 TEST_CASE("under SLURM the command line wins over PET_ variables, which win over SLURM",
           "[slurm_cli]") {
   // PET_ over SLURM.
-  json j = config_of(dry_run({test_worker()},
-                             with(step_env(), {{"PET_RDZV_ID", "pet-id"}, {"PET_NNODES", "1:2"}})));
+  json j = config_of(dry_run_with(
+      {test_worker()}, with(step_env(), {{"PET_RDZV_ID", "pet-id"}, {"PET_NNODES", "1:2"}})));
   CHECK(j["rendezvous"]["run_id"] == "pet-id");
   CHECK(j["nnodes"] == json({{"min", 1}, {"max", 2}}));
   CHECK(j["rendezvous"]["endpoint"] == "n1:10096");  // still from SLURM
@@ -178,15 +178,16 @@ TEST_CASE("under SLURM the command line wins over PET_ variables, which win over
     CHECK(d["option"] != "--nnodes");
   }
   // The command line over both.
-  j = config_of(dry_run({"--rdzv-id=argv-id", "--rdzv-endpoint=127.0.0.1:29400",
-                         "--signals-to-handle=SIGTERM", test_worker()},
-                        with(step_env(), {{"PET_RDZV_ID", "pet-id"}})));
+  j = config_of(dry_run_with({"--rdzv-id=argv-id", "--rdzv-endpoint=127.0.0.1:29400",
+                              "--signals-to-handle=SIGTERM", test_worker()},
+                             with(step_env(), {{"PET_RDZV_ID", "pet-id"}})));
   CHECK(j["rendezvous"]["run_id"] == "argv-id");
   CHECK(j["rendezvous"]["endpoint"] == "127.0.0.1:29400");
   CHECK(j["supervision"]["signals_to_handle"] == json({"SIGTERM"}));
   CHECK(j["derived"].size() == 2);  // --rdzv-backend and --nnodes only
   // PET_SIGNALS_TO_HANDLE also keeps SIGUSR1 out.
-  j = config_of(dry_run({test_worker()}, with(step_env(), {{"PET_SIGNALS_TO_HANDLE", "SIGINT"}})));
+  j = config_of(
+      dry_run_with({test_worker()}, with(step_env(), {{"PET_SIGNALS_TO_HANDLE", "SIGINT"}})));
   CHECK(j["supervision"]["signals_to_handle"] == json({"SIGINT"}));
 }
 
@@ -194,7 +195,7 @@ TEST_CASE("under SLURM with the static backend the node rank and node 0 come fro
           "[slurm_cli]") {
   // Without PET_MASTER_PORT (which names node 0's port itself).
   json j = config_of(
-      dry_run({"--rdzv-backend=static", test_worker()}, step_env(1), {"PET_MASTER_PORT"}));
+      dry_run_with({"--rdzv-backend=static", test_worker()}, step_env(1), {"PET_MASTER_PORT"}));
   CHECK(j["rendezvous"]["backend"] == "static");
   CHECK(j["rendezvous"]["node_rank"] == 1);
   CHECK(j["rendezvous"]["master_addr"] == "n1");
@@ -208,7 +209,7 @@ TEST_CASE("in a batch script outside srun nothing is derived, and one line says 
           "[slurm_cli]") {
   for (const Env& env : {Env{{"SLURM_JOB_ID", "12"}, {"SLURM_JOB_NODELIST", "n[1-2]"}},
                          Env{{"SLURM_JOB_ID", "12"}, {"SLURM_STEP_ID", "4294967294"}}}) {
-    auto r = dry_run({test_worker()}, env);
+    auto r = dry_run_with({test_worker()}, env);
     json j = config_of(r);
     CHECK(j["rendezvous"]["backend"] == "static");
     CHECK(j["derived"] == json::array());
@@ -221,7 +222,7 @@ TEST_CASE("in a batch script outside srun nothing is derived, and one line says 
 }
 
 TEST_CASE("TRUN_SLURM=0 ignores SLURM's environment", "[slurm_cli]") {
-  auto r = dry_run({test_worker()}, with(step_env(), {{"TRUN_SLURM", "0"}}));
+  auto r = dry_run_with({test_worker()}, with(step_env(), {{"TRUN_SLURM", "0"}}));
   json j = config_of(r);
   CHECK(j["rendezvous"]["backend"] == "static");
   CHECK(j["nnodes"]["max"] == 1);

@@ -24,8 +24,8 @@ namespace {
 constexpr auto kSlack = 8s;
 
 // What a test does not want from the environment it runs in.
-const std::vector<std::string> kUnset{"TORCHELASTIC_ERROR_FILE", "LOGLEVEL", "OMP_NUM_THREADS",
-                                      "TRUN_STORE_TOKEN"};
+const std::vector<std::string> kTimeoutsUnset{"TORCHELASTIC_ERROR_FILE", "LOGLEVEL",
+                                              "OMP_NUM_THREADS", "TRUN_STORE_TOKEN"};
 
 std::vector<std::string> error_lines(const std::string& err) {
   std::vector<std::string> out;
@@ -58,7 +58,7 @@ TEST_CASE("a c10d agent that loses its store exits 3 within its rejoin bound", "
   Child agent(trun_args({"--rdzv-backend=c10d", "--rdzv-endpoint=" + endpoint, "--rdzv-conf",
                          "join_timeout=3,is_host=false", test_worker(), "pidfile", d.path(),
                          "sleep", "60"}),
-              {}, kUnset);
+              {}, kTimeoutsUnset);
   REQUIRE(wait_until([&] { return file_exists(d / "pid_0_0"); }, 20s));
   const pid_t worker = read_pid(d / "pid_0_0");
 
@@ -92,10 +92,10 @@ TEST_CASE("when the agent hosting the store is killed, the other exits 3 within 
                       "--log-dir=" + d.path() + "/trun-logs", test_worker(), "pidfile", d.path(),
                       "sleep", "60"});
   };
-  Child host(agent_args("true", d0), {}, kUnset);
+  Child host(agent_args("true", d0), {}, kTimeoutsUnset);
   // The host binds first; the other one must not (it would take over the port when it is free).
   std::this_thread::sleep_for(200ms);
-  Child other(agent_args("false", d1), {}, kUnset);
+  Child other(agent_args("false", d1), {}, kTimeoutsUnset);
   REQUIRE(
       wait_until([&] { return file_exists(d0 / "pid_0_0") && file_exists(d1 / "pid_0_0"); }, 20s));
   const pid_t worker = read_pid(d1 / "pid_0_0");

@@ -27,10 +27,10 @@ using HandlerPtr = std::unique_ptr<RendezvousHandler>;
 
 namespace {
 
-std::string unique_run_id() { return trun::testing::unique_run_id("etcd"); }
+std::string etcd_run_id() { return trun::testing::unique_run_id("etcd"); }
 
 // Runs next_rendezvous on every handler at once.
-std::vector<RendezvousInfo> join_all(const std::vector<HandlerPtr>& handlers) {
+std::vector<RendezvousInfo> join_handlers(const std::vector<HandlerPtr>& handlers) {
   std::vector<std::future<RendezvousInfo>> futures;
   for (auto& h : handlers) {
     futures.push_back(std::async(std::launch::async, [&h] { return h->next_rendezvous(); }));
@@ -68,7 +68,7 @@ TEST_CASE("etcd: the registry knows etcd and torchrun's alias etcd-v2", "[etcd]"
   CHECK(std::find(names.begin(), names.end(), "etcd") != names.end());
   SKIP_WITHOUT_ETCD();
   auto& etcd = EtcdServer::shared();
-  const std::string run = unique_run_id();
+  const std::string run = etcd_run_id();
   for (const char* name : {"etcd", "etcd-v2"}) {
     INFO("backend " << name);
     auto h =
@@ -86,7 +86,7 @@ TEST_CASE("etcd: endpoints: http:// is accepted, https:// is refused as an optio
           "[etcd]") {
   SKIP_WITHOUT_ETCD();
   auto& etcd = EtcdServer::shared();
-  const std::string run = unique_run_id();
+  const std::string run = etcd_run_id();
   auto o = fast_rdzv_options("http://" + etcd.endpoint(), run, "a", 1, 1);
   auto h = create_rendezvous_handler("etcd", o);
   CHECK(h->next_rendezvous().group_world_size == 1);
@@ -107,7 +107,7 @@ TEST_CASE("etcd: without a port the endpoint means etcd's client port 2379", "[e
   if (listening(2379)) {
     TRUN_SKIP("something listens on 127.0.0.1:2379 here", kEnvironment);
   }
-  auto o = fast_rdzv_options("127.0.0.1", unique_run_id(), "a", 1, 1);
+  auto o = fast_rdzv_options("127.0.0.1", etcd_run_id(), "a", 1, 1);
   o.read_timeout = 2s;
   o.join_timeout = 10s;
   try {
@@ -127,13 +127,13 @@ TEST_CASE(
     "[etcd]") {
   SKIP_WITHOUT_ETCD();
   auto& etcd = EtcdServer::shared();
-  const std::string run = unique_run_id();
+  const std::string run = etcd_run_id();
   std::vector<HandlerPtr> hs;
   for (auto id : {"a", "b"}) {
     hs.push_back(
         create_rendezvous_handler("etcd", fast_rdzv_options(etcd.endpoint(), run, id, 2, 2)));
   }
-  join_all(hs);
+  join_handlers(hs);
   auto keys = keys_of_run(etcd, run);
   CHECK_FALSE(keys.empty());
   for (auto& k : keys) {
@@ -147,7 +147,7 @@ TEST_CASE(
 TEST_CASE("etcd: runs with the same id under different etcd_prefix values do not meet", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   auto& etcd = EtcdServer::shared();
-  const std::string run = unique_run_id();  // the same id for both jobs
+  const std::string run = etcd_run_id();  // the same id for both jobs
   const std::string prefixes[] = {"/jobs-" + run + "/one/", "/jobs-" + run + "/two/"};
   std::vector<HandlerPtr> hs;
   for (const auto& prefix : prefixes) {
@@ -160,7 +160,7 @@ TEST_CASE("etcd: runs with the same id under different etcd_prefix values do not
       hs.push_back(create_rendezvous_handler("etcd", o));
     }
   }
-  auto infos = join_all(hs);
+  auto infos = join_handlers(hs);
   for (size_t i = 0; i < infos.size(); ++i) {
     INFO("handler " << i);
     CHECK(infos[i].group_world_size == 2);
@@ -217,7 +217,7 @@ TEST_CASE("etcd: a node's lease ttl is keep_alive_interval x keep_alive_max_atte
   for (const auto& c : cases) {
     INFO("keep_alive " << c.interval.count() << " ms x " << c.attempts);
     auto before = lease_ids();
-    auto o = fast_rdzv_options(etcd.endpoint(), unique_run_id(), "a", 1, 1);
+    auto o = fast_rdzv_options(etcd.endpoint(), etcd_run_id(), "a", 1, 1);
     o.keep_alive_interval = c.interval;
     o.keep_alive_max_attempt = c.attempts;
     auto h = create_rendezvous_handler("etcd", o);
@@ -240,13 +240,13 @@ TEST_CASE("etcd: several endpoints: a member that is down is skipped", "[etcd]")
   SKIP_WITHOUT_ETCD();
   auto& etcd = EtcdServer::shared();
   const std::string dead = "127.0.0.1:" + std::to_string(trun::testing::free_port());
-  const std::string run = unique_run_id();
+  const std::string run = etcd_run_id();
   std::vector<HandlerPtr> hs;
   for (auto id : {"a", "b"}) {
     hs.push_back(create_rendezvous_handler(
         "etcd", fast_rdzv_options(dead + ",http://" + etcd.endpoint(), run, id, 2, 2)));
   }
-  auto infos = join_all(hs);
+  auto infos = join_handlers(hs);
   CHECK(infos[0].group_world_size == 2);
   CHECK(infos[0].round == infos[1].round);
   auto bad = fast_rdzv_options(dead + ",", run, "c", 1, 1);
@@ -257,14 +257,14 @@ TEST_CASE("etcd: several endpoints: a member that is down is skipped", "[etcd]")
 TEST_CASE("etcd: the group outlives the etcd member its agents were talking to", "[etcd]") {
   SKIP_WITHOUT_ETCD();
   trun::testing::EtcdCluster cluster;
-  const std::string run = unique_run_id();
+  const std::string run = etcd_run_id();
   std::vector<HandlerPtr> hs;
   for (auto id : {"a", "b"}) {
     auto o = fast_rdzv_options(cluster.endpoints(), run, id, 2, 2);
     o.keep_alive_interval = 500ms;  // a 2 s lease: the failover must not cost a node its lease
     hs.push_back(create_rendezvous_handler("etcd", o));
   }
-  auto first = join_all(hs);
+  auto first = join_handlers(hs);
   REQUIRE(first[0].round == first[1].round);
   // Member 0, which every connection went to, dies; the other two keep the quorum.
   cluster.stop(0);
@@ -273,7 +273,7 @@ TEST_CASE("etcd: the group outlives the etcd member its agents were talking to",
   REQUIRE(e);
   INFO("round over: " << e->describe());
   CHECK(e->kind == RoundEvent::Kind::kWorkerFailed);
-  auto second = join_all(hs);
+  auto second = join_handlers(hs);
   CHECK(second[0].round > first[0].round);
   CHECK(second[0].round == second[1].round);
   CHECK(second[0].group_world_size == 2);

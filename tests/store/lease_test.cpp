@@ -18,7 +18,7 @@ std::unique_ptr<StoreServer> loopback_server() {
   return StoreServer::start(o);
 }
 
-TcpStoreOptions client_for(const StoreServer& server) {
+TcpStoreOptions lease_client_for(const StoreServer& server) {
   TcpStoreOptions o;
   o.port = server.port();
   o.timeout = 10s;
@@ -42,9 +42,9 @@ LeaseSpec lease(std::chrono::milliseconds ttl) {
 
 TEST_CASE("a lease fires into its first key when the connection closes", "[lease]") {
   auto server = loopback_server();
-  TcpStore observer(client_for(*server));
+  TcpStore observer(lease_client_for(*server));
   {
-    TcpStore node(client_for(*server));
+    TcpStore node(lease_client_for(*server));
     node.lease_arm(lease(0ms));
     CHECK(observer.get("node/1") == "me");  // arming also set the descriptor
     CHECK_FALSE(observer.check({"result"}));
@@ -57,14 +57,14 @@ TEST_CASE("a lease fires into its first key when the connection closes", "[lease
 
 TEST_CASE("a lease appends to its second key when the first exists", "[lease]") {
   auto server = loopback_server();
-  TcpStore observer(client_for(*server));
+  TcpStore observer(lease_client_for(*server));
   observer.set("result", "complete");
   // A SET has no answer: a round trip on the same connection makes sure the store holds it
   // before the leases fire from other connections.
   REQUIRE(observer.check({"result"}));
   {
-    TcpStore a(client_for(*server));
-    TcpStore b(client_for(*server));
+    TcpStore a(lease_client_for(*server));
+    TcpStore b(lease_client_for(*server));
     auto la = lease(0ms);
     la.b_value = "left a\n";
     auto lb = lease(0ms);
@@ -88,8 +88,8 @@ TEST_CASE("a lease appends to its second key when the first exists", "[lease]") 
 
 TEST_CASE("a lease without keep-alives lapses after its ttl, renewals keep it", "[lease]") {
   auto server = loopback_server();
-  TcpStore observer(client_for(*server));
-  TcpStore node(client_for(*server));
+  TcpStore observer(lease_client_for(*server));
+  TcpStore node(lease_client_for(*server));
   node.lease_arm(lease(300ms));
   for (int i = 0; i < 6; ++i) {  // 600 ms of renewals every 100 ms: the lease holds
     std::this_thread::sleep_for(100ms);
@@ -107,9 +107,9 @@ TEST_CASE("a lease without keep-alives lapses after its ttl, renewals keep it", 
 
 TEST_CASE("a released or replaced lease does not fire", "[lease]") {
   auto server = loopback_server();
-  TcpStore observer(client_for(*server));
+  TcpStore observer(lease_client_for(*server));
   {
-    TcpStore node(client_for(*server));
+    TcpStore node(lease_client_for(*server));
     node.lease_arm(lease(0ms));
     CHECK(node.lease_release());
     CHECK_FALSE(node.lease_release());
@@ -125,7 +125,7 @@ TEST_CASE("a released or replaced lease does not fire", "[lease]") {
 
 TEST_CASE("a stopping server does not fire leases", "[lease]") {
   auto server = loopback_server();
-  TcpStore node(client_for(*server));
+  TcpStore node(lease_client_for(*server));
   node.lease_arm(lease(0ms));
   server->stop();
   // Nothing to observe after stop except that stop returned without crashing on the lease; a
@@ -135,7 +135,7 @@ TEST_CASE("a stopping server does not fire leases", "[lease]") {
 
 TEST_CASE("the server counts requests", "[lease]") {
   auto server = loopback_server();
-  TcpStore c(client_for(*server));
+  TcpStore c(lease_client_for(*server));
   c.ping();  // the handshake's VALIDATE is not answered: sync with a round trip first
   auto before = server->num_requests();
   c.set("a", "1");
@@ -146,7 +146,7 @@ TEST_CASE("the server counts requests", "[lease]") {
 
 TEST_CASE("interrupt unblocks a waiting call on another thread", "[lease]") {
   auto server = loopback_server();
-  TcpStore waiter(client_for(*server));
+  TcpStore waiter(lease_client_for(*server));
   std::string error;
   auto start = Clock::now();
   std::thread t([&] {

@@ -15,7 +15,7 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-StoreServerOptions loopback(uint16_t port = 0) {
+StoreServerOptions loopback_on(uint16_t port = 0) {
   StoreServerOptions o;
   o.host = "127.0.0.1";
   o.port = port;
@@ -39,7 +39,7 @@ std::string next_failure(TcpStore& store) {
 
 TEST_CASE("a client whose store stopped fails promptly on reconnect, naming the endpoint",
           "[store][reconnect]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_on());
   const uint16_t port = server->port();
   TcpStoreOptions o;
   o.port = port;
@@ -78,14 +78,14 @@ TEST_CASE("a client whose store stopped fails promptly on reconnect, naming the 
   CHECK(took < 20s);  // generous; the budget is 5 s (or 1 s), the connect_timeout 60 s
 
   // A server back on the same port is found by the next call.
-  auto again = StoreServer::start(loopback(port));
+  auto again = StoreServer::start(loopback_on(port));
   store.set("k2", "v2");
   CHECK(store.get("k2") == "v2");
 }
 
 TEST_CASE("a client waiting on a store that stops on purpose hears so and never retries it",
           "[store][reconnect][gone]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_on());
   const uint16_t port = server->port();
   TcpStoreOptions o;
   o.port = port;
@@ -114,7 +114,7 @@ TEST_CASE("a client waiting on a store that stops on purpose hears so and never 
   CHECK(gone);
   CHECK(error.find("stopping on purpose") != std::string::npos);
   // Later calls fail at once, without trying the port again (a new server there is not asked).
-  auto again = StoreServer::start(loopback(port));
+  auto again = StoreServer::start(loopback_on(port));
   const auto began = Clock::now();
   CHECK_THROWS_AS(waiter.set("k", "v"), StoreGoneError);
   CHECK(Clock::now() - began < 1s);
@@ -123,7 +123,7 @@ TEST_CASE("a client waiting on a store that stops on purpose hears so and never 
 
 TEST_CASE("a client of a store that dies (no goodbye) gets a plain StoreError, not 'gone'",
           "[store][reconnect][gone]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_on());
   TcpStoreOptions o;
   o.port = server->port();
   o.dialect = StoreDialect::kTrun;

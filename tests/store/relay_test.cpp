@@ -38,7 +38,7 @@ using wire::Op;
 
 namespace {
 
-std::unique_ptr<StoreServer> loopback_server() {
+std::unique_ptr<StoreServer> upstream_server() {
   StoreServerOptions o;
   o.host = "127.0.0.1";
   return StoreServer::start(o);
@@ -63,7 +63,7 @@ std::unique_ptr<TcpStore> connect(uint16_t port) {
   return std::make_unique<TcpStore>(client_on(port));
 }
 
-LeaseSpec lease(std::chrono::milliseconds ttl) {
+LeaseSpec relay_lease(std::chrono::milliseconds ttl) {
   LeaseSpec l;
   l.set_key = "node/1";
   l.set_value = "me";
@@ -75,7 +75,7 @@ LeaseSpec lease(std::chrono::milliseconds ttl) {
   return l;
 }
 
-bool eventually(std::function<bool()> pred, std::chrono::milliseconds timeout = 10s) {
+bool relay_eventually(std::function<bool()> pred, std::chrono::milliseconds timeout = 10s) {
   auto deadline = Clock::now() + timeout;
   while (Clock::now() < deadline) {
     if (pred()) return true;
@@ -86,7 +86,7 @@ bool eventually(std::function<bool()> pred, std::chrono::milliseconds timeout = 
 
 using trun::testing::RawSocket;
 
-std::string v2_hello() {
+std::string relay_v2_hello() {
   std::string s;
   Encoder(&s).query(Op::kValidate).u32(wire::kValidationMagic);
   return s;
@@ -140,14 +140,14 @@ std::vector<std::string> run_ops(Store& s) {
 
 TEST_CASE("key-value requests through a relay give the store's own answers and are counted",
           "[store][relay]") {
-  auto direct_server = loopback_server();
+  auto direct_server = upstream_server();
   auto direct_client = connect(direct_server->port());
   direct_client->ping();  // the handshake is not answered: sync with a round trip first
   const uint64_t direct_before = direct_server->num_requests();
   const auto expected = run_ops(*direct_client);
   const uint64_t direct_requests = direct_server->num_requests() - direct_before;
 
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto client = connect(relay->port());
   client->ping();  // answered by the relay itself
@@ -210,11 +210,11 @@ TEST_CASE("a client reads its own writes through a relay", "[store][relay]") {
     }
     return stale;
   };
-  auto server = loopback_server();
+  auto server = upstream_server();
   std::string first_stale;
   CHECK(stale_reads(*connect(server->port()), &first_stale) == 0);  // the store itself
 
-  auto relayed_server = loopback_server();
+  auto relayed_server = upstream_server();
   auto relay = relay_for(*relayed_server);
   const int stale = stale_reads(*connect(relay->port()), &first_stale);
   INFO("first stale read: " << first_stale);
@@ -222,7 +222,7 @@ TEST_CASE("a client reads its own writes through a relay", "[store][relay]") {
 }
 
 TEST_CASE("clients pipelining through one relay each get their own answers", "[store][relay]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   constexpr int kClients = 8, kOps = 100;
   std::vector<std::future<int>> results;
@@ -246,7 +246,7 @@ TEST_CASE("clients pipelining through one relay each get their own answers", "[s
 
 TEST_CASE("clients waiting for one key through a relay share one wait upstream",
           "[store][relay][wait]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto setter = connect(server->port());
   std::vector<std::unique_ptr<TcpStore>> clients;
@@ -265,8 +265,8 @@ TEST_CASE("clients waiting for one key through a relay share one wait upstream",
   }
   // All 5 requests reached the relay (each is counted before it is served; the first one's
   // upstream wait is issued before the second is read).
-  REQUIRE(eventually([&] { return relay->num_requests() - relay_before == 5; }));
-  REQUIRE(eventually([&] { return server->num_requests() - server_before == 1; }));
+  REQUIRE(relay_eventually([&] { return relay->num_requests() - relay_before == 5; }));
+  REQUIRE(relay_eventually([&] { return server->num_requests() - server_before == 1; }));
   CHECK(relay->upstream_requests() - upstream_before == 1);  // one GET_TIMEOUT for all 5
   for (auto& g : gets) CHECK(g.wait_for(0s) == std::future_status::timeout);
 
@@ -285,7 +285,7 @@ TEST_CASE("clients waiting for one key through a relay share one wait upstream",
 
 TEST_CASE("a relay client whose wait times out leaves others waiting for the same key",
           "[store][relay][wait]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto patient = connect(relay->port());
   auto hasty = connect(relay->port());
@@ -293,7 +293,7 @@ TEST_CASE("a relay client whose wait times out leaves others waiting for the sam
   hasty->ping();
   const uint64_t relay_before = relay->num_requests();
   auto late = std::async(std::launch::async, [&] { return patient->get("late", 20s); });
-  REQUIRE(eventually([&] { return relay->num_requests() - relay_before == 1; }));
+  REQUIRE(relay_eventually([&] { return relay->num_requests() - relay_before == 1; }));
   auto start = Clock::now();
   CHECK_THROWS_AS(hasty->get("late", 300ms), StoreTimeoutError);
   CHECK(Clock::now() - start >= 250ms);  // it did wait (a correctness bound)
@@ -310,7 +310,7 @@ TEST_CASE("a relay client whose wait times out leaves others waiting for the sam
 
 TEST_CASE("clients waiting for the same keys through a relay all wake when the last one is set",
           "[store][relay][wait]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto direct = connect(server->port());
   auto a = connect(relay->port()), b = connect(relay->port()), c = connect(relay->port());
@@ -319,7 +319,7 @@ TEST_CASE("clients waiting for the same keys through a relay all wake when the l
   auto wb = std::async(std::launch::async, [&] { b->wait({"x", "y"}, 20s); });
   // A different key set is a different wait.
   auto wc = std::async(std::launch::async, [&] { return c->get("x", 20s); });
-  REQUIRE(eventually([&] { return relay->num_requests() - relay_before == 3; }));
+  REQUIRE(relay_eventually([&] { return relay->num_requests() - relay_before == 3; }));
   direct->set("x", "1");
   REQUIRE(wc.wait_for(30s) == std::future_status::ready);
   CHECK(wc.get() == "1");
@@ -334,12 +334,12 @@ TEST_CASE("clients waiting for the same keys through a relay all wake when the l
 
 TEST_CASE("a lease armed through a relay sets its key and fires into its first key on close",
           "[store][relay][lease]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto observer = connect(server->port());
   {
     auto node = connect(relay->port());
-    node->lease_arm(lease(0ms));
+    node->lease_arm(relay_lease(0ms));
     CHECK(observer->get("node/1", 10s) == "me");  // arming set the descriptor on the store
     CHECK_FALSE(observer->check({"result"}));
   }  // the node's connection to the relay closes
@@ -349,7 +349,7 @@ TEST_CASE("a lease armed through a relay sets its key and fires into its first k
 
 TEST_CASE("a lease armed through a relay appends to its second key when the first exists",
           "[store][relay][lease]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto observer = connect(server->port());
   observer->set("result", "complete");
@@ -359,16 +359,16 @@ TEST_CASE("a lease armed through a relay appends to its second key when the firs
   {
     auto a = connect(relay->port());
     auto b = connect(relay->port());
-    auto la = lease(0ms);
+    auto la = relay_lease(0ms);
     la.b_value = "left a\n";
-    auto lb = lease(0ms);
+    auto lb = relay_lease(0ms);
     lb.set_key = "node/2";
     lb.b_value = "left b\n";
     a->lease_arm(la);
     b->lease_arm(lb);
   }
   std::string over;
-  CHECK(eventually([&] {
+  CHECK(relay_eventually([&] {
     over = observer->get("over", 10s);
     return over.size() == 14;
   }));
@@ -380,13 +380,13 @@ TEST_CASE("a lease armed through a relay appends to its second key when the firs
 
 TEST_CASE("a lease through a relay lapses after its ttl without renewals, renewals keep it",
           "[store][relay][lease]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto observer = connect(server->port());
   auto via_relay = connect(relay->port());
   via_relay->ping();
   auto node = connect(relay->port());
-  node->lease_arm(lease(300ms));
+  node->lease_arm(relay_lease(300ms));
   for (int i = 0; i < 6; ++i) {  // 600 ms of renewals every 100 ms: the lease holds
     std::this_thread::sleep_for(100ms);
     REQUIRE(node->lease_renew());
@@ -399,23 +399,23 @@ TEST_CASE("a lease through a relay lapses after its ttl without renewals, renewa
   CHECK(node->get("node/1") == "me");  // its connection itself still works
   // Closing it now fires nothing more.
   node.reset();
-  REQUIRE(eventually([&] { return relay->num_connections() == 1; }));
+  REQUIRE(relay_eventually([&] { return relay->num_connections() == 1; }));
   CHECK_FALSE(via_relay->check({"over"}));  // a LEASE_FIRE would be ahead of this on the wire
 }
 
 TEST_CASE("a lease released through a relay does not fire", "[store][relay][lease]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto observer = connect(server->port());
   auto via_relay = connect(relay->port());
   via_relay->ping();
   {
     auto node = connect(relay->port());
-    node->lease_arm(lease(0ms));
+    node->lease_arm(relay_lease(0ms));
     CHECK(node->lease_release());
     CHECK_FALSE(node->lease_release());
     CHECK_FALSE(node->lease_renew());
-    auto timed = lease(200ms);
+    auto timed = relay_lease(200ms);
     timed.a_key = "result2";
     node->lease_arm(timed);
     CHECK(node->lease_release());
@@ -423,7 +423,7 @@ TEST_CASE("a lease released through a relay does not fire", "[store][relay][leas
   }
   // The relay handled the close (it sends any LEASE_FIRE upstream before forgetting the client),
   // and one connection carries everything to the store: an answer through it comes after.
-  REQUIRE(eventually([&] { return relay->num_connections() == 1; }));
+  REQUIRE(relay_eventually([&] { return relay->num_connections() == 1; }));
   CHECK_FALSE(via_relay->check({"result"}));
   CHECK_FALSE(via_relay->check({"result2"}));
   CHECK_FALSE(via_relay->check({"over"}));
@@ -432,7 +432,7 @@ TEST_CASE("a lease released through a relay does not fire", "[store][relay][leas
 
 TEST_CASE("a stopped relay's own lease appends to the round's key on the store",
           "[store][relay][lease]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto observer = connect(server->port());
   observer->ping();
   observer->set("A", "exists");
@@ -453,8 +453,8 @@ TEST_CASE("a stopped relay's own lease appends to the round's key on the store",
   CHECK_FALSE(observer->check({"B"}));
   relay->stop();
   CHECK(observer->get("B", 10s) == "left n7\n");
-  REQUIRE(eventually([&] { return server->num_connections() == 1; }));  // the observer only
-  CHECK(observer->get("B") == "left n7\n");                             // once
+  REQUIRE(relay_eventually([&] { return server->num_connections() == 1; }));  // the observer only
+  CHECK(observer->get("B") == "left n7\n");                                   // once
   CHECK(observer->get("A") == "exists");
   relay->stop();  // idempotent
   CHECK_THROWS_AS(node->get("node/7", 1s), StoreError);
@@ -462,7 +462,7 @@ TEST_CASE("a stopped relay's own lease appends to the round's key on the store",
 
 TEST_CASE("stopping a relay with a client's lease armed notifies the store through both leases",
           "[store][relay][lease]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto observer = connect(server->port());
   observer->set("A", "exists");
   auto relay = relay_for(*server);
@@ -480,7 +480,7 @@ TEST_CASE("stopping a relay with a client's lease armed notifies the store throu
   // lease, named after the newest round's keys, fires in the store). Either way the store hears
   // of it in B; A is left alone.
   CHECK(observer->get("B", 10s).rfind("left n8\n", 0) == 0);
-  REQUIRE(eventually([&] { return server->num_connections() == 1; }));
+  REQUIRE(relay_eventually([&] { return server->num_connections() == 1; }));
   const std::string b = observer->get("B");
   INFO("B = '" << b << "'");
   CHECK((b == "left n8\n" || b == "left n8\nleft n8\n"));
@@ -489,7 +489,7 @@ TEST_CASE("stopping a relay with a client's lease armed notifies the store throu
 
 TEST_CASE("a relay closes a connection speaking PyTorch 1.13's dialect, others keep working",
           "[store][relay][errors]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto other = connect(relay->port());
   other->set("k", "v");
@@ -514,13 +514,13 @@ TEST_CASE("a relay closes a connection speaking PyTorch 1.13's dialect, others k
 
 TEST_CASE("a relay closes a connection that sends a request it does not serve",
           "[store][relay][errors]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   auto other = connect(relay->port());
   other->set("k", "v");
   {
     RawSocket raw(relay->port());
-    std::string push = v2_hello();
+    std::string push = relay_v2_hello();
     Encoder(&push).query(Op::kQueuePush).bytes("q").bytes("item");
     raw.send(push);
     CHECK(raw.closed_by_peer(10s));
@@ -534,7 +534,7 @@ TEST_CASE("a relay closes a connection that sends a request it does not serve",
   }
   {
     RawSocket raw(relay->port());  // PING is answered by the relay itself
-    std::string ping = v2_hello();
+    std::string ping = relay_v2_hello();
     Encoder(&ping).query(Op::kPing).u32(0x12345678);
     raw.send(ping);
     std::string want;
@@ -551,7 +551,7 @@ TEST_CASE("a relay closes a connection that sends a request it does not serve",
 
 TEST_CASE("stopping the store fails relay clients that wait instead of leaving them hanging",
           "[store][relay][errors]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   std::vector<std::unique_ptr<TcpStore>> clients;
   for (int i = 0; i < 4; ++i) {
@@ -572,7 +572,7 @@ TEST_CASE("stopping the store fails relay clients that wait instead of leaving t
   }));
   waits.push_back(
       std::async(std::launch::async, [&] { return clients[3]->multi_get({"never"}, 30s).at(0); }));
-  REQUIRE(eventually([&] { return relay->num_requests() - before == 4; }));
+  REQUIRE(relay_eventually([&] { return relay->num_requests() - before == 4; }));
   auto start = Clock::now();
   server->stop();
   for (auto& w : waits) {
@@ -581,14 +581,14 @@ TEST_CASE("stopping the store fails relay clients that wait instead of leaving t
   }
   CHECK(Clock::now() - start < 25s);
   CHECK_THROWS_AS(idle->get("k", 1s), StoreError);
-  REQUIRE(eventually([&] { return relay->num_connections() == 0; }));
+  REQUIRE(relay_eventually([&] { return relay->num_connections() == 0; }));
   relay->stop();
 }
 
 TEST_CASE("a relay cannot start without its store", "[store][relay][errors]") {
   uint16_t port = 0;
   {
-    auto server = loopback_server();
+    auto server = upstream_server();
     port = server->port();
   }
   StoreRelayOptions o;
@@ -598,7 +598,7 @@ TEST_CASE("a relay cannot start without its store", "[store][relay][errors]") {
 
 TEST_CASE("c10d: six nodes rendezvous through a relay and survivors re-form when one leaves",
           "[store][relay][c10d]") {
-  auto server = loopback_server();
+  auto server = upstream_server();
   auto relay = relay_for(*server);
   const std::string endpoint = "127.0.0.1:" + std::to_string(relay->port());
   const std::string run_id = trun::testing::unique_run_id("relay");

@@ -34,7 +34,7 @@ using wire::Op;
 
 namespace {
 
-StoreServerOptions loopback(std::string token = "") {
+StoreServerOptions loopback_with(std::string token = "") {
   StoreServerOptions o;
   o.host = "127.0.0.1";
   o.token = std::move(token);
@@ -71,7 +71,7 @@ bool eventually(std::function<bool()> pred, std::chrono::milliseconds timeout = 
 
 TEST_CASE("1200 clients connected at once are all served, and one set wakes all waiters",
           "[store][server]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_with());
   constexpr int kClients = 1200;
   std::vector<std::unique_ptr<TcpStore>> clients;
   clients.reserve(kClients);
@@ -114,7 +114,7 @@ TEST_CASE("1200 clients connected at once are all served, and one set wakes all 
 }
 
 TEST_CASE("with a token, the right token is served and others are refused", "[store][auth]") {
-  auto server = StoreServer::start(loopback("s3cret"));
+  auto server = StoreServer::start(loopback_with("s3cret"));
   TcpStore good(client_for(*server, "s3cret"));
   good.set("k", "v");
   CHECK(good.get("k") == "v");
@@ -166,7 +166,7 @@ TEST_CASE("with a token, a client that does not authenticate in time is closed, 
   } restore;
   spdlog::set_default_logger(std::make_shared<spdlog::logger>("capture", sink));
 
-  StoreServerOptions options = loopback("s3cret");
+  StoreServerOptions options = loopback_with("s3cret");
   options.auth_timeout = 500ms;
   auto server = StoreServer::start(options);
   TcpStore good(client_for(*server, "s3cret"));  // authenticates as it connects
@@ -209,7 +209,7 @@ TEST_CASE("with a token, a client that does not authenticate in time is closed, 
 
 TEST_CASE("a client announcing a 1 TiB value is cut off without the server allocating it",
           "[store][limits]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_with());
   TcpStore ok(client_for(*server));
   RawSocket raw(server->port());
   std::string msg = v2_hello();
@@ -223,7 +223,7 @@ TEST_CASE("a client announcing a 1 TiB value is cut off without the server alloc
 
 TEST_CASE("key and value limits are configurable and enforced for the trun client too",
           "[store][limits]") {
-  auto opts = loopback();
+  auto opts = loopback_with();
   opts.limits.max_value_bytes = 1000;
   opts.limits.max_key_bytes = 16;
   auto server = StoreServer::start(opts);
@@ -242,7 +242,7 @@ TEST_CASE("key and value limits are configurable and enforced for the trun clien
 }
 
 TEST_CASE("malformed input closes only that connection", "[store][malformed]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_with());
   TcpStore ok(client_for(*server));
   ok.set("a", "1");
 
@@ -286,7 +286,7 @@ TEST_CASE("malformed input closes only that connection", "[store][malformed]") {
 
 TEST_CASE("a client stalled mid-message delays nobody, and finishes when it resumes",
           "[store][slow]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_with());
   TcpStore other(client_for(*server));
   RawSocket stalled(server->port());
   std::string msg = v2_hello();
@@ -305,7 +305,7 @@ TEST_CASE("a client stalled mid-message delays nobody, and finishes when it resu
 }
 
 TEST_CASE("a client that never reads its responses does not block others", "[store][slow]") {
-  auto opts = loopback();
+  auto opts = loopback_with();
   opts.max_pending_output = 1 << 20;
   auto server = StoreServer::start(opts);
   TcpStore other(client_for(*server));
@@ -327,7 +327,7 @@ TEST_CASE("a client that never reads its responses does not block others", "[sto
 }
 
 TEST_CASE("a client that vanishes while waiting is cleaned up", "[store][server]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_with());
   TcpStore observer(client_for(*server));
   {
     RawSocket raw(server->port());
@@ -345,13 +345,13 @@ TEST_CASE("the client retries until a late server comes up", "[store][client]") 
   // Find a free port, release it, and start the server there after the client began dialing.
   uint16_t port;
   {
-    auto probe = StoreServer::start(loopback());
+    auto probe = StoreServer::start(loopback_with());
     port = probe->port();
   }
   std::unique_ptr<StoreServer> server;
   std::thread late([&] {
     std::this_thread::sleep_for(300ms);
-    auto o = loopback();
+    auto o = loopback_with();
     o.port = port;
     server = StoreServer::start(o);
   });
@@ -369,7 +369,7 @@ TEST_CASE("the client retries until a late server comes up", "[store][client]") 
 TEST_CASE("connecting to nothing fails at the deadline, naming the endpoint", "[store][client]") {
   uint16_t port;
   {
-    auto probe = StoreServer::start(loopback());
+    auto probe = StoreServer::start(loopback_with());
     port = probe->port();
   }
   TcpStoreOptions o;
@@ -403,8 +403,8 @@ TEST_CASE("the server listens on IPv6 loopback too", "[store][server]") {
 }
 
 TEST_CASE("binding a port in use fails with a clear error", "[store][server]") {
-  auto first = StoreServer::start(loopback());
-  auto o = loopback();
+  auto first = StoreServer::start(loopback_with());
+  auto o = loopback_with();
   o.port = first->port();
   try {
     StoreServer::start(o);
@@ -462,7 +462,7 @@ TEST_CASE("trun store rejects a bad port with exit code 2", "[store][cli]") {
 
 TEST_CASE("LEASE_FIRE performs a lease's notification at once and wakes its waiters",
           "[store][server][lease]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_with());
   TcpStore observer(client_for(*server));
   TcpStore waiter(client_for(*server));
   auto fire = [](std::string set_key, std::string a_value, std::string b_value) {
@@ -536,7 +536,7 @@ TEST_CASE("LEASE_FIRE performs a lease's notification at once and wakes its wait
 
 TEST_CASE("a barrier arrival wakes plain waits on its key, and only the n-th releases the barrier",
           "[store][server][barrier]") {
-  auto server = StoreServer::start(loopback());
+  auto server = StoreServer::start(loopback_with());
   TcpStore observer(client_for(*server));
   observer.ping();
   auto read_u8 = [](RawSocket& raw, std::chrono::milliseconds timeout) {

@@ -15,7 +15,7 @@ namespace {
 
 using Vars = std::map<std::string, std::string>;
 
-WorkerEnv parse(const Vars& vars, const InitOptions& options = {}) {
+WorkerEnv parse_vars(const Vars& vars, const InitOptions& options = {}) {
   return WorkerEnv::parse(
       [&](const char* name) -> const char* {
         auto it = vars.find(name);
@@ -26,7 +26,7 @@ WorkerEnv parse(const Vars& vars, const InitOptions& options = {}) {
 
 std::string error_of(const Vars& vars, const InitOptions& options = {}) {
   try {
-    parse(vars, options);
+    parse_vars(vars, options);
   } catch (const EnvError& e) {
     return e.what();
   }
@@ -70,7 +70,7 @@ Vars ompi(int rank, int size, int local_size) {
 
 TEST_CASE("srun's environment gives one rank per task, the store on the first node",
           "[worker_sdk][env][slurm]") {
-  WorkerEnv e = parse(srun(3, {2, 2}, "2(x2)"));
+  WorkerEnv e = parse_vars(srun(3, {2, 2}, "2(x2)"));
   CHECK(e.launcher == "slurm");
   CHECK_FALSE(e.standalone);
   CHECK(e.rank == 3);
@@ -86,7 +86,7 @@ TEST_CASE("srun's environment gives one rank per task, the store on the first no
   CHECK(e.store_origin.find("SLURM_STEP_NODELIST") != std::string::npos);
 
   // Uneven nodes: this node's entry of SLURM_STEP_TASKS_PER_NODE.
-  WorkerEnv u = parse(srun(4, {3, 2}, "3,2"));
+  WorkerEnv u = parse_vars(srun(4, {3, 2}, "3,2"));
   CHECK(u.group_rank == 1);
   CHECK(u.local_rank == 1);
   CHECK(u.local_world_size == 2);
@@ -95,7 +95,7 @@ TEST_CASE("srun's environment gives one rank per task, the store on the first no
   Vars v = srun(0, {2}, "2");
   v["MASTER_ADDR"] = "10.1.2.3";
   v["MASTER_PORT"] = "23456";
-  WorkerEnv m = parse(v);
+  WorkerEnv m = parse_vars(v);
   CHECK(m.master_addr == "10.1.2.3");
   CHECK(m.master_port == 23456);
   CHECK(m.store_origin.rfind("MASTER_ADDR/MASTER_PORT;", 0) == 0);
@@ -109,7 +109,7 @@ TEST_CASE("the batch script's and the extern step's special step ids are not an 
     INFO(special);
     Vars v = srun(0, {2, 2}, "2(x2)");
     v["SLURM_STEP_ID"] = special;
-    WorkerEnv e = parse(v);
+    WorkerEnv e = parse_vars(v);
     CHECK(e.standalone);
     CHECK(e.world_size == 1);
   }
@@ -122,7 +122,7 @@ TEST_CASE("torch's variables win over srun's (srun trun ...)", "[worker_sdk][env
             {"MASTER_ADDR", "127.0.0.1"},
             {"MASTER_PORT", "29500"},
             {"TORCHELASTIC_USE_AGENT_STORE", "True"}});
-  WorkerEnv e = parse(v);
+  WorkerEnv e = parse_vars(v);
   CHECK(e.launcher == "torch");
   CHECK(e.rank == 5);
   CHECK(e.world_size == 8);
@@ -136,7 +136,7 @@ TEST_CASE("mpirun inside an allocation: MPI's world, not the daemons' srun step"
   Vars v = srun(1, {1, 1}, "1(x2)");
   for (auto& [k, val] : ompi(3, 4, 2)) v[k] = val;
   v["MASTER_ADDR"] = "gpu07";
-  WorkerEnv e = parse(v);
+  WorkerEnv e = parse_vars(v);
   CHECK(e.launcher == "mpi");
   CHECK(e.rank == 3);
   CHECK(e.world_size == 4);
@@ -144,7 +144,7 @@ TEST_CASE("mpirun inside an allocation: MPI's world, not the daemons' srun step"
   Vars p = srun(3, {2, 2}, "2(x2)");
   p["PMI_RANK"] = "3";
   p["PMI_SIZE"] = "4";
-  WorkerEnv s = parse(p);
+  WorkerEnv s = parse_vars(p);
   CHECK(s.launcher == "slurm");
   CHECK(s.group_rank == 1);
 }
@@ -174,12 +174,12 @@ TEST_CASE("a partial or contradictory srun environment fails naming the variable
   v.erase("SLURM_STEP_NODELIST");
   REQUIRE_ERROR_NAMING(v, "neither MASTER_ADDR nor SLURM_STEP_NODELIST is set");
   v["MASTER_ADDR"] = "127.0.0.1";  // ... which MASTER_ADDR replaces
-  CHECK(parse(v).master_addr == "127.0.0.1");
+  CHECK(parse_vars(v).master_addr == "127.0.0.1");
 }
 
 TEST_CASE("Open MPI's environment: every rank local means 127.0.0.1 and a port from the job id",
           "[worker_sdk][env][mpi]") {
-  WorkerEnv e = parse(ompi(2, 4, 4));
+  WorkerEnv e = parse_vars(ompi(2, 4, 4));
   CHECK(e.launcher == "mpi");
   CHECK(e.rank == 2);
   CHECK(e.world_size == 4);
@@ -193,15 +193,15 @@ TEST_CASE("Open MPI's environment: every rank local means 127.0.0.1 and a port f
   CHECK(e.run_id == "mpi-3049586689");
   CHECK(e.store_origin.find("OMPI_MCA_ess_base_jobid") != std::string::npos);
   // The same job id gives every rank the same port; another job another (here) one.
-  CHECK(parse(ompi(0, 4, 4)).master_port == e.master_port);
+  CHECK(parse_vars(ompi(0, 4, 4)).master_port == e.master_port);
   Vars other = ompi(0, 4, 4);
   other["OMPI_MCA_ess_base_jobid"] = "3049586690";
-  CHECK(parse(other).master_port != e.master_port);
+  CHECK(parse_vars(other).master_port != e.master_port);
   // Open MPI 5: PMIX_NAMESPACE.
   Vars v5 = ompi(1, 2, 2);
   v5.erase("OMPI_MCA_ess_base_jobid");
   v5["PMIX_NAMESPACE"] = "prterun-host-1234@1";
-  CHECK(parse(v5).run_id == "mpi-prterun-host-1234@1");
+  CHECK(parse_vars(v5).run_id == "mpi-prterun-host-1234@1");
 }
 
 TEST_CASE("mpirun across nodes needs MASTER_ADDR, and a port from somewhere",
@@ -209,15 +209,15 @@ TEST_CASE("mpirun across nodes needs MASTER_ADDR, and a port from somewhere",
   Vars v = ompi(3, 4, 2);
   REQUIRE_ERROR_NAMING(v, "MASTER_ADDR is not set, and the ranks are on several nodes");
   v["MASTER_ADDR"] = "node1";
-  WorkerEnv e = parse(v);
+  WorkerEnv e = parse_vars(v);
   CHECK(e.master_addr == "node1");
   CHECK(e.group_rank == -1);  // MPI has no node index
   CHECK(e.local_rank == 1);
   v.erase("OMPI_MCA_ess_base_jobid");
   REQUIRE_ERROR_NAMING(v, "MASTER_PORT is not set, and no MPI job id");
   v["MASTER_PORT"] = "29999";
-  CHECK(parse(v).master_port == 29999);
-  CHECK(parse(v).run_id == "none");
+  CHECK(parse_vars(v).master_port == 29999);
+  CHECK(parse_vars(v).run_id == "none");
 
   Vars partial = ompi(0, 2, 2);
   partial.erase("OMPI_COMM_WORLD_LOCAL_SIZE");
@@ -233,7 +233,7 @@ TEST_CASE("MPICH's PMI_RANK and PMI_SIZE", "[worker_sdk][env][mpi]") {
             {"MPI_LOCALRANKID", "1"},
             {"MPI_LOCALNRANKS", "2"},
             {"MASTER_PORT", "29400"}};
-  WorkerEnv e = parse(v);
+  WorkerEnv e = parse_vars(v);
   CHECK(e.launcher == "mpi");
   CHECK(e.rank == 1);
   CHECK(e.world_size == 2);
@@ -252,7 +252,7 @@ TEST_CASE("tcp:// and file:// take rank and world size from options, query or en
           "[worker_sdk][env][init_method]") {
   InitOptions o;
   o.init_method = "tcp://127.0.0.1:23456?rank=1&world_size=3";
-  WorkerEnv e = parse({}, o);
+  WorkerEnv e = parse_vars({}, o);
   CHECK(e.launcher == "tcp");
   CHECK(e.init_method == "tcp://127.0.0.1:23456");
   CHECK(e.rank == 1);
@@ -265,22 +265,22 @@ TEST_CASE("tcp:// and file:// take rank and world size from options, query or en
   o.init_method = "tcp://[::1]:23456";
   o.rank = 0;
   o.world_size = 2;
-  e = parse({}, o);
+  e = parse_vars({}, o);
   CHECK(e.master_addr == "::1");
   CHECK(e.rank == 0);
 
   o.init_method = "file:///tmp/x/store";
-  e = parse({}, o);
+  e = parse_vars({}, o);
   CHECK(e.launcher == "file");
   CHECK(e.store_path == "/tmp/x/store");
 
   // From RANK and WORLD_SIZE (no MASTER_* needed), or from srun.
   InitOptions f;
   f.init_method = "file:///shared/store";
-  e = parse({{"RANK", "1"}, {"WORLD_SIZE", "2"}}, f);
+  e = parse_vars({{"RANK", "1"}, {"WORLD_SIZE", "2"}}, f);
   CHECK(e.launcher == "torch");
   CHECK(e.rank == 1);
-  e = parse(srun(3, {2, 2}, "2(x2)"), f);
+  e = parse_vars(srun(3, {2, 2}, "2(x2)"), f);
   CHECK(e.launcher == "slurm");
   CHECK(e.local_rank == 1);
   CHECK(e.store_path == "/shared/store");
@@ -288,12 +288,12 @@ TEST_CASE("tcp:// and file:// take rank and world size from options, query or en
 
 TEST_CASE("TRUN_INIT_METHOD replaces the default env://", "[worker_sdk][env][init_method]") {
   Vars v = {{"TRUN_INIT_METHOD", "tcp://10.0.0.9:4000?rank=0&world_size=2"}};
-  WorkerEnv e = parse(v);
+  WorkerEnv e = parse_vars(v);
   CHECK(e.init_method == "tcp://10.0.0.9:4000");
   CHECK(e.store_origin == "TRUN_INIT_METHOD=tcp://10.0.0.9:4000; rank 0 hosts it");
   InitOptions o;
   o.init_method = "file:///tmp/mine?rank=0&world_size=2";  // the program's own wins
-  CHECK(parse(v, o).store_path == "/tmp/mine");
+  CHECK(parse_vars(v, o).store_path == "/tmp/mine");
 }
 
 TEST_CASE("bad init methods fail naming where they came from", "[worker_sdk][env][init_method]") {

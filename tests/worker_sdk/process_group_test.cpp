@@ -20,7 +20,7 @@ using namespace std::chrono_literals;
 
 namespace {
 
-struct Layout {
+struct GroupLayout {
   const char* name;
   std::vector<int> nodes;
   bool reverse_local = false;
@@ -39,7 +39,7 @@ void expect_all_exit(const std::vector<RankResult>& results, const Job& job, int
   }
 }
 
-void run_scenario(const Layout& layout, std::vector<std::string> args,
+void run_scenario(const GroupLayout& layout, std::vector<std::string> args,
                   std::chrono::milliseconds timeout = 240s) {
   Job job;
   JobSpec spec;
@@ -61,7 +61,7 @@ void run_scenario(const Layout& layout, std::vector<std::string> args,
 
 TEST_CASE("every collective matches a serial reference for every dtype and size",
           "[worker_sdk][collectives]") {
-  const Layout layouts[] = {
+  const GroupLayout layouts[] = {
       {"2 ranks, one node (shared memory)", {2}},
       {"3 ranks, one node (shared memory)", {3}},
       {"3 ranks, one node, 16 KiB slots (many rounds)", {3}, false, false, true},
@@ -73,7 +73,7 @@ TEST_CASE("every collective matches a serial reference for every dtype and size"
       {"3 ranks, no placement (gloo only)", {1, 1, 1}, false, true},
       {"8 ranks on 4 nodes of 2", {2, 2, 2, 2}},
   };
-  for (const Layout& layout : layouts) {
+  for (const GroupLayout& layout : layouts) {
     int world = 0;
     for (int n : layout.nodes) world += n;
     // ThreadSanitizer looks at the threads of each process, and a rank has the same threads in
@@ -112,7 +112,7 @@ TEST_CASE("a world of size 1 runs every collective locally", "[worker_sdk][colle
 namespace {
 
 // A rank that never joins: every other rank fails with a timeout, and nobody hangs.
-void stalled_peer(const Layout& layout) {
+void stalled_peer(const GroupLayout& layout) {
   Job job;
   JobSpec spec;
   int world = 0;
@@ -143,7 +143,7 @@ void stalled_peer(const Layout& layout) {
 
 // A rank SIGKILLed in the middle of a stream of allreduces: every other rank fails (the group
 // timeout is 60 s, so a failure within the 45 s allowed here is detection, not the deadline).
-void killed_peer(const Layout& layout, int victim) {
+void killed_peer(const GroupLayout& layout, int victim) {
   Job job;
   JobSpec spec;
   int world = 0;
@@ -191,7 +191,8 @@ TEST_CASE("a peer SIGKILLed mid-collective makes every other rank fail", "[worke
 }
 
 TEST_CASE("abort() makes the peers fail at once and breaks the group", "[worker_sdk][failures]") {
-  for (const Layout& layout : {Layout{"shm", {3}}, Layout{"gloo", {1, 1}, false, true}}) {
+  for (const GroupLayout& layout :
+       {GroupLayout{"shm", {3}}, GroupLayout{"gloo", {1, 1}, false, true}}) {
     DYNAMIC_SECTION(layout.name) {
       Job job;
       JobSpec spec;
@@ -214,7 +215,7 @@ TEST_CASE("abort() from another thread ends a Gloo allreduce whose peer never jo
           "[worker_sdk][failures][gloo_abort]") {
   struct Case {
     const char* name;
-    Layout layout;
+    GroupLayout layout;
     int first_absent;
   };
   for (const Case& c : {Case{"gloo", {"", {1, 1}, false, true}, 1},
