@@ -12,14 +12,19 @@
 
 #include <algorithm>
 #include <cinttypes>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <sstream>
 #include <system_error>
 #include <thread>
 #include <utility>
+
+#include "agent/elf_symbols.h"
 
 namespace trun::agent {
 namespace {
@@ -327,6 +332,105 @@ ThreadStack dump_thread(int pid, int tid, unw_addr_space_t as, const std::vector
 }
 
 // The dump itself, on the tracer thread.
+// The modules of one process's dump, each read once (agent/elf_symbols.h).
+class Modules {
+ public:
+  ElfSymbols& get(const std::string& path) {
+    auto& m = modules_[path];
+    if (!m) m = std::make_unique<ElfSymbols>(path);
+    return *m;
+  }
+  bool has(const std::string& path) const { return modules_.count(path) != 0; }
+
+ private:
+  std::map<std::string, std::unique_ptr<ElfSymbols>> modules_;
+};
+
+// What find_proc_info needs besides libunwind's argument: set by dump_process on the tracer
+// thread, for its dump.
+struct UnwindContext {
+  const std::vector<Mapping>* maps = nullptr;
+  Modules* modules = nullptr;
+};
+thread_local UnwindContext t_unwind;
+
+#if defined(__x86_64__)
+// libunwind's own table search (exported by libunwind-x86_64, not declared in its headers):
+// what _UPT_find_proc_info calls once it has found a module's .eh_frame_hdr.
+extern "C" int _Ux86_64_dwarf_search_unwind_table(unw_addr_space_t as, unw_word_t ip,
+                                                  unw_dyn_info_t* di, unw_proc_info_t* pi,
+                                                  int need_unwind_info, void* arg);
+#endif
+
+// _UPT_find_proc_info, except where libunwind 1.6 gets the module's load address wrong: it takes
+// the first loadable segment whose file offset equals the mapping's, which in a file laid out by
+// lld (a code segment whose file offset is not its address, within a page shared with the
+// read-only one) is the read-only segment, a page off. The table it then searches gives no
+// entry for the frame, and the stack ends there. For such a module the load address comes from
+// the segment that really holds the frame's file offset, and libunwind searches the right table.
+int find_proc_info(unw_addr_space_t as, unw_word_t ip, unw_proc_info_t* pi, int need_unwind_info,
+                   void* arg) {
+#if defined(__x86_64__)
+  const Mapping* m = t_unwind.maps ? find_mapping(*t_unwind.maps, ip) : nullptr;
+  if (m != nullptr && t_unwind.modules != nullptr) {
+    ElfSymbols& elf = t_unwind.modules->get(m->path);
+    const uint64_t file_offset = ip - m->start + m->file_offset;
+    const ElfSymbols::Segment* seg = elf.segment_of(file_offset);
+    if (seg != nullptr && elf.eh_frame_hdr()) {
+      const uint64_t bias = ip - (file_offset - seg->offset + seg->vaddr);
+      const ElfSymbols::Segment* theirs = nullptr;
+      for (const ElfSymbols::Segment& s : elf.segments()) {
+        if (s.offset == m->file_offset) {
+          theirs = &s;
+          break;
+        }
+      }
+      if (theirs == nullptr || m->start - theirs->vaddr != bias) {
+        uint64_t lo = UINT64_MAX, hi = 0;
+        for (const ElfSymbols::Segment& s : elf.segments()) {
+          lo = std::min(lo, s.vaddr);
+          hi = std::max(hi, s.vaddr + s.memsz);
+        }
+        const ElfSymbols::EhFrameHdr& hdr = *elf.eh_frame_hdr();
+        unw_dyn_info_t di;
+        std::memset(&di, 0, sizeof di);
+        di.format = UNW_INFO_FORMAT_REMOTE_TABLE;
+        di.start_ip = bias + lo;
+        di.end_ip = bias + hi;
+        di.u.rti.segbase = bias + hdr.vaddr;  // the table's entries are relative to the header
+        di.u.rti.table_data = bias + hdr.table_vaddr;
+        di.u.rti.table_len = uint64_t{hdr.fde_count} * 8 / sizeof(unw_word_t);
+        return _Ux86_64_dwarf_search_unwind_table(as, ip, &di, pi, need_unwind_info, arg);
+      }
+    }
+  }
+#endif
+  return _UPT_find_proc_info(as, ip, pi, need_unwind_info, arg);
+}
+
+// Names the frames that libunwind could not (agent/elf_symbols.h) from their modules' symbol
+// tables, after every thread was released. Such a frame's offset is then the virtual address
+// that addr2line takes, not the file offset, where the two differ.
+void name_from_symbol_tables(std::vector<ThreadStack>& threads, Modules& tables,
+                             SteadyClock::time_point deadline) {
+  for (ThreadStack& t : threads) {
+    for (size_t i = 0; i < t.frames.size(); ++i) {
+      StackFrame& f = t.frames[i];
+      if (!f.function.empty() || f.module.empty()) continue;
+      if (!tables.has(f.module) && SteadyClock::now() >= deadline) continue;
+      ElfSymbols& table = tables.get(f.module);
+      const std::optional<uint64_t> address = table.address_of(f.offset);
+      if (!address) continue;
+      f.offset = *address;
+      // A return address (every frame but the innermost) may be just past its call's function.
+      const ElfSymbols::Symbol* sym = table.function_at(i == 0 ? *address : *address - 1);
+      if (sym == nullptr) continue;
+      f.function = demangle(sym->name.c_str());
+      f.offset = *address - sym->start;
+    }
+  }
+}
+
 void dump_process(int pid, const StackDumpOptions& options, SteadyClock::time_point deadline,
                   ProcessStacks& out, std::vector<int>& left_traced) {
   if (pid <= 0) {
@@ -358,16 +462,22 @@ void dump_process(int pid, const StackDumpOptions& options, SteadyClock::time_po
   const std::vector<Mapping> maps = read_maps(pid);
   // One address space per process: its caches (unwind tables found per module) serve every
   // thread of it.
-  unw_addr_space_t as = unw_create_addr_space(&_UPT_accessors, 0);
+  unw_accessors_t accessors = _UPT_accessors;
+  accessors.find_proc_info = find_proc_info;
+  unw_addr_space_t as = unw_create_addr_space(&accessors, 0);
   if (as == nullptr) {
     out.error = "unw_create_addr_space failed";
     return;
   }
   unw_set_caching_policy(as, UNW_CACHE_GLOBAL);
+  Modules modules;
+  t_unwind = UnwindContext{&maps, &modules};
   for (int tid : tids) {
     out.threads.push_back(dump_thread(pid, tid, as, maps, options, deadline, left_traced));
   }
+  t_unwind = UnwindContext{};
   unw_destroy_addr_space(as);
+  name_from_symbol_tables(out.threads, modules, deadline);
 }
 
 }  // namespace

@@ -18,9 +18,9 @@ BUILD_PACKAGES=(
 # started (see the policy-rc.d guard below): the tests start their own on loopback. podman, runc
 # and mmdebstrap build and run the container image (scripts/container.sh; catatonit is the
 # pause process of `podman kube play`'s Pods), dpkg-dev's dpkg-shlibdeps computes the Debian
-# packages' Depends (scripts/package.sh).
+# packages' Depends (scripts/package.sh). lld links scripts/test.sh's builds (CMake TRUN_LLD).
 TEST_PACKAGES=(
-  clang clang-format libclang-rt-14-dev catch2
+  clang clang-format libclang-rt-14-dev catch2 lld
   python3 python3-torch libtorch-dev python3-etcd
   etcd-server etcd-client
   iproute2 util-linux procps hyperfine

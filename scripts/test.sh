@@ -79,7 +79,7 @@ TEST_JOBS=${TRUN_TEST_JOBS:-2}
 step "build (RelWithDebInfo)"
 # -g1 (line tables, as in the sanitizer builds below) instead of -g: full debug info made the
 # heaviest files (Beast, Asio) compile about 50% longer, and no test reads more than file:line.
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRUN_UNITY_BUILD=ON \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRUN_UNITY_BUILD=ON -DTRUN_LLD=ON \
   "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O2 -g1 -DNDEBUG" >/dev/null
 # Only what the plain and multi-node steps run (tests/CMakeLists.txt: plain_tests); the unit-test
 # executables run under ASan+UBSan below. `cmake --build build` builds everything.
@@ -88,7 +88,7 @@ cmake --build build -j "$JOBS" --target plain_tests
 step "build (ASan+UBSan)"
 # -g1 in both sanitizer builds: line tables only, which is all their stack traces use (file and
 # line per frame); full debug info cost about 10% more compile time.
-cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DTRUN_UNITY_BUILD=ON \
+cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG=-g1 -DTRUN_UNITY_BUILD=ON -DTRUN_LLD=ON \
   -DTRUN_SANITIZE=address,undefined \
   -DTRUN_BUILD_BENCH=OFF -DTRUN_WITH_TORCH=OFF >/dev/null
 cmake --build build-asan -j "$JOBS"
@@ -97,7 +97,7 @@ step "build (TSan)"
 # Only what the TSan step runs (tests/CMakeLists.txt: label tsan, target tsan_tests). -O1: TSan
 # instruments every memory access, and at -O0 the collectives cases of worker_sdk_test alone ran
 # over 5 minutes each; Debug otherwise, so assertions stay on.
-cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" -DTRUN_UNITY_BUILD=ON \
+cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-g1 -O1" -DTRUN_UNITY_BUILD=ON -DTRUN_LLD=ON \
   -DTRUN_SANITIZE=thread -DTRUN_BUILD_BENCH=OFF -DTRUN_WITH_TORCH=OFF >/dev/null
 cmake --build build-tsan -j "$JOBS" --target tsan_tests
 
