@@ -212,6 +212,7 @@ bool Agent::leave_if_blamed() {
   session_->step_out();
   stepped_out_ = true;
   outcome_ = GroupOutcome::kRoundOver;
+  if (hang_) hang_->mark_node_leaving();  // the others' resilient loops go on without this node
   begin_stop(SIGTERM);
   publish();
   return true;

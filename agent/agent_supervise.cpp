@@ -197,6 +197,9 @@ void Agent::on_agent_signal(int sig) {
     return;
   }
   outcome_ = GroupOutcome::kSignaled;
+  // This node leaves: its workers' stop agreement tells the other nodes' resilient loops to go
+  // on without it (a whole job's stop reaches every node's agent, and so every rank).
+  if (hang_) hang_->mark_node_leaving();
   if (phase_ == GroupPhase::kRunning) {
     begin_stop(sig);
   } else {
@@ -212,13 +215,12 @@ void Agent::on_agent_signal(int sig) {
 bool Agent::on_round_over(const rendezvous::RoundEvent& e) {
   if (workers_.empty() || outcome_) return false;
   using Kind = rendezvous::RoundEvent::Kind;
-  // Not after a planned leave ("agent shut down": a SIGTERM to that agent, an exclusion): the
-  // leaving node's workers stop by their stop agreement, which stops every rank's program too.
-  const bool planned_leave = e.kind == Kind::kNodeLeft && e.detail.rfind("agent shut down", 0) == 0;
-  if ((e.kind == Kind::kNodeJoined || (e.kind == Kind::kNodeLeft && !planned_leave)) &&
-      can_keep_workers()) {
+  if ((e.kind == Kind::kNodeJoined || e.kind == Kind::kNodeLeft) && can_keep_workers()) {
     // Resilient loops: the workers keep running (or wait for the next generation, when the
-    // node that left held their peers) while the next round forms; then they re-form in it.
+    // node that left held their peers) while the next round forms; then they re-form in it. A
+    // planned leave too (that agent got SIGTERM, or its node was excluded): the leaving workers'
+    // stop agreement reached these, which saved the agreed step and wait for the next
+    // generation, as they were not asked to stop themselves (StopAgreement::stops_here).
     spdlog::warn("{}; the workers keep running (resilient loops) and re-form in the next round",
                  e.describe());
     keep_workers_ = true;

@@ -83,6 +83,8 @@ class HangWatch {
   void set_generation(uint64_t generation, const ProgressMonitor::FormationFacts& facts) {
     board_->set_generation(generation, facts);
   }
+  // This node leaves the job (ProgressMonitor::set_leaving): before its workers are signalled.
+  void mark_node_leaving() { board_->set_leaving(); }
   // What local rank `slot`'s record says of its resilient loop (any thread).
   ProgressMonitor::Member member(int slot) const { return board_->member(slot); }
   // Local ranks `slots` failed and are replaced alone (before their replacements are spawned):

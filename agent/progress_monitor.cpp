@@ -105,6 +105,7 @@ board::RankRecord* ProgressMonitor::record_for_testing(int slot) const {
 }
 
 void ProgressMonitor::reset() {
+  static_cast<board::Header*>(base_)->leaving.store(0, memory_order_relaxed);
   for (int i = 0; i < slots_; ++i) {
     board::RankRecord* r = board::record_at(base_, static_cast<uint32_t>(i));
     std::memset(static_cast<void*>(r), 0, sizeof(*r));
@@ -139,6 +140,10 @@ void ProgressMonitor::set_generation(uint64_t generation, const FormationFacts& 
   for (size_t i = 0; i < slots; ++i) f->ranks[i].store(facts.ranks[i], memory_order_relaxed);
   f->generation.store(generation, memory_order_release);
   set_generation(generation);
+}
+
+void ProgressMonitor::set_leaving() {
+  static_cast<board::Header*>(base_)->leaving.store(1, memory_order_release);
 }
 
 uint64_t ProgressMonitor::generation() const {

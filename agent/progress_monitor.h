@@ -72,6 +72,8 @@ class ProgressMonitor {
     std::vector<int> ranks;   // the global rank of each local slot (at most slots())
   };
   void set_generation(uint64_t generation, const FormationFacts& facts);
+  // Header::leaving: this node leaves the job; before its workers are signalled. reset() clears it.
+  void set_leaving();
 
   // What record `slot` says of its worker's resilient loop: its pid (0: nobody attached), whether
   // it runs one (RankRecord::resilient is exactly 1), the generation its groups were last built at

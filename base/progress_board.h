@@ -39,8 +39,8 @@ namespace trun::base::progress {
 inline constexpr uint64_t kMagic = 0x3142524f47525054ULL;  // "TPRGROB1", little-endian
 // 2: RankRecord::collective_ns; 3: the goodput fields (first_step_ns ... checkpoint_load_ns);
 // 4: the resilient loop's fields (Header::generation, RankRecord::resilient and generation);
-// 5: the Formation after the Header
-inline constexpr uint32_t kVersion = 5;
+// 5: the Formation after the Header; 6: Header::leaving
+inline constexpr uint32_t kVersion = 6;
 inline constexpr int kMaxGroups = 8;     // process groups tracked per rank (later ones: not)
 inline constexpr int kRingSize = 16;     // recent collectives kept per group
 inline constexpr int kMaxSections = 16;  // distinct section names per rank (later ones: "other")
@@ -224,6 +224,11 @@ struct alignas(64) Header {
   // them and builds new ones at this one (with the replacements), in the same process.
   std::atomic<uint64_t> generation;
   std::atomic<int64_t> generation_ns;  // CLOCK_MONOTONIC when `generation` was last stored
+  // 1 once the agent stops its workers because this node leaves the job (the agent was asked to
+  // stop, or its node was excluded), stored (release) before it signals them; 0 again when a
+  // group is spawned. A worker's stop agreement then tells the other nodes' ranks that only this
+  // node stops, and those of resilient loops go on without it (trun/stop.h).
+  std::atomic<uint32_t> leaving;
 };
 static_assert(sizeof(Header) == 64, "the header is one cache line");
 

@@ -465,13 +465,21 @@ void log_samples(const Training& t, const std::vector<uint64_t>& idx) {
 }
 
 // Every rank agreed to stop at this step: makes sure it is saved, says so and returns the exit
-// code.
+// code. A rank of a resilient loop that was not asked to stop itself (another node leaves) goes
+// on instead: rejoin() throws, and the loop re-forms without the ranks that stop.
 int stop_on_request(Training& t) {
   if (t.ckpt) {
     if (t.saved_step == t.step)
       t.ckpt->wait();  // the periodic save of this step; it must succeed
     else
       save(t, true);
+  }
+  if (!t.stop->stops_here()) {
+    std::printf("[%d] rank %d: a node leaves (its ranks stop on request at step %" PRIu64
+                "); this rank goes on without it\n",
+                static_cast<int>(::getpid()), t.rank, t.step);
+    std::fflush(stdout);
+    t.stop->rejoin();
   }
   if (t.sample_log) std::fclose(t.sample_log);
   if (t.rank == 0) {

@@ -122,25 +122,36 @@ TEST_CASE(
   const std::string run = "slowexclude-" + std::to_string(::getpid());
   auto agent = [&](const std::string& name, bool host) {
     return std::make_unique<Child>(
-        std::vector<std::string>{trun_binary(), "--nnodes=2:2", "--nproc-per-node=1",
-                                 "--max-restarts=0", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep,
-                                 "--rdzv-id=" + run, "--straggler-window=5",
-                                 "--straggler-action=exclude", "--exclude-cooldown=60",
-                                 "--event-log", d / (name + ".jsonl"),
+        std::vector<std::string>{trun_binary(),
+                                 "--nnodes=2:2",
+                                 "--nproc-per-node=1",
+                                 "--max-restarts=0",
+                                 "--rdzv-backend=c10d",
+                                 "--rdzv-endpoint=" + ep,
+                                 "--rdzv-id=" + run,
+                                 "--straggler-window=5",
+                                 "--straggler-action=exclude",
+                                 "--exclude-cooldown=60",
+                                 "--event-log",
+                                 d / (name + ".jsonl"),
                                  std::string("--rdzv-conf=last_call_timeout=1,join_timeout=60") +
                                      (host ? ",is_host=1" : ",is_host=0"),
                                  train_mlp(),
-                                 // The whole-group path: this case is about the exclusion and
-                                 // the spare's round, not the resilient loop's kept workers.
-                                 "--classic", "--no-ckpt", "--dataset-size", "1000000", "--epochs",
-                                 "1000", "--step-sleep-ms", "20"},
+                                 "--no-ckpt",
+                                 "--dataset-size",
+                                 "1000000",
+                                 "--epochs",
+                                 "1000",
+                                 "--step-sleep-ms",
+                                 "20"},
         std::map<std::string, std::string>{{"OMP_NUM_THREADS", "1"}});
   };
   auto a = agent("a", true);
   std::this_thread::sleep_for(500ms);  // the store host first
   auto b = agent("b", false);
-  pid_t victim = 0;
+  pid_t victim = 0, kept = 0;
   REQUIRE(wait_until([&] { return (victim = worker_pid(b->pid(), 0)) > 0; }, 60s));
+  REQUIRE(wait_until([&] { return (kept = worker_pid(a->pid(), 0)) > 0; }, 60s));
   auto spare = agent("spare", false);  // the round is full (MAX 2): it waits
   std::this_thread::sleep_for(3s);     // training under way
   std::atomic<bool> stop{false};
@@ -153,6 +164,7 @@ TEST_CASE(
   // The spare takes B's place: its worker trains with A's.
   const bool replaced =
       excluded && wait_until([&] { return worker_pid(spare->pid(), 0) > 0; }, 60s);
+  const pid_t a_worker_after = worker_pid(a->pid(), 0);
   RunResult st = run_trun_until(
       {"status", "--rdzv-backend=c10d", "--rdzv-endpoint=" + ep, "--rdzv-id=" + run}, "excluded: ");
   for (auto* c : {a.get(), spare.get(), b.get()}) c->signal(SIGTERM);
@@ -166,8 +178,11 @@ TEST_CASE(
   CHECK(replaced);
   CHECK(b->err().find("slower than the others for 5 s; it sits out the next rounds") !=
         std::string::npos);
-  // The others re-formed for a planned leave: no restart counted, none failed.
-  CHECK(a->err().find("re-forming the group (restart count unchanged: 0)") != std::string::npos);
+  // The others re-formed for a planned leave, around A's running worker (train_mlp's resilient
+  // loop: B's stop agreement stopped only B's rank): no restart counted, none failed.
+  CHECK(a->err().find("the workers keep running (resilient loops)") != std::string::npos);
+  CHECK(a->err().find("running workers re-form in it at generation") != std::string::npos);
+  CHECK(a_worker_after == kept);
   CHECK(a->err().find("no restarts are left") == std::string::npos);
   CHECK(st.out.find("excluded: ") != std::string::npos);
   CHECK(st.out.find("1 outside (unhealthy or excluded)") != std::string::npos);

@@ -344,12 +344,13 @@ reform)  # resilient loops on two nodes of 2 (issue 38): a worker that dies is r
       head -n 4
   done
   ;;
-reform_join)  # resilient loops (issue 38): a node joins, later its agent is SIGKILLed; each time the
-  # running workers of the other two nodes re-form in the new round (world 4 -> 6 -> 4) in the
-  # same processes, with no restart and no checkpoint (the state comes from the live ranks).
+reform_join)  # resilient loops (issue 38): a node joins and leaves on purpose (its agent gets
+  # SIGTERM), joins again and is lost (its agent is SIGKILLed); each time the running workers of
+  # the other two nodes re-form in the new round (world 4 -> 6 -> 4 -> 6 -> 4) in the same
+  # processes, with no restart and no checkpoint (the state comes from the live ranks).
   MLP=$BIN/examples/train_mlp
   [ -x "$MLP" ] || fail "$MLP is not built"
-  WORKER_CMD=("$MLP" --no-ckpt --dataset-size 6000 --batch-size 5 --epochs 2 --step-sleep-ms 20
+  WORKER_CMD=("$MLP" --no-ckpt --dataset-size 6000 --batch-size 5 --epochs 3 --step-sleep-ms 20
     --print-steps)
   for i in 0 1 2; do add_node $i; done
   for i in 0 1; do start_agent $i --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 $(c10d); done
@@ -359,17 +360,25 @@ reform_join)  # resilient loops (issue 38): a node joins, later its agent is SIG
   kept_pids() { grep -ho "hangbench start .* pid=[0-9]*" "$TMP/agent_0.log" "$TMP/agent_1.log" | grep -o "pid=[0-9]*" | sort -u; }
   before=$(kept_pids)
   [ "$(echo "$before" | wc -l)" = 4 ] || fail "expected 4 worker pids on nodes 0 and 1, got: $before"
-  log "node 2 joins"
-  start_agent 2 --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 $(c10d)
   placed() { [ "$(grep -h "places it as rank [0-9]* of $1" "$TMP/agent_0.log" "$TMP/agent_1.log" | wc -l)" -ge "$2" ]; }
-  wait_for 40 "the 4 running workers re-form at world 6" placed 6 4
-  n=$(steps_on_0)
-  wait_for 30 "steps at world 6" stepping $((n + 20))
-  log "node 2's agent is SIGKILLed"
-  kill -KILL "${AGENT_PID[2]}"
-  wait "${AGENT_PID[2]}" 2>/dev/null
-  unset "AGENT_PID[2]"
-  wait_for 40 "the 4 running workers re-form at world 4" placed 4 4
+  for leave in TERM KILL; do
+    log "node 2 joins"
+    start_agent 2 --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 $(c10d)
+    n6=4
+    n4=4
+    [ $leave = TERM ] || { n6=8; n4=8; }
+    wait_for 40 "the 4 running workers re-form at world 6" placed 6 $n6
+    n=$(steps_on_0)
+    wait_for 30 "steps at world 6" stepping $((n + 20))
+    log "node 2's agent gets SIG$leave"
+    kill -$leave "${AGENT_PID[2]}"
+    wait_for 40 "the 4 running workers re-form at world 4" placed 4 $n4
+    agent_exit 2
+    log "node 2's agent exited $RC"
+  done
+  grep -q "a node leaves (its ranks stop on request at step [0-9]*); this rank goes on" \
+    "$TMP"/agent_0.log "$TMP"/agent_1.log ||
+    fail "no kept rank took node 2's planned leave as a stop elsewhere"
   for i in 0 1; do
     agent_exit $i
     [ "$RC" = 0 ] || fail "agent $i exited $RC"
@@ -381,7 +390,7 @@ reform_join)  # resilient loops (issue 38): a node joins, later its agent is SIG
   ! grep -q "restarting the worker group\|stopping the workers" "$TMP"/agent_0.log "$TMP"/agent_1.log ||
     fail "a worker group was stopped or restarted"
   grep -h "re-form in it at generation\|keep running (resilient" "$TMP"/agent_0.log
-  grep -h "re-formed at generation" "$TMP"/agent_[01].log | head -n 4
+  grep -h "re-formed at generation\|goes on without them" "$TMP"/agent_[01].log | head -n 8
   ;;
 joinrestart)  # a node joins after the other spent a restart: the group of both still forms
   # (node 0's TORCHELASTIC_RESTART_COUNT is 1, node 1's is 0: the ranks must not key their process

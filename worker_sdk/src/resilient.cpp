@@ -395,6 +395,9 @@ void ResilientLoop::run(const ResilientProgram& program) {
         bool stepped = false;
         try {
           stepped = program.step(*m.worker);
+        } catch (const RanksStoppedError&) {
+          m.put_back(before);  // the agreed step is complete: nothing to redo
+          throw;
         } catch (const CollectiveError&) {
           m.put_back(before);
           ++m.stats.steps_redone;
@@ -408,6 +411,13 @@ void ResilientLoop::run(const ResilientProgram& program) {
         }
         if (!stepped) return;
       }
+    } catch (const RanksStoppedError& e) {
+      failed_at = Clock::now();
+      failure = std::string("a stop of other ranks (") + e.what() + ")";
+      if (m.options.verbose)
+        std::fprintf(stderr, "%s: %s; waiting for the next generation\n", m.who().c_str(),
+                     e.what());
+      m.await_generation(std::current_exception());
     } catch (const CollectiveError& e) {
       failed_at = Clock::now();
       failure = std::string("a failed collective (") + e.what() + ")";

@@ -275,19 +275,43 @@ StopAgreement::StopAgreement(ProcessGroup& group, uint64_t check_every)
   ensure_installed();
 }
 
+namespace {
+// The agreement's flag: the stop signal, plus kJobStop when it is not only this node's leave.
+constexpr int32_t kJobStop = 1 << 16;
+constexpr int32_t kSignalMask = kJobStop - 1;
+}  // namespace
+
 bool StopAgreement::should_stop(uint64_t step) {
   if (stopped_) return true;
   if (step % check_every_ != 0) return false;
   int32_t flag = stop_signal();
+  if (flag != 0 && !detail::progress::node_leaving()) flag |= kJobStop;
   {
     detail::progress::PhaseScope phase(base::progress::Phase::kStopCheck);
     group_->allreduce(&flag, 1, DataType::kInt32, ReduceOp::kMax);
   }
   if (flag == 0) return false;
   stopped_ = true;
-  agreed_signal_ = flag;
+  job_stop_ = (flag & kJobStop) != 0;
+  agreed_signal_ = flag & kSignalMask;
   agreed_step_ = step;
   return true;
+}
+
+bool StopAgreement::stops_here() const {
+  if (job_stop_ || stop_requested() || detail::progress::node_leaving()) return true;
+  return !(detail::progress::resilient_declared() && detail::progress::board_generation());
+}
+
+void StopAgreement::rejoin() {
+  const std::string what = "ranks whose node leaves stopped on request (" +
+                           stop_signal_name(agreed_signal_) + ") at step " +
+                           std::to_string(agreed_step_) + "; this rank goes on without them";
+  stopped_ = false;
+  job_stop_ = false;
+  agreed_signal_ = 0;
+  agreed_step_ = 0;
+  throw RanksStoppedError(what);
 }
 
 }  // namespace trun::worker

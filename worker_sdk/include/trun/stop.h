@@ -10,6 +10,7 @@
 //     train_one_step(); ++step;
 //     if (stop.should_stop(step)) {                // true on every rank at the same step
 //       save_checkpoint(step); ckpt.wait();
+//       if (!stop.stops_here()) stop.rejoin();     // a resilient loop: only another node leaves
 //       return 75;                                 // EX_TEMPFAIL: stopped on request, resume me
 //     }
 //   }
@@ -86,6 +87,13 @@ TRUN_API std::string stop_signal_name(int signal);
 // Test seam: records `signal` as if its handler had run (same path, same idempotence).
 TRUN_API void request_stop_for_testing(int signal);
 
+// StopAgreement::rejoin()'s exception: ranks of the group stopped on request while this one goes
+// on (a CollectiveError: the group is unusable without them).
+class TRUN_API RanksStoppedError : public CollectiveError {
+ public:
+  using CollectiveError::CollectiveError;
+};
+
 // Lets every rank of a group agree on the same step to stop at, even when the stop signal
 // reached only some ranks (or reached them at different steps).
 //
@@ -114,12 +122,31 @@ class TRUN_API StopAgreement {
   // The step at which should_stop first returned true (0 before).
   uint64_t agreed_step() const { return agreed_step_; }
 
+  // After should_stop returned true and the agreed step's checkpoint is saved: whether this rank
+  // stops too. Under trun, an agent that stops because its node leaves the job (it was given
+  // SIGTERM, or its node was excluded as a straggler) says so to its workers before it signals
+  // them, and their agreement carries it: when every stop signal of the agreement came that way,
+  // the ranks of the other nodes that run a resilient loop (trun/resilient.h) do not stop; they
+  // call rejoin() and go on without the leaving node. In every other case every rank stops: a
+  // stop signal sent to a worker directly (SLURM's, a user's), a rank outside a resilient loop,
+  // no trun progress board (torchrun, srun). A whole job's stop reaches every node's agent, so
+  // every rank stops then too; a rank whose own signal came after the agreement waits for the
+  // next generation, and that signal ends the wait and the process (exit_by_stop_signal), the
+  // agreed step's checkpoint saved.
+  bool stops_here() const;
+  // Throws RanksStoppedError, which a resilient loop takes as a failed step that changed nothing
+  // (the agreed step is complete): it waits for the agent's next generation and re-forms
+  // without the ranks that stopped. This agreement can be used again afterwards, although the
+  // next formation normally builds its own.
+  [[noreturn]] void rejoin();
+
  private:
   ProcessGroup* group_;
   uint64_t check_every_;
   int agreed_signal_ = 0;
   uint64_t agreed_step_ = 0;
   bool stopped_ = false;
+  bool job_stop_ = false;
 };
 
 }  // namespace trun::worker

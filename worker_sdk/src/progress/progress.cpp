@@ -144,6 +144,16 @@ void declare_resilient() {
   }
 }
 
+bool resilient_declared() {
+  board::RankRecord* r = record();
+  return r && r->resilient.load(memory_order_relaxed) != 0;
+}
+
+bool node_leaving() {
+  board::Header* h = g_header.load(memory_order_acquire);
+  return h && h->leaving.load(memory_order_acquire) != 0;
+}
+
 std::optional<uint64_t> board_generation() {
   board::Header* h = g_header.load(memory_order_acquire);
   if (!h || !record()) return std::nullopt;

@@ -58,6 +58,8 @@ void heartbeat();  // trun::worker::heartbeat()
 // process's groups now run at `generation`. forget_groups(): the process's groups were destroyed;
 // the next ones take the record's group slots from the first (call before building new ones).
 void declare_resilient();
+bool resilient_declared();  // declare_resilient() ran with a board attached
+bool node_leaving();  // the agent stops this node's workers as the node leaves (Header::leaving)
 std::optional<uint64_t> board_generation();
 // board_formation(): the board's Formation (base/progress_board.h) of `generation` as the agent
 // described it, with this local rank's global rank; nullopt when not attached, or when the board
