@@ -19,6 +19,7 @@
 #include <string>
 
 #include "agent/agent.h"
+#include "agent/log_mux.h"
 
 namespace trun::agent {
 namespace {
@@ -308,8 +309,14 @@ void Agent::reform_kept_workers() {
   root_cause_.reset();
   const Ranks& ranks = session_->ranks();
   for (size_t i = 0; i < workers_.size(); ++i) {
-    workers_[i].rank = ranks.global[i];
-    workers_[i].role_rank = ranks.role[i];
+    WorkerProcess& w = workers_[i];
+    w.rank = ranks.global[i];
+    w.role_rank = ranks.role[i];
+    // Before the new generation is published: the lines the worker prints at its new place
+    // carry its new rank.
+    if (logs_)
+      logs_->set_prefix(w.local_rank, line_prefix(config_.log_line_prefix_template, config_.role,
+                                                  w.rank, w.local_rank));
   }
   const rendezvous::RendezvousInfo& info = session_->info();
   const uint64_t g = ++generation_;
@@ -378,8 +385,9 @@ void Agent::on_reform_tick() {
   }
   if (reformed) {
     const int64_t ms = ms_between(reformation_->failed_at, clock_.now());
-    spdlog::warn("group re-formed at generation {} in {} ms after the failure",
-                 reformation_->generation, ms);
+    // A round's re-formation (a node joined or left) counts from the new round's generation.
+    spdlog::warn("group re-formed at generation {} in {} ms after {}", reformation_->generation, ms,
+                 reformation_->round ? "the new round" : "the failure");
     event("trun.agent.reformed",
           {{"generation", static_cast<int64_t>(reformation_->generation)}, {"ms", ms}});
     hang_->end_reformation();

@@ -356,9 +356,9 @@ SpawnRequest Agent::spawn_request(size_t i, const std::string& attempt_dir,
   const std::string prefix =
       line_prefix(config_.log_line_prefix_template, config_.role, w.rank, w.local_rank);
   req.stdout_fd = logs_->prepare(stream_mode(w.local_rank, kStdOut), STDOUT_FILENO,
-                                 w.dir + "/stdout.log", prefix);
+                                 w.dir + "/stdout.log", prefix, w.local_rank);
   req.stderr_fd = logs_->prepare(stream_mode(w.local_rank, kStdErr), STDERR_FILENO,
-                                 w.dir + "/stderr.log", prefix);
+                                 w.dir + "/stderr.log", prefix, w.local_rank);
   return req;
 }
 

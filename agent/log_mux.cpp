@@ -38,6 +38,7 @@ struct LogMux::Tee {
   int file_fd = -1;
   int console_fd = 1;
   std::string prefix;
+  int owner = -1;
   std::string pending;  // bytes after the last newline
   std::string out;      // scratch for the prefixed batch
   std::string dup_out;  // scratch for the batch's lines that match a duplicate filter
@@ -103,8 +104,14 @@ void LogMux::collect_duplicate(Tee& t, std::string_view prefixed_line) {
   }
 }
 
+void LogMux::set_prefix(int owner, const std::string& prefix) {
+  for (auto& t : tees_) {
+    if (t->owner == owner) t->prefix = prefix;
+  }
+}
+
 int LogMux::prepare(StreamMode mode, int console_fd, const std::string& file_path,
-                    const std::string& prefix) {
+                    const std::string& prefix, int owner) {
   switch (mode) {
     case StreamMode::kInherit:
       return -1;
@@ -134,6 +141,7 @@ int LogMux::prepare(StreamMode mode, int console_fd, const std::string& file_pat
   t->read_fd = p[0];
   t->console_fd = console_fd;
   t->prefix = prefix;
+  t->owner = owner;
   child_fds_.push_back(p[1]);
   Tee* raw = t.get();
   tees_.push_back(std::move(t));

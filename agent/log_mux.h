@@ -49,8 +49,12 @@ class LogMux {
 
   // Prepares one stream of one worker; `console_fd` is 1 or 2. Returns the fd to give the worker
   // as that stream (-1 for inherit). Throws std::system_error when a file or pipe cannot be made.
+  // `owner` (the local rank) names the worker's streams for set_prefix().
   int prepare(StreamMode mode, int console_fd, const std::string& file_path,
-              const std::string& prefix);
+              const std::string& prefix, int owner = -1);
+  // The prefix of `owner`'s tee'd streams from their next line on: kept workers of resilient
+  // loops that a new round placed at other ranks (--log-line-prefix-template with ${rank}).
+  void set_prefix(int owner, const std::string& prefix);
   // Before prepare(): tee'd lines of `console_fd` (1 or 2) that contain any of `filters` also go
   // to `file_path` (created now, even if nothing matches). Throws std::system_error.
   void duplicate(int console_fd, const std::string& file_path, std::vector<std::string> filters);

@@ -353,7 +353,11 @@ reform_join)  # resilient loops (issue 38): a node joins and leaves on purpose (
   WORKER_CMD=("$MLP" --no-ckpt --dataset-size 6000 --batch-size 5 --epochs 3 --step-sleep-ms 20
     --print-steps)
   for i in 0 1 2; do add_node $i; done
-  for i in 0 1; do start_agent $i --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 $(c10d); done
+  # Rank prefixes: a re-placed worker's lines carry its new rank (the line where it says so too).
+  for i in 0 1; do
+    start_agent $i --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 --tee 3 \
+      --log-line-prefix-template 'r${rank}' $(c10d)
+  done
   steps_on_0() { grep -c "hangbench step=" "$TMP/agent_0.log" "$TMP/agent_1.log" | awk -F: '{n += $2} END {print n + 0}'; }
   stepping() { [ "$(steps_on_0)" -ge "$1" ]; }
   wait_for 30 "the 4 workers of nodes 0 and 1 stepping" stepping 20
@@ -389,6 +393,11 @@ reform_join)  # resilient loops (issue 38): a node joins and leaves on purpose (
     fail "rank 0 did not finish training at world size 4"
   ! grep -q "restarting the worker group\|stopping the workers" "$TMP"/agent_0.log "$TMP"/agent_1.log ||
     fail "a worker group was stopped or restarted"
+  wrong=$(grep -h "places it as rank [0-9]* of" "$TMP"/agent_[01].log |
+    sed -n 's/^\[r\([0-9]*\)\]:.*places it as rank \([0-9]*\) of.*/\1 \2/p' | awk '$1 != $2')
+  [ -z "$wrong" ] || fail "lines with another rank's prefix (prefix rank, rank): $wrong"
+  [ "$(grep -h "places it as rank" "$TMP"/agent_[01].log | grep -c "^\[r[0-9]*\]:")" -ge 8 ] ||
+    fail "the re-placed workers' lines have no rank prefix"
   grep -h "re-form in it at generation\|keep running (resilient" "$TMP"/agent_0.log
   grep -h "re-formed at generation\|goes on without them" "$TMP"/agent_[01].log | head -n 8
   ;;
