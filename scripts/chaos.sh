@@ -17,8 +17,8 @@ cd "$(dirname "$0")/.."
 source scripts/lib.sh
 
 export CHAOS_SECONDS=${CHAOS_SECONDS:-600}
-if ! [[ $CHAOS_SECONDS =~ ^[0-9]+$ ]] || ((CHAOS_SECONDS < 30)); then
-  echo "scripts/chaos.sh: CHAOS_SECONDS must be a whole number of seconds, at least 30" >&2
+if ! [[ $CHAOS_SECONDS =~ ^[0-9]+$ ]] || ((CHAOS_SECONDS < 20)); then
+  echo "scripts/chaos.sh: CHAOS_SECONDS must be a whole number of seconds, at least 20" >&2
   exit 2
 fi
 build=${TRUN_BUILD_DIR:-build}

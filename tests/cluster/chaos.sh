@@ -17,7 +17,7 @@
 #
 # Environment:
 #   CHAOS_SEED=N        the schedule's seed (default: CHAOS_DEFAULT_SEED, else random); printed
-#   CHAOS_SECONDS=T     length of the schedule in seconds (default 120; at least 30)
+#   CHAOS_SECONDS=T     length of the schedule in seconds (default 120; at least 20)
 #   CHAOS_STORE_HOST=0  never kill or partition node 0 (the first c10d store host); the default, 1,
 #                       lets the schedule hit it too, which needs store
 #                       failover (an agent that accepts an --rdzv-endpoint list)
@@ -100,8 +100,8 @@ MLP=$BIN/examples/train_mlp
 CHAOS_PY=(/usr/bin/python3 "$SRC/chaos.py")
 
 DURATION=${CHAOS_SECONDS:-120}
-[[ $DURATION =~ ^[0-9]+$ ]] && ((DURATION >= 30)) ||
-  fail "CHAOS_SECONDS must be a whole number of seconds, at least 30, got '$DURATION'"
+[[ $DURATION =~ ^[0-9]+$ ]] && ((DURATION >= 20)) ||
+  fail "CHAOS_SECONDS must be a whole number of seconds, at least 20, got '$DURATION'"
 SEED=${CHAOS_SEED:-${CHAOS_DEFAULT_SEED:-}}
 [ -n "$SEED" ] || SEED=$(((RANDOM << 15) | RANDOM))
 [[ $SEED =~ ^[0-9]+$ ]] || fail "CHAOS_SEED must be a non-negative whole number, got '$SEED'"
