@@ -408,6 +408,7 @@ class Agent {
   // The round store's counter of replacements (agent/reform_watch.h) as this node last saw it.
   int64_t seq_seen_ = 0;
   bool keep_workers_ = false;  // see can_keep_workers
+  double kept_since_ = 0;      // when the round that keeps them began (monotonic_seconds)
   std::unique_ptr<ReformWatch> reform_watch_;
   int reform_fd_ = -1;  // a timerfd, armed while reformation_ is set
   struct Replaced {

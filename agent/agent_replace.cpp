@@ -286,6 +286,11 @@ void Agent::on_remote_generation(int64_t seq) {
   event("trun.agent.reforming", {{"generation", static_cast<int64_t>(g)},
                                  {"reason", std::string("a worker was replaced on another node")}});
   const Clock::TimePoint now = clock_.now();
+  // The goodput account: the ranks here pause from their last step until they step again in the
+  // re-formed group (detection, then restart time), not slow time.
+  sample_goodput();
+  goodput_.reformed(monotonic_seconds());
+  record_badput_intervals();
   hang_->begin_reformation({});
   publish_generation(g, seq);
   reformation_ = Reformation{g,
@@ -321,6 +326,11 @@ void Agent::reform_kept_workers() {
   const rendezvous::RendezvousInfo& info = session_->info();
   const uint64_t g = ++generation_;
   seq_seen_ = 0;  // the new round's counter
+  // The goodput account: the ranks' wait for the round is rendezvous time, and the time to their
+  // first step in it restart time.
+  sample_goodput();
+  goodput_.reformed(monotonic_seconds(), kept_since_);
+  record_badput_intervals();
   hang_->begin_reformation({});
   publish_generation(g, -1);  // a new store: rank 0 of this round hosts it
   spdlog::warn(

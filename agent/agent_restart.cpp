@@ -160,9 +160,8 @@ bool Agent::prepare_next_attempt(const Next& next, bool after_round) {
     wait_until_healthy(next.counted ? "after the failure" : "before rejoining");
   }
   if (same_round) return true;
-  // Workers kept for the next round keep the node in its running phase: for the goodput account
-  // their group goes on (a pause without steps is slow time, as a re-formation around a
-  // replacement on another node is).
+  // Workers kept for the next round keep the node in its running phase; the goodput account
+  // splits their pause when they re-form (reform_kept_workers).
   if (!keep_workers_) set_phase("rendezvous");
   WaitingWindow waiting(*this);
   try {

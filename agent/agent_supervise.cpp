@@ -224,6 +224,7 @@ bool Agent::on_round_over(const rendezvous::RoundEvent& e) {
     spdlog::warn("{}; the workers keep running (resilient loops) and re-form in the next round",
                  e.describe());
     keep_workers_ = true;
+    kept_since_ = monotonic_seconds();
     outcome_ = GroupOutcome::kRoundOver;
     end_reformation_watch();
     hang_->begin_reformation({});

@@ -41,10 +41,31 @@ double Account::reference() const {
   return *mid;
 }
 
-void Account::progress(const Progress& p, double now) {
+Progress Account::since_base(const Progress& p) {
+  Progress q;
+  q.attached = true;
+  if (p.steps <= base_->steps) return q;  // none since
+  const uint64_t n = p.steps - base_->steps;
+  if (!first_new_) {
+    // The pace: the reference step time, else (too few samples: an agent without
+    // --metrics-port samples rarely) the records' average before the re-formation.
+    double pace = reference();
+    if (pace <= 0 && base_->steps > 1)
+      pace = (base_->last_step - base_->first_step) / static_cast<double>(base_->steps - 1);
+    first_new_ = std::max(rebased_at_, p.last_step - static_cast<double>(n - 1) * pace);
+  }
+  q.steps = n;
+  q.first_step = *first_new_;
+  q.last_step = p.last_step;
+  return q;
+}
+
+void Account::progress(const Progress& sample, double now) {
   (void)now;
-  if (phase_ != Phase::kRunning || !p.attached) return;
+  if (phase_ != Phase::kRunning || !sample.attached) return;
   sdk_seen_ = true;
+  raw_ = sample;
+  const Progress p = base_ ? since_base(sample) : sample;
   // One step time sample per call that saw new steps of the same group.
   if (group_.steps >= 1 && p.steps > group_.steps && p.last_step > group_.last_step) {
     samples_.push_back((p.last_step - group_.last_step) /
@@ -137,6 +158,8 @@ void Account::set_phase(Phase p, double now, bool joined_late) {
       pre_job_intervals_.clear();
     }
     group_ = Progress{};
+    raw_ = Progress{};
+    base_.reset();
     resume_seen_ = false;
     group_redone_ = 0;
   }
@@ -148,6 +171,25 @@ void Account::replaced(double now) {
   if (phase_ != Phase::kRunning) return;
   close(now);
   group_ = Progress{};
+  raw_ = Progress{};
+  base_.reset();  // the replacements' records are fresh
+  resume_seen_ = true;
+  group_redone_ = 0;
+}
+
+void Account::reformed(double now, std::optional<double> round_since) {
+  if (phase_ != Phase::kRunning) return;
+  // Steps taken after the round began (the ranks kept stepping while a node joined) were not a
+  // wait: the rendezvous time starts after the last of them.
+  const double split =
+      round_since ? std::clamp(std::max(*round_since, group_.last_step), since_, now) : now;
+  close(split);
+  add(Cause::kRendezvous, split, now, true);
+  since_ = now;
+  group_ = Progress{};
+  base_ = raw_;
+  rebased_at_ = now;
+  first_new_.reset();
   resume_seen_ = true;
   group_redone_ = 0;
 }

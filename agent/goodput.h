@@ -107,6 +107,15 @@ class Account {
   // replacements alone (their records start now; the survivors' first steps are old). No step is
   // redone: the survivors keep their state, and a resume the replacements report is not a loss.
   void replaced(double now);
+  // The running group's ranks here re-form at `now` without a replacement here (resilient loops:
+  // a node joined or left, or a worker was replaced on another node). Call progress() first. The
+  // group's interval ends as at replaced(): from its last step to `now` is detection, except that
+  // the time after `round_since` (when the round that brought the re-formation began, if one did)
+  // is rendezvous; a new interval begins whose time to its first step is restart time. The ranks'
+  // records go on counting across a re-formation: from here the account takes only the steps past
+  // those it last sampled, and the first of them ended, if it was not sampled alone, as many
+  // reference step times before the last one as steps followed it. No step is redone.
+  void reformed(double now, std::optional<double> round_since = std::nullopt);
 
   // The sums up to `now`. A running group's time since its last sampled step counts as
   // productive until the group ends (then it is detection time, if no step followed).
@@ -123,6 +132,8 @@ class Account {
   void close(double now, bool provisional = false);
   void add(Cause c, double begin, double end, bool interval);
   double reference() const;
+  // `p` relative to base_ (reformed()).
+  Progress since_base(const Progress& p);
 
   Phase phase_ = Phase::kRendezvous;
   double since_;
@@ -138,8 +149,14 @@ class Account {
   uint64_t steps_ = 0;
   uint64_t redone_ = 0;
   uint64_t reached_ = 0;  // the highest step of the current chain (M)
-  // The running group's board, as last sampled.
+  // The running group's board, as last sampled (since the re-formation, if it re-formed).
   Progress group_{};
+  // A group that re-formed without a replacement (reformed()): its records as sampled then, when
+  // it happened, and when its first step after it ended (once seen).
+  Progress raw_{};  // the last sample as given to progress()
+  std::optional<Progress> base_;
+  double rebased_at_ = 0;
+  std::optional<double> first_new_;
   bool resume_seen_ = false;
   uint64_t group_redone_ = 0;  // the running group's steps redone
   // Before this node's first group: startup when that group is the job's first, else outside.

@@ -189,3 +189,66 @@ TEST_CASE(
   CHECK(iv[0].end == Approx(13));
   CHECK(iv[1].cause == Cause::kDetection);
 }
+
+TEST_CASE(
+    "goodput: a group re-formed without a replacement here costs detection, the round and "
+    "restart time, and its steps count once",
+    "[goodput][resilient]") {
+  Account a(0);
+  a.set_phase(Phase::kRunning, 0);
+  a.progress(board(1, 1, 1, 0), 1);
+  a.progress(board(101, 1, 11, 0), 11);  // 100 steps of 0.1 s
+  SECTION("a node left: the ranks waited from their last step, then for the round") {
+    a.progress(board(101, 1, 11, 0), 12.5);
+    a.reformed(12.5, 11.5);  // the round began at 11.5 and formed at 12.5
+    auto iv = a.take_intervals();
+    REQUIRE(iv.size() == 3);
+    CHECK(iv[1].cause == Cause::kDetection);
+    CHECK(iv[1].end - iv[1].begin == Approx(0.5));
+    CHECK(iv[2].cause == Cause::kRendezvous);
+    CHECK(iv[2].end - iv[2].begin == Approx(1));
+    // The records keep their counts: no step since, then the first at 13, 20 more by 15.
+    a.progress(board(101, 1, 11, 0), 12.8);
+    a.progress(board(102, 1, 13, 0), 13);
+    a.progress(board(122, 1, 15, 0), 15);
+    const Totals t = a.totals(15);
+    CHECK(t.wall == Approx(15));
+    CHECK(sum(t) == Approx(15));
+    CHECK(t.of(Cause::kStartup) == Approx(1));
+    CHECK(t.of(Cause::kDetection) == Approx(0.5));
+    CHECK(t.of(Cause::kRendezvous) == Approx(1));
+    CHECK(t.of(Cause::kRestart) == Approx(0.5));
+    CHECK(t.of(Cause::kSlow) == Approx(0).margin(1e-9));
+    CHECK(t.steps == 122);
+    CHECK(t.steps_redone == 0);
+    CHECK(t.productive == Approx(12));
+  }
+  SECTION("a node joined: the ranks stepped on while the round formed") {
+    a.progress(board(103, 1, 11.2, 0), 11.3);
+    a.reformed(11.3, 10.5);  // the round began before their last steps
+    // First seen 20 steps later: the first of them is put 19 reference steps before the last.
+    a.progress(board(123, 1, 14, 0), 14);
+    const Totals t = a.totals(14);
+    CHECK(sum(t) == Approx(14));
+    CHECK(t.of(Cause::kDetection) == Approx(0).margin(1e-9));
+    CHECK(t.of(Cause::kRendezvous) == Approx(0.1));
+    CHECK(t.of(Cause::kRestart) == Approx(0.8));
+    CHECK(t.of(Cause::kSlow) == Approx(0).margin(1e-9));
+    CHECK(t.steps == 123);
+    CHECK(t.productive == Approx(12.1));
+  }
+  SECTION("a worker was replaced on another node: no round, detection to the re-formation") {
+    a.progress(board(101, 1, 11, 0), 11.4);
+    a.reformed(11.4);
+    a.progress(board(102, 1, 11.6, 0), 11.6);
+    a.reformed(11.7);  // another replacement while the first step after the last one
+    a.progress(board(103, 1, 12, 0), 12);
+    a.progress(board(113, 1, 13, 0), 13);
+    const Totals t = a.totals(13);
+    CHECK(sum(t) == Approx(13));
+    CHECK(t.of(Cause::kDetection) == Approx(0.4 + 0.1));
+    CHECK(t.of(Cause::kRendezvous) == Approx(0).margin(1e-9));
+    CHECK(t.of(Cause::kRestart) == Approx(0.2 + 0.3));
+    CHECK(t.steps == 113);
+  }
+}

@@ -356,7 +356,7 @@ reform_join)  # resilient loops (issue 38): a node joins and leaves on purpose (
   # Rank prefixes: a re-placed worker's lines carry its new rank (the line where it says so too).
   for i in 0 1; do
     start_agent $i --nnodes 2:3 --nproc-per-node 2 --max-restarts 0 --tee 3 \
-      --log-line-prefix-template 'r${rank}' $(c10d)
+      --log-line-prefix-template 'r${rank}' --event-log "$TMP/events_$i.jsonl" $(c10d)
   done
   steps_on_0() { grep -c "hangbench step=" "$TMP/agent_0.log" "$TMP/agent_1.log" | awk -F: '{n += $2} END {print n + 0}'; }
   stepping() { [ "$(steps_on_0)" -ge "$1" ]; }
@@ -398,6 +398,12 @@ reform_join)  # resilient loops (issue 38): a node joins and leaves on purpose (
   [ -z "$wrong" ] || fail "lines with another rank's prefix (prefix rank, rank): $wrong"
   [ "$(grep -h "places it as rank" "$TMP"/agent_[01].log | grep -c "^\[r[0-9]*\]:")" -ge 8 ] ||
     fail "the re-placed workers' lines have no rank prefix"
+  # The goodput account: each of the 4 re-formations ends the kept group's interval, and the new
+  # round's forming is rendezvous time (it was counted as slow time before).
+  for i in 0 1; do
+    n=$(grep '"name": *"trun.agent.badput"' "$TMP/events_$i.jsonl" | grep -c '"cause": *"rendezvous"')
+    [ "$n" -ge 4 ] || fail "node $i: $n rendezvous intervals in its event log for 4 re-formations"
+  done
   grep -h "re-form in it at generation\|keep running (resilient" "$TMP"/agent_0.log
   grep -h "re-formed at generation\|goes on without them" "$TMP"/agent_[01].log | head -n 8
   ;;
