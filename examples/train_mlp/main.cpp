@@ -732,6 +732,21 @@ int run_resilient(Training& t, const InitOptions& io) {
     t.ckpt.reset();  // waits for its background write
     g = GroupObjects{};
   };
+  // Stopped while the group re-formed (the job stops, or its restarts are spent): rank 0 saves
+  // the step it holds alone, unless that step is saved already.
+  program.save_alone = [&](Worker&) {
+    if (t.args.no_ckpt || t.dir.empty() || t.saved_step == t.step) return;
+    if (!t.ckpt) {
+      // The last formation's checkpointer is gone (a formation broke): one without a group. The
+      // group's next rank 0 may hold the directory (this node leaves, the others go on): not
+      // worth the shutdown timeout.
+      CheckpointerOptions co;
+      co.keep_last = t.args.keep;
+      co.lock_wait = std::chrono::seconds(2);
+      t.ckpt = std::make_unique<Checkpointer>(t.dir, co);
+    }
+    save(t, true);  // the writer's save is local: it needs no live group
+  };
   program.restore = [&](Worker&) {
     const double load_begin = unix_seconds();
     t.resumed_from = "-";  // the checkpoint's group, when one loads

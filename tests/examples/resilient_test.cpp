@@ -58,13 +58,13 @@ struct Job {
 
 // A 4- or 2-rank train_mlp job on one node with the loop, 10 ms steps, printing its steps.
 Job start_job(const TempDir& d, const std::string& name, int nproc, int ckpt_every,
-              const std::map<std::string, std::string>& env = {}) {
+              const std::map<std::string, std::string>& env = {}, int max_restarts = 3) {
   Job j;
   j.params = d / (name + ".params");
   std::vector<std::string> argv = {trun::testing::trun_binary(),
                                    "--standalone",
                                    "--nproc-per-node=" + std::to_string(nproc),
-                                   "--max-restarts=3",
+                                   "--max-restarts=" + std::to_string(max_restarts),
                                    train_mlp(),
                                    "--epochs",
                                    "2",
@@ -215,6 +215,41 @@ TEST_CASE(
   CHECK(err.find("no rank held a state: restored") != std::string::npos);
   CHECK(out.find("resumed from") != std::string::npos);
   CHECK(file_bytes(j.params) == reference);
+}
+
+TEST_CASE(
+    "resilient loop: stopped while it waits to re-form (the restarts are spent), rank 0 saves "
+    "the step it holds, and the next start resumes it bit for bit",
+    "[resilient][train_mlp]") {
+  TempDir d;
+  const std::string reference = reference_params(d, 2);
+  // No periodic checkpoint before the end; --max-restarts=0: trun stops the survivor, which
+  // waits for a generation that will not come.
+  Job j = start_job(d, "spent", 2, 1000, {}, 0);
+  kill_worker_at(j, 12, 1);
+  REQUIRE(j.child->wait(120s));
+  {
+    const std::string out = j.child->out(), err = j.child->err();
+    INFO(out << err);
+    CHECK(j.child->exit_code() != 0);
+    std::smatch m;
+    REQUIRE(std::regex_search(
+        err, m,
+        std::regex(
+            R"(rank 0/2: stopped while the group re-formed: saved the state of step (\d+) )")));
+    int last0 = -1;
+    for (auto [a, step] : steps(out))
+      if (a == 0) last0 = step;
+    CHECK(std::stoi(m[1]) == last0);  // its last completed step
+    CHECK(file_bytes(d / "spent-ckpt/latest") == "step_" + std::string(m[1]) + "\n");
+  }
+  Job again = start_job(d, "spent", 2, 1000);  // the same checkpoint directory
+  REQUIRE(again.child->wait(120s));
+  const std::string out = again.child->out(), err = again.child->err();
+  INFO(out << err);
+  CHECK(again.child->exit_code() == 0);
+  CHECK(std::regex_search(out, std::regex(R"(resumed from \S*spent-ckpt/step_[1-9])")));
+  CHECK(file_bytes(again.params) == reference);
 }
 
 TEST_CASE(

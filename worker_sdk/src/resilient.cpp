@@ -124,12 +124,17 @@ struct ResilientLoop::Impl {
   }
 
   // Waits for a generation above the current one on the board (the agent replaced a worker).
-  // Rethrows `cause` when there is no board, when a stop was requested, or after reform_timeout.
-  void await_generation(const std::exception_ptr& cause) {
+  // Rethrows `cause` when there is no board, when a stop was requested (after save_alone), or
+  // after reform_timeout.
+  void await_generation(const std::exception_ptr& cause, const ResilientProgram& program) {
     const Clock::time_point deadline = Clock::now() + options.reform_timeout;
     for (;;) {
       const std::optional<uint64_t> g = detail::progress::board_generation();
-      if (!g || stop_requested()) std::rethrow_exception(cause);
+      if (stop_requested()) {
+        save_alone(program);
+        std::rethrow_exception(cause);
+      }
+      if (!g) std::rethrow_exception(cause);
       if (*g > generation) {
         generation = *g;
         return;
@@ -140,6 +145,25 @@ struct ResilientLoop::Impl {
         std::rethrow_exception(cause);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  // A stop while re-forming: rank 0 of the last formation saves the completed step it holds.
+  void save_alone(const ResilientProgram& program) {
+    if (!program.save_alone || !holds || !worker || worker->rank() != 0) return;
+    const uint64_t step = *state.step();
+    try {
+      program.save_alone(*worker);
+      if (options.verbose)
+        std::fprintf(stderr,
+                     "%s: stopped while the group re-formed: saved the state of step %" PRIu64
+                     " without a group\n",
+                     who().c_str(), step);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr,
+                   "%s: stopped while the group re-formed: cannot save the state of step %" PRIu64
+                   ": %s\n",
+                   who().c_str(), step, e.what());
     }
   }
 
@@ -378,7 +402,7 @@ void ResilientLoop::run(const ResilientProgram& program) {
       if (m.options.verbose)
         std::fprintf(stderr, "%s: %s; waiting for the next generation\n", m.who().c_str(),
                      failure.c_str());
-      m.await_generation(std::current_exception());
+      m.await_generation(std::current_exception(), program);
       continue;
     }
     // Steps until the end, a failure, or a new generation from the agent.
@@ -417,14 +441,14 @@ void ResilientLoop::run(const ResilientProgram& program) {
       if (m.options.verbose)
         std::fprintf(stderr, "%s: %s; waiting for the next generation\n", m.who().c_str(),
                      e.what());
-      m.await_generation(std::current_exception());
+      m.await_generation(std::current_exception(), program);
     } catch (const CollectiveError& e) {
       failed_at = Clock::now();
       failure = std::string("a failed collective (") + e.what() + ")";
       if (m.options.verbose)
         std::fprintf(stderr, "%s: step %" PRIu64 " failed: %s; waiting for the next generation\n",
                      m.who().c_str(), *m.state.step() + 1, e.what());
-      m.await_generation(std::current_exception());
+      m.await_generation(std::current_exception(), program);
     }
   }
 }

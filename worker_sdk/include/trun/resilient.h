@@ -25,6 +25,9 @@
 // put back when it throws, so a step may advance them before its collectives. A step that
 // returns false took no step: training is over (the loop returns).
 //
+// A stop signal while the loop waits for a generation ends the wait: rank 0, if it holds a
+// completed step, saves it alone (ResilientProgram::save_alone), and the failure is rethrown.
+//
 // Without a trun agent's progress board (run by hand, torchrun, srun), or when the agent does
 // not replace the failed rank (it restarts the whole group: a multi-node round, restarts spent,
 // --hang-detection=off), a failure is rethrown as it would be without the loop, after at most
@@ -121,6 +124,16 @@ struct ResilientProgram {
   // Required. One step: true when it completed one (the loop then counts it done), false when
   // training is over (no step taken).
   std::function<bool(Worker&)> step;
+  // A stop was requested (a stop signal: the job stops, or the agent stops the group because its
+  // restarts are spent) while the loop waited for a new generation: no group will form to agree
+  // on a step. Called on the process that is rank 0 of its last formation, when it holds a
+  // completed step's state (the registered buffers, step counter and sampler as that step left
+  // them), before the loop rethrows the failure: save that state without a group (a Checkpointer
+  // with group = nullptr), so that the job's next start loses at most the step in flight.
+  // Optional; it needs the program to watch its stop signals (trun/stop.h: watch_stop_signals),
+  // or a stop signal ends the process at once. What it throws is reported on stderr; the failure
+  // is rethrown either way.
+  std::function<void(Worker&)> save_alone;
 };
 
 class TRUN_API ResilientLoop {
