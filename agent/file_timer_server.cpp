@@ -60,6 +60,13 @@ int pidfd_send_signal(int pidfd, int sig) {
 #endif
 }
 
+// True when the process behind `pidfd` has exited, a zombie not yet reaped included (its pidfd
+// polls readable then), where a signal would still be "sent".
+bool pidfd_exited(int pidfd) {
+  pollfd p{pidfd, POLLIN, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLIN) != 0;
+}
+
 // A worker's text in trun's log: printable ASCII only, at most 200 characters.
 std::string printable(const std::string& s) {
   std::string out;
@@ -583,8 +590,10 @@ void FileTimerServer::fire_follow_ups(double now,
       continue;
     }
     // A worker that died of the dump signal is gone (ESRCH), or a zombie, which a signal does not
-    // change: either way nothing to say.
-    const int err = send(f->first, SIGKILL);
+    // change: either way nothing to say, and no signal counted.
+    auto w = workers_.find(f->first);
+    const bool dead = w != workers_.end() && w->second >= 0 && pidfd_exited(w->second);
+    const int err = dead ? ESRCH : send(f->first, SIGKILL);
     if (err == 0) {
       signals_sent_.fetch_add(1);
       lines->emplace_back(true,
