@@ -273,7 +273,10 @@ DYNAMIC_TEST(timed_out_leader_leaves,
   s1.reset();
   auto s2 = c.make("s2");
   auto spare = std::async(std::launch::async, [&] { return s2->next_rendezvous(); });
-  std::this_thread::sleep_for(300ms);  // s2 waits (the group is full)
+  // s2 waits (the group is full).
+  const auto deadline = Clock::now() + 20s;
+  while (a->num_nodes_waiting() != 1 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
+  REQUIRE(a->num_nodes_waiting() == 1);
   b->shutdown();
   auto next = std::async(std::launch::async, [&] { return a->next_rendezvous(); });
   REQUIRE(next.wait_for(20s) == std::future_status::ready);
@@ -320,6 +323,8 @@ DYNAMIC_TEST(node_beyond_max_waits, "a node beyond max_nodes waits quietly for t
   auto extra_info = std::async(std::launch::async, [&] { return extra->next_rendezvous(); });
   // The full group is not disturbed...
   CHECK_FALSE(a->wait_round_over(1s).has_value());
+  const auto deadline = Clock::now() + 20s;  // (it is normally counted within that second)
+  while (a->num_nodes_waiting() != 1 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
   CHECK(a->num_nodes_waiting() == 1);
   // ...until it ends its round for another reason; then the waiting node is admitted if a slot
   // is free (b leaves).
@@ -629,7 +634,15 @@ TEST_CASE("etcd: is_host is ignored: nobody hosts a store and ranks follow arriv
   auto a = c.make("a"), b = c.make("b");
   auto fa = std::async(std::launch::async, [&] { return a->next_rendezvous(); });
   auto fb = std::async(std::launch::async, [&] { return b->next_rendezvous(); });
-  std::this_thread::sleep_for(500ms);  // let a and b take the first tickets
+  // a and b take the first tickets (their node descriptors appear) before the would-be host.
+  auto ticketed = [&] {
+    for (const char* n : {"1", "2"})
+      if (c.etcd->keys("/trun/rdzv/" + c.run_id + "/0/node/" + n).empty()) return false;
+    return true;
+  };
+  const auto deadline = Clock::now() + 30s;
+  while (!ticketed() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
+  REQUIRE(ticketed());
   auto ih = host->next_rendezvous();
   std::vector<RendezvousInfo> infos = {ih, fa.get(), fb.get()};
   check_consistent(infos, 3);

@@ -78,8 +78,8 @@ TEST_CASE("a refused port is retried until the deadline, then reported with its 
   CHECK(result.last.what == std::strerror(ECONNREFUSED));
   CHECK(result.detail() == std::to_string(result.attempts) +
                                " attempts; last error: Connection refused: nothing listens there");
-  CHECK(waited >= 790ms);  // the last attempt comes at the deadline, not a pause before it
-  CHECK(waited < 800ms + 500ms);
+  CHECK(waited >= 790ms);      // the last attempt comes at the deadline, not a pause before it
+  CHECK(waited < 800ms + 3s);  // stopped at the deadline, not hung (a sanitizer build is slow)
 
   // At the client's boundary the failure names the endpoint.
   TcpStoreOptions o;
@@ -171,7 +171,7 @@ TEST_CASE("values round-trip, and a read ends at its deadline, at EOF, at an imp
     CHECK(e.what == "timed out");
   }
   CHECK(Clock::now() - start >= 190ms);
-  CHECK(Clock::now() - start < 1s);
+  CHECK(Clock::now() - start < 3s);  // stopped at the deadline, not hung
 
   out.clear();
   wire::Encoder(&out).u64(1ull << 41);
@@ -213,5 +213,5 @@ TEST_CASE("a write that cannot proceed ends at its deadline", "[store][client][s
     CHECK(e.timed_out);
   }
   CHECK(Clock::now() - start >= 190ms);
-  CHECK(Clock::now() - start < 1s);
+  CHECK(Clock::now() - start < 3s);  // stopped at the deadline, not hung
 }
