@@ -578,6 +578,8 @@ void FileTimerServer::fire_expired() {
 int FileTimerServer::send(pid_t pid, int sig) {
   auto w = workers_.find(pid);
   if (w == workers_.end()) return ESRCH;
+  // A worker that has exited and is not reaped yet would still take a signal: it is gone too.
+  if (w->second >= 0 && pidfd_exited(w->second)) return ESRCH;
   const int rc = w->second >= 0 ? pidfd_send_signal(w->second, sig) : ::kill(pid, sig);
   return rc == 0 ? 0 : errno;
 }
@@ -589,11 +591,9 @@ void FileTimerServer::fire_follow_ups(double now,
       ++f;
       continue;
     }
-    // A worker that died of the dump signal is gone (ESRCH), or a zombie, which a signal does not
-    // change: either way nothing to say, and no signal counted.
-    auto w = workers_.find(f->first);
-    const bool dead = w != workers_.end() && w->second >= 0 && pidfd_exited(w->second);
-    const int err = dead ? ESRCH : send(f->first, SIGKILL);
+    // A worker that died of the dump signal is gone, or a zombie (ESRCH either way): nothing to
+    // say, and no signal counted.
+    const int err = send(f->first, SIGKILL);
     if (err == 0) {
       signals_sent_.fetch_add(1);
       lines->emplace_back(true,

@@ -173,7 +173,8 @@ class FileTimerServer {
   void fire_expired();
   // Under mu_: sends SIGKILL to the workers whose follow-up is due.
   void fire_follow_ups(double now, std::vector<std::pair<bool, std::string>>* lines);
-  // Under mu_: `sig` to `pid` through its pidfd; 0, or the errno.
+  // Under mu_: `sig` to `pid` through its pidfd; 0, or the errno (ESRCH: not a worker, or one
+  // that has exited, reaped or not).
   int send(pid_t pid, int sig);
   int wait_ms();
   void refuse(TimerRefusal kind, const std::string& detail);
