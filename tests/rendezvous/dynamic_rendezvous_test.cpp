@@ -26,6 +26,7 @@
 #include "rendezvous/round_rendezvous.h"
 #include "store/server.h"
 #include "store/tcp_store.h"
+#include "tests/launcher/process_util.h"
 #include "tests/rendezvous/etcd_server.h"
 #include "tests/rendezvous/test_options.h"
 
@@ -274,9 +275,7 @@ DYNAMIC_TEST(timed_out_leader_leaves,
   auto s2 = c.make("s2");
   auto spare = std::async(std::launch::async, [&] { return s2->next_rendezvous(); });
   // s2 waits (the group is full).
-  const auto deadline = Clock::now() + 20s;
-  while (a->num_nodes_waiting() != 1 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
-  REQUIRE(a->num_nodes_waiting() == 1);
+  REQUIRE(trun::testing::wait_until([&] { return a->num_nodes_waiting() == 1; }, 20s));
   b->shutdown();
   auto next = std::async(std::launch::async, [&] { return a->next_rendezvous(); });
   REQUIRE(next.wait_for(20s) == std::future_status::ready);
@@ -323,9 +322,8 @@ DYNAMIC_TEST(node_beyond_max_waits, "a node beyond max_nodes waits quietly for t
   auto extra_info = std::async(std::launch::async, [&] { return extra->next_rendezvous(); });
   // The full group is not disturbed...
   CHECK_FALSE(a->wait_round_over(1s).has_value());
-  const auto deadline = Clock::now() + 20s;  // (it is normally counted within that second)
-  while (a->num_nodes_waiting() != 1 && Clock::now() < deadline) std::this_thread::sleep_for(10ms);
-  CHECK(a->num_nodes_waiting() == 1);
+  // (It is normally counted within that second.)
+  CHECK(trun::testing::wait_until([&] { return a->num_nodes_waiting() == 1; }, 20s));
   // ...until it ends its round for another reason; then the waiting node is admitted if a slot
   // is free (b leaves).
   b->shutdown();
@@ -640,9 +638,7 @@ TEST_CASE("etcd: is_host is ignored: nobody hosts a store and ranks follow arriv
       if (c.etcd->keys("/trun/rdzv/" + c.run_id + "/0/node/" + n).empty()) return false;
     return true;
   };
-  const auto deadline = Clock::now() + 30s;
-  while (!ticketed() && Clock::now() < deadline) std::this_thread::sleep_for(20ms);
-  REQUIRE(ticketed());
+  REQUIRE(trun::testing::wait_until(ticketed, 30s));
   auto ih = host->next_rendezvous();
   std::vector<RendezvousInfo> infos = {ih, fa.get(), fb.get()};
   check_consistent(infos, 3);
